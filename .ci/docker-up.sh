@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Bring up a Docker engine and the offline sandbox test image. Idempotent: every step
+# checks first and says what it did or why it skipped.
+#
+#   bash .ci/docker-up.sh
+#
+# Env: CANOPY_SANDBOX_IMAGE (default canopy-sandbox:latest), DOCKERD_LOG (default
+# /var/log/canopy-dockerd.log). Needs root (apt-get, dockerd).
+#
+# The engine runs with vfs storage, no iptables and no default bridge because CI machines
+# are VMs/containers without overlayfs or netfilter; sandbox containers therefore use
+# network_mode "none" (or "host" when a tree is allowed network). There is no container
+# registry here, so the image is a busybox-static rootfs imported from a tarball.
+set -euo pipefail
+
+IMAGE="${CANOPY_SANDBOX_IMAGE:-canopy-sandbox:latest}"
+DOCKERD_LOG="${DOCKERD_LOG:-/var/log/canopy-dockerd.log}"
+WAIT_SECONDS=60
+
+say() { echo "docker-up: $*"; }
+
+install_packages() {
+    local missing=()
+    command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+    [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 || missing+=(busybox-static)
+    if [ ${#missing[@]} -eq 0 ]; then
+        say "packages present (dockerd, busybox)"
+        return
+    fi
+    say "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+engine_answers() { docker info >/dev/null 2>&1; }
+
+start_engine() {
+    if engine_answers; then
+        say "engine already answers"
+        return
+    fi
+    say "starting dockerd (vfs, no iptables, no bridge); log: $DOCKERD_LOG"
+    mkdir -p "$(dirname "$DOCKERD_LOG")"
+    # setsid + nohup: the engine must outlive this script and the CI step that ran it.
+    setsid nohup dockerd --storage-driver=vfs --iptables=false --ip6tables=false --bridge=none \
+        >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    local waited=0
+    until engine_answers; do
+        if [ "$waited" -ge "$WAIT_SECONDS" ]; then
+            say "engine did not answer within ${WAIT_SECONDS}s; last log lines:"
+            tail -n 30 "$DOCKERD_LOG" >&2 || true
+            exit 1
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    say "engine answers after ${waited}s"
+}
+
+# A minimal rootfs: busybox applets (sh, sleep, kill, setsid, ...) linked into /bin.
+make_rootfs() {
+    local rootfs="$1"
+    mkdir -p "$rootfs"/{bin,etc,dev,proc,sys,root,workspace,usr} "$rootfs/tmp"
+    chmod 1777 "$rootfs/tmp"
+    cp /bin/busybox "$rootfs/bin/busybox"
+    # Same links as `busybox --install -s`, but relative, so they resolve inside the image
+    # whatever path the host binary had.
+    local applet
+    for applet in $("$rootfs/bin/busybox" --list); do
+        [ "$applet" = busybox ] || ln -sf busybox "$rootfs/bin/$applet"
+    done
+    ln -sfn bin "$rootfs/sbin"
+    ln -sfn ../bin "$rootfs/usr/bin"
+    ln -sfn ../bin "$rootfs/usr/sbin"
+    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' \
+        >"$rootfs/etc/passwd"
+    printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
+}
+
+build_image() {
+    if docker image inspect "$IMAGE" >/dev/null 2>&1; then
+        say "image $IMAGE present"
+        return
+    fi
+    say "building $IMAGE offline from busybox-static"
+    local workdir
+    workdir="$(mktemp -d)"
+    make_rootfs "$workdir/rootfs"
+    tar --numeric-owner --owner=0 --group=0 -C "$workdir/rootfs" -c . |
+        docker import \
+            --change 'CMD ["sleep", "infinity"]' \
+            --change 'WORKDIR /workspace' \
+            --change 'ENV PATH=/bin:/usr/bin:/sbin:/usr/sbin' \
+            - "$IMAGE" >/dev/null
+    rm -rf "$workdir"
+    say "image $IMAGE built ($(docker image inspect -f '{{.Size}}' "$IMAGE") bytes)"
+}
+
+install_packages
+start_engine
+build_image
+say "ready: $(docker version -f 'server {{.Server.Version}}, API {{.Server.APIVersion}}')"

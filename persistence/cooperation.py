@@ -1,0 +1,139 @@
+"""The side-effecting cooperation tools as transactions, each keyed by (source Turn, tool call id).
+
+Every function here is called by an executing Run: it is fenced by the Run's lease,
+replays return the stored receipt, and a refused call writes nothing (one transaction).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from persistence import agents, receipts
+from persistence import runs as run_repo
+from persistence.db import Connection
+from persistence.errors import InvalidArgument
+from persistence.events import append_event
+from persistence.messages import insert_coop_message
+from persistence.records import Row, RunRef, Scope
+from persistence.sessions import check_name, create_child, create_root, get_session_row, resolve_target
+from persistence.turns import cancel_turn as cancel_turn_row
+from persistence.turns import check_text, lock_session
+from persistence.turns import submit_input as submit_input_row
+
+CREATE_MODES = ("child", "root")
+
+
+def _origin(caller: Row, run: RunRef) -> dict[str, Any]:
+    return {"kind": "session", "session_id": str(caller["session_id"]), "path": caller["path"],
+            "tree_id": str(caller["tree_id"]), "run_id": str(run.run_id), "turn_id": str(run.turn_id)}
+
+
+async def _begin(conn: Connection, run: RunRef, call_id: str, tool: str, args: dict[str, Any]) -> Any | None:
+    await run_repo.fence(conn, run)
+    return await receipts.stored_result(conn, run, call_id, tool, args)
+
+
+async def _child_config(conn: Connection, scope: Scope, caller: Row, agent_id: str | None) -> dict[str, Any]:
+    """Inherit the dispatcher's config, or freeze the named agent's, re-authorised for this user.
+
+    The approval mode always comes from the dispatcher.
+    """
+    if agent_id is None:
+        return dict(caller["agent_config"])
+    config = agents.frozen_config(await agents.get_agent(conn, scope, agent_id))
+    config["approval_mode"] = caller["agent_config"].get("approval_mode", "auto")
+    return config
+
+
+async def create_session(
+    conn: Connection, run: RunRef, call_id: str, *, name: str, description: str, agent_id: str | None = None,
+    mode: str = "child", max_depth: int, slot_limit: int,
+) -> Row:
+    args = {"name": name, "description": description, "agent_id": agent_id, "mode": mode}
+    if (stored := await _begin(conn, run, call_id, "create_session", args)) is not None:
+        return stored
+    if mode not in CREATE_MODES:
+        raise InvalidArgument(f"mode must be one of {', '.join(CREATE_MODES)}")
+    check_name(name)
+    check_text(description, "description")
+    await lock_session(conn, run.scope, run.session_id)
+    caller = await get_session_row(conn, run.scope, run.session_id)
+    config = await _child_config(conn, run.scope, caller, agent_id)
+    effective_agent = agent_id or caller["agent_id"]
+    if mode == "child":
+        created = await create_child(conn, caller, name=name, agent_id=effective_agent, agent_config=config,
+                                     max_depth=max_depth, created_by_run_id=run.run_id)
+    else:
+        root_id = await create_root(conn, run.scope, project_id=caller["project_id"], agent_id=effective_agent,
+                                    agent_config=config, slot_limit=slot_limit, title=name,
+                                    origin=_origin(caller, run), created_by_run_id=run.run_id)
+        created = {"session_id": root_id, "name": "root", "path": "/root", "parent_session_id": None,
+                   "tree_id": root_id}
+    receipt = await submit_input_row(conn, run.scope, created["session_id"], description, _origin(caller, run))
+    result = {
+        "session_id": str(created["session_id"]), "name": created["name"], "path": created["path"],
+        "parent_session_id": str(created["parent_session_id"]) if created["parent_session_id"] else None,
+        "tree_id": str(created["tree_id"]), "input_id": str(receipt["input_id"]),
+        "turn_id": str(receipt["turn_id"]) if receipt["turn_id"] else None, "status": receipt["status"],
+    }
+    await receipts.store_result(conn, run, call_id, "create_session", args, result)
+    return result
+
+
+async def submit_input(conn: Connection, run: RunRef, call_id: str, *, target: str, text: str) -> Row:
+    args = {"target": target, "text": text}
+    if (stored := await _begin(conn, run, call_id, "submit_input", args)) is not None:
+        return stored
+    caller = await get_session_row(conn, run.scope, run.session_id)
+    session = await resolve_target(conn, run.scope, run.tree_id, target)
+    receipt = await submit_input_row(conn, run.scope, session["session_id"], text, _origin(caller, run))
+    result = {"session_id": str(receipt["session_id"]), "input_id": str(receipt["input_id"]),
+              "turn_id": str(receipt["turn_id"]) if receipt["turn_id"] else None, "status": receipt["status"]}
+    await receipts.store_result(conn, run, call_id, "submit_input", args, result)
+    return result
+
+
+async def send_message(conn: Connection, run: RunRef, call_id: str, *, target: str, text: str) -> Row:
+    args = {"target": target, "text": text}
+    if (stored := await _begin(conn, run, call_id, "send_message", args)) is not None:
+        return stored
+    sender = await get_session_row(conn, run.scope, run.session_id)
+    receiver = await resolve_target(conn, run.scope, run.tree_id, target)
+    if receiver["session_id"] == run.session_id:
+        raise InvalidArgument("a session cannot send a message to itself")
+    message_id = await insert_coop_message(conn, run.scope, kind="message", receiver=receiver, body=text,
+                                           sender=sender, run=run, tool_call_id=call_id)
+    result = {"status": "received", "message_id": str(message_id), "session_id": str(receiver["session_id"])}
+    await receipts.store_result(conn, run, call_id, "send_message", args, result)
+    return result
+
+
+async def cancel_turn(conn: Connection, run: RunRef, call_id: str, *, target: str, turn_id: str) -> Row:
+    args = {"target": target, "turn_id": turn_id}
+    if (stored := await _begin(conn, run, call_id, "cancel_turn", args)) is not None:
+        return stored
+    session = await resolve_target(conn, run.scope, run.tree_id, target)
+    try:
+        turn_uuid = uuid.UUID(str(turn_id))
+    except ValueError:
+        raise InvalidArgument(f"turn_id {turn_id!r} is not a turn id") from None
+    if turn_uuid == run.turn_id:
+        raise InvalidArgument("a turn cannot cancel itself; finish with a final answer instead")
+    await cancel_turn_row(conn, run.scope, session["session_id"], turn_uuid, reason="cancelled by "
+                          f"session {run.session_id}")
+    result = {"status": "accepted", "session_id": str(session["session_id"]), "turn_id": str(turn_uuid)}
+    await receipts.store_result(conn, run, call_id, "cancel_turn", args, result)
+    return result
+
+
+async def record_intervention(conn: Connection, scope: Scope, session_id: uuid.UUID, action: str,
+                              details: dict[str, Any] | None = None) -> None:
+    """A human acted directly on a member: tell its parent (this starts no work)."""
+    session = await get_session_row(conn, scope, session_id)
+    if session["parent_id"] is None:
+        return
+    await append_event(conn, scope, "user_intervention", session_id=session["parent_id"],
+                       tree_id=session["tree_id"],
+                       payload={"member_session_id": str(session_id), "path": session["path"], "action": action,
+                                **(details or {})})

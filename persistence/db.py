@@ -1,0 +1,88 @@
+"""Connection pool, schema bootstrap and the named-query loader."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, LiteralString, cast
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from persistence.embedded import embedded_url
+from persistence.settings import Settings, get_settings
+
+SCHEMA_VERSION = 1
+_HERE = Path(__file__).parent
+# Serialises schema creation between processes that start at the same time.
+_SCHEMA_LOCK_KEY = 0x43414E4F5059  # "CANOPY"
+
+Connection = psycopg.AsyncConnection[dict[str, Any]]
+
+
+def resolve_database_url(settings: Settings | None = None) -> str:
+    """The configured URL, or the embedded server's (started on demand)."""
+    settings = settings or get_settings()
+    return settings.database_url or embedded_url(settings.data_dir)
+
+
+@functools.cache
+def query(name: str) -> LiteralString:
+    """A named query from ``persistence/queries/<name>.sql``."""
+    return cast(LiteralString, (_HERE / "queries" / f"{name}.sql").read_text())
+
+
+def ensure_schema(url: str) -> bool:
+    """Create the schema in an empty database; return True if it was created now."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_SCHEMA_LOCK_KEY,))
+        try:
+            exists = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
+            if exists and exists[0]:
+                row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+                version = row[0] if row else None
+                if version != SCHEMA_VERSION:
+                    raise RuntimeError(
+                        f"database has schema version {version}, this Canopy needs {SCHEMA_VERSION}; "
+                        "the schema is fresh-only: use a new database"
+                    )
+                return False
+            with conn.transaction():
+                conn.execute(cast(LiteralString, (_HERE / "schema.sql").read_text()))
+            return True
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_SCHEMA_LOCK_KEY,))
+
+
+async def open_pool(url: str, max_size: int | None = None, min_size: int = 1) -> AsyncConnectionPool:
+    pool = AsyncConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size or get_settings().db_pool_max,
+        kwargs={"row_factory": dict_row, "autocommit": False},
+        open=False,
+    )
+    await pool.open(wait=True)
+    return pool
+
+
+class Database:
+    """A pool plus the one way to use it: ``async with db.tx() as conn`` is one transaction."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def connect(cls, url: str | None = None, max_size: int | None = None) -> Database:
+        return cls(await open_pool(url or resolve_database_url(), max_size=max_size))
+
+    @contextlib.asynccontextmanager
+    async def tx(self) -> AsyncIterator[Connection]:
+        async with self.pool.connection() as conn, conn.transaction():
+            yield cast(Connection, conn)
+
+    async def close(self) -> None:
+        await self.pool.close()

@@ -1,0 +1,33 @@
+"""Errors the repositories raise. Each maps to one HTTP status and one tool-error sentence."""
+
+from __future__ import annotations
+
+
+class CanopyError(Exception):
+    """Base class: ``str(error)`` is a clear sentence for a person or a model."""
+
+    status_code = 400
+
+
+class InvalidArgument(CanopyError):
+    status_code = 422
+
+
+class NotFound(CanopyError):
+    """The object does not exist *in the caller's scope* (another scope's objects look absent)."""
+
+    status_code = 404
+
+
+class Conflict(CanopyError):
+    status_code = 409
+
+
+class IdempotencyConflict(Conflict):
+    """The same idempotency key was used with different arguments."""
+
+
+class LeaseLost(CanopyError):
+    """The calling Run no longer holds its lease: a stale incarnation must stop writing."""
+
+    status_code = 409

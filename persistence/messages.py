@@ -1,0 +1,124 @@
+"""The thread history a model sees, and cooperation messages / steers read at model boundaries."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from persistence import runs as run_repo
+from persistence.db import Connection
+from persistence.errors import Conflict
+from persistence.events import append_event
+from persistence.records import Row, RunRef, Scope, new_id
+from persistence.turns import check_text, lock_session, open_turn
+
+_HISTORY = """
+SELECT id, role, content, tool_calls, tool_call_id, turn_id, run_id, origin, created_at
+FROM thread_messages WHERE session_id = %s AND id > %s ORDER BY id LIMIT %s
+"""
+_UNPROCESSED = """
+SELECT c.message_id, c.kind, c.body, c.sender_session_id, s.path AS sender_path
+FROM coop_messages c LEFT JOIN sessions s ON s.session_id = c.sender_session_id
+WHERE c.receiver_session_id = %s AND c.processed_at IS NULL
+ORDER BY c.received_at, c.message_id
+FOR UPDATE OF c
+"""
+
+
+async def append_message(
+    conn: Connection,
+    run: RunRef,
+    role: str,
+    *,
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    tool_call_id: str | None = None,
+    origin: dict[str, Any] | None = None,
+) -> int:
+    """Commit one message of the executing Run (the caller fences the Run in this transaction)."""
+    cur = await conn.execute(
+        """INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, tool_calls, tool_call_id,
+                                        origin)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+        (run.session_id, run.turn_id, run.run_id, role, content,
+         Jsonb(tool_calls) if tool_calls is not None else None, tool_call_id, Jsonb(origin or {})),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    await append_event(conn, run.scope, "message", session_id=run.session_id, tree_id=run.tree_id,
+                       turn_id=run.turn_id, run_id=run.run_id,
+                       payload={"message_id": row["id"], "role": role, "tool_call_id": tool_call_id})
+    return row["id"]
+
+
+async def history(conn: Connection, session_id: uuid.UUID, *, after_id: int = 0, limit: int = 10_000
+                  ) -> list[Row]:
+    """A session's messages in order. The caller has checked the session's scope."""
+    cur = await conn.execute(_HISTORY, (session_id, after_id, limit))
+    return await cur.fetchall()
+
+
+def render_coop_message(message: Row) -> str:
+    """How a cooperation message or steer appears to the model: context, never authorisation."""
+    if message["kind"] == "steer":
+        return f"<canopy:steer>\n{message['body']}\n</canopy:steer>"
+    sender = message["sender_path"] or message["sender_session_id"]
+    return (f'<canopy:message from="{sender}" session_id="{message["sender_session_id"]}">\n'
+            f"{message['body']}\n</canopy:message>")
+
+
+async def take_boundary_messages(conn: Connection, run: RunRef) -> int:
+    """At a model boundary: move every unprocessed message and steer into the Run's history."""
+    await run_repo.fence(conn, run)
+    cur = await conn.execute(_UNPROCESSED, (run.session_id,))
+    pending = await cur.fetchall()
+    for message in pending:
+        await append_message(conn, run, "user", content=render_coop_message(message),
+                             origin={"kind": message["kind"], "message_id": str(message["message_id"]),
+                                     "session_id": str(message["sender_session_id"] or "")})
+        await conn.execute(
+            "UPDATE coop_messages SET processed_at = now(), processed_run_id = %s WHERE message_id = %s",
+            (run.run_id, message["message_id"]),
+        )
+    return len(pending)
+
+
+async def insert_coop_message(
+    conn: Connection,
+    scope: Scope,
+    *,
+    kind: str,
+    receiver: Row,
+    body: str,
+    sender: Row | None = None,
+    run: RunRef | None = None,
+    tool_call_id: str | None = None,
+) -> uuid.UUID:
+    check_text(body, "message")
+    message_id = new_id()
+    await conn.execute(
+        """INSERT INTO coop_messages (message_id, user_id, app_id, kind, sender_session_id, receiver_session_id,
+                                      source_run_id, source_turn_id, tool_call_id, body)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+        (message_id, scope.user_id, scope.app_id, kind, sender["session_id"] if sender else None,
+         receiver["session_id"], run.run_id if run else None, run.turn_id if run else None, tool_call_id, body),
+    )
+    if sender is not None:
+        await append_event(conn, scope, "coop_message", session_id=sender["session_id"],
+                           tree_id=sender["tree_id"], run_id=run.run_id if run else None,
+                           payload={"message_id": str(message_id),
+                                    "receiver_session_id": str(receiver["session_id"])})
+    return message_id
+
+
+async def steer(conn: Connection, scope: Scope, session_id: uuid.UUID, text: str) -> Row:
+    """A human's correction to the running Turn, read at its next model boundary."""
+    check_text(text)
+    session = await lock_session(conn, scope, session_id)
+    turn = await open_turn(conn, session_id)
+    if turn is None or turn["status"] != "running":
+        raise Conflict(f"session {session['path']} has no running turn to steer")
+    message_id = await insert_coop_message(conn, scope, kind="steer", receiver=session, body=text)
+    return {"message_id": message_id, "session_id": session_id, "turn_id": turn["turn_id"]}

@@ -1,0 +1,151 @@
+"""Runs: slot grants under the per-tree lock, leases, fencing and recovery of dead owners.
+
+A Run holds one of its tree's slots exactly while its status is ``running``; the slot
+is released by the same statement that moves it out of ``running``. ``pending`` Runs
+are the tree's FIFO queue (ordered by ``queued_at``).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from persistence.db import Connection
+from persistence.errors import LeaseLost
+from persistence.records import Row, RunRef, Scope, new_id
+
+# A turn whose runs keep dying is failed instead of resumed forever.
+MAX_RECOVERIES_PER_TURN = 5
+LEASE_EXPIRED = "lease expired: the run's owner stopped heart-beating"
+
+_LOCK_TREE = "SELECT slot_limit, stopped FROM trees WHERE tree_id = %s FOR UPDATE"
+_COUNT_RUNNING = "SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status = 'running'"
+_GRANT = """
+UPDATE runs SET status = 'running', started_at = clock_timestamp(), owner = NULL,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+WHERE run_id IN (
+    SELECT run_id FROM runs WHERE tree_id = %(tree_id)s AND status = 'pending'
+    ORDER BY queued_at, run_id LIMIT %(free)s FOR UPDATE)
+RETURNING run_id, session_id, turn_id
+"""
+_ACQUIRE = """
+UPDATE runs r SET owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s)
+FROM sessions s
+WHERE r.run_id = %(run_id)s AND r.status = 'running' AND r.owner IS NULL AND s.session_id = r.session_id
+RETURNING r.run_id, r.turn_id, r.session_id, r.tree_id, r.kind, r.resumes_run_id, s.user_id, s.app_id
+"""
+_HEARTBEAT = """
+UPDATE runs SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
+"""
+_FENCE = """
+SELECT run_id FROM runs
+WHERE run_id = %s AND owner = %s AND status = 'running' AND lease_expires_at > now()
+FOR NO KEY UPDATE
+"""
+_CLAIMABLE = """
+SELECT run_id FROM runs WHERE session_id = %s AND status = 'running' AND owner IS NULL
+ORDER BY started_at
+"""
+_EXPIRED = """
+SELECT run_id FROM runs WHERE status = 'running' AND lease_expires_at < now()
+ORDER BY lease_expires_at LIMIT %s
+"""
+_LOCK_EXPIRED_RUN = """
+SELECT r.run_id, r.turn_id, r.session_id, r.tree_id, t.status AS turn_status, s.user_id, s.app_id
+FROM runs r JOIN turns t ON t.turn_id = r.turn_id JOIN sessions s ON s.session_id = r.session_id
+WHERE r.run_id = %s AND r.status = 'running' AND r.lease_expires_at < now()
+FOR UPDATE OF r SKIP LOCKED
+"""
+
+
+async def grant_slots(conn: Connection, tree_id: uuid.UUID, lease_seconds: float) -> list[Row]:
+    """Move the oldest pending Runs of the tree into free slots; return what was granted.
+
+    Serialised by the tree row lock, and counted from the runs table, so the limit holds
+    across supervisor restarts, API replicas and nodes.
+    """
+    cur = await conn.execute(_LOCK_TREE, (tree_id,))
+    tree = await cur.fetchone()
+    if tree is None:
+        return []
+    cur = await conn.execute(_COUNT_RUNNING, (tree_id,))
+    running = await cur.fetchone()
+    free = tree["slot_limit"] - (running["n"] if running else 0)
+    if free <= 0:
+        return []
+    cur = await conn.execute(_GRANT, {"tree_id": tree_id, "free": free, "lease": lease_seconds})
+    return await cur.fetchall()
+
+
+async def claimable_runs(conn: Connection, session_id: uuid.UUID) -> list[uuid.UUID]:
+    """Runs of the session that hold a granted slot and have no owner yet."""
+    cur = await conn.execute(_CLAIMABLE, (session_id,))
+    return [row["run_id"] for row in await cur.fetchall()]
+
+
+async def acquire_run(conn: Connection, run_id: uuid.UUID, owner: str, lease_seconds: float) -> RunRef | None:
+    cur = await conn.execute(_ACQUIRE, {"run_id": run_id, "owner": owner, "lease": lease_seconds})
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return RunRef(
+        scope=Scope(row["user_id"], row["app_id"]),
+        session_id=row["session_id"],
+        tree_id=row["tree_id"],
+        turn_id=row["turn_id"],
+        run_id=row["run_id"],
+        owner=owner,
+    )
+
+
+async def heartbeat(conn: Connection, run: RunRef, lease_seconds: float) -> bool:
+    cur = await conn.execute(_HEARTBEAT, {"run_id": run.run_id, "owner": run.owner, "lease": lease_seconds})
+    return cur.rowcount == 1
+
+
+async def fence(conn: Connection, run: RunRef) -> None:
+    """Lock the Run row if this incarnation still holds its lease; otherwise refuse to write."""
+    cur = await conn.execute(_FENCE, (run.run_id, run.owner))
+    if await cur.fetchone() is None:
+        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
+
+
+async def end_run(conn: Connection, run_id: uuid.UUID, status: str, *, output: str | None = None,
+                  error: str | None = None) -> None:
+    """Move a Run out of pending/running (releasing its slot in the same statement)."""
+    await conn.execute(
+        """UPDATE runs SET status = %s, output = %s, error = %s, ended_at = clock_timestamp(),
+                  lease_expires_at = NULL
+           WHERE run_id = %s""",
+        (status, output, error, run_id),
+    )
+
+
+async def insert_run(conn: Connection, turn_id: uuid.UUID, session_id: uuid.UUID, tree_id: uuid.UUID,
+                     resumes_run_id: uuid.UUID | None = None) -> uuid.UUID:
+    run_id = new_id()
+    await conn.execute(
+        """INSERT INTO runs (run_id, turn_id, session_id, tree_id, kind, resumes_run_id)
+           VALUES (%s, %s, %s, %s, %s, %s)""",
+        (run_id, turn_id, session_id, tree_id, "resume" if resumes_run_id else "start", resumes_run_id),
+    )
+    return run_id
+
+
+async def expired_runs(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
+    cur = await conn.execute(_EXPIRED, (limit,))
+    return [row["run_id"] for row in await cur.fetchall()]
+
+
+async def lock_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None:
+    """The expired Run, locked, if it is still expired and nobody else is recovering it."""
+    cur = await conn.execute(_LOCK_EXPIRED_RUN, (run_id,))
+    return await cur.fetchone()
+
+
+async def recoveries_of_turn(conn: Connection, turn_id: uuid.UUID) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) AS n FROM runs WHERE turn_id = %s AND error = %s", (turn_id, LEASE_EXPIRED)
+    )
+    row = await cur.fetchone()
+    return row["n"] if row else 0

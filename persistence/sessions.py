@@ -1,0 +1,259 @@
+"""Sessions and their trees: creation (root and child), lookup, target resolution, views.
+
+The parent of a child is always the session whose Run created it, and its path is
+derived from the parent's path and the local name; callers never name a parent or path.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from persistence.db import Connection
+from persistence.errors import Conflict, InvalidArgument, NotFound
+from persistence.events import append_event
+from persistence.records import Row, Scope, new_id
+from persistence.scopes import ensure_scope
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_PATH = 1024
+ROOT_PATH = "/root"
+
+_SESSION_COLUMNS = """
+s.session_id, s.tree_id, s.parent_id, s.name, s.path, s.depth, s.title, s.agent_id, s.agent_config,
+s.project_id, s.created_by_run_id, s.origin, s.queue_paused, s.archived, s.created_at, s.updated_at
+"""
+# Member state without outputs: the open (or last) Turn, its latest Run, pending inputs.
+_STATE_JOINS = """
+LEFT JOIN LATERAL (
+    SELECT turn_id, status, waiting_for FROM turns
+    WHERE session_id = s.session_id ORDER BY created_at DESC LIMIT 1) t ON true
+LEFT JOIN LATERAL (
+    SELECT status FROM runs WHERE turn_id = t.turn_id ORDER BY queued_at DESC LIMIT 1) lr ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS n FROM inputs WHERE session_id = s.session_id AND status = 'pending') p ON true
+"""
+_STATE_COLUMNS = "t.turn_id, t.status AS turn_status, t.waiting_for, lr.status AS run_status, " \
+    "p.n AS pending_inputs"
+
+
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise InvalidArgument(
+            f"invalid session name {name!r}: use 1-64 letters, digits, '_' or '-' (a local name, "
+            "never a path; the parent is always the creating session)"
+        )
+    return name
+
+
+def activity(state: Row) -> str:
+    """The derived activity of a session, for lists and the UI."""
+    status = state.get("turn_status")
+    if status == "cancelling":
+        return "cancelling"
+    if status == "waiting":
+        return f"waiting_{state['waiting_for']}"
+    if status == "running":
+        return "running" if state.get("run_status") == "running" else "queued"
+    if state.get("pending_inputs") and not state.get("queue_paused"):
+        return "queued"
+    return "idle"
+
+
+def _view(row: Row) -> Row:
+    view = dict(row)
+    view["activity"] = activity(row)
+    open_turn = row.get("turn_status") in ("running", "waiting", "cancelling")
+    view["current_turn_id"] = row.get("turn_id") if open_turn else None
+    view["status"] = "archived" if row["archived"] else "active"
+    return view
+
+
+async def _insert_session(conn: Connection, values: dict[str, Any]) -> None:
+    await conn.execute(
+        """INSERT INTO sessions (session_id, tree_id, user_id, app_id, project_id, parent_id, name, path,
+                                 depth, title, agent_id, agent_config, created_by_run_id, origin)
+           VALUES (%(session_id)s, %(tree_id)s, %(user_id)s, %(app_id)s, %(project_id)s, %(parent_id)s,
+                   %(name)s, %(path)s, %(depth)s, %(title)s, %(agent_id)s, %(agent_config)s,
+                   %(created_by_run_id)s, %(origin)s)""",
+        {**values, "agent_config": Jsonb(values["agent_config"]), "origin": Jsonb(values["origin"])},
+    )
+
+
+async def create_root(
+    conn: Connection,
+    scope: Scope,
+    *,
+    project_id: uuid.UUID,
+    agent_id: str | None,
+    agent_config: dict[str, Any],
+    slot_limit: int,
+    title: str = "",
+    origin: dict[str, Any] | None = None,
+    created_by_run_id: uuid.UUID | None = None,
+) -> uuid.UUID:
+    """A new tree and its root session (no input yet)."""
+    await ensure_scope(conn, scope)
+    session_id = new_id()
+    await conn.execute(
+        "INSERT INTO trees (tree_id, user_id, app_id, project_id, slot_limit) VALUES (%s, %s, %s, %s, %s)",
+        (session_id, scope.user_id, scope.app_id, project_id, slot_limit),
+    )
+    await _insert_session(conn, {
+        "session_id": session_id, "tree_id": session_id, "user_id": scope.user_id, "app_id": scope.app_id,
+        "project_id": project_id, "parent_id": None, "name": "root", "path": ROOT_PATH, "depth": 0,
+        "title": title, "agent_id": agent_id, "agent_config": agent_config,
+        "created_by_run_id": created_by_run_id, "origin": origin or {"kind": "api"},
+    })
+    await append_event(conn, scope, "session_created", session_id=session_id, tree_id=session_id,
+                       payload={"path": ROOT_PATH, "parent_id": None})
+    return session_id
+
+
+async def create_child(
+    conn: Connection,
+    parent: Row,
+    *,
+    name: str,
+    agent_id: str | None,
+    agent_config: dict[str, Any],
+    max_depth: int,
+    created_by_run_id: uuid.UUID,
+    title: str = "",
+) -> Row:
+    """A child of ``parent`` (the creating session, already locked by the caller)."""
+    check_name(name)
+    depth = parent["depth"] + 1
+    if depth > max_depth:
+        raise InvalidArgument(
+            f"cannot create {name!r} under {parent['path']}: depth {depth} exceeds the maximum depth "
+            f"{max_depth}" + (" (children are disabled)" if max_depth == 0 else "")
+        )
+    path = f"{parent['path']}/{name}"
+    if len(path) > MAX_PATH:
+        raise InvalidArgument(f"path {path[:80]}... is longer than {MAX_PATH} characters")
+    cur = await conn.execute(
+        "SELECT 1 FROM sessions WHERE parent_id = %s AND name = %s", (parent["session_id"], name)
+    )
+    if await cur.fetchone():
+        raise Conflict(f"{parent['path']} already has a session named {name!r}")
+    session_id = new_id()
+    scope = Scope(parent["user_id"], parent["app_id"])
+    await _insert_session(conn, {
+        "session_id": session_id, "tree_id": parent["tree_id"], "user_id": scope.user_id,
+        "app_id": scope.app_id, "project_id": parent["project_id"], "parent_id": parent["session_id"],
+        "name": name, "path": path, "depth": depth, "title": title or name, "agent_id": agent_id,
+        "agent_config": agent_config, "created_by_run_id": created_by_run_id,
+        "origin": {"kind": "session", "session_id": str(parent["session_id"]), "path": parent["path"]},
+    })
+    await append_event(conn, scope, "session_created", session_id=session_id, tree_id=parent["tree_id"],
+                       payload={"path": path, "parent_id": str(parent["session_id"])})
+    return {"session_id": session_id, "name": name, "path": path, "parent_session_id": parent["session_id"],
+            "tree_id": parent["tree_id"], "depth": depth}
+
+
+async def get_session_row(conn: Connection, scope: Scope, session_id: uuid.UUID) -> Row:
+    cur = await conn.execute(
+        f"""SELECT {_SESSION_COLUMNS}, s.user_id, s.app_id FROM sessions s
+            WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s""",
+        (session_id, scope.user_id, scope.app_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"no session {session_id}")
+    return row
+
+
+async def get_session(conn: Connection, scope: Scope, session_id: uuid.UUID) -> Row:
+    """A session with its activity, current Turn and queue state."""
+    cur = await conn.execute(
+        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {_STATE_JOINS}
+            WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s""",
+        (session_id, scope.user_id, scope.app_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"no session {session_id}")
+    return _view(row)
+
+
+async def resolve_target(conn: Connection, scope: Scope, tree_id: uuid.UUID, target: Any) -> Row:
+    """A session_id anywhere in the scope, or a path inside the caller's own tree."""
+    if not isinstance(target, str) or not target:
+        raise InvalidArgument("target must be a session_id or a path like /root/name")
+    try:
+        session_id = uuid.UUID(target)
+    except ValueError:
+        if not (target == ROOT_PATH or target.startswith(ROOT_PATH + "/")):
+            raise InvalidArgument(
+                f"target {target!r} is neither a session_id nor a path starting with /root"
+            ) from None
+        cur = await conn.execute(
+            f"""SELECT {_SESSION_COLUMNS}, s.user_id, s.app_id FROM sessions s
+                WHERE s.tree_id = %s AND s.path = %s AND s.user_id = %s AND s.app_id = %s""",
+            (tree_id, target, scope.user_id, scope.app_id),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            raise NotFound(f"no session at {target} in this tree") from None
+        return row
+    return await get_session_row(conn, scope, session_id)
+
+
+async def list_roots(conn: Connection, scope: Scope, *, project_id: uuid.UUID | None, offset: int,
+                     limit: int, include_archived: bool = False) -> list[Row]:
+    cur = await conn.execute(
+        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {_STATE_JOINS}
+            WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s AND s.parent_id IS NULL
+              AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
+              AND (%(archived)s OR NOT s.archived)
+            ORDER BY s.created_at DESC, s.session_id LIMIT %(limit)s OFFSET %(offset)s""",
+        {"user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id, "limit": limit,
+         "offset": offset, "archived": include_archived},
+    )
+    return [_view(row) for row in await cur.fetchall()]
+
+
+async def list_project_sessions(conn: Connection, scope: Scope, project_id: uuid.UUID, *,
+                                offset: int = 0, limit: int | None = None, newest_first: bool = False
+                                ) -> list[Row]:
+    order = "s.created_at DESC, s.session_id" if newest_first else "s.tree_id, s.path"
+    cur = await conn.execute(
+        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {_STATE_JOINS}
+            WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s
+              AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
+            ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s""",
+        {"user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id, "limit": limit,
+         "offset": offset},
+    )
+    return [_view(row) for row in await cur.fetchall()]
+
+
+async def tree_members(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> list[Row]:
+    """Every member of a tree with its state, in one statement, no outputs."""
+    cur = await conn.execute(
+        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {_STATE_JOINS}
+            WHERE s.tree_id = %s AND s.user_id = %s AND s.app_id = %s
+            ORDER BY s.depth, s.path""",
+        (tree_id, scope.user_id, scope.app_id),
+    )
+    return [_view(row) for row in await cur.fetchall()]
+
+
+async def set_title(conn: Connection, scope: Scope, session_id: uuid.UUID, title: str) -> Row:
+    cur = await conn.execute(
+        "UPDATE sessions SET title = %s, updated_at = now() WHERE session_id = %s AND user_id = %s "
+        "AND app_id = %s RETURNING session_id",
+        (title, session_id, scope.user_id, scope.app_id),
+    )
+    if await cur.fetchone() is None:
+        raise NotFound(f"no session {session_id}")
+    return await get_session(conn, scope, session_id)
+
+
+def workdir_of(project: Row) -> Path:
+    return Path(project["workdir"])

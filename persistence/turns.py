@@ -1,0 +1,309 @@
+"""Inputs, Turns and their terminal states: the Input → Turn → Run chain of one session.
+
+A session consumes its inputs FIFO, one Turn at a time. A Turn is created the moment
+its input reaches the head of an idle, unpaused queue, together with its first Run
+(``pending``: queued for a slot).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from persistence import runs as run_repo
+from persistence.db import Connection
+from persistence.errors import Conflict, InvalidArgument, NotFound
+from persistence.events import append_event
+from persistence.records import TERMINAL_TURN_STATUSES, Row, RunRef, Scope, new_id
+
+MAX_TEXT = 100_000
+_PREVIEW = 500
+
+_LOCK_SESSION = """
+SELECT session_id, tree_id, parent_id, path, user_id, app_id, queue_paused, archived
+FROM sessions WHERE session_id = %s AND user_id = %s AND app_id = %s
+FOR NO KEY UPDATE
+"""
+_OPEN_TURN = """
+SELECT turn_id, status, waiting_for FROM turns
+WHERE session_id = %s AND status IN ('running', 'waiting', 'cancelling')
+"""
+_NEXT_PENDING_INPUT = """
+SELECT input_id, text, origin FROM inputs WHERE session_id = %s AND status = 'pending'
+ORDER BY seq LIMIT 1 FOR UPDATE
+"""
+_RESULTS = """
+SELECT i.session_id, i.input_id, i.status AS input_status, t.turn_id, t.status AS turn_status,
+       t.result_run_id, r.output, r.error
+FROM inputs i
+LEFT JOIN turns t ON t.input_id = i.input_id
+LEFT JOIN runs r ON r.run_id = t.result_run_id
+WHERE i.user_id = %(user_id)s AND i.app_id = %(app_id)s
+"""
+_RESULT_BY_ID = _RESULTS + "AND (i.input_id = %(input_id)s OR t.turn_id = %(turn_id)s)"
+_RESULTS_OF_INPUTS = _RESULTS + "AND i.input_id = ANY(%(ids)s)"
+
+
+def check_text(text: str, what: str = "text") -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidArgument(f"{what} must be a non-empty string")
+    if len(text) > MAX_TEXT:
+        raise InvalidArgument(f"{what} holds {len(text)} characters; the limit is {MAX_TEXT}")
+
+
+async def lock_session(conn: Connection, scope: Scope, session_id: uuid.UUID) -> Row:
+    cur = await conn.execute(_LOCK_SESSION, (session_id, scope.user_id, scope.app_id))
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"no session {session_id}")
+    return row
+
+
+async def open_turn(conn: Connection, session_id: uuid.UUID) -> Row | None:
+    cur = await conn.execute(_OPEN_TURN, (session_id,))
+    return await cur.fetchone()
+
+
+def _scope_of(session: Row) -> Scope:
+    return Scope(session["user_id"], session["app_id"])
+
+
+async def submit_input(
+    conn: Connection, scope: Scope, session_id: uuid.UUID, text: str, origin: dict[str, Any],
+) -> Row:
+    """Queue an input FIFO; start its Turn at once when the session is idle.
+
+    A human's input also unpauses that member's queue (after a stop, only that member).
+    """
+    check_text(text)
+    session = await lock_session(conn, scope, session_id)
+    if session["archived"]:
+        raise Conflict(f"session {session_id} is archived")
+    current = await open_turn(conn, session_id)
+    if current and current["status"] == "waiting" and current["waiting_for"] in ("approval", "answer"):
+        raise Conflict(
+            f"session {session['path']} is waiting for a human {current['waiting_for']}; "
+            "answer its request before giving it new work"
+        )
+    if origin.get("kind") == "human" and session["queue_paused"]:
+        await conn.execute("UPDATE sessions SET queue_paused = false WHERE session_id = %s", (session_id,))
+        session = {**session, "queue_paused": False}
+    input_id = new_id()
+    await conn.execute(
+        """INSERT INTO inputs (input_id, session_id, user_id, app_id, text, origin)
+           VALUES (%s, %s, %s, %s, %s, %s)""",
+        (input_id, session_id, scope.user_id, scope.app_id, text, Jsonb(origin)),
+    )
+    await append_event(conn, scope, "input_received", session_id=session_id, tree_id=session["tree_id"],
+                       payload={"input_id": str(input_id), "origin": origin})
+    started = await start_next_turn(conn, session)
+    turn_id = started["turn_id"] if started and started["input_id"] == input_id else None
+    return {
+        "input_id": input_id,
+        "session_id": session_id,
+        "status": "started" if turn_id else "queued",
+        "turn_id": turn_id,
+    }
+
+
+async def start_next_turn(conn: Connection, session: Row) -> Row | None:
+    """Bind the oldest pending input to a new Turn and queue its first Run for a slot.
+
+    The caller holds the session row lock.
+    """
+    if session["queue_paused"] or session["archived"] or await open_turn(conn, session["session_id"]):
+        return None
+    cur = await conn.execute(_NEXT_PENDING_INPUT, (session["session_id"],))
+    pending = await cur.fetchone()
+    if pending is None:
+        return None
+    turn_id = new_id()
+    await conn.execute("UPDATE inputs SET status = 'consumed' WHERE input_id = %s", (pending["input_id"],))
+    await conn.execute(
+        "INSERT INTO turns (turn_id, session_id, input_id) VALUES (%s, %s, %s)",
+        (turn_id, session["session_id"], pending["input_id"]),
+    )
+    run_id = await run_repo.insert_run(conn, turn_id, session["session_id"], session["tree_id"])
+    await conn.execute(
+        """INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, origin)
+           VALUES (%s, %s, %s, 'user', %s, %s)""",
+        (session["session_id"], turn_id, run_id, pending["text"], Jsonb(pending["origin"])),
+    )
+    await append_event(conn, _scope_of(session), "turn_started", session_id=session["session_id"],
+                       tree_id=session["tree_id"], turn_id=turn_id, run_id=run_id,
+                       payload={"input_id": str(pending["input_id"])})
+    return {"turn_id": turn_id, "run_id": run_id, "input_id": pending["input_id"]}
+
+
+async def _end_turn(conn: Connection, session: Row, turn_id: uuid.UUID, result_run_id: uuid.UUID,
+                    status: str, output: str | None, error: str | None) -> Row | None:
+    """Terminal state, result Run and event in one go; then the next input may start."""
+    cur = await conn.execute(
+        """UPDATE turns SET status = %s, waiting_for = NULL, result_run_id = %s, ended_at = now()
+           WHERE turn_id = %s RETURNING input_id""",
+        (status, result_run_id, turn_id),
+    )
+    turn = await cur.fetchone()
+    assert turn is not None
+    payload = {"input_id": str(turn["input_id"]), "status": status, "error": error,
+               "output_preview": (output or "")[:_PREVIEW]}
+    await append_event(conn, _scope_of(session), f"turn_{status}", session_id=session["session_id"],
+                       tree_id=session["tree_id"], turn_id=turn_id, run_id=result_run_id, payload=payload)
+    return await start_next_turn(conn, session)
+
+
+async def finish_turn(conn: Connection, run: RunRef, status: str, *, output: str | None = None,
+                      error: str | None = None) -> Row | None:
+    """The executing Run ends its Turn (completed, failed or cancelled); fenced by its lease."""
+    if status not in TERMINAL_TURN_STATUSES:
+        raise ValueError(status)
+    session = await lock_session(conn, run.scope, run.session_id)
+    await run_repo.fence(conn, run)
+    await run_repo.end_run(conn, run.run_id, status, output=output, error=error)
+    return await _end_turn(conn, session, run.turn_id, run.run_id, status, output, error)
+
+
+async def cancel_open_turn(conn: Connection, session: Row, turn: Row, reason: str) -> bool:
+    """Cancel a non-terminal Turn. Returns True when a live Run must still be told to stop.
+
+    A Turn whose Run executes goes to ``cancelling``: its owner cancels itself at once
+    (signal) or at its next model boundary, and a dead owner's expired lease finalises
+    it. A Turn with no executing Run (queued for a slot, or waiting) is cancelled here.
+    """
+    cur = await conn.execute(
+        "SELECT run_id, status FROM runs WHERE turn_id = %s ORDER BY queued_at DESC LIMIT 1",
+        (turn["turn_id"],),
+    )
+    latest = await cur.fetchone()
+    assert latest is not None
+    if latest["status"] == "running":
+        if turn["status"] != "cancelling":
+            await conn.execute("UPDATE turns SET status = 'cancelling', waiting_for = NULL WHERE turn_id = %s",
+                               (turn["turn_id"],))
+            await append_event(conn, _scope_of(session), "turn_cancelling", session_id=session["session_id"],
+                               tree_id=session["tree_id"], turn_id=turn["turn_id"], run_id=latest["run_id"],
+                               payload={"reason": reason})
+        return True
+    await finalize_cancel(conn, session, turn["turn_id"], latest["run_id"], reason)
+    return False
+
+
+async def finalize_cancel(conn: Connection, session: Row, turn_id: uuid.UUID, result_run_id: uuid.UUID,
+                          reason: str) -> Row | None:
+    await conn.execute(
+        """UPDATE runs SET status = 'cancelled', ended_at = clock_timestamp(), lease_expires_at = NULL,
+                  error = coalesce(error, %s)
+           WHERE turn_id = %s AND status IN ('pending', 'running')""",
+        (reason, turn_id),
+    )
+    await conn.execute("UPDATE waits SET status = 'cancelled' WHERE turn_id = %s AND status = 'open'", (turn_id,))
+    await conn.execute(
+        "UPDATE requests SET status = 'cancelled' WHERE turn_id = %s AND status = 'pending'", (turn_id,)
+    )
+    return await _end_turn(conn, session, turn_id, result_run_id, "cancelled", None, reason)
+
+
+async def cancel_turn(conn: Connection, scope: Scope, session_id: uuid.UUID, turn_id: uuid.UUID,
+                      reason: str = "cancelled") -> bool:
+    """Cancel exactly this Turn (history and side effects stay). True: a live Run must be signalled."""
+    session = await lock_session(conn, scope, session_id)
+    cur = await conn.execute(
+        "SELECT turn_id, status, waiting_for FROM turns WHERE turn_id = %s AND session_id = %s FOR UPDATE",
+        (turn_id, session_id),
+    )
+    turn = await cur.fetchone()
+    if turn is None:
+        raise NotFound(f"no turn {turn_id} in session {session_id}")
+    if turn["status"] in TERMINAL_TURN_STATUSES:
+        return False
+    return await cancel_open_turn(conn, session, turn, reason)
+
+
+async def cancel_input(conn: Connection, scope: Scope, input_id: uuid.UUID) -> Row:
+    """Cancel a queued input that has no Turn yet; its waiters see it terminal."""
+    cur = await conn.execute(
+        "SELECT input_id, session_id, status FROM inputs WHERE input_id = %s AND user_id = %s AND app_id = %s",
+        (input_id, scope.user_id, scope.app_id),
+    )
+    found = await cur.fetchone()
+    if found is None:
+        raise NotFound(f"no input {input_id}")
+    session = await lock_session(conn, scope, found["session_id"])
+    cur = await conn.execute("SELECT status FROM inputs WHERE input_id = %s FOR UPDATE", (input_id,))
+    current = await cur.fetchone()
+    assert current is not None
+    if current["status"] == "consumed":
+        raise Conflict(f"input {input_id} already has a turn; cancel the turn instead")
+    if current["status"] == "pending":
+        await conn.execute(
+            "UPDATE inputs SET status = 'cancelled', ended_at = now() WHERE input_id = %s", (input_id,)
+        )
+        await append_event(conn, scope, "input_cancelled", session_id=session["session_id"],
+                           tree_id=session["tree_id"], payload={"input_id": str(input_id)})
+    return {"input_id": input_id, "session_id": session["session_id"], "status": "cancelled"}
+
+
+def _result(row: Row) -> Row:
+    status = row["turn_status"] or row["input_status"]
+    terminal = row["turn_status"] in TERMINAL_TURN_STATUSES or row["input_status"] == "cancelled"
+    return {
+        "session_id": row["session_id"],
+        "input_id": row["input_id"],
+        "input_status": row["input_status"],
+        "turn_id": row["turn_id"],
+        "status": status,
+        "terminal": terminal,
+        "result_run_id": row["result_run_id"],
+        "output": row["output"],
+        "error": row["error"] if row["turn_status"] != "completed" else None,
+    }
+
+
+async def get_result(conn: Connection, scope: Scope, *, input_id: uuid.UUID | None = None,
+                     turn_id: uuid.UUID | None = None) -> Row:
+    """The exact result of one Input or Turn: the output of its ``result_run_id``."""
+    if (input_id is None) == (turn_id is None):
+        raise InvalidArgument("give exactly one of input_id and turn_id")
+    cur = await conn.execute(_RESULT_BY_ID, {"user_id": scope.user_id, "app_id": scope.app_id,
+                                       "input_id": input_id, "turn_id": turn_id})
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"no {'input' if input_id else 'turn'} {input_id or turn_id}")
+    return _result(row)
+
+
+async def results_of_inputs(conn: Connection, scope: Scope, input_ids: list[uuid.UUID]) -> list[Row]:
+    cur = await conn.execute(
+        _RESULTS_OF_INPUTS,
+        {"user_id": scope.user_id, "app_id": scope.app_id, "ids": input_ids},
+    )
+    by_id = {row["input_id"]: _result(row) for row in await cur.fetchall()}
+    return [by_id[input_id] for input_id in input_ids if input_id in by_id]
+
+
+async def recover_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None:
+    """A Run whose owner stopped heart-beating: interrupt it and resume its Turn in a new Run.
+
+    A Turn that was being cancelled is finalised as cancelled instead; a Turn that keeps
+    losing its Runs is failed. Returns the affected tree, or None when nothing was due.
+    """
+    expired = await run_repo.lock_expired_run(conn, run_id)
+    if expired is None:
+        return None
+    scope = Scope(expired["user_id"], expired["app_id"])
+    session = await lock_session(conn, scope, expired["session_id"])
+    await run_repo.end_run(conn, run_id, "interrupted", error=run_repo.LEASE_EXPIRED)
+    if expired["turn_status"] == "cancelling":
+        await finalize_cancel(conn, session, expired["turn_id"], run_id, "cancelled")
+    elif await run_repo.recoveries_of_turn(conn, expired["turn_id"]) >= run_repo.MAX_RECOVERIES_PER_TURN:
+        await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = %s", (run_id,))
+        await _end_turn(conn, session, expired["turn_id"], run_id, "failed", None,
+                        "the turn's runs kept dying; giving up after repeated recoveries")
+    else:
+        await run_repo.insert_run(conn, expired["turn_id"], expired["session_id"], expired["tree_id"],
+                                  resumes_run_id=run_id)
+        await append_event(conn, scope, "run_recovered", session_id=expired["session_id"],
+                           tree_id=expired["tree_id"], turn_id=expired["turn_id"], run_id=run_id)
+    return {"tree_id": expired["tree_id"], "session_id": expired["session_id"]}

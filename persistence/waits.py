@@ -1,0 +1,160 @@
+"""Parked Turns: a wait persists its condition and deadline, releases the slot, and is
+resumed exactly once by a new Run of the same Turn when the condition holds or the
+deadline passes. Evaluating a wait is idempotent, so any hint or sweep may try it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from persistence import runs as run_repo
+from persistence.db import Connection
+from persistence.events import append_event, session_updates_after
+from persistence.records import Row, RunRef, Scope, new_id
+from persistence.turns import results_of_inputs
+
+WAITING_FOR = {"inputs": "cooperation", "sessions": "cooperation", "approval": "approval", "answer": "answer"}
+HUMAN_REQUEST_KIND = {"approval": "approval", "answer": "question"}
+
+_LOCK_WAIT = """
+SELECT w.wait_id, w.session_id, w.tree_id, w.turn_id, w.run_id, w.tool_call_id, w.kind, w.condition,
+       w.deadline, w.status, w.resumed_run_id, w.deadline <= now() AS expired, s.user_id, s.app_id
+FROM waits w JOIN sessions s ON s.session_id = w.session_id
+WHERE w.wait_id = %s FOR UPDATE OF w
+"""
+
+
+async def park(
+    conn: Connection,
+    run: RunRef,
+    *,
+    tool_call_id: str,
+    kind: str,
+    condition: dict[str, Any],
+    timeout_seconds: float | None,
+    targets: list[uuid.UUID] = (),  # type: ignore[assignment]
+    request_payload: dict[str, Any] | None = None,
+) -> uuid.UUID:
+    """Interrupt the Run into a wait: the Turn goes ``waiting`` and the slot is released."""
+    await run_repo.fence(conn, run)
+    wait_id = new_id()
+    await conn.execute(
+        """INSERT INTO waits (wait_id, session_id, tree_id, turn_id, run_id, tool_call_id, kind, condition,
+                              deadline)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s,
+                   CASE WHEN %s::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => %s) END)""",
+        (wait_id, run.session_id, run.tree_id, run.turn_id, run.run_id, tool_call_id, kind, Jsonb(condition),
+         timeout_seconds, timeout_seconds),
+    )
+    for target in dict.fromkeys(targets):
+        await conn.execute("INSERT INTO wait_targets (wait_id, session_id) VALUES (%s, %s)", (wait_id, target))
+    await run_repo.end_run(conn, run.run_id, "interrupted")
+    waiting_for = WAITING_FOR[kind]
+    await conn.execute("UPDATE turns SET status = 'waiting', waiting_for = %s WHERE turn_id = %s",
+                       (waiting_for, run.turn_id))
+    if request_payload is not None:
+        await conn.execute(
+            """INSERT INTO requests (request_id, user_id, app_id, tree_id, session_id, turn_id, run_id, wait_id,
+                                     kind, payload)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+            (new_id(), run.scope.user_id, run.scope.app_id, run.tree_id, run.session_id, run.turn_id, run.run_id,
+             wait_id, HUMAN_REQUEST_KIND[kind], Jsonb(request_payload)),
+        )
+        await append_event(conn, run.scope, f"waiting_{waiting_for}", session_id=run.session_id,
+                           tree_id=run.tree_id, turn_id=run.turn_id, run_id=run.run_id, payload=request_payload)
+    else:
+        await append_event(conn, run.scope, "waiting_cooperation", session_id=run.session_id,
+                           tree_id=run.tree_id, turn_id=run.turn_id, run_id=run.run_id,
+                           payload={"kind": kind})
+    return wait_id
+
+
+async def _condition_met(conn: Connection, wait: Row) -> bool:
+    scope = Scope(wait["user_id"], wait["app_id"])
+    condition = wait["condition"]
+    if wait["kind"] == "inputs":
+        ids = [uuid.UUID(i) for i in condition["input_ids"]]
+        results = await results_of_inputs(conn, scope, ids)
+        return all(result["terminal"] for result in results)
+    if wait["kind"] == "sessions":
+        updates = await session_updates_after(
+            conn, scope, wait["session_id"], [uuid.UUID(t) for t in condition["targets"]],
+            condition["after_cursor"], limit=1,
+        )
+        return bool(updates)
+    cur = await conn.execute("SELECT status FROM requests WHERE wait_id = %s", (wait["wait_id"],))
+    request = await cur.fetchone()
+    return request is not None and request["status"] == "answered"
+
+
+async def try_resume(conn: Connection, wait_id: uuid.UUID) -> Row | None:
+    """Resume the wait's Turn in a new pending Run if its condition holds or its deadline passed.
+
+    Exactly once: the wait row is locked, and ``runs.resumes_run_id`` is unique.
+    """
+    cur = await conn.execute(_LOCK_WAIT, (wait_id,))
+    wait = await cur.fetchone()
+    if wait is None or wait["status"] != "open":
+        return None
+    if not (wait["expired"] or await _condition_met(conn, wait)):
+        return None
+    run_id = await run_repo.insert_run(conn, wait["turn_id"], wait["session_id"], wait["tree_id"],
+                                       resumes_run_id=wait["run_id"])
+    await conn.execute("UPDATE waits SET status = 'resumed', resumed_run_id = %s WHERE wait_id = %s",
+                       (run_id, wait_id))
+    await conn.execute(
+        "UPDATE turns SET status = 'running', waiting_for = NULL WHERE turn_id = %s AND status = 'waiting'",
+        (wait["turn_id"],),
+    )
+    return {"tree_id": wait["tree_id"], "session_id": wait["session_id"], "run_id": run_id}
+
+
+async def waits_watching(conn: Connection, session_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Open waits that watch any of these sessions (their waiters may now be due)."""
+    cur = await conn.execute(
+        """SELECT DISTINCT w.wait_id FROM wait_targets t JOIN waits w ON w.wait_id = t.wait_id
+           WHERE t.session_id = ANY(%s) AND w.status = 'open'""",
+        (session_ids,),
+    )
+    return [row["wait_id"] for row in await cur.fetchall()]
+
+
+async def open_waits(conn: Connection, limit: int = 1000) -> list[uuid.UUID]:
+    """Open waits, soonest deadline first: what the sweep re-evaluates."""
+    cur = await conn.execute(
+        "SELECT wait_id FROM waits WHERE status = 'open' ORDER BY deadline NULLS LAST LIMIT %s", (limit,)
+    )
+    return [row["wait_id"] for row in await cur.fetchall()]
+
+
+async def wait_resumed_by(conn: Connection, run_id: uuid.UUID) -> Row | None:
+    """The wait that a resume Run continues, if it was a wait (not a crash recovery)."""
+    cur = await conn.execute(
+        "SELECT wait_id, tool_call_id, kind, condition, deadline FROM waits WHERE resumed_run_id = %s",
+        (run_id,),
+    )
+    return await cur.fetchone()
+
+
+async def wait_outcome(conn: Connection, scope: Scope, wait: Row, waiter: uuid.UUID) -> dict[str, Any]:
+    """The tool result a resumed Run gives the model for the call that waited."""
+    condition = wait["condition"]
+    if wait["kind"] == "inputs":
+        results = await results_of_inputs(conn, scope, [uuid.UUID(i) for i in condition["input_ids"]])
+        return {"results": results, "timed_out": not all(r["terminal"] for r in results)}
+    if wait["kind"] == "sessions":
+        updates = await session_updates_after(
+            conn, scope, waiter, [uuid.UUID(t) for t in condition["targets"]], condition["after_cursor"]
+        )
+        cursor = updates[-1]["cursor"] if updates else condition["after_cursor"]
+        return {"updates": updates, "cursor": cursor, "timed_out": not updates}
+    cur = await conn.execute("SELECT status, response FROM requests WHERE wait_id = %s", (wait["wait_id"],))
+    request = await cur.fetchone()
+    response = (request or {}).get("response") or {}
+    if wait["kind"] == "answer":
+        return {"answer": response.get("answer")} if response else {"error": "no answer was given"}
+    return {"decision": response.get("decision", "deny")}
+
