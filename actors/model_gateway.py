@@ -169,7 +169,7 @@ class ModelGateway:
 
     async def warm_up(self) -> None:
         """Pay the litellm import up front (optional; complete() does it lazily otherwise)."""
-        await asyncio.to_thread(_litellm)
+        _litellm()
 
     async def close(self) -> None:
         """Stop the embedded scripted model, if it was started."""

@@ -165,7 +165,9 @@ def parse_script(text: str) -> list[dict[str, Any]] | None:
     try:
         script = json.loads(body)
     except ValueError as exc:
-        raise ScriptError(f"invalid script: the text after '{SCRIPT_MARKER}' is not valid JSON ({exc})") from exc
+        raise ScriptError(
+            f"invalid script: the text after '{SCRIPT_MARKER}' is not valid JSON ({exc})"
+        ) from exc
     if not isinstance(script, list):
         raise ScriptError(f"invalid script: expected a JSON list of steps, got {type(script).__name__}")
     for index, step in enumerate(script):
@@ -500,9 +502,13 @@ def _text_pieces(text: str) -> Iterator[str]:
             yield match.group(0)
 
 
-def stream_chunks(model: str, reply: Reply, prompt_tokens: int, include_usage: bool) -> Iterator[dict[str, Any]]:
+def stream_chunks(
+    model: str, reply: Reply, prompt_tokens: int, include_usage: bool
+) -> Iterator[dict[str, Any]]:
     created = int(time.time())
-    yield _chunk(reply, model, created, delta={"role": "assistant", "content": ""})
+    # Like OpenAI: a tool-call-only reply streams null content, so it rebuilds to None, not "".
+    opening = "" if reply.content is not None else None
+    yield _chunk(reply, model, created, delta={"role": "assistant", "content": opening})
     for piece in _text_pieces(reply.content or ""):
         yield _chunk(reply, model, created, delta={"content": piece})
     for position, call in enumerate(reply.tool_calls):
@@ -576,7 +582,8 @@ def create_scripted_app(log_path: Path | None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "canopy"}]}
+        model = {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "canopy"}
+        return {"object": "list", "data": [model]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -621,9 +628,12 @@ class _EmbeddedServer(uvicorn.Server):
 class ScriptedModelServer:
     """A running scripted model inside the current event loop."""
 
-    def __init__(self, server: uvicorn.Server, sock: socket.socket, task: asyncio.Task[None]) -> None:
+    def __init__(
+        self, server: uvicorn.Server, sock: socket.socket, task: asyncio.Task[None], log_path: Path | None
+    ) -> None:
         self._server = server
         self._task = task
+        self.log_path = log_path
         self.host, self.port = sock.getsockname()[:2]
 
     @property
@@ -633,6 +643,11 @@ class ScriptedModelServer:
     @property
     def running(self) -> bool:
         return not self._task.done()
+
+    @property
+    def in_flight_requests(self) -> int:
+        """Requests still being handled; drops when a client hangs up during a delay."""
+        return len(self._server.server_state.tasks)
 
     async def stop(self) -> None:
         self._server.should_exit = True
@@ -659,7 +674,8 @@ async def serve_scripted_model(
     host: str = "127.0.0.1", port: int = 0, log_path: Path | str | None = None
 ) -> ScriptedModelServer:
     """Start the scripted model as a background task of the running loop; returns once it accepts."""
-    app = create_scripted_app(Path(log_path) if log_path is not None else None)
+    log = Path(log_path) if log_path is not None else None
+    app = create_scripted_app(log)
     config = uvicorn.Config(
         app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=1
     )
@@ -672,4 +688,4 @@ async def serve_scripted_model(
             task.result()
             raise RuntimeError("scripted model server stopped during startup")
         await asyncio.sleep(0.01)
-    return ScriptedModelServer(server, sock, task)
+    return ScriptedModelServer(server, sock, task, log)

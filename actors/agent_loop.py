@@ -1,0 +1,249 @@
+"""One Run of a Turn: model boundary → model call → commit → tools → commit → … → result.
+
+Everything the loop decides is derived from committed messages, so a Run that resumes
+after a wait or a crash simply continues: tool calls whose results are committed are
+not executed again, the rest run under their receipt key, and a model reply that was
+never committed is requested again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from typing import Any
+
+import ray
+
+from actors import signals
+from actors.tools import Park, ToolContext, parse_args, schemas
+from persistence import messages, turns, waits
+from persistence import runs as run_repo
+from persistence.db import Database
+from persistence.errors import CanopyError, LeaseLost
+from persistence.records import Row, RunRef
+from persistence.sessions import get_session_row
+from persistence.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INSTRUCTIONS = "You are a helpful assistant working in a cooperation tree of sessions."
+
+
+def identity_block(session: Row, run: RunRef, input_id: uuid.UUID) -> str:
+    role = "root" if session["parent_id"] is None else "child"
+    lines = [
+        "## Your identity (injected by Canopy)",
+        f"name: {session['name']}",
+        f"path: {session['path']}",
+        f"session_id: {session['session_id']}",
+        f"parent_id: {session['parent_id'] or 'none'}",
+        f"root_id: {session['tree_id']}",
+        f"role: {role}",
+        f"depth: {session['depth']}",
+        f"input_id: {input_id}",
+        f"turn_id: {run.turn_id}",
+        f"run_id: {run.run_id}",
+    ]
+    if role == "child":
+        lines.append("You are a member session: deliver the task you were given first, then answer with its result.")
+    return "\n".join(lines)
+
+
+def to_model_message(row: Row) -> dict[str, Any]:
+    if row["role"] == "assistant":
+        return {"role": "assistant", "content": row["content"], "tool_calls": row["tool_calls"] or []}
+    if row["role"] == "tool":
+        return {"role": "tool", "tool_call_id": row["tool_call_id"], "content": row["content"]}
+    return {"role": "user", "content": row["content"]}
+
+
+def unanswered_calls(history: list[Row], turn_id: uuid.UUID) -> list[dict[str, Any]]:
+    """Tool calls of the Turn's last assistant message that have no committed result yet."""
+    turn_rows = [row for row in history if row["turn_id"] == turn_id]
+    last_assistant = next((row for row in reversed(turn_rows) if row["role"] == "assistant"), None)
+    if last_assistant is None:
+        return []
+    answered = {row["tool_call_id"] for row in turn_rows if row["role"] == "tool"}
+    return [call for call in last_assistant["tool_calls"] or [] if call["id"] not in answered]
+
+
+class RunExecutor:
+    """Executes one leased Run inside a SessionActor."""
+
+    def __init__(self, db: Database, settings: Settings, gateway: Any, run: RunRef) -> None:
+        self.db = db
+        self.settings = settings
+        self.gateway = gateway
+        self.run = run
+
+    async def execute(self) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat(asyncio.current_task()))
+        try:
+            await self._execute()
+        except asyncio.CancelledError:
+            await asyncio.shield(self._end_if_cancelling())
+            raise
+        except LeaseLost:
+            log.info("run %s lost its lease; stopping without further writes", self.run.run_id)
+        finally:
+            heartbeat.cancel()
+
+    async def _heartbeat(self, main: asyncio.Task[Any] | None) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            try:
+                async with self.db.tx() as conn:
+                    alive = await run_repo.heartbeat(conn, self.run, self.settings.lease_seconds)
+            except Exception:
+                log.exception("heartbeat of run %s failed", self.run.run_id)
+                continue
+            if not alive and main is not None:
+                main.cancel()  # a stale incarnation must stop acting at once
+                return
+
+    async def _load(self) -> tuple[Row, Row, list[Row]]:
+        async with self.db.tx() as conn:
+            session = await get_session_row(conn, self.run.scope, self.run.session_id)
+            cur = await conn.execute("SELECT input_id, status FROM turns WHERE turn_id = %s", (self.run.turn_id,))
+            turn = await cur.fetchone()
+            history = await messages.history(conn, self.run.session_id)
+        assert turn is not None
+        return session, turn, history
+
+    async def _execute(self) -> None:
+        await self._deliver_wait_outcome()
+        while True:
+            session, turn, history = await self._load()
+            pending = unanswered_calls(history, self.run.turn_id)
+            if pending:
+                if await self._run_tools(session, turn["input_id"], pending):
+                    return  # parked: this Run is interrupted
+                continue
+            last = history[-1] if history else None
+            if last and last["role"] == "assistant" and last["turn_id"] == self.run.turn_id:
+                await self._finish("completed", output=last["content"] or "")
+                return
+            if not await self._model_boundary():
+                return
+            session, turn, history = await self._load()
+            reply = await self._call_model(session, turn["input_id"], history)
+            if reply is None:
+                return
+            async with self.db.tx() as conn:
+                await run_repo.fence(conn, self.run)
+                await messages.append_message(conn, self.run, "assistant", content=reply["content"],
+                                              tool_calls=reply["tool_calls"] or None)
+
+    async def _model_boundary(self) -> bool:
+        """Read messages and steers; a Turn being cancelled (or stopped) cancels itself here."""
+        async with self.db.tx() as conn:
+            cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s", (self.run.turn_id,))
+            turn = await cur.fetchone()
+            if turn is not None and turn["status"] == "cancelling":
+                cancelling = True
+            else:
+                cancelling = False
+                await messages.take_boundary_messages(conn, self.run)
+        if cancelling:
+            await self._finish("cancelled", error="cancelled")
+            return False
+        return True
+
+    async def _call_model(self, session: Row, input_id: uuid.UUID, history: list[Row]) -> dict[str, Any] | None:
+        config = session["agent_config"]
+        system = "\n\n".join([config.get("instructions") or DEFAULT_INSTRUCTIONS,
+                              identity_block(session, self.run, input_id)])
+        request = [{"role": "system", "content": system}, *(to_model_message(row) for row in history)]
+        ref = self.gateway.complete_for_run.remote(
+            run_id=str(self.run.run_id), model=config.get("model") or self.settings.default_model,
+            messages=request, tools=schemas(config.get("tools") or None))
+        try:
+            reply = await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # abort the in-flight provider call too
+            raise
+        except Exception as error:  # ModelError arrives wrapped by Ray; its text is the provider's
+            cause = getattr(error, "cause", None) or error
+            await self._finish("failed", error=f"model call failed: {cause}")
+            return None
+        async with self.db.tx() as conn:
+            await run_repo.fence(conn, self.run)
+            await conn.execute(
+                """UPDATE runs SET prompt_tokens = prompt_tokens + %s, completion_tokens = completion_tokens + %s,
+                          cost_usd = cost_usd + %s WHERE run_id = %s""",
+                (reply["usage"].get("prompt_tokens", 0), reply["usage"].get("completion_tokens", 0),
+                 reply.get("cost_usd", 0.0), self.run.run_id))
+        return reply["message"]
+
+    async def _run_tools(self, session: Row, input_id: uuid.UUID, calls: list[dict[str, Any]]) -> bool:
+        """Execute unanswered calls in order; True when one of them parked the Turn."""
+        ctx = ToolContext(db=self.db, settings=self.settings, run=self.run, session=session, input_id=input_id)
+        for call in calls:
+            outcome = await self._run_tool(ctx, call)
+            if isinstance(outcome, Park):
+                await self._park(call["id"], outcome, ctx)
+                return True
+            async with self.db.tx() as conn:
+                await run_repo.fence(conn, self.run)
+                await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
+                                              tool_call_id=call["id"])
+            if ctx.touched_sessions:
+                await signals.after_change(self.db, ctx.touched_sessions)
+                ctx.touched_sessions.clear()
+        return False
+
+    async def _run_tool(self, ctx: ToolContext, call: dict[str, Any]) -> dict[str, Any] | Park:
+        try:
+            tool, args = parse_args(call["name"], call.get("arguments") or {})
+            return await tool.handler(ctx, call["id"], args)
+        except (LeaseLost, asyncio.CancelledError):
+            raise
+        except CanopyError as error:
+            return {"error": str(error)}
+        except Exception as error:
+            log.exception("tool %s failed", call.get("name"))
+            return {"error": f"internal error in {call.get('name')}: {error}"}
+
+    async def _park(self, call_id: str, park: Park, ctx: ToolContext) -> None:
+        async with self.db.tx() as conn:
+            wait_id = await waits.park(conn, self.run, tool_call_id=call_id, kind=park.kind,
+                                       condition=park.condition, timeout_seconds=park.timeout_seconds,
+                                       targets=park.targets, request_payload=park.request_payload)
+        # The condition may have been met between our check and the commit: re-check now.
+        await signals.resume_wait(self.db, wait_id)
+        signals.poke_tree(self.run.tree_id)
+
+    async def _deliver_wait_outcome(self) -> None:
+        """A Run that resumes a wait first commits the wait's outcome as the waiting call's result."""
+        async with self.db.tx() as conn:
+            wait = await waits.wait_resumed_by(conn, self.run.run_id)
+            if wait is None:
+                return
+            cur = await conn.execute(
+                "SELECT 1 FROM thread_messages WHERE turn_id = %s AND tool_call_id = %s AND role = 'tool'",
+                (self.run.turn_id, wait["tool_call_id"]))
+            if await cur.fetchone():
+                return
+            await run_repo.fence(conn, self.run)
+            outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id)
+            if wait["kind"] == "approval" and outcome.get("decision") == "approve":
+                return  # the approved command itself runs as the call's result (sandbox tools)
+            await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
+                                          tool_call_id=wait["tool_call_id"])
+
+    async def _finish(self, status: str, *, output: str | None = None, error: str | None = None) -> None:
+        async with self.db.tx() as conn:
+            await turns.finish_turn(conn, self.run, status, output=output, error=error)
+        await signals.after_change(self.db, [self.run.session_id])
+
+    async def _end_if_cancelling(self) -> None:
+        """The Run's task was cancelled: if its Turn is being cancelled, record the end."""
+        with contextlib.suppress(LeaseLost):
+            async with self.db.tx() as conn:
+                cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s", (self.run.turn_id,))
+                turn = await cur.fetchone()
+            if turn is not None and turn["status"] == "cancelling":
+                await self._finish("cancelled", error="cancelled")

@@ -1,0 +1,24 @@
+"""Actor names and options: the Ray dashboard shows ``session:…`` and ``tree:…``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+NAMESPACE = "canopy"
+GATEWAY_NAME = "canopy:model-gateway"
+SWEEPER_NAME = "canopy:sweeper"
+
+
+def session_actor_name(session_id: uuid.UUID | str) -> str:
+    return f"session:{session_id}"
+
+
+def tree_actor_name(tree_id: uuid.UUID | str) -> str:
+    return f"tree:{tree_id}"
+
+
+def named_options(name: str, **extra: Any) -> dict[str, Any]:
+    """Detached (no fate-sharing with whoever created it), restartable, zero-CPU, get-or-create."""
+    return {"name": name, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached",
+            "max_restarts": -1, "num_cpus": 0, **extra}

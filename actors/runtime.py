@@ -1,0 +1,206 @@
+"""The Python entry point: start or join the runtime, and act on sessions as a human or the API.
+
+``Runtime.start()`` resolves the database (embedded by default), ensures the schema,
+starts or connects to Ray, and makes sure the ModelGateway and the sweeper run. Every
+operation commits first, then sends hints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from typing import Any
+
+import ray
+
+from actors import signals
+from actors.agent_loop import DEFAULT_INSTRUCTIONS
+from actors.gateway_actor import GatewayActor
+from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options, tree_actor_name
+from actors.sweeper import Sweeper
+from persistence import agents, projects, sessions, trees, turns
+from persistence.cooperation import record_intervention
+from persistence.db import Database, ensure_schema, resolve_database_url
+from persistence.errors import InvalidArgument
+from persistence.messages import steer
+from persistence.records import TERMINAL_TURN_STATUSES, Row, Scope
+from persistence.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def default_agent_config(settings: Settings) -> dict[str, Any]:
+    return {"agent_id": None, "name": "assistant", "model": settings.default_model,
+            "instructions": DEFAULT_INSTRUCTIONS, "tools": [], "approval_mode": "auto"}
+
+
+def _worker_env(settings: Settings, database_url: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key.startswith("CANOPY_")}
+    env.update({"CANOPY_DATABASE_URL": database_url, "CANOPY_DATA_DIR": str(settings.data_dir),
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    return env
+
+
+class Runtime:
+    def __init__(self, db: Database, settings: Settings, database_url: str) -> None:
+        self.db = db
+        self.settings = settings
+        self.database_url = database_url
+
+    @classmethod
+    async def start(cls, settings: Settings | None = None, *, include_dashboard: bool = False,
+                    num_cpus: int | None = None) -> Runtime:
+        settings = settings or get_settings()
+        database_url = resolve_database_url(settings)
+        ensure_schema(database_url)
+        if not ray.is_initialized():
+            ray.init(address=settings.ray_address, namespace=NAMESPACE, include_dashboard=include_dashboard,
+                     dashboard_host="127.0.0.1", num_cpus=num_cpus, logging_level=logging.WARNING,
+                     runtime_env={"env_vars": _worker_env(settings, database_url)})
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        gateway = GatewayActor.options(**named_options(GATEWAY_NAME, max_concurrency=1000)).remote(
+            scripted_port=settings.scripted_model_port, log_path=str(scripted_log_path(settings)),
+            timeout_seconds=settings.model_timeout_seconds, retries=settings.model_retries)
+        await gateway.warm_up.remote()
+        sweeper = Sweeper.options(**named_options(SWEEPER_NAME)).remote()
+        await sweeper.start.remote()
+        return cls(await Database.connect(database_url), settings, database_url)
+
+    async def close(self, *, shutdown_ray: bool = False) -> None:
+        await self.db.close()
+        if shutdown_ray and ray.is_initialized():
+            ray.shutdown()
+
+    # -- creating work -----------------------------------------------------------------------------
+
+    async def create_root(self, scope: Scope, *, input_text: str | None = None, agent_id: str | None = None,
+                          project_id: uuid.UUID | None = None, title: str = "",
+                          origin_kind: str = "human") -> Row:
+        """A new root session (its own tree); ``input_text`` is submitted at once."""
+        if input_text is not None:
+            turns.check_text(input_text, "input")
+        async with self.db.tx() as conn:
+            if project_id is None:
+                project = await projects.default_project(conn, scope, self.settings.data_dir / "projects")
+            else:
+                project = await projects.get_project(conn, scope, project_id)
+            if agent_id is None:
+                config = default_agent_config(self.settings)
+            else:
+                config = agents.frozen_config(await agents.get_agent(conn, scope, agent_id))
+            root_id = await sessions.create_root(
+                conn, scope, project_id=project["project_id"], agent_id=agent_id, agent_config=config,
+                slot_limit=self.settings.tree_slots, title=title or (input_text or "")[:80],
+                origin={"kind": origin_kind})
+            receipt = None
+            if input_text is not None:
+                receipt = await turns.submit_input(conn, scope, root_id, input_text, {"kind": origin_kind})
+            session = await sessions.get_session(conn, scope, root_id)
+        if receipt is not None:
+            signals.poke_tree(root_id)
+        return {"session": session, "input": receipt}
+
+    async def submit_input(self, scope: Scope, session_id: uuid.UUID, text: str,
+                           origin_kind: str = "human") -> Row:
+        async with self.db.tx() as conn:
+            receipt = await turns.submit_input(conn, scope, session_id, text, {"kind": origin_kind})
+            if origin_kind == "human":
+                await record_intervention(conn, scope, session_id, "input", {"input_id": str(receipt["input_id"])})
+        await signals.after_change(self.db, [session_id])
+        return receipt
+
+    # -- acting on work ----------------------------------------------------------------------------
+
+    async def cancel_turn(self, scope: Scope, session_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+        async with self.db.tx() as conn:
+            live = await turns.cancel_turn(conn, scope, session_id, turn_id, reason="cancelled by a human")
+            await record_intervention(conn, scope, session_id, "cancel", {"turn_id": str(turn_id)})
+        if live:
+            await signals.activate_session(session_id)
+        await signals.after_change(self.db, [session_id])
+
+    async def cancel_input(self, scope: Scope, input_id: uuid.UUID) -> Row:
+        async with self.db.tx() as conn:
+            result = await turns.cancel_input(conn, scope, input_id)
+        await signals.after_change(self.db, [result["session_id"]])
+        return result
+
+    async def steer(self, scope: Scope, session_id: uuid.UUID, text: str) -> Row:
+        async with self.db.tx() as conn:
+            result = await steer(conn, scope, session_id, text)
+            await record_intervention(conn, scope, session_id, "steer")
+        return result
+
+    async def answer_request(self, scope: Scope, request_id: uuid.UUID, response: dict[str, Any]) -> Row:
+        async with self.db.tx() as conn:
+            request = await trees.answer_request(conn, scope, request_id, response)
+            await record_intervention(conn, scope, request["session_id"], "answer",
+                                      {"request_id": str(request_id)})
+        await signals.resume_wait(self.db, request["wait_id"])
+        return request
+
+    async def stop_tree(self, scope: Scope, tree_id: uuid.UUID) -> list[uuid.UUID]:
+        async with self.db.tx() as conn:
+            live = await trees.stop_tree(conn, scope, tree_id)
+        await asyncio.gather(*(signals.activate_session(session_id) for session_id in live))
+        await signals.after_change(self.db, [tree_id])
+        return live
+
+    async def continue_tree(self, scope: Scope, tree_id: uuid.UUID) -> list[uuid.UUID]:
+        async with self.db.tx() as conn:
+            started = await trees.continue_tree(conn, scope, tree_id)
+        signals.poke_tree(tree_id)
+        return started
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    async def result(self, scope: Scope, *, input_id: uuid.UUID | None = None,
+                     turn_id: uuid.UUID | None = None) -> Row:
+        async with self.db.tx() as conn:
+            return await turns.get_result(conn, scope, input_id=input_id, turn_id=turn_id)
+
+    async def wait_result(self, scope: Scope, input_id: uuid.UUID, timeout: float = 120.0,
+                          poll_seconds: float = 0.1) -> Row:
+        """Poll the durable result until the input is terminal (for tests, CLI and demos)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            result = await self.result(scope, input_id=input_id)
+            if result["terminal"]:
+                return result
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"input {input_id} is still {result['status']} after {timeout} s")
+            await asyncio.sleep(poll_seconds)
+
+    async def tree_summary(self, scope: Scope, tree_id: uuid.UUID) -> Row:
+        async with self.db.tx() as conn:
+            return await trees.tree_summary(conn, scope, tree_id)
+
+    async def wait_tree_idle(self, scope: Scope, tree_id: uuid.UUID, timeout: float = 120.0) -> Row:
+        """Poll until no member of the tree has an unfinished Turn or an unpaused queued input."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            summary = await self.tree_summary(scope, tree_id)
+            if all(m["activity"] == "idle" and m["turn_status"] in (None, *TERMINAL_TURN_STATUSES)
+                   for m in summary["members"]):
+                return summary
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"tree {tree_id} is still busy after {timeout} s")
+            await asyncio.sleep(0.1)
+
+
+def scripted_log_path(settings: Settings) -> os.PathLike[str]:
+    return settings.data_dir / "scripted-requests.jsonl"
+
+
+def tree_supervisor(tree_id: uuid.UUID) -> Any:
+    """A handle to the tree's supervisor (for operators and tests)."""
+    return ray.get_actor(tree_actor_name(tree_id), namespace=NAMESPACE)
+
+
+def require_uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(f"{what} {value!r} is not an id") from None

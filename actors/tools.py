@@ -1,0 +1,269 @@
+"""The model tools of SPEC §9: argument schemas, and what each call does.
+
+A tool either returns a result (committed as the tool message) or parks the Turn
+(``Park``): the Run is interrupted, its slot released, and a resume Run later gives
+the model the wait's outcome as this call's result. Errors become ``{"error": ...}``.
+Side-effecting tools are keyed by (Turn, tool call id) in ``persistence.cooperation``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from persistence import agents as agent_repo
+from persistence import cooperation, sessions, turns
+from persistence.db import Database
+from persistence.errors import InvalidArgument, NotFound
+from persistence.events import session_updates_after
+from persistence.records import Row, RunRef
+from persistence.settings import Settings
+
+MAX_WAIT_IDS = 100
+LIST_PAGE = 10
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSessionArgs(_Args):
+    name: str = Field(description="Local name of the new session: 1-64 letters, digits, '_' or '-'. Not a path.")
+    description: str = Field(description="The task: the new session's first input and its only context.")
+    agent_id: str | None = Field(default=None, description="Run the new session as this agent (see list_agents).")
+    mode: Literal["child", "root"] = Field(default="child", description="child (default) or an independent root.")
+
+
+class SubmitInputArgs(_Args):
+    target: str = Field(description="session_id, or a path in your own tree like /root/worker")
+    text: str
+
+
+class SendMessageArgs(_Args):
+    target: str = Field(description="session_id, or a path in your own tree")
+    text: str = Field(max_length=100_000)
+
+
+class CancelTurnArgs(_Args):
+    target: str
+    turn_id: str
+
+
+class WaitInputsArgs(_Args):
+    input_ids: list[str] = Field(min_length=1, max_length=MAX_WAIT_IDS)
+    timeout_seconds: int = Field(default=300, ge=1, le=1800)
+
+
+class WaitSessionsArgs(_Args):
+    targets: list[str] = Field(min_length=1)
+    after_cursor: int = Field(default=0, ge=0)
+    timeout_seconds: int = Field(default=300, ge=1, le=1800)
+
+
+class GetResultArgs(_Args):
+    input_id: str | None = None
+    turn_id: str | None = None
+
+
+class ListSessionsArgs(_Args):
+    scope: Literal["project", "all"] = "project"
+    offset: int = Field(default=0, ge=0)
+
+
+class ListAgentsArgs(_Args):
+    pass
+
+
+class AskUserArgs(_Args):
+    question: str = Field(min_length=1, max_length=100_000)
+
+
+@dataclasses.dataclass(frozen=True)
+class Park:
+    """Interrupt the Run into a wait; the outcome becomes this call's result on resume."""
+
+    kind: str
+    condition: dict[str, Any]
+    timeout_seconds: float | None
+    targets: list[uuid.UUID]
+    request_payload: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass
+class ToolContext:
+    db: Database
+    settings: Settings
+    run: RunRef
+    session: Row  # the calling session's row
+    input_id: uuid.UUID  # the calling Turn's own input
+    touched_sessions: set[uuid.UUID] = dataclasses.field(default_factory=set)
+
+
+ToolResult = dict[str, Any] | Park
+Handler = Callable[[ToolContext, str, Any], Awaitable[ToolResult]]
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(f"{what} {value!r} is not an id") from None
+
+
+def _jsonable(row: Row) -> dict[str, Any]:
+    return {key: (str(value) if isinstance(value, uuid.UUID) else value) for key, value in row.items()}
+
+
+async def create_session(ctx: ToolContext, call_id: str, args: CreateSessionArgs) -> ToolResult:
+    async with ctx.db.tx() as conn:
+        result = await cooperation.create_session(
+            conn, ctx.run, call_id, name=args.name, description=args.description, agent_id=args.agent_id,
+            mode=args.mode, max_depth=ctx.settings.max_depth, slot_limit=ctx.settings.tree_slots)
+    ctx.touched_sessions.add(uuid.UUID(result["session_id"]))
+    return result
+
+
+async def submit_input(ctx: ToolContext, call_id: str, args: SubmitInputArgs) -> ToolResult:
+    async with ctx.db.tx() as conn:
+        result = await cooperation.submit_input(conn, ctx.run, call_id, target=args.target, text=args.text)
+    ctx.touched_sessions.add(uuid.UUID(result["session_id"]))
+    return result
+
+
+async def send_message(ctx: ToolContext, call_id: str, args: SendMessageArgs) -> ToolResult:
+    async with ctx.db.tx() as conn:
+        result = await cooperation.send_message(conn, ctx.run, call_id, target=args.target, text=args.text)
+    # A message is an update for wait_sessions waiters watching this sender.
+    ctx.touched_sessions.add(ctx.run.session_id)
+    return result
+
+
+async def cancel_turn(ctx: ToolContext, call_id: str, args: CancelTurnArgs) -> ToolResult:
+    async with ctx.db.tx() as conn:
+        result = await cooperation.cancel_turn(conn, ctx.run, call_id, target=args.target, turn_id=args.turn_id)
+    ctx.touched_sessions.add(uuid.UUID(result["session_id"]))
+    return result
+
+
+async def wait_inputs(ctx: ToolContext, call_id: str, args: WaitInputsArgs) -> ToolResult:
+    ids = list(dict.fromkeys(_uuid(value, "input_id") for value in args.input_ids))
+    if ctx.input_id in ids:
+        raise InvalidArgument("a turn cannot wait for its own input")
+    async with ctx.db.tx() as conn:
+        results = await turns.results_of_inputs(conn, ctx.run.scope, ids)
+    found = {result["input_id"] for result in results}
+    missing = [str(i) for i in ids if i not in found]
+    if missing:
+        raise NotFound(f"no input {missing[0]}")
+    if all(result["terminal"] for result in results):
+        return {"results": [_jsonable(r) for r in results], "timed_out": False}
+    return Park(kind="inputs", condition={"input_ids": [str(i) for i in ids]},
+                timeout_seconds=args.timeout_seconds,
+                targets=list(dict.fromkeys(result["session_id"] for result in results)))
+
+
+async def wait_sessions(ctx: ToolContext, call_id: str, args: WaitSessionsArgs) -> ToolResult:
+    async with ctx.db.tx() as conn:
+        targets = [await sessions.resolve_target(conn, ctx.run.scope, ctx.run.tree_id, t) for t in args.targets]
+        ids = list(dict.fromkeys(target["session_id"] for target in targets))
+        if ctx.run.session_id in ids:
+            raise InvalidArgument("a session cannot wait for itself")
+        updates = await session_updates_after(conn, ctx.run.scope, ctx.run.session_id, ids, args.after_cursor)
+    if updates:
+        return {"updates": [_jsonable(u) for u in updates], "cursor": updates[-1]["cursor"], "timed_out": False}
+    return Park(kind="sessions", condition={"targets": [str(i) for i in ids], "after_cursor": args.after_cursor},
+                timeout_seconds=args.timeout_seconds, targets=ids)
+
+
+async def get_result(ctx: ToolContext, call_id: str, args: GetResultArgs) -> ToolResult:
+    if (args.input_id is None) == (args.turn_id is None):
+        raise InvalidArgument("give exactly one of input_id and turn_id")
+    async with ctx.db.tx() as conn:
+        if args.input_id is not None:
+            result = await turns.get_result(conn, ctx.run.scope, input_id=_uuid(args.input_id, "input_id"))
+        else:
+            result = await turns.get_result(conn, ctx.run.scope, turn_id=_uuid(str(args.turn_id), "turn_id"))
+    return _jsonable(result)
+
+
+_LISTED = ("session_id", "title", "path", "tree_id", "project_id", "current_turn_id", "turn_status",
+           "waiting_for", "activity")
+
+
+async def list_sessions(ctx: ToolContext, call_id: str, args: ListSessionsArgs) -> ToolResult:
+    async with ctx.db.tx() as conn:
+        if args.scope == "project":
+            rows = await sessions.list_project_sessions(conn, ctx.run.scope, ctx.session["project_id"])
+        else:
+            rows = await sessions.list_project_sessions(conn, ctx.run.scope, None, offset=args.offset,
+                                                        limit=LIST_PAGE, newest_first=True)
+    entries = [{key: row[key] for key in _LISTED} for row in rows]
+    entries = [{**_jsonable(e), "root_id": str(e["tree_id"])} for e in entries]
+    return {"sessions": entries, "offset": args.offset, "next_offset":
+            args.offset + LIST_PAGE if args.scope == "all" and len(entries) == LIST_PAGE else None}
+
+
+async def list_agents(ctx: ToolContext, call_id: str, args: ListAgentsArgs) -> ToolResult:
+    async with ctx.db.tx() as conn:
+        rows = await agent_repo.list_agents(conn, ctx.run.scope)
+    return {"agents": [{"id": r["agent_id"], "name": r["name"], "description": r["description"]} for r in rows]}
+
+
+async def ask_user(ctx: ToolContext, call_id: str, args: AskUserArgs) -> ToolResult:
+    return Park(kind="answer", condition={}, timeout_seconds=None, targets=[],
+                request_payload={"question": args.question})
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    args: type[_Args]
+    handler: Handler
+
+
+TOOLS: dict[str, Tool] = {tool.name: tool for tool in [
+    Tool("create_session", "Create a session (a child by default) and submit its first input, the "
+         "description. It sees only the description, never your history.", CreateSessionArgs, create_session),
+    Tool("submit_input", "Give a session new work (FIFO: queued if it is busy).", SubmitInputArgs, submit_input),
+    Tool("send_message", "Send context to a session: read at its next model call; starts no work.",
+         SendMessageArgs, send_message),
+    Tool("cancel_turn", "Cancel exactly one turn of a session.", CancelTurnArgs, cancel_turn),
+    Tool("wait_inputs", "Wait until all these inputs are finished; returns their exact results.",
+         WaitInputsArgs, wait_inputs),
+    Tool("wait_sessions", "Wait until any of these sessions has an update after the cursor.",
+         WaitSessionsArgs, wait_sessions),
+    Tool("get_result", "The exact result of one input or turn.", GetResultArgs, get_result),
+    Tool("list_sessions", "Sessions of this project, or your whole history (scope='all', 10 a page).",
+         ListSessionsArgs, list_sessions),
+    Tool("list_agents", "Agents you may run in create_session(agent_id=...).", ListAgentsArgs, list_agents),
+    Tool("ask_user", "Ask the human a question and wait for the answer.", AskUserArgs, ask_user),
+]}
+
+
+def register(tool: Tool) -> None:
+    """Add a tool (the sandbox tools register themselves here)."""
+    TOOLS[tool.name] = tool
+
+
+def schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
+    """OpenAI function-tool definitions for the model request."""
+    chosen = [TOOLS[n] for n in names if n in TOOLS] if names else list(TOOLS.values())
+    return [{"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                              "parameters": tool.args.model_json_schema()}} for tool in chosen]
+
+
+def parse_args(name: str, raw: dict[str, Any]) -> tuple[Tool, _Args]:
+    tool = TOOLS.get(name)
+    if tool is None:
+        raise InvalidArgument(f"unknown tool {name!r}")
+    try:
+        return tool, tool.args.model_validate(raw)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                             for e in error.errors())
+        raise InvalidArgument(f"invalid arguments for {name}: {problems}") from None

@@ -1,0 +1,34 @@
+"""The shared per-tree sandbox (SPEC §12): backends, confined file access, lifecycle manager.
+
+Layering: ``sandbox`` imports ``persistence`` and nothing else of Canopy.
+"""
+
+from sandbox.base import (
+    OUTPUT_LIMIT_BYTES,
+    TRUNCATION_MARKER,
+    CommandResult,
+    FileMissing,
+    PathRejected,
+    SandboxBackend,
+    SandboxError,
+    SandboxGone,
+    SandboxOptions,
+)
+from sandbox.files import read_file, write_file
+from sandbox.manager import SandboxManager, choose_backend
+
+__all__ = [
+    "OUTPUT_LIMIT_BYTES",
+    "TRUNCATION_MARKER",
+    "CommandResult",
+    "FileMissing",
+    "PathRejected",
+    "SandboxBackend",
+    "SandboxError",
+    "SandboxGone",
+    "SandboxManager",
+    "SandboxOptions",
+    "choose_backend",
+    "read_file",
+    "write_file",
+]

@@ -1,0 +1,230 @@
+"""The local process sandbox, for machines without a Docker engine.
+
+THIS IS NOT ISOLATION. Commands run as the runtime's own user, on the host, with the
+host's filesystem, network and installed software. It gives a tree the same *shape* as
+the Docker sandbox, so cooperation works the same way:
+
+- the working directory is the project workdir (Docker: ``/workspace``);
+- a per-tree scratch dir plays the tree's ``/tmp``: it is exported as ``TMPDIR`` and
+  ``CANOPY_TMP``, and is deleted on release. A literal ``/tmp`` inside a command is the
+  host's ``/tmp`` — only the Docker backend makes ``/tmp`` itself per-tree;
+- ``HOME`` is a per-tree dir too (Docker: ``/root`` in the container), dropped on release;
+- every command runs in its own process group (``start_new_session``); cancelling it
+  kills that group;
+- release kills every process still carrying the tree's ``CANOPY_TREE_ID`` in its
+  environment (found via ``/proc``; on systems without ``/proc`` only the groups of
+  commands this process started are killed) and deletes the scratch dir.
+
+The environment of a command is minimal on purpose (``PATH``, locale, ``HOME``, ``TMPDIR``,
+``CANOPY_*``): the runtime's own variables hold database URLs and model keys.
+
+Sandbox state lives under ``<state_root>/<tree_id>/`` (default: the system temp dir),
+which is also the handle, so a restarted runtime re-adopts it by path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from sandbox.base import (
+    DEFAULT_TIMEOUT_SECONDS,
+    CappedOutput,
+    CommandResult,
+    SandboxError,
+    SandboxGone,
+    SandboxOptions,
+    signal_exit_code,
+)
+
+log = logging.getLogger(__name__)
+
+_PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+_WORKDIR_FILE = "workdir"
+_READ_CHUNK = 65536
+# After a kill, how long to keep reading pipes that an escaped process may still hold open.
+_DRAIN_SECONDS = 2.0
+
+
+def _default_state_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"canopy-sandboxes-{os.getuid()}"
+
+
+class LocalBackend:
+    """Per-tree process sandboxes on the host. See the module docstring: not isolating."""
+
+    name = "local"
+
+    def __init__(self, state_root: Path | None = None) -> None:
+        self.state_root = state_root or _default_state_root()
+        # Process groups of commands in flight, per handle: killed on release even where
+        # /proc is unavailable. Safe to signal because their leaders are not reaped yet.
+        self._running: dict[str, set[int]] = {}
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def ensure(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> str:
+        return await asyncio.to_thread(self._ensure_sync, tree_id, workdir)
+
+    def _ensure_sync(self, tree_id: uuid.UUID, workdir: Path) -> str:
+        self._make_private_dir(self.state_root)
+        tree_dir = self.state_root / str(tree_id)
+        workdir = workdir.resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        for sub in (tree_dir, tree_dir / "tmp", tree_dir / "home"):
+            self._make_private_dir(sub)
+        (tree_dir / _WORKDIR_FILE).write_text(str(workdir))
+        return str(tree_dir)
+
+    @staticmethod
+    def _make_private_dir(path: Path) -> None:
+        # The default root is in the shared temp dir: refuse a dir another user planted there.
+        path.mkdir(mode=0o700, exist_ok=True)
+        if path.stat().st_uid != os.getuid():
+            raise SandboxError(f"sandbox directory {path} belongs to another user; refusing to use it")
+
+    async def exists(self, handle: str) -> bool:
+        tree_dir = Path(handle)
+        return (tree_dir / "tmp").is_dir() and (tree_dir / _WORKDIR_FILE).is_file()
+
+    async def release(self, handle: str) -> None:
+        tree_dir = Path(handle)
+        await asyncio.to_thread(self._release_sync, tree_dir)
+
+    def _release_sync(self, tree_dir: Path) -> None:
+        for pgid in self._running.pop(str(tree_dir), set()):
+            _kill_group(pgid)
+        _kill_marked_processes(tree_dir.name)
+        shutil.rmtree(tree_dir, ignore_errors=True)
+
+    # -- commands --------------------------------------------------------------------
+
+    async def run(
+        self, handle: str, command: str, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    ) -> CommandResult:
+        tree_dir = Path(handle)
+        if not await self.exists(handle):
+            raise SandboxGone(f"the local sandbox {handle} was released")
+        workdir = Path((tree_dir / _WORKDIR_FILE).read_text())
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            "-c",
+            command,
+            cwd=workdir,
+            env=self._environment(tree_dir),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own session, hence its own process group (pgid == pid)
+        )
+        running = self._running.setdefault(handle, set())
+        running.add(proc.pid)
+        try:
+            return await self._supervise(proc, timeout_seconds)
+        finally:
+            running.discard(proc.pid)
+
+    @staticmethod
+    def _environment(tree_dir: Path) -> dict[str, str]:
+        env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        tmp = str(tree_dir / "tmp")
+        env.update(
+            TMPDIR=tmp,
+            CANOPY_TMP=tmp,
+            HOME=str(tree_dir / "home"),
+            CANOPY_TREE_ID=tree_dir.name,
+            CANOPY_SANDBOX="local",
+        )
+        return env
+
+    async def _supervise(self, proc: asyncio.subprocess.Process, timeout_seconds: float) -> CommandResult:
+        stdout, stderr = CappedOutput(), CappedOutput()
+        assert proc.stdout is not None and proc.stderr is not None
+        readers = [
+            asyncio.create_task(_pump(proc.stdout, stdout)),
+            asyncio.create_task(_pump(proc.stderr, stderr)),
+        ]
+        timed_out = False
+        try:
+            await asyncio.wait_for(_finish(proc, readers), timeout_seconds)
+        except TimeoutError:
+            timed_out = True
+            _kill_group(proc.pid)
+            await proc.wait()
+            await _drain(readers)
+        except asyncio.CancelledError:
+            # Kill first, then let the cancellation go on: the caller must never wait on us.
+            _kill_group(proc.pid)
+            for reader in readers:
+                reader.cancel()
+            raise
+        assert proc.returncode is not None
+        return CommandResult(signal_exit_code(proc.returncode), stdout.text(), stderr.text(), timed_out)
+
+
+async def _pump(stream: asyncio.StreamReader, sink: CappedOutput) -> None:
+    while chunk := await stream.read(_READ_CHUNK):
+        sink.feed(chunk)
+
+
+async def _finish(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]]) -> None:
+    # Like subprocess.run: done when the process exited and both pipes reached EOF.
+    # asyncio.wait, not gather: a timeout must not cancel the readers, _drain still needs them.
+    await asyncio.wait(readers)
+    await proc.wait()
+
+
+async def _drain(readers: list[asyncio.Task[None]]) -> None:
+    # A process that left the group (setsid) may hold the pipes open forever: bounded wait.
+    _done, pending = await asyncio.wait(readers, timeout=_DRAIN_SECONDS)
+    for reader in pending:
+        reader.cancel()
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _kill_marked_processes(tree_id: str, rounds: int = 20) -> None:
+    """SIGKILL every process whose environment carries this tree's id (Linux /proc).
+
+    Repeated until none is left, because a dying shell may still fork one more child.
+    """
+    proc_root = Path("/proc")
+    if not proc_root.is_dir():
+        return
+    marker = f"CANOPY_TREE_ID={tree_id}".encode()
+    for _ in range(rounds):
+        pids = [pid for pid in _pids(proc_root) if _has_marker(proc_root / str(pid), marker)]
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    log.warning("local sandbox %s: processes survived release", tree_id)
+
+
+def _pids(proc_root: Path) -> list[int]:
+    own = os.getpid()
+    return [
+        int(entry.name) for entry in proc_root.iterdir() if entry.name.isdigit() and int(entry.name) != own
+    ]
+
+
+def _has_marker(proc_dir: Path, marker: bytes) -> bool:
+    try:
+        environ = (proc_dir / "environ").read_bytes()
+    except OSError:  # exited meanwhile, or not ours to read
+        return False
+    return marker in environ.split(b"\0")

@@ -1,0 +1,166 @@
+"""Factories for the persistence tests: every row is made through the repositories.
+
+An executing Run is obtained the real way: an input is submitted (its Turn gets a
+``pending`` Run), ``runs.grant_slots`` moves it into a slot, and ``runs.acquire_run``
+gives it an owner and a lease.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, LiteralString
+
+from persistence import cooperation, projects, runs, sessions, turns
+from persistence.db import Database
+from persistence.records import Row, RunRef, Scope
+
+WORKDIR_ROOT = Path(tempfile.gettempdir()) / "canopy-test-workdirs"
+LEASE_SECONDS = 30.0
+HUMAN: dict[str, Any] = {"kind": "human"}
+AGENT_CONFIG: dict[str, Any] = {
+    "agent_id": None,
+    "model": "canopy/scripted",
+    "instructions": "",
+    "tools": [],
+    "approval_mode": "auto",
+}
+# Every table a repository writes; ``count_rows`` counts them database-wide.
+TABLES = (
+    "trees", "sessions", "inputs", "turns", "runs", "thread_messages", "coop_messages", "events", "waits",
+    "wait_targets", "tool_receipts", "requests",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    scope: Scope
+    project_id: uuid.UUID
+    root_id: uuid.UUID
+
+    @property
+    def tree_id(self) -> uuid.UUID:
+        return self.root_id
+
+
+def new_owner() -> str:
+    return f"owner-{uuid.uuid4().hex[:8]}"
+
+
+async def make_tree(db: Database, scope: Scope, *, slot_limit: int = 4, project_id: uuid.UUID | None = None
+                    ) -> Tree:
+    """A project (unless given) and a new root session with no input yet."""
+    async with db.tx() as conn:
+        if project_id is None:
+            project_id = (await projects.create_project(conn, scope, "test", WORKDIR_ROOT))["project_id"]
+        root_id = await sessions.create_root(conn, scope, project_id=project_id, agent_id=None,
+                                             agent_config=AGENT_CONFIG, slot_limit=slot_limit, title="root")
+    return Tree(scope, project_id, root_id)
+
+
+async def submit(db: Database, scope: Scope, session_id: uuid.UUID, text: str = "task",
+                 origin: dict[str, Any] | None = None) -> Row:
+    async with db.tx() as conn:
+        return await turns.submit_input(conn, scope, session_id, text, origin or HUMAN)
+
+
+async def grant(db: Database, tree_id: uuid.UUID) -> list[uuid.UUID]:
+    """One ``grant_slots`` transaction: the run ids moved into slots, in grant order."""
+    async with db.tx() as conn:
+        return [row["run_id"] for row in await runs.grant_slots(conn, tree_id, LEASE_SECONDS)]
+
+
+async def latest_run_id(db: Database, turn_id: uuid.UUID | str) -> uuid.UUID:
+    row = await fetch_one(db, "SELECT run_id FROM runs WHERE turn_id = %s ORDER BY queued_at DESC LIMIT 1",
+                          (uuid.UUID(str(turn_id)),))
+    return row["run_id"]
+
+
+async def acquire(db: Database, run_id: uuid.UUID, owner: str | None = None) -> RunRef:
+    async with db.tx() as conn:
+        run = await runs.acquire_run(conn, run_id, owner or new_owner(), LEASE_SECONDS)
+    assert run is not None, f"run {run_id} holds no unowned slot"
+    return run
+
+
+async def claim_turn(db: Database, tree_id: uuid.UUID, turn_id: uuid.UUID | str) -> RunRef:
+    """Grant the tree's free slots, then acquire the Turn's latest Run (which must have got one)."""
+    await grant(db, tree_id)
+    return await acquire(db, await latest_run_id(db, turn_id))
+
+
+async def start_run(db: Database, scope: Scope, tree_id: uuid.UUID, session_id: uuid.UUID,
+                    text: str = "task") -> tuple[Row, RunRef]:
+    """Submit an input to an idle session and return its receipt and its executing Run."""
+    receipt = await submit(db, scope, session_id, text)
+    assert receipt["status"] == "started", receipt
+    return receipt, await claim_turn(db, tree_id, receipt["turn_id"])
+
+
+async def start_root_run(db: Database, scope: Scope, *, slot_limit: int = 4) -> tuple[Tree, RunRef]:
+    tree = await make_tree(db, scope, slot_limit=slot_limit)
+    _, run = await start_run(db, scope, tree.tree_id, tree.root_id)
+    return tree, run
+
+
+async def create_child(db: Database, run: RunRef, name: str, *, call_id: str | None = None,
+                       description: str = "do the child's task", max_depth: int = 2) -> Row:
+    """``create_session`` as the Run's tool call, in its own transaction."""
+    async with db.tx() as conn:
+        return await cooperation.create_session(conn, run, call_id or f"call-{uuid.uuid4().hex[:8]}", name=name,
+                                                description=description, max_depth=max_depth, slot_limit=4)
+
+
+async def child_run(db: Database, run: RunRef, name: str, *, max_depth: int = 2) -> tuple[Row, RunRef]:
+    """A child created by ``run`` and the child's own executing Run."""
+    child = await create_child(db, run, name, max_depth=max_depth)
+    return child, await claim_turn(db, run.tree_id, child["turn_id"])
+
+
+async def finish(db: Database, run: RunRef, status: str = "completed", output: str | None = None) -> Row | None:
+    async with db.tx() as conn:
+        return await turns.finish_turn(conn, run, status, output=output)
+
+
+async def fetch_one(db: Database, query: LiteralString, params: tuple[Any, ...] | dict[str, Any] = ()) -> Row:
+    async with db.tx() as conn:
+        cur = await conn.execute(query, params)
+        row = await cur.fetchone()
+    assert row is not None, query
+    return row
+
+
+async def fetch_all(db: Database, query: LiteralString, params: tuple[Any, ...] | dict[str, Any] = ()
+                    ) -> list[Row]:
+    async with db.tx() as conn:
+        cur = await conn.execute(query, params)
+        return await cur.fetchall()
+
+
+async def scalar(db: Database, query: LiteralString, params: tuple[Any, ...] | dict[str, Any] = ()) -> Any:
+    row = await fetch_one(db, query, params)
+    return next(iter(row.values()))
+
+
+async def count_rows(db: Database) -> dict[str, int]:
+    """Row counts of every table the repositories write, database-wide (tests run one at a time)."""
+    selects = ", ".join(f"(SELECT count(*) FROM {table}) AS {table}" for table in TABLES)
+    return dict(await fetch_one(db, f"SELECT {selects}"))  # type: ignore[arg-type]
+
+
+async def run_row(db: Database, run_id: uuid.UUID) -> Row:
+    return await fetch_one(db, "SELECT * FROM runs WHERE run_id = %s", (run_id,))
+
+
+async def turn_row(db: Database, turn_id: uuid.UUID | str) -> Row:
+    return await fetch_one(db, "SELECT * FROM turns WHERE turn_id = %s", (uuid.UUID(str(turn_id)),))
+
+
+async def session_row(db: Database, session_id: uuid.UUID | str) -> Row:
+    return await fetch_one(db, "SELECT * FROM sessions WHERE session_id = %s", (uuid.UUID(str(session_id)),))
+
+
+async def running_in_tree(db: Database, tree_id: uuid.UUID) -> int:
+    return await scalar(db, "SELECT count(*) FROM runs WHERE tree_id = %s AND status = 'running'", (tree_id,))
