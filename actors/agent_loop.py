@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from actors import signals
+from actors import failpoints, signals
 from actors.tools import Park, ToolContext, parse_args, schemas
 from persistence import messages, turns, waits
 from persistence import runs as run_repo
@@ -129,6 +129,7 @@ class RunExecutor:
             if not await self._model_boundary():
                 return
             session, turn, history = await self._load()
+            await failpoints.pause("before_model_call", session["name"])
             reply = await self._call_model(session, turn["input_id"], history)
             if reply is None:
                 return
@@ -136,6 +137,7 @@ class RunExecutor:
                 await run_repo.fence(conn, self.run)
                 await messages.append_message(conn, self.run, "assistant", content=reply["content"],
                                               tool_calls=reply["tool_calls"] or None)
+            await failpoints.pause("after_model_commit", session["name"])
 
     async def _model_boundary(self) -> bool:
         """Read messages and steers; a Turn being cancelled (or stopped) cancels itself here."""
@@ -190,9 +192,11 @@ class RunExecutor:
                 await run_repo.fence(conn, self.run)
                 await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
                                               tool_call_id=call["id"])
+            await asyncio.gather(*(signals.activate_session(s) for s in ctx.signalled_sessions))
             if ctx.touched_sessions:
                 await signals.after_change(self.db, ctx.touched_sessions)
-                ctx.touched_sessions.clear()
+            ctx.signalled_sessions.clear()
+            ctx.touched_sessions.clear()
         return False
 
     async def _run_tool(self, ctx: ToolContext, call: dict[str, Any]) -> dict[str, Any] | Park:

@@ -162,10 +162,14 @@ class ModelGateway:
                 from actors.scripted_model import serve_scripted_model
 
                 self._scripted = await serve_scripted_model(port=self._scripted_port, log_path=self._log_path)
-        return self._scripted.base_url
+            return self._scripted.base_url
 
     async def request_log_path(self) -> str | None:
         return self._log_path
+
+    async def scripted_in_flight_requests(self) -> int:
+        """Requests the embedded scripted model is still answering (diagnostics and tests)."""
+        return self._scripted.in_flight_requests if self._scripted is not None else 0
 
     async def warm_up(self) -> None:
         """Pay the litellm import up front (optional; complete() does it lazily otherwise)."""

@@ -15,7 +15,8 @@ replayed Run gets the same answers:
   optional ``delay_ms``. Past the end of the list the model says :data:`FINAL_TEXT`.
 * Strings inside ``args``/``say`` may reference tool results of this Turn as
   ``${N.dotted.path}``; ``${N}`` is the whole result as JSON text. A string that is exactly
-  one reference takes the referenced value's type.
+  one reference takes the referenced value's type. ``$${...}`` stands for a literal ``${...}``
+  (a nested script handed to a child keeps its own references).
 * Without a script it runs the demo: a root fans out to two or three children with
   ``create_session``, waits with ``wait_inputs`` and summarises; a child answers its task.
 """
@@ -44,7 +45,8 @@ FINAL_TEXT = "script finished"
 SCRIPT_MARKER = "#!script"
 CANOPY_PREFIX = "<canopy:"
 
-_REFERENCE = re.compile(r"\$\{(\d+)((?:\.[^.{}]+)*)\}")
+# ``$${...}`` escapes a reference, e.g. inside a nested script meant for a child session.
+_REFERENCE = re.compile(r"(\$?)\$\{(\d+)((?:\.[^.{}]+)*)\}")
 _ROLE_LINE = re.compile(r"^\s*[-*]?\s*role\s*:\s*(root|child)\s*$", re.IGNORECASE | re.MULTILINE)
 _NAME_LINE = re.compile(r"^\s*[-*]?\s*name\s*:\s*(\S.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 _DEMO_CHILDREN = (
@@ -210,8 +212,10 @@ def _lookup(value: Any, path: list[str], reference: str) -> Any:
 
 
 def _reference_value(match: re.Match[str], turn: TurnView) -> Any:
-    index = int(match.group(1))
-    path = [p for p in match.group(2).split(".") if p]
+    if match.group(1):
+        return match.group(0)[1:]
+    index = int(match.group(2))
+    path = [p for p in match.group(3).split(".") if p]
     if not path:
         # The whole result "as JSON": the tool message text is that JSON already.
         return turn.raw_result(index)
@@ -334,64 +338,6 @@ def _demo_summary(turn: TurnView) -> Reply:
     waited = waits[-1] if waits else None
     lines = [f"Summary for: {_quote_task(turn.input_text)}"]
     if not isinstance(waited, dict) or not isinstance(waited.get("results"), list):
-        lines.append(f"Waiting for the children failed: {_as_text(waited)}")
-        return Reply(content="\n".join(lines))
-    for result in waited["results"]:
-        name = names.get(result.get("input_id"), result.get("session_id", "?"))
-        if result.get("output") is not None:
-            lines.append(f'- {name}: "{result["output"]}"')
-        else:
-            lines.append(f"- {name} ({result.get('status')}): {result.get('error') or 'no output'}")
-    if waited.get("timed_out"):
-        lines.append("(some children had not finished when the wait timed out)")
-    return Reply(content="\n".join(lines))
-
-
-def _demo_children(task: str) -> list[tuple[str, dict[str, Any]]]:
-    count = 3 if len(task.split()) >= _THREE_CHILDREN_MIN_WORDS else 2
-    quoted = _quote_task(task) or "the user's request"
-    return [
-        ("create_session", {"name": name, "description": template.format(task=quoted)})
-        for name, template in _DEMO_CHILDREN[:count]
-    ]
-
-
-def _created_children(turn: TurnView) -> list[tuple[str, Any]]:
-    """(name, result) of every create_session call of this Turn, in call order."""
-    children = []
-    for index, name in enumerate(turn.call_names):
-        if name == "create_session" and turn.call_ids[index] in turn.results:
-            children.append((name, turn.result(index)))
-    return children
-
-
-def _failure_summary(task: str, children: list[tuple[str, Any]]) -> str:
-    lines = [f"I could not delegate the task ({_quote_task(task)}):"]
-    for position, (_, result) in enumerate(children):
-        if isinstance(result, dict) and "error" in result:
-            lines.append(f"- child {position + 1} failed: {result['error']}")
-        else:
-            lines.append(f"- child {position + 1} was created: {_child_name(result)}")
-    return "\n".join(lines)
-
-
-def _child_name(result: Any) -> str:
-    return str(result.get("name", "?")) if isinstance(result, dict) else "?"
-
-
-def _demo_wait(turn: TurnView) -> Reply:
-    children = _created_children(turn)
-    if not children or any(not isinstance(r, dict) or "error" in r for _, r in children):
-        return Reply(content=_failure_summary(turn.input_text, children))
-    input_ids = [r.get("input_id") for _, r in children]
-    return _calls(turn, [("wait_inputs", {"input_ids": input_ids})])
-
-
-def _demo_summary(turn: TurnView) -> Reply:
-    names = {r.get("input_id"): _child_name(r) for _, r in _created_children(turn) if isinstance(r, dict)}
-    waited = turn.result(len(turn.call_ids) - 1) if turn.call_ids else None
-    lines = [f"Summary for: {_quote_task(turn.input_text)}"]
-    if not isinstance(waited, dict) or "results" not in waited:
         lines.append(f"Waiting for the children failed: {_as_text(waited)}")
         return Reply(content="\n".join(lines))
     for result in waited["results"]:

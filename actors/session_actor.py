@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 
 import ray
@@ -48,8 +49,9 @@ class SessionActorImpl:
         await self._cancel_if_requested()
         return True
 
-    async def status(self) -> dict[str, str | None]:
-        return {"owner": self.owner, "turn_id": str(self._current_turn) if self._current_turn else None}
+    async def status(self) -> dict[str, str | int | None]:
+        return {"owner": self.owner, "pid": os.getpid(),
+                "turn_id": str(self._current_turn) if self._current_turn else None}
 
     async def _cancel_if_requested(self) -> None:
         if self._current is None or self._current.done() or self._current_turn is None:

@@ -101,6 +101,8 @@ class ToolContext:
     session: Row  # the calling session's row
     input_id: uuid.UUID  # the calling Turn's own input
     touched_sessions: set[uuid.UUID] = dataclasses.field(default_factory=set)
+    # Sessions whose live Run must re-read its Turn now (a cancel), not at its next boundary.
+    signalled_sessions: set[uuid.UUID] = dataclasses.field(default_factory=set)
 
 
 ToolResult = dict[str, Any] | Park
@@ -146,6 +148,7 @@ async def cancel_turn(ctx: ToolContext, call_id: str, args: CancelTurnArgs) -> T
     async with ctx.db.tx() as conn:
         result = await cooperation.cancel_turn(conn, ctx.run, call_id, target=args.target, turn_id=args.turn_id)
     ctx.touched_sessions.add(uuid.UUID(result["session_id"]))
+    ctx.signalled_sessions.add(uuid.UUID(result["session_id"]))
     return result
 
 

@@ -19,13 +19,16 @@ LEASE_EXPIRED = "lease expired: the run's owner stopped heart-beating"
 
 _LOCK_TREE = "SELECT slot_limit, stopped FROM trees WHERE tree_id = %s FOR UPDATE"
 _COUNT_RUNNING = "SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status = 'running'"
+# UPDATE ... RETURNING yields rows in no particular order: re-sort so callers see the FIFO order.
 _GRANT = """
-UPDATE runs SET status = 'running', started_at = clock_timestamp(), owner = NULL,
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
-WHERE run_id IN (
-    SELECT run_id FROM runs WHERE tree_id = %(tree_id)s AND status = 'pending'
-    ORDER BY queued_at, run_id LIMIT %(free)s FOR UPDATE)
-RETURNING run_id, session_id, turn_id
+WITH granted AS (
+    UPDATE runs SET status = 'running', started_at = clock_timestamp(), owner = NULL,
+           lease_expires_at = now() + make_interval(secs => %(lease)s)
+    WHERE run_id IN (
+        SELECT run_id FROM runs WHERE tree_id = %(tree_id)s AND status = 'pending'
+        ORDER BY queued_at, run_id LIMIT %(free)s FOR UPDATE)
+    RETURNING run_id, session_id, turn_id, queued_at)
+SELECT run_id, session_id, turn_id FROM granted ORDER BY queued_at, run_id
 """
 _ACQUIRE = """
 UPDATE runs r SET owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s)

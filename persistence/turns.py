@@ -210,7 +210,9 @@ async def cancel_turn(conn: Connection, scope: Scope, session_id: uuid.UUID, tur
     """Cancel exactly this Turn (history and side effects stay). True: a live Run must be signalled."""
     session = await lock_session(conn, scope, session_id)
     cur = await conn.execute(
-        "SELECT turn_id, status, waiting_for FROM turns WHERE turn_id = %s AND session_id = %s FOR UPDATE",
+        # NO KEY UPDATE: a tool call of this Turn committing meanwhile only needs a key-share lock on it
+        # (its receipt's foreign key) and must not deadlock with the cancel.
+        "SELECT turn_id, status, waiting_for FROM turns WHERE turn_id = %s AND session_id = %s FOR NO KEY UPDATE",
         (turn_id, session_id),
     )
     turn = await cur.fetchone()

@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from persistence import runs as run_repo
 from persistence.db import Connection
+from persistence.errors import Conflict
 from persistence.events import append_event, session_updates_after
 from persistence.records import Row, RunRef, Scope, new_id
 from persistence.turns import results_of_inputs
@@ -38,8 +39,16 @@ async def park(
     targets: list[uuid.UUID] = (),  # type: ignore[assignment]
     request_payload: dict[str, Any] | None = None,
 ) -> uuid.UUID:
-    """Interrupt the Run into a wait: the Turn goes ``waiting`` and the slot is released."""
+    """Interrupt the Run into a wait: the Turn goes ``waiting`` and the slot is released.
+
+    A Turn that is being cancelled cannot wait (Conflict): the Turn row is locked first,
+    so a cancel that commits meanwhile is seen here and never overwritten by ``waiting``.
+    """
     await run_repo.fence(conn, run)
+    cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s FOR NO KEY UPDATE", (run.turn_id,))
+    turn = await cur.fetchone()
+    if turn is None or turn["status"] != "running":
+        raise Conflict(f"turn {run.turn_id} is being cancelled; it cannot wait")
     wait_id = new_id()
     await conn.execute(
         """INSERT INTO waits (wait_id, session_id, tree_id, turn_id, run_id, tool_call_id, kind, condition,

@@ -56,6 +56,10 @@ class SandboxOptions:
     ``network=False`` means no network at all (Docker ``network_mode="none"``); ``True``
     shares the host's network (``"host"``), the only other mode an engine started with
     ``--bridge=none`` offers.
+
+    ``user`` is the Docker ``user`` of every command. ``None`` picks the runtime's own
+    ``uid:gid`` when the runtime is not root — so files the sandbox writes into the
+    project workdir stay editable by their owner — and the image's user (root) otherwise.
     """
 
     image: str = "canopy-sandbox:latest"
@@ -63,6 +67,7 @@ class SandboxOptions:
     cpus: float = 2.0
     pids: int = 1024
     network: bool = False
+    user: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,4 +161,8 @@ class SandboxBackend(Protocol):
 
     async def exists(self, handle: str) -> bool:
         """True when the handle names a live, usable sandbox."""
+        ...
+
+    def close(self) -> None:
+        """Free client resources (connections, threads). Sandboxes themselves stay."""
         ...

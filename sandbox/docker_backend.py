@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import socket
 import time
 import uuid
@@ -71,9 +72,10 @@ setsid sh -c 'echo $$ > "$0.pid"; [ -e "$0.cancel" ] && exit {_KILLED_EXIT_CODE}
 rc=$?; rm -f "$d/$1.pid" "$d/$1.cancel"; exit $rc"""
 
 # $1 = command id. Mark the command cancelled first (so a wrapper that has not written its
-# pid yet exits instead of starting), then kill the group once the pid file shows up.
+# pid yet exits instead of starting), then kill the group once the pid file shows up. The
+# wrapper deletes the mark when it ends, so a wrapper that already finished stops the wait.
 _KILLER = f"""d={_STATE_DIR}; mkdir -p "$d"; touch "$d/$1.cancel"; i=0
-while [ ! -s "$d/$1.pid" ] && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done
+while [ ! -s "$d/$1.pid" ] && [ -e "$d/$1.cancel" ] && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done
 [ -s "$d/$1.pid" ] && kill -KILL -"$(cat "$d/$1.pid")" 2>/dev/null; exit 0"""
 
 
@@ -161,6 +163,7 @@ class DockerBackend:
             return self.client.containers.create(image, name=name, **spec)
 
     def _container_spec(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> dict[str, Any]:
+        user = _container_user(options)
         return {
             "command": ["sleep", "infinity"],
             "init": True,
@@ -171,8 +174,10 @@ class DockerBackend:
                 "CANOPY_TMP": "/tmp",
                 "CANOPY_TREE_ID": str(tree_id),
                 "CANOPY_SANDBOX": "docker",
-                "HOME": "/root",
+                # A non-root user has no home in the image: /tmp is writable and as disposable.
+                "HOME": "/tmp" if user else "/root",
             },
+            "user": user or "",
             "network_mode": "host" if options.network else "none",
             "mem_limit": options.memory,
             "nano_cpus": int(min(options.cpus, self._cpu_ceiling()) * 1e9),
@@ -229,13 +234,13 @@ class DockerBackend:
         try:
             await asyncio.wait_for(asyncio.shield(stream), timeout_seconds)
         except TimeoutError:
-            await self._kill(handle, command_id)
+            await self._kill(handle, execution.exec_id, command_id)
             await self._drain(stream, execution)
             return await self._result(execution, timed_out=True)
         except asyncio.CancelledError:
             # Kill that command's group before the cancellation goes on; shielded so that a
             # second cancel cannot leave it running.
-            await asyncio.shield(self._kill(handle, command_id))
+            await asyncio.shield(self._kill(handle, execution.exec_id, command_id))
             raise
         return await self._result(execution, timed_out=False)
 
@@ -294,16 +299,24 @@ class DockerBackend:
                 return _KILLED_EXIT_CODE
             time.sleep(0.02)
 
-    async def _kill(self, handle: str, command_id: str) -> None:
+    async def _kill(self, handle: str, exec_id: str, command_id: str) -> None:
         try:
-            await asyncio.to_thread(self._kill_sync, handle, command_id)
+            await asyncio.to_thread(self._kill_sync, handle, exec_id, command_id)
         except docker.errors.APIError as error:
             # The container is gone or stopped: its processes are gone with it.
             log.info("sandbox %s: kill of command %s skipped: %s", handle, command_id, error.explanation)
 
-    def _kill_sync(self, handle: str, command_id: str) -> None:
+    def _kill_sync(self, handle: str, exec_id: str, command_id: str) -> None:
+        if self.client.api.exec_inspect(exec_id).get("ExitCode") is not None:
+            return  # it finished on its own just now: nothing to kill, no mark to leave behind
         killer = self.client.api.exec_create(handle, ["sh", "-c", _KILLER, "canopy-kill", command_id])
         self.client.api.exec_start(killer["Id"])
+
+
+def _container_user(options: SandboxOptions) -> str | None:
+    if options.user is not None:
+        return options.user
+    return None if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
 
 
 def _workspace_source(container: Container) -> str | None:

@@ -63,15 +63,25 @@ def read_file(workdir: Path, path: str, max_bytes: int = READ_LIMIT_BYTES) -> st
         raise FileMissing(f"no file {path!r} in the project workdir") from None
     except OSError as error:
         raise PathRejected(f"cannot open {path!r}: {error.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        _check_fd_inside(handle.fileno(), root, path)
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+    try:
+        _check_fd_inside(fd, root, path)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise FileMissing(f"{path!r} is not a regular file")
-        data = handle.read(max_bytes + 1)
+        data = _read_up_to(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
     text = data[:max_bytes].decode("utf-8", errors="replace")
     if len(data) > max_bytes:
         text += f"\n{TRUNCATION_MARKER}: file is larger than {max_bytes} bytes]\n"
     return text
+
+
+def _read_up_to(fd: int, limit: int) -> bytes:
+    chunks, size = [], 0
+    while size < limit and (chunk := os.read(fd, min(65536, limit - size))):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def write_file(workdir: Path, path: str, content: str) -> int:

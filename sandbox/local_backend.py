@@ -91,6 +91,9 @@ class LocalBackend:
         if path.stat().st_uid != os.getuid():
             raise SandboxError(f"sandbox directory {path} belongs to another user; refusing to use it")
 
+    def close(self) -> None:
+        """Nothing to free: the local backend holds no connections."""
+
     async def exists(self, handle: str) -> bool:
         tree_dir = Path(handle)
         return (tree_dir / "tmp").is_dir() and (tree_dir / _WORKDIR_FILE).is_file()

@@ -46,6 +46,8 @@ from sandbox.local_backend import LocalBackend
 log = logging.getLogger(__name__)
 
 _PING_TIMEOUT_SECONDS = 3
+# A release holds the lease row lock (claims of the tree wait): it must not hang forever.
+_RELEASE_TIMEOUT_SECONDS = 120.0
 
 
 class SandboxManager:
@@ -174,7 +176,7 @@ class SandboxManager:
     async def _release_locked(self, conn: Connection, lease: SandboxLease) -> None:
         # Runs inside the transaction that holds the lease row lock: claims wait for it.
         if lease.handle is not None and lease.backend == self.backend.name:
-            await self.backend.release(lease.handle)
+            await asyncio.wait_for(self.backend.release(lease.handle), _RELEASE_TIMEOUT_SECONDS)
         elif lease.handle is not None:
             log.warning(
                 "tree %s: cannot release a %s sandbox from a %s runtime; forgetting it",
@@ -184,6 +186,10 @@ class SandboxManager:
             )
         await leases.mark_released(conn, lease.tree_id)
         log.info("released the sandbox of tree %s", lease.tree_id)
+
+    def close(self) -> None:
+        """Close the backend's client resources; the sandboxes and leases stay as they are."""
+        self.backend.close()
 
     async def sweep_forever(self, interval_seconds: float) -> None:
         """Call ``release_idle`` every ``interval_seconds`` until cancelled."""

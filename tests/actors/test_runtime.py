@@ -1,24 +1,21 @@
-"""End to end on real Ray + PostgreSQL + the scripted model through litellm."""
+"""Cooperation end to end on real Ray + PostgreSQL + the scripted model through litellm."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
-from actors.runtime import Runtime
+from actors.runtime import Runtime, scripted_log_path
 from persistence.records import Scope
-
-
-def script(*steps: dict) -> str:
-    return "do the thing\n#!script\n" + json.dumps(list(steps))
+from tests.actors.helpers import call, create, eventually, peak_concurrent_runs, rows, say, script, session_id_at
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:
     text = script(
-        {"call": [{"name": "create_session", "args": {"name": "a", "description": script({"say": "A done"})}},
-                  {"name": "create_session", "args": {"name": "b", "description": script({"say": "B done"})}}]},
-        {"call": [{"name": "wait_inputs", "args": {"input_ids": ["${0.input_id}", "${1.input_id}"]}}]},
-        {"say": "children said ${2.results.0.output} and ${2.results.1.output}"},
+        call(create("a", script(say("A done"))), create("b", script(say("B done")))),
+        call(("wait_inputs", {"input_ids": ["${0.input_id}", "${1.input_id}"]})),
+        say("children said ${2.results.0.output} and ${2.results.1.output}"),
     )
     created = await runtime.create_root(scope, input_text=text)
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
@@ -26,9 +23,143 @@ async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -
     assert result["output"] == "children said A done and B done"
     summary = await runtime.tree_summary(scope, created["session"]["session_id"])
     assert sorted(m["path"] for m in summary["members"]) == ["/root", "/root/a", "/root/b"]
-    async with runtime.db.tx() as conn:
-        cur = await conn.execute(
-            "SELECT kind, status FROM runs WHERE turn_id = %s ORDER BY queued_at", (uuid.UUID(str(result["turn_id"])),))
-        runs = await cur.fetchall()
-    assert [r["kind"] for r in runs] == ["start", "resume"]
-    assert runs[0]["status"] == "interrupted"
+    runs = await rows(runtime.db, "SELECT kind, status FROM runs WHERE turn_id = %s ORDER BY queued_at",
+                      uuid.UUID(str(result["turn_id"])))
+    assert [(r["kind"], r["status"]) for r in runs] == [("start", "interrupted"), ("resume", "completed")]
+
+
+async def test_six_children_never_more_than_four_slots(runtime: Runtime, scope: Scope) -> None:
+    names = [f"w{i}" for i in range(6)]
+    text = script(
+        call(*(create(n, script(say(f"{n} ok", delay_ms=1500))) for n in names)),
+        call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(6)]})),
+        say("all done"),
+    )
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
+    assert result["output"] == "all done"
+    assert await peak_concurrent_runs(runtime.db, tree_id) == 4
+    # The root's wait held no slot: its first Run ended (interrupted) before the last child started.
+    root_runs = await rows(runtime.db, "SELECT kind, ended_at FROM runs WHERE session_id = %s ORDER BY queued_at",
+                           tree_id)
+    child_starts = await rows(runtime.db, "SELECT max(started_at) AS last FROM runs WHERE tree_id = %s "
+                              "AND session_id <> %s", tree_id, tree_id)
+    assert root_runs[0]["ended_at"] <= child_starts[0]["last"]
+
+
+async def test_wait_inputs_and_wait_sessions_time_out_cleanly(runtime: Runtime, scope: Scope) -> None:
+    text = script(
+        call(create("slow", script(say("late", delay_ms=6000)))),
+        call(("wait_inputs", {"input_ids": ["${0.input_id}"], "timeout_seconds": 1})),
+        call(("wait_sessions", {"targets": ["/root/slow"], "timeout_seconds": 1})),
+        call(("wait_sessions", {"targets": ["/root/slow"], "timeout_seconds": 60})),
+        say("wait1 ${1.timed_out} wait2 ${2.timed_out} wait3 ${3.timed_out} ${3.updates.0.kind}"),
+    )
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"] == "wait1 true wait2 true wait3 false turn_completed"
+
+
+async def test_sibling_cancels_exact_turn(runtime: Runtime, scope: Scope) -> None:
+    text = script(
+        call(create("worker1", script(say("one", delay_ms=500))), create("worker4", script(say("x", delay_ms=20000)))),
+        call(create("killer", script(call(("cancel_turn", {"target": "/root/worker4", "turn_id": "${1.turn_id}"})),
+                                     say("killed")))),
+        call(("wait_inputs", {"input_ids": ["${0.input_id}", "${1.input_id}", "${2.input_id}"]})),
+        say("${3.results.0.status} ${3.results.1.status} ${3.results.2.output}"),
+    )
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["status"] == "completed"
+    tool_results = await rows(runtime.db, "SELECT m.content FROM thread_messages m JOIN sessions s USING (session_id) "
+                              "WHERE s.tree_id = %s AND s.path = '/root/killer' AND m.role = 'tool'",
+                              created["session"]["session_id"])
+    assert '"status": "accepted"' in tool_results[0]["content"], tool_results
+    assert result["output"] == "completed cancelled killed"
+
+
+async def test_cancelling_parent_leaves_children_running(runtime: Runtime, scope: Scope) -> None:
+    text = script(call(create("kid", script(say("kid done", delay_ms=2500)))),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("never"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    await eventually(lambda: rows(runtime.db, "SELECT 1 FROM turns WHERE session_id = %s AND status = 'waiting'",
+                                  tree_id))
+    await runtime.cancel_turn(scope, tree_id, created["input"]["turn_id"])
+    root = await runtime.wait_result(scope, created["input"]["input_id"], timeout=30)
+    assert root["status"] == "cancelled"
+    kid_input = (await rows(runtime.db, "SELECT i.input_id FROM inputs i JOIN sessions s USING (session_id) "
+                            "WHERE s.tree_id = %s AND s.path = '/root/kid'", tree_id))[0]["input_id"]
+    kid = await runtime.wait_result(scope, kid_input, timeout=30)
+    assert (kid["status"], kid["output"]) == ("completed", "kid done")
+
+
+async def test_stop_all_then_continue(runtime: Runtime, scope: Scope) -> None:
+    text = script(call(create("a", script(say("a", delay_ms=30000))), create("b", script(say("b", delay_ms=30000)))),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}", "${1.input_id}"]})), say("never"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    await eventually(lambda: rows(runtime.db, "SELECT 1 FROM runs WHERE tree_id = %s AND session_id <> %s "
+                                  "AND status = 'running' AND owner IS NOT NULL", tree_id, tree_id))
+    a = await session_id_at(runtime.db, tree_id, "/root/a")
+    queued = await runtime.submit_input(scope, a, script(say("second task done")), origin_kind="session")
+    assert queued["status"] == "queued"
+    await runtime.stop_tree(scope, tree_id)
+    summary = await eventually(lambda: _all_turns_ended(runtime, scope, tree_id), timeout=30)
+    assert {m["turn_status"] for m in summary["members"]} == {"cancelled"}
+    pending = await rows(runtime.db, "SELECT status FROM inputs WHERE input_id = %s", queued["input_id"])
+    assert pending[0]["status"] == "pending"
+    assert [m["queue_paused"] for m in summary["members"] if m["path"] == "/root/a"] == [True]
+    await runtime.continue_tree(scope, tree_id)
+    second = await runtime.wait_result(scope, queued["input_id"], timeout=30)
+    assert (second["status"], second["output"]) == ("completed", "second task done")
+    statuses = await rows(runtime.db, "SELECT t.status FROM turns t JOIN sessions s USING (session_id) "
+                          "WHERE s.tree_id = %s AND t.turn_id <> %s", tree_id, second["turn_id"])
+    assert {r["status"] for r in statuses} == {"cancelled"}
+
+
+async def _all_turns_ended(runtime: Runtime, scope: Scope, tree_id: uuid.UUID) -> dict | None:
+    summary = await runtime.tree_summary(scope, tree_id)
+    ended = all(m["turn_status"] in ("completed", "failed", "cancelled") for m in summary["members"])
+    return summary if ended else None
+
+
+async def test_send_message_reaches_next_model_call(runtime: Runtime, scope: Scope) -> None:
+    listener = script(call(("list_agents", {}), delay_ms=2500), say("heard"), task="listen")
+    text = script(call(create("listener", listener)),
+                  # Sent while the listener's first model call is in flight.
+                  call(("send_message", {"target": "/root/listener", "text": "hello from root"}), delay_ms=1200),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("ok"))
+    created = await runtime.create_root(scope, input_text=text)
+    await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    tree_id = created["session"]["session_id"]
+    listener_id = await session_id_at(runtime.db, tree_id, "/root/listener")
+    log = [json.loads(line) for line in Path(scripted_log_path(runtime.settings)).read_text().splitlines()]
+    mine = [entry for entry in log if f"session_id: {listener_id}" in entry["messages"][0]["content"]]
+    assert len(mine) == 2
+    assert "hello from root" not in json.dumps(mine[0]["messages"])
+    injected = [m for m in mine[1]["messages"] if m["role"] == "user" and "hello from root" in m["content"]]
+    assert injected and injected[0]["content"].startswith('<canopy:message from="/root"')
+    counts = await rows(runtime.db, "SELECT (SELECT count(*) FROM inputs WHERE session_id = %s) AS inputs, "
+                        "(SELECT count(*) FROM turns WHERE session_id = %s) AS turns, "
+                        "(SELECT count(*) FROM coop_messages WHERE receiver_session_id = %s "
+                        "AND processed_at IS NOT NULL) AS processed", listener_id, listener_id, listener_id)
+    assert counts[0] == {"inputs": 1, "turns": 1, "processed": 1}
+
+
+async def test_ask_user_parks_and_answer_resumes(runtime: Runtime, scope: Scope) -> None:
+    text = script(call(("ask_user", {"question": "favourite colour?"})), say("answer was ${0.answer}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    requests = await eventually(lambda: rows(runtime.db, "SELECT request_id, payload FROM requests "
+                                             "WHERE tree_id = %s AND status = 'pending'", tree_id))
+    assert requests[0]["payload"] == {"question": "favourite colour?"}
+    running = await rows(runtime.db, "SELECT 1 FROM runs WHERE tree_id = %s AND status = 'running'", tree_id)
+    assert running == []
+    await runtime.answer_request(scope, requests[0]["request_id"], {"answer": "blue"})
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=30)
+    assert result["output"] == "answer was blue"
+    runs = await rows(runtime.db, "SELECT kind, status FROM runs WHERE turn_id = %s ORDER BY queued_at",
+                      result["turn_id"])
+    assert [(r["kind"], r["status"]) for r in runs] == [("start", "interrupted"), ("resume", "completed")]

@@ -101,6 +101,8 @@ async def test_references_resolve_from_tool_results(server: ScriptedModelServer)
             "embedded": "first=${0.input_id} nested=${0.meta.depth} list=${0.ids}",
             "whole": "${0}",
             "raw": "${1}",
+            "escaped": "a child script may say $${0.output} itself",
+            "escaped_exact": "$${1}",
         }}]},
         {"say": "done with ${0.input_id} and ${1}"},
     ]
@@ -118,6 +120,8 @@ async def test_references_resolve_from_tool_results(server: ScriptedModelServer)
     assert args["embedded"] == "first=in-1 nested=1 list=[7, 8]"
     assert json.loads(args["whole"]) == created
     assert args["raw"] == "plain text, not JSON"
+    assert args["escaped"] == "a child script may say ${0.output} itself"
+    assert args["escaped_exact"] == "${1}"
 
     messages = answered(messages, second, [{"results": [], "timed_out": False}])
     third = await complete(server, messages)

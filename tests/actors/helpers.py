@@ -1,0 +1,64 @@
+"""Helpers for the actor tests: scripts for the scripted model and reads of durable facts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from persistence.db import Database
+
+
+def script(*steps: dict[str, Any], task: str = "task") -> str:
+    return f"{task}\n#!script\n" + json.dumps(list(steps))
+
+
+def say(text: str, delay_ms: int = 0) -> dict[str, Any]:
+    return {"say": text, "delay_ms": delay_ms}
+
+
+def call(*calls: tuple[str, dict[str, Any]], delay_ms: int = 0) -> dict[str, Any]:
+    return {"call": [{"name": name, "args": args} for name, args in calls], "delay_ms": delay_ms}
+
+
+def create(name: str, description: str) -> tuple[str, dict[str, Any]]:
+    return ("create_session", {"name": name, "description": description})
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 60.0, every: float = 0.1) -> Any:
+    """Poll ``check`` until it returns something truthy."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(every)
+
+
+async def rows(db: Database, sql: str, *params: Any) -> list[dict[str, Any]]:
+    async with db.tx() as conn:
+        cur = await conn.execute(sql, params)
+        return await cur.fetchall()
+
+
+async def peak_concurrent_runs(db: Database, tree_id: uuid.UUID) -> int:
+    """The most Runs of the tree that held a slot at one instant, from recorded start/end times."""
+    intervals = await rows(db, "SELECT started_at, ended_at FROM runs WHERE tree_id = %s AND started_at IS NOT NULL",
+                           tree_id)
+    points = sorted([(r["started_at"], 1) for r in intervals] +
+                    [(r["ended_at"], -1) for r in intervals if r["ended_at"] is not None],
+                    key=lambda p: (p[0], p[1]))  # an end at the same instant frees before a start
+    peak = current = 0
+    for _, delta in points:
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+async def session_id_at(db: Database, tree_id: uuid.UUID, path: str) -> uuid.UUID:
+    found = await rows(db, "SELECT session_id FROM sessions WHERE tree_id = %s AND path = %s", tree_id, path)
+    return found[0]["session_id"]

@@ -1,0 +1,247 @@
+"""The side-effecting cooperation tools: idempotent per (source Turn, tool call id), scope-confined."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from persistence import cooperation, sessions, turns
+from persistence.db import Database
+from persistence.errors import IdempotencyConflict, InvalidArgument, NotFound
+from persistence.records import Row, RunRef, Scope
+from tests.persistence.helpers import (
+    child_run,
+    claim_turn,
+    count_rows,
+    create_child,
+    fetch_all,
+    fetch_one,
+    finish,
+    start_root_run,
+    submit,
+    turn_row,
+)
+
+Tool = Callable[..., Awaitable[Row]]
+
+
+async def call(db: Database, tool: Tool, run: RunRef, call_id: str, **args: Any) -> Row:
+    async with db.tx() as conn:
+        return await tool(conn, run, call_id, **args)
+
+
+async def create(db: Database, run: RunRef, call_id: str, **args: Any) -> Row:
+    fields = {"name": "aaa", "description": "the task", "max_depth": 2, "slot_limit": 4, **args}
+    return await call(db, cooperation.create_session, run, call_id, **fields)
+
+
+async def test_create_session_replay_returns_the_stored_result(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    first = await create(db, run, "call-1")
+    before = await count_rows(db)
+    assert await create(db, run, "call-1") == first
+    assert await count_rows(db) == before
+    receipt = await fetch_one(db, "SELECT tool_name, result, first_run_id FROM tool_receipts "
+                                  "WHERE turn_id = %s AND tool_call_id = 'call-1'", (run.turn_id,))
+    assert receipt == {"tool_name": "create_session", "result": first, "first_run_id": run.run_id}
+
+
+@pytest.mark.parametrize("changed", [{"name": "bbb"}, {"description": "another task"}, {"mode": "root"},
+                                     {"agent_id": "reviewer"}])
+async def test_create_session_replay_with_changed_arguments_is_refused(db: Database, scope: Scope,
+                                                                       changed: dict[str, Any]) -> None:
+    _, run = await start_root_run(db, scope)
+    await create(db, run, "call-1")
+    before = await count_rows(db)
+    with pytest.raises(IdempotencyConflict):
+        await create(db, run, "call-1", **changed)
+    assert await count_rows(db) == before
+
+
+async def test_submit_input_replay_and_conflict(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    first = await call(db, cooperation.submit_input, run, "call-2", target="/root/aaa", text="more work")
+    assert first["status"] == "queued" and first["session_id"] == aaa["session_id"]
+    before = await count_rows(db)
+    assert await call(db, cooperation.submit_input, run, "call-2", target="/root/aaa", text="more work") == first
+    assert await count_rows(db) == before
+    for changed in ({"target": aaa["session_id"], "text": "more work"}, {"target": "/root/aaa", "text": "other"}):
+        with pytest.raises(IdempotencyConflict):
+            await call(db, cooperation.submit_input, run, "call-2", **changed)
+    assert await count_rows(db) == before
+
+
+async def test_send_message_replay_and_conflict(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    first = await call(db, cooperation.send_message, run, "call-3", target="/root/aaa", text="hello")
+    assert first["status"] == "received" and first["session_id"] == aaa["session_id"]
+    before = await count_rows(db)
+    assert await call(db, cooperation.send_message, run, "call-3", target="/root/aaa", text="hello") == first
+    assert await count_rows(db) == before
+    with pytest.raises(IdempotencyConflict):
+        await call(db, cooperation.send_message, run, "call-3", target="/root/aaa", text="changed")
+    assert await count_rows(db) == before
+    stored = await fetch_all(db, "SELECT body, source_run_id, source_turn_id, tool_call_id FROM coop_messages "
+                                 "WHERE receiver_session_id = %s", (uuid.UUID(aaa["session_id"]),))
+    assert stored == [{"body": "hello", "source_run_id": run.run_id, "source_turn_id": run.turn_id,
+                       "tool_call_id": "call-3"}]
+
+
+async def test_cancel_turn_replay_and_conflict(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    bbb = await create_child(db, run, "bbb")
+    first = await call(db, cooperation.cancel_turn, run, "call-4", target="/root/aaa", turn_id=aaa["turn_id"])
+    assert first == {"status": "accepted", "session_id": aaa["session_id"], "turn_id": aaa["turn_id"]}
+    assert (await turn_row(db, aaa["turn_id"]))["status"] == "cancelled"  # its Run was only queued
+    before = await count_rows(db)
+    again = await call(db, cooperation.cancel_turn, run, "call-4", target="/root/aaa", turn_id=aaa["turn_id"])
+    assert again == first
+    assert await count_rows(db) == before
+    with pytest.raises(IdempotencyConflict):
+        await call(db, cooperation.cancel_turn, run, "call-4", target="/root/bbb", turn_id=bbb["turn_id"])
+    assert await count_rows(db) == before
+    assert (await turn_row(db, bbb["turn_id"]))["status"] == "running"
+
+
+async def test_a_new_turn_may_reuse_a_call_id_and_gets_new_work(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    first = await create(db, run, "call-1")
+    sent = await call(db, cooperation.submit_input, run, "call-2", target="/root/aaa", text="more")
+    await finish(db, run, output="done")
+
+    receipt = await submit(db, scope, tree.root_id, "next task")
+    next_run = await claim_turn(db, tree.tree_id, receipt["turn_id"])
+    assert next_run.turn_id != run.turn_id
+    second = await create(db, next_run, "call-1", name="bbb")
+    resent = await call(db, cooperation.submit_input, next_run, "call-2", target="/root/aaa", text="more")
+    assert second["session_id"] != first["session_id"] and second["path"] == "/root/bbb"
+    assert resent["input_id"] != sent["input_id"]
+    receipts = await fetch_all(db, "SELECT turn_id, first_run_id FROM tool_receipts WHERE tool_call_id = 'call-1' "
+                                   "AND turn_id = ANY(%s) ORDER BY created_at", ([run.turn_id, next_run.turn_id],))
+    assert receipts == [{"turn_id": run.turn_id, "first_run_id": run.run_id},
+                        {"turn_id": next_run.turn_id, "first_run_id": next_run.run_id}]
+
+
+async def test_a_resumed_run_of_the_same_turn_replays_and_keeps_the_first_run(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    first = await create(db, run, "call-1")
+    # The owner dies: its lease runs out and the Turn is resumed by a new Run.
+    async with db.tx() as conn:
+        await conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = %s",
+                           (run.run_id,))
+        await turns.recover_expired_run(conn, run.run_id)
+    resumed = await claim_turn(db, tree.tree_id, run.turn_id)
+    assert resumed.run_id != run.run_id and resumed.turn_id == run.turn_id
+    before = await count_rows(db)
+    assert await create(db, resumed, "call-1") == first
+    assert await count_rows(db) == before
+    receipt = await fetch_one(db, "SELECT first_run_id FROM tool_receipts WHERE turn_id = %s", (run.turn_id,))
+    assert receipt["first_run_id"] == run.run_id
+
+
+async def test_refused_calls_store_no_receipt(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    before = await count_rows(db)
+    with pytest.raises(InvalidArgument):
+        await call(db, cooperation.send_message, run, "call-5", target="/root", text="to myself")
+    with pytest.raises(InvalidArgument):
+        await call(db, cooperation.cancel_turn, run, "call-6", target="/root", turn_id=str(run.turn_id))
+    with pytest.raises(NotFound):
+        await call(db, cooperation.submit_input, run, "call-7", target="/root/nobody", text="x")
+    with pytest.raises(InvalidArgument):
+        await create(db, run, "call-8", mode="sideways")
+    assert await count_rows(db) == before
+
+
+async def test_a_child_inherits_config_and_a_named_agent_is_frozen(db: Database, scope: Scope) -> None:
+    from persistence import agents
+
+    _, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        await agents.create_agent(conn, scope, {"agent_id": "reviewer", "name": "Reviewer", "model": "m-1",
+                                                "instructions": "review", "approval_mode": "ask"})
+    inherited = await create(db, run, "c1", name="aaa")
+    frozen = await create(db, run, "c2", name="bbb", agent_id="reviewer")
+    async with db.tx() as conn:
+        await agents.update_agent(conn, scope, "reviewer", {"model": "m-2"})
+    rows = {row["name"]: row for row in await fetch_all(
+        db, "SELECT name, agent_id, agent_config FROM sessions WHERE session_id = ANY(%s)",
+        ([uuid.UUID(inherited["session_id"]), uuid.UUID(frozen["session_id"])],))}
+    assert rows["aaa"]["agent_config"]["model"] == "canopy/scripted"
+    assert rows["bbb"]["agent_id"] == "reviewer"
+    assert rows["bbb"]["agent_config"]["model"] == "m-1"  # frozen at creation
+    assert rows["bbb"]["agent_config"]["approval_mode"] == "auto"  # from the dispatcher, not the agent
+
+
+# --- scope confinement --------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["other-user", "other-app"])
+def other_scope(request: pytest.FixtureRequest, scope: Scope) -> Scope:
+    """Another user of the same app, or the same user in another app."""
+    suffix = uuid.uuid4().hex[:6]
+    if request.param == "other-user":
+        return Scope(f"{scope.user_id}-{suffix}", scope.app_id)
+    return Scope(scope.user_id, f"{scope.app_id}-{suffix}")
+
+
+async def test_cross_scope_targets_are_not_found_and_nothing_is_written(
+    db: Database, scope: Scope, other_scope: Scope
+) -> None:
+    # The victim: a session of `scope` with a running Turn and a consumed input.
+    victim_tree, victim_run = await start_root_run(db, scope)
+    victim = await fetch_one(db, "SELECT input_id FROM turns WHERE turn_id = %s", (victim_run.turn_id,))
+    # The caller: a Run in the other scope.
+    caller_tree, caller_run = await start_root_run(db, other_scope)
+    target = str(victim_tree.root_id)
+
+    before = await count_rows(db)
+    attempts: list[Callable[[], Awaitable[Any]]] = [
+        lambda: call(db, cooperation.submit_input, caller_run, "x1", target=target, text="hi"),
+        lambda: call(db, cooperation.send_message, caller_run, "x2", target=target, text="hi"),
+        lambda: call(db, cooperation.cancel_turn, caller_run, "x3", target=target,
+                     turn_id=str(victim_run.turn_id)),
+    ]
+    for attempt in attempts:
+        with pytest.raises(NotFound):
+            await attempt()
+    for lookup in (
+        lambda conn: turns.get_result(conn, other_scope, input_id=victim["input_id"]),
+        lambda conn: turns.get_result(conn, other_scope, turn_id=victim_run.turn_id),
+        lambda conn: sessions.resolve_target(conn, other_scope, caller_tree.tree_id, target),
+        lambda conn: sessions.get_session(conn, other_scope, victim_tree.root_id),
+        lambda conn: turns.submit_input(conn, other_scope, victim_tree.root_id, "hi", {"kind": "human"}),
+        lambda conn: turns.cancel_turn(conn, other_scope, victim_tree.root_id, victim_run.turn_id),
+        lambda conn: turns.cancel_input(conn, other_scope, victim["input_id"]),
+    ):
+        with pytest.raises(NotFound):
+            async with db.tx() as conn:
+                await lookup(conn)
+    assert await count_rows(db) == before
+    assert (await turn_row(db, victim_run.turn_id))["status"] == "running"
+
+
+async def test_a_member_of_another_tree_of_the_same_scope_works_by_session_id(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    other_tree, _ = await start_root_run(db, scope)
+    sent = await call(db, cooperation.send_message, run, "m1", target=str(other_tree.root_id), text="hello")
+    queued = await call(db, cooperation.submit_input, run, "s1", target=str(other_tree.root_id), text="work")
+    assert sent["session_id"] == queued["session_id"] == str(other_tree.root_id)
+    assert queued["status"] == "queued"
+    origin = await fetch_one(db, "SELECT origin FROM inputs WHERE input_id = %s", (uuid.UUID(queued["input_id"]),))
+    assert origin["origin"]["run_id"] == str(run.run_id) and origin["origin"]["kind"] == "session"
+
+
+async def test_grandchild_creation_through_child_run_records_origin(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    aaa, aaa_run = await child_run(db, run, "aaa")
+    bbb = await create_child(db, aaa_run, "bbb")
+    first_input = await fetch_one(db, "SELECT origin FROM inputs WHERE input_id = %s", (uuid.UUID(bbb["input_id"]),))
+    assert first_input["origin"]["session_id"] == aaa["session_id"]
+    assert first_input["origin"]["path"] == "/root/aaa"

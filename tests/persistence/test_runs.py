@@ -1,0 +1,294 @@
+"""Slots, leases and recovery: a tree never has more running Runs than slots, grants are FIFO,
+and a Run whose owner died is resumed exactly once while the stale owner can write nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+
+import pytest
+
+from persistence import cooperation, messages, runs, turns
+from persistence.db import Database
+from persistence.errors import LeaseLost
+from persistence.records import RunRef, Scope
+from tests.persistence.helpers import (
+    LEASE_SECONDS,
+    acquire,
+    child_run,
+    claim_turn,
+    count_rows,
+    create_child,
+    fetch_all,
+    finish,
+    grant,
+    latest_run_id,
+    make_tree,
+    new_owner,
+    run_row,
+    running_in_tree,
+    start_root_run,
+    start_run,
+    submit,
+    turn_row,
+)
+
+
+async def _expire(db: Database, run: RunRef) -> None:
+    """Simulate a dead owner: its lease ran out."""
+    async with db.tx() as conn:
+        await conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = %s",
+                           (run.run_id,))
+
+
+async def test_a_fifth_run_waits_for_a_slot_even_from_a_grandchild(db: Database, scope: Scope) -> None:
+    tree, root_run = await start_root_run(db, scope)
+    _, aaa_run = await child_run(db, root_run, "aaa")
+    _, bbb_run = await child_run(db, root_run, "bbb")
+    _, _ccc_run = await child_run(db, root_run, "ccc")
+    assert await running_in_tree(db, tree.tree_id) == 4
+
+    grandchild = await create_child(db, aaa_run, "ddd")  # /root/aaa/ddd: same tree, same slots
+    fifth = await latest_run_id(db, grandchild["turn_id"])
+    assert await grant(db, tree.tree_id) == []
+    assert (await run_row(db, fifth))["status"] == "pending"
+    assert await running_in_tree(db, tree.tree_id) == 4
+
+    await finish(db, bbb_run, output="bbb done")  # releases one slot in the same transaction
+    assert await running_in_tree(db, tree.tree_id) == 3
+    assert await grant(db, tree.tree_id) == [fifth]
+    row = await run_row(db, fifth)
+    assert row["status"] == "running" and row["started_at"] is not None
+    assert await running_in_tree(db, tree.tree_id) == 4
+
+
+async def test_slots_are_per_tree_not_per_parent(db: Database, scope: Scope) -> None:
+    tree, root_run = await start_root_run(db, scope, slot_limit=2)
+    _, aaa_run = await child_run(db, root_run, "aaa")
+    bbb = await create_child(db, aaa_run, "bbb")
+    other_tree, _ = await start_root_run(db, scope, slot_limit=2)  # another tree has its own slots
+    assert await grant(db, tree.tree_id) == []
+    assert (await run_row(db, await latest_run_id(db, bbb["turn_id"])))["status"] == "pending"
+    assert await running_in_tree(db, other_tree.tree_id) == 1
+
+
+async def test_slots_are_granted_in_fifo_order(db: Database, scope: Scope) -> None:
+    tree, root_run = await start_root_run(db, scope, slot_limit=1)
+    children = [await create_child(db, root_run, name) for name in ("c1", "c2", "c3", "c4")]
+    queued = [await latest_run_id(db, child["turn_id"]) for child in children]
+    assert await grant(db, tree.tree_id) == []
+
+    await finish(db, root_run)
+    order = []
+    for _ in queued:
+        granted = await grant(db, tree.tree_id)
+        assert len(granted) == 1
+        order.extend(granted)
+        await finish(db, await acquire(db, granted[0]))
+    assert order == queued
+    started = await fetch_all(db, "SELECT run_id FROM runs WHERE run_id = ANY(%s) ORDER BY started_at", (queued,))
+    assert [row["run_id"] for row in started] == queued
+
+
+async def test_one_grant_fills_every_free_slot_oldest_first(db: Database, scope: Scope) -> None:
+    tree, root_run = await start_root_run(db, scope, slot_limit=3)
+    children = [await create_child(db, root_run, f"c{i}") for i in range(4)]
+    queued = [await latest_run_id(db, child["turn_id"]) for child in children]
+    granted = await grant(db, tree.tree_id)
+    assert granted == queued[:2]
+    assert (await run_row(db, queued[2]))["status"] == "pending"
+
+
+async def test_concurrent_grants_never_exceed_the_limit(db: Database, scope: Scope) -> None:
+    slot_limit, workers, members, inputs_each = 4, 8, 12, 4
+    tree = await make_tree(db, scope, slot_limit=slot_limit)
+    _, root_run = await start_run(db, scope, tree.tree_id, tree.root_id)
+    names = [f"m{i}" for i in range(members)]
+    for name in names:
+        await create_child(db, root_run, name, max_depth=2)
+    for name in names:
+        for n in range(inputs_each - 1):
+            async with db.tx() as conn:
+                await cooperation.submit_input(conn, root_run, f"more-{name}-{n}", target=f"/root/{name}",
+                                               text=f"task {n}")
+    await finish(db, root_run)
+    total_turns = members * inputs_each
+    observed_max = 0
+    rng = random.Random(7)
+
+    async def worker() -> None:
+        nonlocal observed_max
+        while True:
+            async with db.tx() as conn:
+                granted = await runs.grant_slots(conn, tree.tree_id, LEASE_SECONDS)
+                owned = [await runs.acquire_run(conn, row["run_id"], new_owner(), LEASE_SECONDS) for row in granted]
+                cur = await conn.execute("SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status = 'running'",
+                                         (tree.tree_id,))
+                running = (await cur.fetchone() or {"n": 0})["n"]
+            observed_max = max(observed_max, running)
+            if not owned:
+                async with db.tx() as conn:
+                    cur = await conn.execute(
+                        "SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status IN ('pending', 'running')",
+                        (tree.tree_id,))
+                    left = (await cur.fetchone() or {"n": 0})["n"]
+                if left == 0:
+                    return
+                await asyncio.sleep(rng.random() / 200)
+                continue
+            await asyncio.sleep(rng.random() / 100)
+            for run in owned:
+                assert run is not None
+                await finish(db, run, output=f"out {run.run_id}")
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(workers))), timeout=120)
+
+    assert 1 <= observed_max <= slot_limit
+    rows = await fetch_all(
+        db, "SELECT started_at, ended_at, status FROM runs WHERE tree_id = %s AND session_id <> %s",
+        (tree.tree_id, tree.root_id))
+    assert len(rows) == total_turns and all(row["status"] == "completed" for row in rows)
+    # From the rows: at no instant did more than slot_limit Runs hold a slot.
+    points = sorted([(row["started_at"], 1) for row in rows] + [(row["ended_at"], -1) for row in rows],
+                    key=lambda p: (p[0], p[1]))
+    held, peak = 0, 0
+    for _, delta in points:
+        held += delta
+        peak = max(peak, held)
+    assert peak <= slot_limit
+    assert peak >= 2  # the workers really overlapped
+
+
+async def test_acquire_needs_a_granted_unowned_run(db: Database, scope: Scope) -> None:
+    tree = await make_tree(db, scope)
+    receipt = await submit(db, scope, tree.root_id)
+    run_id = await latest_run_id(db, receipt["turn_id"])
+    async with db.tx() as conn:
+        assert await runs.acquire_run(conn, run_id, "early", LEASE_SECONDS) is None  # still pending
+    await grant(db, tree.tree_id)
+    async with db.tx() as conn:
+        assert await runs.claimable_runs(conn, tree.root_id) == [run_id]
+    first = await acquire(db, run_id, "owner-a")
+    async with db.tx() as conn:
+        assert await runs.acquire_run(conn, run_id, "owner-b", LEASE_SECONDS) is None
+        assert await runs.claimable_runs(conn, tree.root_id) == []
+    row = await run_row(db, run_id)
+    assert row["owner"] == "owner-a" and first.owner == "owner-a"
+    assert first.session_id == tree.root_id and first.turn_id == uuid.UUID(str(receipt["turn_id"]))
+
+
+async def test_heartbeat_extends_the_lease_only_for_its_owner(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    before = (await run_row(db, run.run_id))["lease_expires_at"]
+    async with db.tx() as conn:
+        assert await runs.heartbeat(conn, run, 600)
+        impostor = RunRef(run.scope, run.session_id, run.tree_id, run.turn_id, run.run_id, "impostor")
+        assert not await runs.heartbeat(conn, impostor, 600)
+    assert (await run_row(db, run.run_id))["lease_expires_at"] > before
+
+
+async def test_expired_lease_is_recovered_by_exactly_one_resume_run(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    await _expire(db, run)
+    async with db.tx() as conn:
+        assert run.run_id in await runs.expired_runs(conn)
+        recovered = await turns.recover_expired_run(conn, run.run_id)
+    assert recovered == {"tree_id": tree.tree_id, "session_id": tree.root_id}
+    async with db.tx() as conn:
+        assert await turns.recover_expired_run(conn, run.run_id) is None  # nothing due any more
+
+    old = await run_row(db, run.run_id)
+    assert old["status"] == "interrupted" and old["error"] == runs.LEASE_EXPIRED
+    resumes = await fetch_all(db, "SELECT run_id, kind, status, resumes_run_id FROM runs WHERE turn_id = %s "
+                                  "AND run_id <> %s", (run.turn_id, run.run_id))
+    assert len(resumes) == 1
+    assert resumes[0]["kind"] == "resume" and resumes[0]["resumes_run_id"] == run.run_id
+    assert resumes[0]["status"] == "pending"
+    assert (await turn_row(db, run.turn_id))["status"] == "running"
+    assert await running_in_tree(db, tree.tree_id) == 0  # the dead owner's slot is free
+    resumed = await claim_turn(db, tree.tree_id, run.turn_id)
+    assert resumed.run_id == resumes[0]["run_id"]
+
+
+async def test_concurrent_recoveries_create_one_resume_run(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    await _expire(db, run)
+
+    async def recover() -> object:
+        async with db.tx() as conn:
+            result = await turns.recover_expired_run(conn, run.run_id)
+            await asyncio.sleep(0.05)  # hold the transaction open so the attempts overlap
+            return result
+
+    results = await asyncio.gather(*(recover() for _ in range(4)))
+    assert sum(result is not None for result in results) == 1
+    resumes = await fetch_all(db, "SELECT run_id FROM runs WHERE resumes_run_id = %s", (run.run_id,))
+    assert len(resumes) == 1
+
+
+async def test_recovering_a_cancelling_turn_finalises_the_cancel(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        assert await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id) is True  # live run: signal
+    assert (await turn_row(db, run.turn_id))["status"] == "cancelling"
+    await _expire(db, run)
+    async with db.tx() as conn:
+        await turns.recover_expired_run(conn, run.run_id)
+    turn = await turn_row(db, run.turn_id)
+    assert turn["status"] == "cancelled" and turn["result_run_id"] == run.run_id
+    assert await fetch_all(db, "SELECT run_id FROM runs WHERE resumes_run_id = %s", (run.run_id,)) == []
+
+
+async def test_a_turn_whose_runs_keep_dying_fails(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    for _ in range(runs.MAX_RECOVERIES_PER_TURN):
+        await _expire(db, run)
+        async with db.tx() as conn:
+            await turns.recover_expired_run(conn, run.run_id)
+        if (await turn_row(db, run.turn_id))["status"] != "running":
+            break
+        run = await claim_turn(db, tree.tree_id, run.turn_id)
+    turn = await turn_row(db, run.turn_id)
+    assert turn["status"] == "failed" and turn["result_run_id"] == run.run_id
+    assert await running_in_tree(db, tree.tree_id) == 0
+
+
+async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: Scope) -> None:
+    _tree, run = await start_root_run(db, scope)
+    await create_child(db, run, "aaa")
+    await _expire(db, run)
+
+    # Expired but not yet recovered: already refused.
+    before = await count_rows(db)
+    with pytest.raises(LeaseLost):
+        await finish(db, run, output="too late")
+    async with db.tx() as conn:
+        await turns.recover_expired_run(conn, run.run_id)
+    before = await count_rows(db)
+    stale_writes = [
+        lambda conn: turns.finish_turn(conn, run, "completed", output="too late"),
+        lambda conn: cooperation.send_message(conn, run, "late-1", target="/root/aaa", text="hi"),
+        lambda conn: cooperation.submit_input(conn, run, "late-2", target="/root/aaa", text="hi"),
+        lambda conn: cooperation.create_session(conn, run, "late-3", name="bbb", description="x", max_depth=2,
+                                                slot_limit=4),
+        lambda conn: messages.take_boundary_messages(conn, run),
+    ]
+    for write in stale_writes:
+        with pytest.raises(LeaseLost):
+            async with db.tx() as conn:
+                await write(conn)
+    async with db.tx() as conn:
+        assert not await runs.heartbeat(conn, run, LEASE_SECONDS)
+    assert await count_rows(db) == before
+    assert (await turn_row(db, run.turn_id))["status"] == "running"  # the resume Run owns the Turn now
+
+
+async def test_another_owner_is_fenced(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    impostor = RunRef(run.scope, run.session_id, run.tree_id, run.turn_id, run.run_id, "impostor")
+    before = await count_rows(db)
+    with pytest.raises(LeaseLost):
+        await finish(db, impostor, output="not mine")
+    assert await count_rows(db) == before
+    assert (await run_row(db, run.run_id))["status"] == "running"

@@ -1,0 +1,170 @@
+"""Creating sessions: local names only, parent = the creating Run's session, depth limit, targets."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from persistence import cooperation, sessions
+from persistence.db import Database
+from persistence.errors import Conflict, InvalidArgument, NotFound
+from persistence.records import Scope
+from tests.persistence.helpers import (
+    child_run,
+    count_rows,
+    create_child,
+    fetch_all,
+    fetch_one,
+    session_row,
+    start_root_run,
+)
+
+REJECTED_NAMES = ["/root/aaa/bbb", "aaa/bbb", "/root/name", "../bbb", "aaa\\bbb", "aaa%2Fbbb", "", "a" * 65]
+ACCEPTED_NAMES = ["aaa", "worker-1", "review_2", "b" * 64]
+
+
+@pytest.mark.parametrize("name", REJECTED_NAMES)
+async def test_path_like_and_bad_names_are_rejected_with_nothing_stored(db: Database, scope: Scope,
+                                                                        name: str) -> None:
+    _, run = await start_root_run(db, scope)
+    before = await count_rows(db)
+    with pytest.raises(InvalidArgument, match="invalid session name"):
+        await create_child(db, run, name)
+    assert await count_rows(db) == before  # no session, input, turn, run, event or receipt
+
+
+@pytest.mark.parametrize("name", ACCEPTED_NAMES)
+async def test_local_names_are_accepted(db: Database, scope: Scope, name: str) -> None:
+    tree, run = await start_root_run(db, scope)
+    before = await count_rows(db)
+    child = await create_child(db, run, name, description=f"task of {name}")
+    row = await session_row(db, child["session_id"])
+    assert (row["name"], row["path"], row["depth"]) == (name, f"/root/{name}", 1)
+    assert row["parent_id"] == tree.root_id and row["tree_id"] == tree.tree_id
+    after = await count_rows(db)
+    assert after["sessions"] == before["sessions"] + 1
+    assert after["inputs"] == before["inputs"] + 1
+    first_input = await fetch_one(db, "SELECT text, status FROM inputs WHERE input_id = %s",
+                                  (uuid.UUID(child["input_id"]),))
+    assert first_input == {"text": f"task of {name}", "status": "consumed"}
+
+
+async def test_paths_follow_the_creating_runs(db: Database, scope: Scope) -> None:
+    tree, root_run = await start_root_run(db, scope)
+    aaa, aaa_run = await child_run(db, root_run, "aaa")
+    bbb = await create_child(db, aaa_run, "bbb")
+
+    assert aaa["path"] == "/root/aaa" and bbb["path"] == "/root/aaa/bbb"
+    assert aaa["parent_session_id"] == str(tree.root_id)
+    assert bbb["parent_session_id"] == aaa["session_id"]
+    rows = await fetch_all(
+        db, "SELECT path, parent_id, depth, tree_id, created_by_run_id FROM sessions WHERE tree_id = %s "
+            "ORDER BY depth", (tree.tree_id,))
+    assert rows == [
+        {"path": "/root", "parent_id": None, "depth": 0, "tree_id": tree.tree_id, "created_by_run_id": None},
+        {"path": "/root/aaa", "parent_id": tree.root_id, "depth": 1, "tree_id": tree.tree_id,
+         "created_by_run_id": root_run.run_id},
+        {"path": "/root/aaa/bbb", "parent_id": uuid.UUID(aaa["session_id"]), "depth": 2, "tree_id": tree.tree_id,
+         "created_by_run_id": aaa_run.run_id},
+    ]
+    # The creating Run belongs to the parent session.
+    creators = await fetch_all(
+        db, """SELECT s.path, r.session_id = s.parent_id AS by_parent FROM sessions s
+               JOIN runs r ON r.run_id = s.created_by_run_id WHERE s.tree_id = %s ORDER BY s.depth""",
+        (tree.tree_id,))
+    assert creators == [{"path": "/root/aaa", "by_parent": True}, {"path": "/root/aaa/bbb", "by_parent": True}]
+
+
+async def test_same_name_under_another_parent_is_another_session(db: Database, scope: Scope) -> None:
+    _, root_run = await start_root_run(db, scope)
+    _, aaa_run = await child_run(db, root_run, "aaa")
+    top = await create_child(db, root_run, "bbb")
+    nested = await create_child(db, aaa_run, "bbb")
+    assert (top["path"], nested["path"]) == ("/root/bbb", "/root/aaa/bbb")
+
+
+async def test_duplicate_sibling_name_is_a_conflict_with_nothing_stored(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    await create_child(db, run, "aaa")
+    before = await count_rows(db)
+    with pytest.raises(Conflict, match="already has a session named 'aaa'"):
+        await create_child(db, run, "aaa")
+    assert await count_rows(db) == before
+
+
+async def test_depth_limit_two_rejects_a_great_grandchild(db: Database, scope: Scope) -> None:
+    _, root_run = await start_root_run(db, scope)
+    _, aaa_run = await child_run(db, root_run, "aaa")
+    _, bbb_run = await child_run(db, aaa_run, "bbb")
+    before = await count_rows(db)
+    with pytest.raises(InvalidArgument, match="exceeds the maximum depth 2"):
+        await create_child(db, bbb_run, "ccc")
+    assert await count_rows(db) == before
+
+
+async def test_max_depth_zero_rejects_any_child(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    before = await count_rows(db)
+    with pytest.raises(InvalidArgument, match="children are disabled"):
+        await create_child(db, run, "aaa", max_depth=0)
+    assert await count_rows(db) == before
+
+
+async def test_a_raised_max_depth_allows_deeper_trees(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    for name in ("a1", "a2", "a3"):
+        child, run = await child_run(db, run, name, max_depth=3)
+    assert child["path"] == "/root/a1/a2/a3"
+    assert (await session_row(db, child["session_id"]))["depth"] == 3
+
+
+async def test_root_mode_makes_an_independent_tree_that_records_its_origin(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        made = await cooperation.create_session(conn, run, "call-root", name="side", description="independent",
+                                                mode="root", max_depth=2, slot_limit=3)
+    row = await session_row(db, made["session_id"])
+    assert made["path"] == "/root" and made["parent_session_id"] is None
+    assert row["parent_id"] is None and row["tree_id"] == row["session_id"] != tree.tree_id
+    assert row["created_by_run_id"] == run.run_id and row["project_id"] == tree.project_id
+    assert row["origin"]["run_id"] == str(run.run_id)
+    slots = await fetch_one(db, "SELECT slot_limit FROM trees WHERE tree_id = %s", (row["tree_id"],))
+    assert slots["slot_limit"] == 3
+
+
+async def test_paths_resolve_only_inside_the_callers_tree(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    other, _other_run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        found = await sessions.resolve_target(conn, scope, tree.tree_id, "/root/aaa")
+        by_id = await sessions.resolve_target(conn, scope, other.tree_id, aaa["session_id"])
+        own_root = await sessions.resolve_target(conn, scope, other.tree_id, "/root")
+    assert found["session_id"] == by_id["session_id"] == uuid.UUID(aaa["session_id"])
+    assert own_root["session_id"] == other.root_id
+    with pytest.raises(NotFound):
+        async with db.tx() as conn:
+            await sessions.resolve_target(conn, scope, other.tree_id, "/root/aaa")
+    for bad in ("aaa", "../aaa", "", "/rootx"):
+        with pytest.raises(InvalidArgument):
+            async with db.tx() as conn:
+                await sessions.resolve_target(conn, scope, tree.tree_id, bad)
+
+
+async def test_title_is_editable_and_name_is_not(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    async with db.tx() as conn:
+        view = await sessions.set_title(conn, scope, uuid.UUID(aaa["session_id"]), "A nicer title")
+    assert (view["title"], view["name"], view["path"]) == ("A nicer title", "aaa", "/root/aaa")
+    row = await session_row(db, aaa["session_id"])
+    assert (row["title"], row["name"]) == ("A nicer title", "aaa")
+
+
+async def test_session_view_reports_activity(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        view = await sessions.get_session(conn, scope, tree.root_id)
+    assert view["activity"] == "running" and view["current_turn_id"] == run.turn_id
+    assert view["status"] == "active" and view["pending_inputs"] == 0

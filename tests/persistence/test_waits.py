@@ -1,0 +1,248 @@
+"""Waits: parking releases the slot, and a wait is resumed exactly once by a resume Run of the same Turn."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from persistence import cooperation, events, trees, turns, waits
+from persistence.db import Database
+from persistence.errors import Conflict, InvalidArgument
+from persistence.records import Row, RunRef, Scope
+from tests.persistence.helpers import (
+    HUMAN,
+    child_run,
+    claim_turn,
+    count_rows,
+    create_child,
+    fetch_all,
+    fetch_one,
+    finish,
+    grant,
+    running_in_tree,
+    start_root_run,
+    turn_row,
+)
+
+
+async def park(db: Database, run: RunRef, kind: str = "inputs", *, condition: dict[str, Any] | None = None,
+               timeout: float | None = 300, targets: list[uuid.UUID] = (),  # type: ignore[assignment]
+               request: dict[str, Any] | None = None) -> uuid.UUID:
+    async with db.tx() as conn:
+        return await waits.park(conn, run, tool_call_id=f"wait-{kind}", kind=kind, condition=condition or {},
+                                timeout_seconds=timeout, targets=targets, request_payload=request)
+
+
+async def try_resume(db: Database, wait_id: uuid.UUID) -> Row | None:
+    async with db.tx() as conn:
+        return await waits.try_resume(conn, wait_id)
+
+
+async def wait_row(db: Database, wait_id: uuid.UUID) -> Row:
+    return await fetch_one(db, "SELECT * FROM waits WHERE wait_id = %s", (wait_id,))
+
+
+async def resume_runs(db: Database, turn_id: uuid.UUID) -> list[Row]:
+    return await fetch_all(db, "SELECT run_id, kind, status, resumes_run_id FROM runs WHERE turn_id = %s "
+                               "AND kind = 'resume'", (turn_id,))
+
+
+async def test_park_releases_the_slot_and_resumes_once(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    aaa, aaa_run = await child_run(db, run, "aaa")
+    assert await running_in_tree(db, tree.tree_id) == 2
+
+    wait_id = await park(db, run, condition={"input_ids": [aaa["input_id"]]},
+                         targets=[uuid.UUID(aaa["session_id"])])
+    assert (await fetch_one(db, "SELECT status, ended_at FROM runs WHERE run_id = %s", (run.run_id,)))["status"] \
+        == "interrupted"
+    turn = await turn_row(db, run.turn_id)
+    assert (turn["status"], turn["waiting_for"]) == ("waiting", "cooperation")
+    assert await running_in_tree(db, tree.tree_id) == 1
+    assert await try_resume(db, wait_id) is None  # the child has not finished
+    assert await resume_runs(db, run.turn_id) == []
+
+    await finish(db, aaa_run, output="aaa's answer")
+    async with db.tx() as conn:
+        assert await waits.waits_watching(conn, [uuid.UUID(aaa["session_id"])]) == [wait_id]
+    resumed = await try_resume(db, wait_id)
+    assert resumed is not None and await try_resume(db, wait_id) is None
+
+    (resume,) = await resume_runs(db, run.turn_id)
+    assert resume == {"run_id": resumed["run_id"], "kind": "resume", "status": "pending",
+                      "resumes_run_id": run.run_id}
+    row = await wait_row(db, wait_id)
+    assert (row["status"], row["resumed_run_id"]) == ("resumed", resumed["run_id"])
+    turn = await turn_row(db, run.turn_id)
+    assert (turn["status"], turn["waiting_for"]) == ("running", None)
+
+    new_run = await claim_turn(db, tree.tree_id, run.turn_id)
+    assert new_run.run_id == resumed["run_id"] and new_run.turn_id == run.turn_id
+    async with db.tx() as conn:
+        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        assert wait is not None
+        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id)
+    assert outcome["timed_out"] is False
+    assert [(r["input_id"], r["output"], r["status"]) for r in outcome["results"]] == \
+        [(uuid.UUID(aaa["input_id"]), "aaa's answer", "completed")]
+
+
+async def test_concurrent_resumes_create_one_resume_run(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    wait_id = await park(db, run, condition={"input_ids": []})  # an empty condition holds at once
+
+    async with db.tx() as first:
+        assert await waits.try_resume(first, wait_id) is not None
+        second = asyncio.create_task(try_resume(db, wait_id))  # blocks on the wait row
+        await asyncio.sleep(0.3)
+        assert not second.done()
+    assert await second is None
+
+    many = await asyncio.gather(*(try_resume(db, wait_id) for _ in range(4)))
+    assert many == [None] * 4
+    (resume,) = await resume_runs(db, run.turn_id)
+    assert resume["resumes_run_id"] == run.run_id
+
+
+async def test_concurrent_resumes_racing_freely(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    wait_id = await park(db, run, condition={"input_ids": []})
+    results = await asyncio.gather(*(try_resume(db, wait_id) for _ in range(6)))
+    assert sum(result is not None for result in results) == 1
+    assert len(await resume_runs(db, run.turn_id)) == 1
+
+
+async def test_a_passed_deadline_resumes_with_timed_out(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    wait_id = await park(db, run, condition={"input_ids": [aaa["input_id"]]}, timeout=0)
+    resumed = await try_resume(db, wait_id)
+    assert resumed is not None
+    new_run = await claim_turn(db, tree.tree_id, run.turn_id)
+    async with db.tx() as conn:
+        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        assert wait is not None
+        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id)
+    assert outcome["timed_out"] is True and outcome["results"][0]["terminal"] is False
+
+
+async def test_wait_sessions_resumes_on_an_update_after_the_cursor(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    aaa, aaa_run = await child_run(db, run, "aaa")
+    cursor = (await fetch_one(db, "SELECT last_cursor FROM scopes WHERE user_id = %s AND app_id = %s",
+                              (scope.user_id, scope.app_id)))["last_cursor"]
+    wait_id = await park(db, run, "sessions", condition={"targets": [aaa["session_id"]], "after_cursor": cursor},
+                         targets=[uuid.UUID(aaa["session_id"])])
+    assert await try_resume(db, wait_id) is None
+    await finish(db, aaa_run, output="done")
+    assert await try_resume(db, wait_id) is not None
+    new_run = await claim_turn(db, tree.tree_id, run.turn_id)
+    async with db.tx() as conn:
+        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        assert wait is not None
+        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id)
+    assert [u["kind"] for u in outcome["updates"]] == ["turn_completed"]
+    assert outcome["cursor"] > cursor and outcome["timed_out"] is False
+
+
+async def test_ask_user_blocks_new_input_until_answered(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    other_tree, other_run = await start_root_run(db, scope)
+    wait_id = await park(db, run, "answer", timeout=None, request={"question": "Which colour?"})
+    turn = await turn_row(db, run.turn_id)
+    assert (turn["status"], turn["waiting_for"]) == ("waiting", "answer")
+    assert await running_in_tree(db, tree.tree_id) == 0
+    async with db.tx() as conn:
+        (request,) = await trees.pending_requests(conn, scope, tree_id=tree.tree_id)
+        assert await trees.pending_requests(conn, scope, session_id=other_tree.root_id) == []
+        kinds = [e["kind"] for e in await events.events_after(conn, scope, 0, session_id=tree.root_id)]
+    assert (request["kind"], request["payload"], request["path"]) == ("question", {"question": "Which colour?"},
+                                                                      "/root")
+    assert "waiting_answer" in kinds
+
+    before = await count_rows(db)
+    with pytest.raises(Conflict, match="waiting for a human answer"):
+        async with db.tx() as conn:
+            await turns.submit_input(conn, scope, tree.root_id, "new work", HUMAN)
+    with pytest.raises(Conflict):
+        async with db.tx() as conn:
+            await cooperation.submit_input(conn, other_run, "s1", target=str(tree.root_id), text="new work")
+    with pytest.raises(InvalidArgument):
+        async with db.tx() as conn:
+            await trees.answer_request(conn, scope, request["id"], {"decision": "approve"})
+    assert await count_rows(db) == before
+    assert await try_resume(db, wait_id) is None  # not answered yet
+
+    async with db.tx() as conn:
+        await trees.answer_request(conn, scope, request["id"], {"answer": "green"})
+    with pytest.raises(Conflict, match="already answered"):
+        async with db.tx() as conn:
+            await trees.answer_request(conn, scope, request["id"], {"answer": "blue"})
+    assert await try_resume(db, wait_id) is not None
+    new_run = await claim_turn(db, tree.tree_id, run.turn_id)
+    async with db.tx() as conn:
+        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        assert wait is not None
+        assert await waits.wait_outcome(conn, scope, wait, tree.root_id) == {"answer": "green"}
+    stored = await fetch_one(db, "SELECT status, response FROM requests WHERE request_id = %s", (request["id"],))
+    assert stored == {"status": "answered", "response": {"answer": "green"}}
+
+
+async def test_denied_approval_resumes_with_deny(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    wait_id = await park(db, run, "approval", timeout=None, request={"command": "rm -rf build"})
+    assert (await turn_row(db, run.turn_id))["waiting_for"] == "approval"
+    async with db.tx() as conn:
+        (request,) = await trees.pending_requests(conn, scope, session_id=tree.root_id)
+        await trees.answer_request(conn, scope, request["id"], {"decision": "deny"})
+    assert await try_resume(db, wait_id) is not None
+    new_run = await claim_turn(db, tree.tree_id, run.turn_id)
+    async with db.tx() as conn:
+        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        assert wait is not None
+        assert await waits.wait_outcome(conn, scope, wait, tree.root_id) == {"decision": "deny"}
+
+
+async def test_cancelling_a_waiting_turn_cancels_its_wait_and_request(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    wait_id = await park(db, run, "answer", timeout=None, request={"question": "?"})
+    async with db.tx() as conn:
+        assert await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id) is False  # nothing runs
+    turn = await turn_row(db, run.turn_id)
+    assert (turn["status"], turn["result_run_id"]) == ("cancelled", run.run_id)
+    assert (await wait_row(db, wait_id))["status"] == "cancelled"
+    assert (await fetch_one(db, "SELECT status FROM requests WHERE wait_id = %s", (wait_id,)))["status"] == \
+        "cancelled"
+    assert await try_resume(db, wait_id) is None
+    assert await resume_runs(db, run.turn_id) == []
+
+
+async def test_a_park_racing_a_cancel_does_not_lose_the_cancel(db: Database, scope: Scope) -> None:
+    """A human cancels while the Run is parking: the cancel must win, not be overwritten by 'waiting'."""
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        assert await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id) is True  # live Run: cancelling
+        parking = asyncio.create_task(park(db, run, condition={"input_ids": []}))
+        await asyncio.sleep(0.3)
+        assert not parking.done()  # blocked behind the cancel's lock on the Turn
+    with pytest.raises(Conflict, match="being cancelled"):
+        await parking
+    turn = await turn_row(db, run.turn_id)
+    assert turn["status"] == "cancelling"
+    assert await fetch_all(db, "SELECT wait_id FROM waits WHERE turn_id = %s", (run.turn_id,)) == []
+    await finish(db, run, "cancelled")  # the Run sees the cancel at its boundary and ends the Turn
+    assert (await turn_row(db, run.turn_id))["status"] == "cancelled"
+
+
+async def test_park_after_a_committed_cancel_is_refused(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id)
+    before = await count_rows(db)
+    with pytest.raises(Conflict):
+        await park(db, run, condition={"input_ids": []})
+    assert await count_rows(db) == before
+    assert await grant(db, tree.tree_id) == []

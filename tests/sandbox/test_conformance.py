@@ -1,0 +1,449 @@
+"""The sandbox conformance suite: every backend passes the same tests (see conftest ``sandbox``).
+
+Everything asserts read-back facts: files on disk, lease rows in PostgreSQL, processes in
+/proc or in the container, containers in the engine. Commands use ``$CANOPY_TMP`` for the
+tree's scratch dir (``/tmp`` in Docker, a per-tree dir locally).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from persistence import sandbox_leases as leases
+from persistence.sandbox_leases import SandboxLease
+from sandbox.base import (
+    OUTPUT_LIMIT_BYTES,
+    TRUNCATION_MARKER,
+    CommandResult,
+    SandboxBackend,
+    SandboxGone,
+    SandboxOptions,
+)
+from sandbox.docker_backend import DockerBackend, container_name
+from sandbox.manager import SandboxManager
+
+if TYPE_CHECKING:
+    from tests.sandbox.conftest import SandboxKit
+
+# Prints "alive" or "dead" for the pid stored in a file; a zombie counts as dead.
+_PID_STATE = (
+    'p=$(cat "{file}"); if [ -d /proc/$p ] && ! grep -q "^State:.*Z" /proc/$p/status; '
+    "then echo alive; else echo dead; fi"
+)
+
+
+async def _run(manager: SandboxManager, tree: uuid.UUID, workdir: Path, command: str) -> CommandResult:
+    return await manager.run_command(tree, workdir, command, timeout_seconds=30)
+
+
+async def _lease(kit: SandboxKit, tree: uuid.UUID) -> SandboxLease:
+    async with kit.db.tx() as conn:
+        lease = await leases.get(conn, tree)
+    assert lease is not None
+    return lease
+
+
+async def _wait_for_file(manager: SandboxManager, tree: uuid.UUID, workdir: Path, path: str) -> str:
+    for _ in range(100):
+        result = await _run(manager, tree, workdir, f'cat "{path}" 2>/dev/null')
+        if result.exit_code == 0 and result.stdout.strip():
+            return result.stdout.strip()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def _host_process_alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "\nState:\tZ" not in status.read_text()
+    except OSError:
+        return False
+
+
+async def test_workdir_is_shared_between_commands(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+
+    written = await _run(manager, tree, workdir, "mkdir -p out && echo hello > out/shared.txt")
+    read = await _run(manager, tree, workdir, "cat out/shared.txt; pwd")
+
+    assert written.exit_code == 0 and read.exit_code == 0
+    assert read.stdout.splitlines()[0] == "hello"
+    assert (workdir / "out" / "shared.txt").read_text() == "hello\n"  # on the host, in the project
+    lease = await _lease(sandbox, tree)
+    assert (lease.state, lease.backend) == ("active", sandbox.kind)
+
+
+async def test_tmp_is_shared_within_a_tree_and_private_to_it(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    other_tree, _ = await sandbox.new_tree(workdir)  # another root of the same project
+
+    await _run(manager, tree, workdir, 'echo from-parent > "$CANOPY_TMP/marker"')
+    sibling = await _run(manager, tree, workdir, 'cat "$CANOPY_TMP/marker"')
+    stranger = await _run(manager, other_tree, workdir, 'cat "$CANOPY_TMP/marker"')
+
+    assert (sibling.exit_code, sibling.stdout) == (0, "from-parent\n")
+    assert stranger.exit_code != 0 and stranger.stdout == ""
+    assert not (workdir / "marker").exists()
+    if sandbox.kind == "docker":
+        literal = await _run(manager, tree, workdir, "cat /tmp/marker")
+        assert literal.stdout == "from-parent\n"  # in Docker the tree's /tmp is /tmp itself
+
+
+async def test_cancel_kills_only_that_command(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    long_command = 'sleep 30 & echo $! > "$CANOPY_TMP/child.pid"; wait; echo finished > done.txt'
+    long_task = asyncio.create_task(_run(manager, tree, workdir, long_command))
+    child_pid = await _wait_for_file(manager, tree, workdir, "$CANOPY_TMP/child.pid")
+    sibling_task = asyncio.create_task(_run(manager, tree, workdir, "sleep 1.5; echo sibling-done"))
+    await asyncio.sleep(0.3)
+
+    started = time.monotonic()
+    long_task.cancel()
+    done, _ = await asyncio.wait({long_task}, timeout=2)
+    cancel_seconds = time.monotonic() - started
+
+    assert done == {long_task} and long_task.cancelled(), "the cancelled command did not end within 2 s"
+    state = await _run(manager, tree, workdir, _PID_STATE.format(file="$CANOPY_TMP/child.pid"))
+    assert state.stdout.strip() == "dead", f"child {child_pid} of the cancelled command survived"
+    sibling = await sibling_task
+    assert (sibling.exit_code, sibling.stdout) == (0, "sibling-done\n")
+    assert not (workdir / "done.txt").exists()
+    after = await _run(manager, tree, workdir, "echo still-here")
+    assert after.stdout == "still-here\n"  # the sandbox itself lives on
+    assert cancel_seconds < 2
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.05, 0.2])
+async def test_cancel_right_after_start_leaves_nothing_running(sandbox: SandboxKit, delay: float) -> None:
+    """Cancelling before the command has even started must not let it start later."""
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    await manager.claim(tree, workdir)
+    task = asyncio.create_task(
+        _run(manager, tree, workdir, 'echo $$ > "$CANOPY_TMP/early.pid"; exec sleep 30')
+    )
+    await asyncio.sleep(delay)
+
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=2)
+    await asyncio.sleep(0.5)  # a command that slipped through would have written its pid by now
+
+    assert done == {task}, "the cancellation did not end the task within 2 s"
+    pid_state = _PID_STATE.format(file="$CANOPY_TMP/early.pid")
+    check = f'if [ -e "$CANOPY_TMP/early.pid" ]; then {pid_state}; else echo never-started; fi'
+    state = await _run(manager, tree, workdir, check)
+    assert state.stdout.strip() in {"dead", "never-started"}
+
+
+async def test_output_over_64k_is_truncated_with_a_marker(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    size = 200_000
+
+    result = await _run(manager, tree, workdir, f"yes abcdefg | head -c {size}; yes xyz | head -c {size} >&2")
+
+    for text, unit in ((result.stdout, "abcdefg\n"), (result.stderr, "xyz\n")):
+        head, marker_and_tail = text.split("\n" + TRUNCATION_MARKER, 1)
+        marker, tail = marker_and_tail.split("]\n", 1)
+        assert f"{size - OUTPUT_LIMIT_BYTES} of {size} bytes omitted" in marker
+        assert len(head) + len(tail) == OUTPUT_LIMIT_BYTES
+        assert head.startswith(unit * 3) and set(tail) <= set(unit)
+    assert result.exit_code == 0
+
+
+async def test_exit_code_stderr_and_timeout(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+
+    failed = await _run(manager, tree, workdir, "echo out; echo err >&2; exit 3")
+    started = time.monotonic()
+    slow = await manager.run_command(tree, workdir, "echo begun; sleep 20", timeout_seconds=0.5)
+    elapsed = time.monotonic() - started
+
+    assert (failed.exit_code, failed.stdout, failed.stderr, failed.timed_out) == (3, "out\n", "err\n", False)
+    assert failed.as_tool_result() == {"exit_code": 3, "stdout": "out\n", "stderr": "err\n"}
+    assert slow.timed_out and slow.exit_code == 137 and slow.stdout == "begun\n"
+    assert elapsed < 4
+
+
+async def test_idle_release_keeps_workdir_and_drops_tmp_and_processes(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager(idle_seconds=0.2)
+    tree, workdir = await sandbox.new_tree()
+    await _run(
+        manager,
+        tree,
+        workdir,
+        'echo kept > kept.txt; echo t > "$CANOPY_TMP/marker"; '
+        "nohup sleep 300 >/dev/null 2>&1 & echo $! > bg.pid",
+    )
+    old_handle = (await _lease(sandbox, tree)).handle
+    bg_pid = int((workdir / "bg.pid").read_text())
+    if sandbox.kind == "local":
+        assert _host_process_alive(bg_pid)
+    await asyncio.sleep(0.4)
+
+    released = await manager.release_idle()
+
+    assert tree in released
+    lease = await _lease(sandbox, tree)
+    assert (lease.state, lease.handle) == ("released", None)
+    assert old_handle is not None and not await sandbox.backend.exists(old_handle)
+    if sandbox.kind == "local":
+        assert not _host_process_alive(bg_pid)
+    else:
+        assert isinstance(sandbox.backend, DockerBackend) and sandbox.backend.containers_for(tree) == []
+    after = await _run(manager, tree, workdir, 'cat kept.txt; test -e "$CANOPY_TMP/marker" || echo no-marker')
+    assert after.stdout == "kept\nno-marker\n"
+    assert (workdir / "kept.txt").read_text() == "kept\n"
+
+
+async def test_release_idle_skips_a_tree_with_a_running_run(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager(idle_seconds=0.1)
+    tree, workdir = await sandbox.new_tree()
+    await _run(manager, tree, workdir, 'echo t > "$CANOPY_TMP/marker"')
+    run_id = await _insert_running_run(sandbox, tree)
+    await asyncio.sleep(0.3)
+
+    assert tree not in await manager.release_idle()
+    assert (await _lease(sandbox, tree)).state == "active"
+    kept = await _run(manager, tree, workdir, 'cat "$CANOPY_TMP/marker"')
+    assert kept.stdout == "t\n"
+
+    async with sandbox.db.tx() as conn:
+        await conn.execute(
+            "UPDATE runs SET status = 'completed', ended_at = now() WHERE run_id = %s", (run_id,)
+        )
+    await asyncio.sleep(0.3)
+    assert tree in await manager.release_idle()
+    assert (await _lease(sandbox, tree)).state == "released"
+
+
+async def _insert_running_run(kit: SandboxKit, tree: uuid.UUID) -> uuid.UUID:
+    """The root session of the tree with one Turn and one Run in ``running`` (plain SQL)."""
+    input_id, turn_id, run_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    async with kit.db.tx() as conn:
+        cur = await conn.execute("SELECT user_id, app_id, project_id FROM trees WHERE tree_id = %s", (tree,))
+        row = await cur.fetchone()
+        assert row is not None
+        scope = (row["user_id"], row["app_id"])
+        await conn.execute(
+            "INSERT INTO sessions (session_id, tree_id, user_id, app_id, project_id, name, path, depth, "
+            "agent_config) VALUES (%s, %s, %s, %s, %s, 'root', '/root', 0, '{}')",
+            (tree, tree, *scope, row["project_id"]),
+        )
+        await conn.execute(
+            "INSERT INTO inputs (input_id, session_id, user_id, app_id, text, status, origin) "
+            "VALUES (%s, %s, %s, %s, 'work', 'consumed', '{}')",
+            (input_id, tree, *scope),
+        )
+        await conn.execute(
+            "INSERT INTO turns (turn_id, session_id, input_id) VALUES (%s, %s, %s)", (turn_id, tree, input_id)
+        )
+        await conn.execute(
+            "INSERT INTO runs (run_id, turn_id, session_id, tree_id, kind, status, started_at) "
+            "VALUES (%s, %s, %s, %s, 'start', 'running', now())",
+            (run_id, turn_id, tree, tree),
+        )
+    return run_id
+
+
+class _GatedRelease:
+    """The real backend, with ``release`` held at a gate so that a test can act mid-release."""
+
+    def __init__(self, inner: SandboxBackend) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.started = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.finished_at: float | None = None
+
+    async def ensure(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> str:
+        return await self.inner.ensure(tree_id, workdir, options)
+
+    async def run(self, handle: str, command: str, timeout_seconds: float = 120.0) -> CommandResult:
+        return await self.inner.run(handle, command, timeout_seconds)
+
+    async def exists(self, handle: str) -> bool:
+        return await self.inner.exists(handle)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    async def release(self, handle: str) -> None:
+        self.started.set()
+        await self.gate.wait()
+        await self.inner.release(handle)
+        self.finished_at = time.monotonic()
+
+
+async def test_release_in_flight_defers_a_claim_but_not_other_writes(sandbox: SandboxKit) -> None:
+    gated = _GatedRelease(sandbox.backend)
+    assert isinstance(gated, SandboxBackend)
+    sweeper = SandboxManager(sandbox.db, gated, 0.1, sandbox.options)
+    claimer = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    await _run(claimer, tree, workdir, 'echo t > "$CANOPY_TMP/marker"')
+    await asyncio.sleep(0.3)
+
+    sweep = asyncio.create_task(sweeper.release_idle())
+    await asyncio.wait_for(gated.started.wait(), 10)
+    claimed_at: list[float] = []
+
+    async def claim() -> str:
+        handle = await claimer.claim(tree, workdir)
+        claimed_at.append(time.monotonic())
+        return handle
+
+    claim_task = asyncio.create_task(claim())
+    await asyncio.sleep(0.5)
+    assert not claim_task.done(), "a claim must wait for the release in flight"
+
+    # A write to the same tree's other rows commits meanwhile (only the lease row is locked).
+    async with asyncio.timeout(5), sandbox.db.tx() as conn:
+        await conn.execute("UPDATE trees SET stopped = true, stopped_at = now() WHERE tree_id = %s", (tree,))
+    async with sandbox.db.tx() as conn:
+        cur = await conn.execute("SELECT stopped FROM trees WHERE tree_id = %s", (tree,))
+        assert await cur.fetchone() == {"stopped": True}
+    assert not claim_task.done()
+
+    gated.gate.set()
+    assert await asyncio.wait_for(sweep, 30) == [tree]
+    handle = await asyncio.wait_for(claim_task, 30)
+
+    assert gated.finished_at is not None and claimed_at[0] >= gated.finished_at
+    lease = await _lease(sandbox, tree)
+    assert (lease.state, lease.handle) == ("active", handle)
+    fresh = await _run(claimer, tree, workdir, 'test -e "$CANOPY_TMP/marker" && echo old || echo fresh')
+    assert fresh.stdout == "fresh\n"
+
+
+async def test_a_restarted_runtime_adopts_the_existing_sandbox(sandbox: SandboxKit) -> None:
+    tree, workdir = await sandbox.new_tree()
+    first = sandbox.manager()
+    handle = await first.claim(tree, workdir)
+    await _run(first, tree, workdir, 'echo t > "$CANOPY_TMP/marker"')
+
+    restarted = SandboxManager(sandbox.db, sandbox.new_backend(), 300, sandbox.options)
+    readopted = await restarted.claim(tree, workdir)
+    marker = await _run(restarted, tree, workdir, 'cat "$CANOPY_TMP/marker"')
+
+    # A crash between creating the sandbox and committing its lease: the backend still finds it.
+    async with sandbox.db.tx() as conn:
+        await conn.execute("DELETE FROM sandbox_leases WHERE tree_id = %s", (tree,))
+    after_crash = await SandboxManager(sandbox.db, sandbox.new_backend(), 300, sandbox.options).claim(
+        tree, workdir
+    )
+
+    assert readopted == handle == after_crash
+    assert marker.stdout == "t\n"
+    if sandbox.kind == "docker":
+        assert isinstance(sandbox.backend, DockerBackend)
+        assert sandbox.backend.containers_for(tree) == [handle]
+        assert _docker_ps_count(tree) == 1
+
+
+def _docker_ps_count(tree: uuid.UUID) -> int:
+    """``docker ps -a --filter label=canopy.tree_id=<tree>``, counted (the CLI, as an operator sees it)."""
+    listed = subprocess.run(
+        ["docker", "ps", "-a", "-q", "--no-trunc", "--filter", f"label=canopy.tree_id={tree}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    named = subprocess.run(
+        ["docker", "ps", "-a", "-q", "--no-trunc", "--filter", f"name=^{container_name(tree)}$"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert listed == named
+    return len(listed)
+
+
+async def test_concurrent_claims_make_one_sandbox(sandbox: SandboxKit) -> None:
+    tree, workdir = await sandbox.new_tree()
+    managers = [SandboxManager(sandbox.db, sandbox.new_backend(), 300, sandbox.options) for _ in range(4)]
+
+    handles = await asyncio.gather(*(manager.claim(tree, workdir) for manager in managers))
+
+    assert len(set(handles)) == 1
+    if sandbox.kind == "docker":
+        assert _docker_ps_count(tree) == 1
+
+
+async def test_a_vanished_sandbox_is_rebuilt_on_next_command(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    await _run(manager, tree, workdir, "echo kept > kept.txt")
+    old_handle = (await _lease(sandbox, tree)).handle
+    assert old_handle is not None
+    await sandbox.backend.release(old_handle)  # behind the manager's back (engine restart, rm -f)
+
+    result = await _run(manager, tree, workdir, "cat kept.txt")
+
+    assert result.stdout == "kept\n"
+    assert (await _lease(sandbox, tree)).state == "active"
+
+
+async def test_network_is_off_unless_allowed(sandbox: SandboxKit) -> None:
+    if sandbox.kind == "local":
+        pytest.skip("the local backend does not isolate the network (documented)")
+    assert isinstance(sandbox.backend, DockerBackend)
+    tree, workdir = await sandbox.new_tree()
+    handle = await sandbox.manager().claim(tree, workdir)
+    container = sandbox.backend.client.containers.get(handle)
+    host_config = container.attrs["HostConfig"]
+
+    assert host_config["NetworkMode"] == "none"
+    assert host_config["Memory"] == 256 * 1024 * 1024 and host_config["PidsLimit"] == 256
+    assert container.labels["canopy.tree_id"] == str(tree)
+    mounts = {m["Destination"]: m["Source"] for m in container.attrs["Mounts"]}
+    assert mounts == {"/workspace": str(workdir)}
+    open_tree, open_workdir = await sandbox.new_tree()
+    networked = SandboxManager(
+        sandbox.db, sandbox.backend, 300, SandboxOptions(sandbox.options.image, network=True)
+    )
+    open_handle = await networked.claim(open_tree, open_workdir)
+    assert sandbox.backend.client.containers.get(open_handle).attrs["HostConfig"]["NetworkMode"] == "host"
+
+
+async def test_commands_run_as_the_configured_user(sandbox: SandboxKit) -> None:
+    if sandbox.kind == "local":
+        pytest.skip("the local backend runs commands as the runtime's own user (documented)")
+    tree, workdir = await sandbox.new_tree()
+    workdir.chmod(0o777)
+    options = SandboxOptions(sandbox.options.image, memory="256m", cpus=1.0, user="65534:65534")
+    manager = SandboxManager(sandbox.db, sandbox.backend, 300, options)
+
+    result = await _run(
+        manager, tree, workdir, 'id -u; echo x > owned.txt; echo t > "$CANOPY_TMP/t"; echo $HOME'
+    )
+
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.split() == ["65534", "/tmp"]
+    assert (workdir / "owned.txt").stat().st_uid == 65534
+
+
+@pytest.mark.parametrize("gone", ["released", "never-existed"])
+async def test_run_on_a_dead_handle_raises_sandbox_gone(sandbox: SandboxKit, gone: str) -> None:
+    tree, workdir = await sandbox.new_tree()
+    if gone == "released":
+        handle = await sandbox.backend.ensure(tree, workdir, sandbox.options)
+        await sandbox.backend.release(handle)
+        await sandbox.backend.release(handle)  # idempotent
+    else:
+        handle = str(sandbox.root / "no-such-sandbox") if sandbox.kind == "local" else "f" * 64
+
+    assert not await sandbox.backend.exists(handle)
+    with pytest.raises(SandboxGone):
+        await sandbox.backend.run(handle, "echo never")

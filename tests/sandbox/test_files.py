@@ -1,0 +1,152 @@
+"""read_file / write_file stay inside the project workdir; a rejected call writes nothing."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from sandbox.base import TRUNCATION_MARKER, FileMissing, PathRejected
+from sandbox.files import read_file, write_file
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> tuple[Path, Path]:
+    """A workdir and, beside it, an outside dir holding a secret file."""
+    workdir, outside = tmp_path / "workdir", tmp_path / "outside"
+    workdir.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret")
+    return workdir, outside
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every file under root with its content (symlinks by target), for before/after checks."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            found[rel] = "-> " + os.readlink(path)
+        elif path.is_file():
+            found[rel] = path.read_text()
+    return found
+
+
+def test_write_then_read_inside_the_workdir(layout: tuple[Path, Path]) -> None:
+    workdir, _ = layout
+
+    written = write_file(workdir, "src/pkg/module.py", "print('hé')\n")
+
+    assert written == len("print('hé')\n".encode())
+    assert (workdir / "src" / "pkg" / "module.py").read_text() == "print('hé')\n"
+    assert read_file(workdir, "src/pkg/module.py") == "print('hé')\n"
+    assert read_file(workdir, "./src//pkg/module.py") == "print('hé')\n"
+    assert [p.name for p in (workdir / "src" / "pkg").iterdir()] == ["module.py"]  # no temp file left
+
+
+def test_overwrite_keeps_the_file_mode(layout: tuple[Path, Path]) -> None:
+    workdir, _ = layout
+    script = workdir / "run.sh"
+    script.write_text("old")
+    script.chmod(0o755)
+
+    write_file(workdir, "run.sh", "#!/bin/sh\necho new\n")
+
+    assert script.read_text() == "#!/bin/sh\necho new\n"
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("../x", "'..'"),
+        ("a/../../x", "'..'"),
+        ("/etc/passwd", "absolute"),
+        ("/tmp/canopy-escape", "absolute"),
+        ("", "empty"),
+        ("a\0b", "NUL"),
+        (".", "workdir itself"),
+    ],
+)
+def test_escaping_paths_are_rejected_and_write_nothing(
+    layout: tuple[Path, Path], path: str, reason: str
+) -> None:
+    workdir, _ = layout
+    before = _tree(workdir.parent)
+
+    with pytest.raises(PathRejected, match=reason):
+        write_file(workdir, path, "pwned")
+    with pytest.raises(PathRejected, match=reason):
+        read_file(workdir, path)
+
+    assert _tree(workdir.parent) == before
+    assert not Path("/tmp/canopy-escape").exists()
+    assert not (workdir.parent / "x").exists()
+
+
+def test_a_symlinked_dir_pointing_outside_is_rejected(layout: tuple[Path, Path]) -> None:
+    workdir, outside = layout
+    (workdir / "link").symlink_to(outside)
+    before = _tree(workdir.parent)
+
+    with pytest.raises(PathRejected, match="outside the project workdir"):
+        write_file(workdir, "link/new.txt", "pwned")
+    with pytest.raises(PathRejected, match="outside the project workdir"):
+        write_file(workdir, "link/deeper/new.txt", "pwned")
+    with pytest.raises(PathRejected, match="outside the project workdir"):
+        read_file(workdir, "link/secret.txt")
+
+    assert _tree(workdir.parent) == before
+    assert not (outside / "deeper").exists()
+
+
+def test_a_symlinked_file_pointing_outside_is_rejected(layout: tuple[Path, Path]) -> None:
+    workdir, outside = layout
+    (workdir / "secret-link").symlink_to(outside / "secret.txt")
+    (workdir / "dangling").symlink_to(outside / "not-yet.txt")
+    (workdir / "passwd").symlink_to("/etc/passwd")
+    before = _tree(workdir.parent)
+
+    for name in ("secret-link", "dangling", "passwd"):
+        with pytest.raises(PathRejected, match="outside the project workdir"):
+            write_file(workdir, name, "pwned")
+    with pytest.raises(PathRejected):
+        read_file(workdir, "secret-link")
+    with pytest.raises(PathRejected):
+        read_file(workdir, "passwd")
+
+    assert _tree(workdir.parent) == before
+    assert (outside / "secret.txt").read_text() == "secret"
+    assert not (outside / "not-yet.txt").exists()
+
+
+def test_a_symlink_inside_the_workdir_is_followed(layout: tuple[Path, Path]) -> None:
+    workdir, _ = layout
+    (workdir / "real").mkdir()
+    (workdir / "real" / "data.txt").write_text("one")
+    (workdir / "alias").symlink_to("real")
+    (workdir / "data-link").symlink_to("real/data.txt")
+
+    write_file(workdir, "data-link", "two")
+
+    assert read_file(workdir, "alias/data.txt") == "two"
+    assert (workdir / "data-link").is_symlink()  # the link stays, its target was written
+    assert (workdir / "real" / "data.txt").read_text() == "two"
+
+
+def test_missing_files_directories_and_large_files(layout: tuple[Path, Path]) -> None:
+    workdir, _ = layout
+    (workdir / "dir").mkdir()
+    (workdir / "big.txt").write_text("x" * 1000)
+
+    with pytest.raises(FileMissing):
+        read_file(workdir, "nope.txt")
+    with pytest.raises(FileMissing):
+        read_file(workdir, "dir")
+    with pytest.raises(PathRejected, match="directory"):
+        write_file(workdir, "dir", "x")
+    big = read_file(workdir, "big.txt", max_bytes=100)
+    assert big.startswith("x" * 100 + "\n" + TRUNCATION_MARKER)
+    assert (workdir / "dir").is_dir() and (workdir / "big.txt").read_text() == "x" * 1000
