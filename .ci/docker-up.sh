@@ -22,7 +22,9 @@ say() { echo "docker-up: $*"; }
 install_packages() {
     local missing=()
     command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
-    [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 || missing+=(busybox-static)
+    # The static build specifically: the image has no libc for a dynamic busybox to load.
+    dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" ||
+        missing+=(busybox-static)
     if [ ${#missing[@]} -eq 0 ]; then
         say "packages present (dockerd, busybox)"
         return

@@ -133,6 +133,8 @@ CREATE TABLE turns (
 -- At most one non-terminal Turn per session.
 CREATE UNIQUE INDEX turns_one_open_per_session ON turns (session_id)
     WHERE status IN ('running', 'waiting', 'cancelling');
+-- A session's latest Turn (summaries, lists): without it every member scans all turns.
+CREATE INDEX turns_session ON turns (session_id, created_at DESC);
 
 CREATE TABLE runs (
     run_id              uuid PRIMARY KEY,

@@ -11,7 +11,7 @@ from persistence.db import Connection
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.events import append_event
 from persistence.records import Row, Scope
-from persistence.sessions import tree_members
+from persistence.sessions import get_session_row, tree_members
 from persistence.turns import cancel_open_turn, lock_session, start_next_turn
 
 _LOCK_TREE = """
@@ -28,6 +28,7 @@ SELECT t.turn_id, t.status, t.waiting_for, t.session_id FROM turns t JOIN sessio
 WHERE s.tree_id = %s AND t.status IN ('running', 'waiting', 'cancelling')
 ORDER BY s.depth, s.path
 """
+_LOCK_MEMBERS = "SELECT session_id FROM sessions WHERE tree_id = %s ORDER BY session_id FOR NO KEY UPDATE"
 _MEMBERS_WITH_PENDING = """
 SELECT DISTINCT i.session_id FROM inputs i JOIN sessions s ON s.session_id = i.session_id
 WHERE s.tree_id = %s AND i.status = 'pending'
@@ -57,6 +58,10 @@ async def stop_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> list[
     continued after it. Returns the sessions whose live Runs must be told to stop.
     """
     await lock_tree(conn, scope, tree_id)
+    # Lock every member before reading any Turn or appending any event: a member finishing
+    # meanwhile is waited for (never cancelled over its result), and the scope's event
+    # counter is taken last, so this cannot deadlock with a member's own transaction.
+    await conn.execute(_LOCK_MEMBERS, (tree_id,))
     await conn.execute("UPDATE trees SET stopped = true, stopped_at = now() WHERE tree_id = %s", (tree_id,))
     cur = await conn.execute(_MEMBERS_WITH_PENDING, (tree_id,))
     for row in await cur.fetchall():
@@ -97,10 +102,12 @@ async def continue_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> l
 
 async def archive_root(conn: Connection, scope: Scope, session_id: uuid.UUID) -> None:
     """Hide a finished tree from lists; deletes nothing. 409 while anything in it is busy."""
-    session = await lock_session(conn, scope, session_id)
-    if session["parent_id"] is not None:
+    # The tree lock first, then the session, in the same order as stop and continue.
+    found = await get_session_row(conn, scope, session_id)
+    if found["parent_id"] is not None:
         raise InvalidArgument("only a root session can be archived")
-    await lock_tree(conn, scope, session["tree_id"])
+    await lock_tree(conn, scope, found["tree_id"])
+    session = await lock_session(conn, scope, session_id)
     busy = [m for m in await tree_members(conn, scope, session["tree_id"]) if m["activity"] != "idle"]
     if busy:
         raise Conflict(f"{busy[0]['path']} is {busy[0]['activity']}; archive the tree when it is idle")

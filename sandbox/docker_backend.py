@@ -191,12 +191,19 @@ class DockerBackend:
             self._engine_cpus = float(self.client.info().get("NCPU") or 1)
         return self._engine_cpus
 
+    def _find_managed(self, handle: str) -> Container | None:
+        # A handle comes from the database: never act on a container Canopy did not make.
+        container = self._find(handle)
+        if container is None or container.labels.get(LABEL_MANAGED) != "true":
+            return None
+        return container
+
     async def exists(self, handle: str) -> bool:
-        container = await asyncio.to_thread(self._find, handle)
+        container = await asyncio.to_thread(self._find_managed, handle)
         return container is not None and container.status == "running"
 
     async def release(self, handle: str) -> None:
-        container = await asyncio.to_thread(self._find, handle)
+        container = await asyncio.to_thread(self._find_managed, handle)
         if container is not None:
             await asyncio.to_thread(self._remove, container)
 

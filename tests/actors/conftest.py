@@ -28,7 +28,7 @@ async def runtime(database_url: str, data_dir: Path) -> AsyncIterator[Runtime]:
     os.environ["CANOPY_DATABASE_URL"] = database_url
     os.environ["CANOPY_DATA_DIR"] = str(data_dir)
     settings = Settings()
-    rt = await Runtime.start(settings, num_cpus=2)
+    rt = await Runtime.start(settings, num_cpus=2, include_dashboard=True)
     yield rt
     await rt.close()
     ray.shutdown()

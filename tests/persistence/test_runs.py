@@ -101,7 +101,7 @@ async def test_one_grant_fills_every_free_slot_oldest_first(db: Database, scope:
 
 
 async def test_concurrent_grants_never_exceed_the_limit(db: Database, scope: Scope) -> None:
-    slot_limit, workers, members, inputs_each = 4, 8, 12, 4
+    slot_limit, workers, members, inputs_each = 4, 8, 12, 6
     tree = await make_tree(db, scope, slot_limit=slot_limit)
     _, root_run = await start_run(db, scope, tree.tree_id, tree.root_id)
     names = [f"m{i}" for i in range(members)]

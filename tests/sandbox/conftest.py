@@ -33,11 +33,11 @@ def sandbox_database_url(database_url: str) -> Iterator[str]:
     name = f"canopy_sandbox_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    info = psycopg.conninfo.conninfo_to_dict(database_url)
-    info["dbname"] = name
-    url = psycopg.conninfo.make_conninfo(**info)
+    url = psycopg.conninfo.make_conninfo(database_url, dbname=name)
     ensure_schema(url)
     yield url
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture(scope="session")

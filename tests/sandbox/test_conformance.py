@@ -8,6 +8,7 @@ tree's scratch dir (``/tmp`` in Docker, a per-tree dir locally).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import subprocess
 import time
 import uuid
@@ -207,6 +208,18 @@ async def test_idle_release_keeps_workdir_and_drops_tmp_and_processes(sandbox: S
     assert (workdir / "kept.txt").read_text() == "kept\n"
 
 
+async def test_release_idle_honours_the_idle_window(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()  # the default 300 s, judged at a given "now" instead of waited out
+    tree, workdir = await sandbox.new_tree()
+    await _run(manager, tree, workdir, "true")
+    used_at = (await _lease(sandbox, tree)).last_used_at
+
+    assert await manager.release_idle(now=used_at + datetime.timedelta(seconds=299)) == []
+    assert (await _lease(sandbox, tree)).state == "active"
+    assert await manager.release_idle(now=used_at + datetime.timedelta(seconds=301)) == [tree]
+    assert (await _lease(sandbox, tree)).state == "released"
+
+
 async def test_release_idle_skips_a_tree_with_a_running_run(sandbox: SandboxKit) -> None:
     manager = sandbox.manager(idle_seconds=0.1)
     tree, workdir = await sandbox.new_tree()
@@ -387,12 +400,32 @@ async def test_a_vanished_sandbox_is_rebuilt_on_next_command(sandbox: SandboxKit
     await _run(manager, tree, workdir, "echo kept > kept.txt")
     old_handle = (await _lease(sandbox, tree)).handle
     assert old_handle is not None
-    await sandbox.backend.release(old_handle)  # behind the manager's back (engine restart, rm -f)
+    await sandbox.backend.release(old_handle)  # behind the manager's back (docker rm -f, reboot)
 
     result = await _run(manager, tree, workdir, "cat kept.txt")
 
     assert result.stdout == "kept\n"
-    assert (await _lease(sandbox, tree)).state == "active"
+    lease = await _lease(sandbox, tree)
+    assert lease.state == "active" and lease.handle is not None and await sandbox.backend.exists(lease.handle)
+
+
+async def test_a_stopped_container_is_restarted_with_its_tmp(sandbox: SandboxKit) -> None:
+    if sandbox.kind == "local":
+        pytest.skip("only a container can be stopped and started again")
+    assert isinstance(sandbox.backend, DockerBackend)
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    await _run(manager, tree, workdir, 'echo t > "$CANOPY_TMP/marker"')
+    handle = (await _lease(sandbox, tree)).handle
+    assert handle is not None
+    await asyncio.to_thread(sandbox.backend.client.containers.get(handle).stop, timeout=1)  # engine restart
+    assert not await sandbox.backend.exists(handle)
+
+    result = await _run(manager, tree, workdir, 'cat "$CANOPY_TMP/marker"')
+
+    assert result.stdout == "t\n"
+    assert (await _lease(sandbox, tree)).handle == handle
+    assert sandbox.backend.containers_for(tree) == [handle]
 
 
 async def test_network_is_off_unless_allowed(sandbox: SandboxKit) -> None:

@@ -1,0 +1,179 @@
+"""Latency of the hot database operations, each as one committed transaction.
+
+    python bench/db_ops.py [--iterations 300] [--members 1000]
+
+Uses ``CANOPY_DATABASE_URL`` when set (a fresh database is created in that server and
+dropped afterwards), else an embedded PostgreSQL in a temporary directory. Prints mean
+and p99 milliseconds for:
+
+- ``submit_input``  an input to an idle session (input, Turn, pending Run, events)
+- ``claim``         ``grant_slots`` + ``acquire_run`` (a slot under the tree lock, then the lease)
+- ``complete``      ``finish_turn`` (fence, end the Run, terminal Turn, event)
+- ``tree_summary``  the summary of a tree of ``--members`` sessions (two statements)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from persistence import projects, runs, sessions, trees, turns
+from persistence.db import Database, ensure_schema
+from persistence.embedded import embedded_url, stop_embedded
+from persistence.records import RunRef, Scope
+
+LEASE_SECONDS = 30.0
+HUMAN = {"kind": "human"}
+AGENT_CONFIG = {"agent_id": None, "model": "canopy/scripted", "instructions": "", "tools": [],
+                "approval_mode": "auto"}
+
+
+def _with_database(url: str, name: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    info["dbname"] = name
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+@asynccontextmanager
+async def bench_database() -> AsyncIterator[str]:
+    """A fresh database with the schema: in the configured server, or an embedded one."""
+    external = os.environ.get("CANOPY_DATABASE_URL")
+    with tempfile.TemporaryDirectory(prefix="canopy-bench-") as data_dir:
+        server_url = external or embedded_url(Path(data_dir))
+        name = f"canopy_bench_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            url = _with_database(server_url, name)
+            ensure_schema(url)
+            yield url
+        finally:
+            with psycopg.connect(server_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            if not external:
+                stop_embedded(Path(data_dir))
+
+
+async def timed(samples: list[float], operation: Callable[[], Awaitable[object]]) -> object:
+    start = time.perf_counter()
+    result = await operation()
+    samples.append((time.perf_counter() - start) * 1000)
+    return result
+
+
+def p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+async def bench_turn_cycle(db: Database, scope: Scope, project_id: uuid.UUID, n: int) -> dict[str, list[float]]:
+    """n independent roots, each: submit an input, claim its Run, complete its Turn."""
+    async with db.tx() as conn:
+        roots = [await sessions.create_root(conn, scope, project_id=project_id, agent_id=None,
+                                            agent_config=AGENT_CONFIG, slot_limit=4) for _ in range(n)]
+    results: dict[str, list[float]] = {"submit_input": [], "claim": [], "complete": []}
+
+    for root in roots:
+        async def submit(root: uuid.UUID = root) -> object:
+            async with db.tx() as conn:
+                return await turns.submit_input(conn, scope, root, "benchmark task", HUMAN)
+        await timed(results["submit_input"], submit)
+
+    held: list[RunRef] = []
+    for root in roots:
+        async def claim(root: uuid.UUID = root) -> RunRef | None:
+            async with db.tx() as conn:
+                granted = await runs.grant_slots(conn, root, LEASE_SECONDS)
+                return await runs.acquire_run(conn, granted[0]["run_id"], "bench-owner", LEASE_SECONDS)
+        run = await timed(results["claim"], claim)
+        assert isinstance(run, RunRef)
+        held.append(run)
+
+    for run in held:
+        async def complete(run: RunRef = run) -> object:
+            async with db.tx() as conn:
+                return await turns.finish_turn(conn, run, "completed", output="benchmark output")
+        await timed(results["complete"], complete)
+    return results
+
+
+async def build_tree(db: Database, scope: Scope, project_id: uuid.UUID, members: int) -> uuid.UUID:
+    """A root, ~sqrt(members) children and the rest as grandchildren; a third of them busy."""
+    children = max(1, round(math.sqrt(members)))
+    async with db.tx() as conn:
+        root_id = await sessions.create_root(conn, scope, project_id=project_id, agent_id=None,
+                                             agent_config=AGENT_CONFIG, slot_limit=4)
+        receipt = await turns.submit_input(conn, scope, root_id, "plan", HUMAN)
+        cur = await conn.execute("SELECT run_id FROM runs WHERE turn_id = %s", (receipt["turn_id"],))
+        creator = (await cur.fetchone() or {})["run_id"]
+        root = await sessions.get_session_row(conn, scope, root_id)
+        parents, made = [], [root_id]
+        for i in range(members - 1):
+            parent = root if i < children else parents[i % len(parents)]
+            child = await sessions.create_child(conn, parent, name=f"m{i}", agent_id=None, agent_config=AGENT_CONFIG,
+                                                max_depth=2, created_by_run_id=creator)
+            if i < children:
+                parents.append(await sessions.get_session_row(conn, scope, child["session_id"]))
+            made.append(child["session_id"])
+        for i, session_id in enumerate(made[1:]):
+            if i % 3 == 0:
+                await turns.submit_input(conn, scope, session_id, "work", HUMAN)
+    return root_id
+
+
+async def bench_summary(db: Database, scope: Scope, project_id: uuid.UUID, members: int, n: int
+                        ) -> dict[str, list[float]]:
+    tree_id = await build_tree(db, scope, project_id, members)
+    samples: list[float] = []
+    for _ in range(n):
+        async def summary() -> object:
+            async with db.tx() as conn:
+                return await trees.tree_summary(conn, scope, tree_id)
+        result = await timed(samples, summary)
+        assert isinstance(result, dict) and len(result["members"]) == members
+    return {f"tree_summary ({members})": samples}
+
+
+async def main(iterations: int, members: int, summary_iterations: int) -> int:
+    started = time.perf_counter()
+    async with bench_database() as url:
+        db = await Database.connect(url, max_size=2)
+        try:
+            scope = Scope("bench-user", "bench-app")
+            async with db.tx() as conn:
+                project = await projects.create_project(conn, scope, "bench", Path(tempfile.gettempdir()))
+            results = await bench_turn_cycle(db, scope, project["project_id"], iterations)
+            results |= await bench_summary(db, scope, project["project_id"], members, summary_iterations)
+        finally:
+            await db.close()
+    width = max(len(name) for name in results)
+    print(f"{'operation':<{width}}  {'n':>5}  {'mean ms':>8}  {'p99 ms':>8}")
+    for name, samples in results.items():
+        print(f"{name:<{width}}  {len(samples):>5}  {statistics.fmean(samples):>8.2f}  {p99(samples):>8.2f}")
+    print(f"total {time.perf_counter() - started:.1f} s (database: "
+          f"{'CANOPY_DATABASE_URL' if os.environ.get('CANOPY_DATABASE_URL') else 'embedded PostgreSQL'})")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=300, help="turn cycles (submit, claim, complete)")
+    parser.add_argument("--members", type=int, default=1000, help="members of the summarised tree")
+    parser.add_argument("--summary-iterations", type=int, default=300)
+    args = parser.parse_args()
+    sys.exit(asyncio.run(main(args.iterations, args.members, args.summary_iterations)))

@@ -1,0 +1,137 @@
+"""Kill tests: any actor may die at any step; the tree still finishes, nothing happens twice.
+
+Sessions named ``fp-…`` pause 3 s at the failpoints configured in conftest, which gives
+the test an exact window to kill their actor: before a model call, and after the model's
+reply (with tool calls) is committed but before any tool ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+
+import pytest
+import ray
+
+from actors.naming import NAMESPACE, session_actor_name, tree_actor_name
+from actors.runtime import Runtime
+from persistence.records import Scope
+from tests.actors.helpers import call, create, eventually, peak_concurrent_runs, rows, say, script, session_id_at
+
+
+async def _kill_session_actor(session_id: uuid.UUID, how: str) -> None:
+    handle = ray.get_actor(session_actor_name(session_id), namespace=NAMESPACE)
+    if how == "ray.kill":
+        ray.kill(handle, no_restart=True)
+    else:
+        status = await handle.status.remote()
+        os.kill(int(status["pid"]), signal.SIGKILL)
+
+
+async def _owned_run(runtime: Runtime, session_id: uuid.UUID) -> bool:
+    return bool(await rows(runtime.db, "SELECT 1 FROM runs WHERE session_id = %s AND status = 'running' "
+                           "AND owner IS NOT NULL", session_id))
+
+
+async def _assert_clean_finish(runtime: Runtime, scope: Scope, tree_id: uuid.UUID, input_id: uuid.UUID) -> dict:
+    result = await runtime.wait_result(scope, input_id, timeout=90)
+    await runtime.wait_tree_idle(scope, tree_id, timeout=60)
+    open_inputs = await rows(runtime.db, "SELECT i.status FROM inputs i JOIN sessions s USING (session_id) "
+                             "WHERE s.tree_id = %s AND i.status = 'pending'", tree_id)
+    assert open_inputs == []
+    assert await peak_concurrent_runs(runtime.db, tree_id) <= 4
+    return result
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "kill -9"])
+@pytest.mark.parametrize("point", ["before_model_call", "after_model_commit"])
+async def test_kill_member_mid_turn(runtime: Runtime, scope: Scope, how: str, point: str) -> None:
+    # The member creates a grandchild and messages its parent: both side effects must happen once.
+    member = script(call(create("g", script(say("g done"))),
+                         ("send_message", {"target": "/root", "text": "hello once"})),
+                    call(("wait_inputs", {"input_ids": ["$${0.input_id}"]})), say("member done $${2.results.0.output}"))
+    text = script(call(create("fp-member", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
+                  say("root got ${1.results.0.output}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    member_id = await eventually(lambda: _member(runtime, tree_id))
+    await eventually(lambda: _owned_run(runtime, member_id))
+    if point == "after_model_commit":
+        await eventually(lambda: rows(runtime.db, "SELECT 1 FROM thread_messages WHERE session_id = %s "
+                                      "AND role = 'assistant'", member_id))
+    await asyncio.sleep(0.5)  # inside the 3 s pause
+    await _kill_session_actor(member_id, how)
+    result = await _assert_clean_finish(runtime, scope, tree_id, created["input"]["input_id"])
+    assert (result["status"], result["output"]) == ("completed", "root got member done g done")
+    grandchildren = await rows(runtime.db, "SELECT count(*) AS n FROM sessions WHERE parent_id = %s", member_id)
+    messages = await rows(runtime.db, "SELECT count(*) AS n FROM coop_messages WHERE sender_session_id = %s",
+                          member_id)
+    assert grandchildren[0]["n"] == 1 and messages[0]["n"] == 1
+    recovered = await rows(runtime.db, "SELECT count(*) AS n FROM runs WHERE session_id = %s AND status = "
+                           "'interrupted' AND error LIKE 'lease expired%%'", member_id)
+    assert recovered[0]["n"] >= 1
+
+
+async def _member(runtime: Runtime, tree_id: uuid.UUID) -> uuid.UUID | None:
+    found = await rows(runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s AND path = '/root/fp-member'",
+                       tree_id)
+    return found[0]["session_id"] if found else None
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "kill -9"])
+async def test_kill_root_during_wait(runtime: Runtime, scope: Scope, how: str) -> None:
+    text = script(call(create("a", script(say("a done", delay_ms=2000)))),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("root saw ${1.results.0.output}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    await eventually(lambda: rows(runtime.db, "SELECT 1 FROM turns WHERE session_id = %s AND status = 'waiting'",
+                                  tree_id))
+    await _kill_session_actor(tree_id, how)
+    result = await _assert_clean_finish(runtime, scope, tree_id, created["input"]["input_id"])
+    assert result["output"] == "root saw a done"
+    children = await rows(runtime.db, "SELECT count(*) AS n FROM sessions WHERE parent_id = %s", tree_id)
+    assert children[0]["n"] == 1
+
+
+async def test_kill_supervisor_mid_grant(runtime: Runtime, scope: Scope) -> None:
+    names = [f"c{i}" for i in range(6)]
+    text = script(call(*(create(n, script(say(n, delay_ms=800))) for n in names)),
+                  call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(6)]})), say("done"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    for _ in range(4):  # kill it repeatedly while children queue for slots
+        await asyncio.sleep(0.7)
+        try:
+            ray.kill(ray.get_actor(tree_actor_name(tree_id), namespace=NAMESPACE), no_restart=True)
+        except ValueError:
+            pass  # between incarnations
+    result = await _assert_clean_finish(runtime, scope, tree_id, created["input"]["input_id"])
+    assert result["output"] == "done"
+    children = await rows(runtime.db, "SELECT count(*) AS n FROM sessions WHERE parent_id = %s", tree_id)
+    assert children[0]["n"] == 6
+
+
+async def test_passivation_and_reactivation_with_full_history(runtime: Runtime, scope: Scope) -> None:
+    text = script(call(create("kid", script(say("first answer")))),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("done"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    kid = await session_id_at(runtime.db, tree_id, "/root/kid")
+    names = {session_actor_name(tree_id), session_actor_name(kid)}
+
+    async def none_alive() -> bool:
+        from ray.util.state import list_actors
+
+        alive = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
+        return not any(actor.name in names for actor in alive)
+
+    await eventually(none_alive, timeout=40, every=1.0)
+    receipt = await runtime.submit_input(scope, kid, script(say("second answer")))
+    second = await runtime.wait_result(scope, receipt["input_id"], timeout=60)
+    assert second["output"] == "second answer"
+    history = await rows(runtime.db, "SELECT role, content FROM thread_messages WHERE session_id = %s ORDER BY id",
+                         kid)
+    assert [m["content"] for m in history if m["role"] == "assistant"] == ["first answer", "second answer"]

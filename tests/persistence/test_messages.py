@@ -1,0 +1,94 @@
+"""Cooperation messages and steers: durable, no Input or Turn, read at the receiver's next model boundary."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from persistence import cooperation, messages
+from persistence.db import Database
+from persistence.errors import Conflict, InvalidArgument
+from persistence.records import Scope
+from tests.persistence.helpers import (
+    child_run,
+    count_rows,
+    create_child,
+    fetch_all,
+    fetch_one,
+    make_tree,
+    start_root_run,
+)
+
+
+async def test_a_message_creates_no_input_and_is_read_at_the_next_boundary(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    aaa, aaa_run = await child_run(db, run, "aaa")
+    before = await count_rows(db)
+    async with db.tx() as conn:
+        sent = await cooperation.send_message(conn, run, "m1", target="/root/aaa", text="use the blue one")
+    after = await count_rows(db)
+    assert after["coop_messages"] == before["coop_messages"] + 1
+    assert (after["inputs"], after["turns"], after["runs"]) == (before["inputs"], before["turns"], before["runs"])
+
+    async with db.tx() as conn:
+        assert await messages.take_boundary_messages(conn, aaa_run) == 1
+        assert await messages.take_boundary_messages(conn, aaa_run) == 0  # processed once
+    row = await fetch_one(db, "SELECT processed_at, processed_run_id FROM coop_messages WHERE message_id = %s",
+                          (uuid.UUID(sent["message_id"]),))
+    assert row["processed_at"] is not None and row["processed_run_id"] == aaa_run.run_id
+    async with db.tx() as conn:
+        history = await messages.history(conn, aaa_run.session_id)
+    last = history[-1]
+    assert (last["role"], last["run_id"]) == ("user", aaa_run.run_id)
+    assert "use the blue one" in last["content"] and 'from="/root"' in last["content"]
+    assert last["origin"]["kind"] == "message"
+    assert aaa["session_id"] == sent["session_id"]
+
+
+async def test_an_idle_receiver_keeps_the_message(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    other = await make_tree(db, scope)  # idle: no input, no Turn
+    async with db.tx() as conn:
+        await cooperation.send_message(conn, run, "m1", target=str(other.root_id), text="for later")
+    pending = await fetch_all(db, "SELECT body, processed_at FROM coop_messages WHERE receiver_session_id = %s",
+                              (other.root_id,))
+    assert pending == [{"body": "for later", "processed_at": None}]
+    assert await fetch_all(db, "SELECT 1 FROM turns WHERE session_id = %s", (other.root_id,)) == []
+    assert tree.root_id != other.root_id
+
+
+async def test_message_length_is_limited_with_nothing_stored(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    await create_child(db, run, "aaa")
+    before = await count_rows(db)
+    with pytest.raises(InvalidArgument, match="limit is 100000"):
+        async with db.tx() as conn:
+            await cooperation.send_message(conn, run, "m1", target="/root/aaa", text="x" * 100_001)
+    assert await count_rows(db) == before
+    async with db.tx() as conn:
+        await cooperation.send_message(conn, run, "m2", target="/root/aaa", text="x" * 100_000)
+    assert (await count_rows(db))["coop_messages"] == before["coop_messages"] + 1
+
+
+async def test_steer_needs_a_running_turn(db: Database, scope: Scope) -> None:
+    tree = await make_tree(db, scope)
+    before = await count_rows(db)
+    with pytest.raises(Conflict, match="no running turn"):
+        async with db.tx() as conn:
+            await messages.steer(conn, scope, tree.root_id, "go left")
+    assert await count_rows(db) == before
+
+
+async def test_steer_reaches_the_running_turn_at_its_boundary(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        steered = await messages.steer(conn, scope, tree.root_id, "go left")
+    assert steered["turn_id"] == run.turn_id
+    stored = await fetch_one(db, "SELECT kind, sender_session_id, body FROM coop_messages WHERE message_id = %s",
+                             (steered["message_id"],))
+    assert stored == {"kind": "steer", "sender_session_id": None, "body": "go left"}
+    async with db.tx() as conn:
+        assert await messages.take_boundary_messages(conn, run) == 1
+        history = await messages.history(conn, tree.root_id)
+    assert history[-1]["content"] == "<canopy:steer>\ngo left\n</canopy:steer>"
