@@ -22,7 +22,7 @@ from actors.tools import Park, ToolContext, parse_args, schemas
 from persistence import messages, turns, waits
 from persistence import runs as run_repo
 from persistence.db import Database
-from persistence.errors import CanopyError, LeaseLost
+from persistence.errors import CanopyError, Conflict, LeaseLost
 from persistence.records import Row, RunRef
 from persistence.sessions import get_session_row
 from persistence.settings import Settings
@@ -212,10 +212,14 @@ class RunExecutor:
             return {"error": f"internal error in {call.get('name')}: {error}"}
 
     async def _park(self, call_id: str, park: Park, ctx: ToolContext) -> None:
-        async with self.db.tx() as conn:
-            wait_id = await waits.park(conn, self.run, tool_call_id=call_id, kind=park.kind,
-                                       condition=park.condition, timeout_seconds=park.timeout_seconds,
-                                       targets=park.targets, request_payload=park.request_payload)
+        try:
+            async with self.db.tx() as conn:
+                wait_id = await waits.park(conn, self.run, tool_call_id=call_id, kind=park.kind,
+                                           condition=park.condition, timeout_seconds=park.timeout_seconds,
+                                           targets=park.targets, request_payload=park.request_payload)
+        except Conflict:  # the Turn is being cancelled: it ends instead of waiting
+            await self._finish("cancelled", error="cancelled")
+            return
         # The condition may have been met between our check and the commit: re-check now.
         await signals.resume_wait(self.db, wait_id)
         signals.poke_tree(self.run.tree_id)

@@ -11,9 +11,10 @@ the Docker sandbox, so cooperation works the same way:
 - ``HOME`` is a per-tree dir too (Docker: ``/root`` in the container), dropped on release;
 - every command runs in its own process group (``start_new_session``); cancelling it
   kills that group;
-- release kills every process still carrying the tree's ``CANOPY_TREE_ID`` in its
-  environment (found via ``/proc``; on systems without ``/proc`` only the groups of
-  commands this process started are killed) and deletes the scratch dir.
+- release kills every process still carrying the tree's ``CANOPY_TMP`` in its
+  environment (found via ``/proc``, so background processes that left their group die
+  too, unless they scrubbed their environment; on systems without ``/proc`` only the
+  groups of commands this process started are killed) and deletes the scratch dir.
 
 The environment of a command is minimal on purpose (``PATH``, locale, ``HOME``, ``TMPDIR``,
 ``CANOPY_*``): the runtime's own variables hold database URLs and model keys.
@@ -105,7 +106,7 @@ class LocalBackend:
     def _release_sync(self, tree_dir: Path) -> None:
         for pgid in self._running.pop(str(tree_dir), set()):
             _kill_group(pgid)
-        _kill_marked_processes(tree_dir.name)
+        _kill_marked_processes(_tmp_marker(tree_dir))
         shutil.rmtree(tree_dir, ignore_errors=True)
 
     # -- commands --------------------------------------------------------------------
@@ -116,30 +117,38 @@ class LocalBackend:
         tree_dir = Path(handle)
         if not await self.exists(handle):
             raise SandboxGone(f"the local sandbox {handle} was released")
-        workdir = Path((tree_dir / _WORKDIR_FILE).read_text())
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh",
-            "-c",
-            command,
-            cwd=workdir,
-            env=self._environment(tree_dir),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own session, hence its own process group (pgid == pid)
-        )
+        proc = await self._spawn(tree_dir, command)
         running = self._running.setdefault(handle, set())
         running.add(proc.pid)
         try:
             return await self._supervise(proc, timeout_seconds)
         finally:
             running.discard(proc.pid)
+            if not running:
+                self._running.pop(handle, None)
+
+    async def _spawn(self, tree_dir: Path, command: str) -> asyncio.subprocess.Process:
+        workdir = Path((tree_dir / _WORKDIR_FILE).read_text())
+        try:
+            return await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                "-c",
+                command,
+                cwd=workdir,
+                env=self._environment(tree_dir),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # its own session, hence its own process group (pgid == pid)
+            )
+        except OSError as error:
+            raise SandboxError(f"cannot start a command in {workdir}: {error.strerror}") from error
 
     @staticmethod
     def _environment(tree_dir: Path) -> dict[str, str]:
         env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-        tmp = str(tree_dir / "tmp")
+        tmp = str(tree_dir / "tmp")  # keep in step with _tmp_marker
         env.update(
             TMPDIR=tmp,
             CANOPY_TMP=tmp,
@@ -198,15 +207,20 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _kill_marked_processes(tree_id: str, rounds: int = 20) -> None:
-    """SIGKILL every process whose environment carries this tree's id (Linux /proc).
+def _tmp_marker(tree_dir: Path) -> bytes:
+    # CANOPY_TMP, not CANOPY_TREE_ID: only this backend's processes carry this exact value
+    # (a Docker sandbox's processes, visible in the host's /proc, have CANOPY_TMP=/tmp).
+    return f"CANOPY_TMP={tree_dir / 'tmp'}".encode()
+
+
+def _kill_marked_processes(marker: bytes, rounds: int = 20) -> None:
+    """SIGKILL every process whose environment carries ``marker`` (Linux /proc).
 
     Repeated until none is left, because a dying shell may still fork one more child.
     """
     proc_root = Path("/proc")
     if not proc_root.is_dir():
         return
-    marker = f"CANOPY_TREE_ID={tree_id}".encode()
     for _ in range(rounds):
         pids = [pid for pid in _pids(proc_root) if _has_marker(proc_root / str(pid), marker)]
         if not pids:
@@ -215,7 +229,7 @@ def _kill_marked_processes(tree_id: str, rounds: int = 20) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
-    log.warning("local sandbox %s: processes survived release", tree_id)
+    log.warning("local sandbox: processes with %s survived release", marker.decode())
 
 
 def _pids(proc_root: Path) -> list[int]:

@@ -76,26 +76,29 @@ async def test_workdir_is_shared_between_commands(sandbox: SandboxKit) -> None:
     read = await _run(manager, tree, workdir, "cat out/shared.txt; pwd")
 
     assert written.exit_code == 0 and read.exit_code == 0
-    assert read.stdout.splitlines()[0] == "hello"
+    expected_cwd = "/workspace" if sandbox.kind == "docker" else str(workdir.resolve())
+    assert read.stdout.splitlines() == ["hello", expected_cwd]
     assert (workdir / "out" / "shared.txt").read_text() == "hello\n"  # on the host, in the project
     lease = await _lease(sandbox, tree)
     assert (lease.state, lease.backend) == ("active", sandbox.kind)
 
 
 async def test_tmp_is_shared_within_a_tree_and_private_to_it(sandbox: SandboxKit) -> None:
-    manager = sandbox.manager()
+    # Members live in different actor processes: each has its own manager and backend object.
+    parent = sandbox.manager()
+    child = SandboxManager(sandbox.db, sandbox.new_backend(), 300, sandbox.options)
     tree, workdir = await sandbox.new_tree()
     other_tree, _ = await sandbox.new_tree(workdir)  # another root of the same project
 
-    await _run(manager, tree, workdir, 'echo from-parent > "$CANOPY_TMP/marker"')
-    sibling = await _run(manager, tree, workdir, 'cat "$CANOPY_TMP/marker"')
-    stranger = await _run(manager, other_tree, workdir, 'cat "$CANOPY_TMP/marker"')
+    await _run(parent, tree, workdir, 'echo from-parent > "$CANOPY_TMP/marker"')
+    sibling = await _run(child, tree, workdir, 'cat "$CANOPY_TMP/marker"')
+    stranger = await _run(child, other_tree, workdir, 'cat "$CANOPY_TMP/marker"')
 
     assert (sibling.exit_code, sibling.stdout) == (0, "from-parent\n")
     assert stranger.exit_code != 0 and stranger.stdout == ""
     assert not (workdir / "marker").exists()
     if sandbox.kind == "docker":
-        literal = await _run(manager, tree, workdir, "cat /tmp/marker")
+        literal = await _run(child, tree, workdir, "cat /tmp/marker")
         assert literal.stdout == "from-parent\n"  # in Docker the tree's /tmp is /tmp itself
 
 
