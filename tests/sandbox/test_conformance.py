@@ -188,12 +188,14 @@ async def test_idle_release_keeps_workdir_and_drops_tmp_and_processes(sandbox: S
         tree,
         workdir,
         'echo kept > kept.txt; echo t > "$CANOPY_TMP/marker"; '
-        "nohup sleep 300 >/dev/null 2>&1 & echo $! > bg.pid",
+        # One background process in the command's group, one that left it (setsid).
+        "nohup sleep 300 >/dev/null 2>&1 & echo $! > bg.pid; "
+        "setsid sleep 301 >/dev/null 2>&1 & echo $! >> bg.pid",
     )
     old_handle = (await _lease(sandbox, tree)).handle
-    bg_pid = int((workdir / "bg.pid").read_text())
+    bg_pids = [int(line) for line in (workdir / "bg.pid").read_text().split()]
     if sandbox.kind == "local":
-        assert _host_process_alive(bg_pid)
+        assert all(_host_process_alive(pid) for pid in bg_pids)
     await asyncio.sleep(0.4)
 
     released = await manager.release_idle()
@@ -203,7 +205,7 @@ async def test_idle_release_keeps_workdir_and_drops_tmp_and_processes(sandbox: S
     assert (lease.state, lease.handle) == ("released", None)
     assert old_handle is not None and not await sandbox.backend.exists(old_handle)
     if sandbox.kind == "local":
-        assert not _host_process_alive(bg_pid)
+        assert not any(_host_process_alive(pid) for pid in bg_pids)
     else:
         assert isinstance(sandbox.backend, DockerBackend) and sandbox.backend.containers_for(tree) == []
     after = await _run(manager, tree, workdir, 'cat kept.txt; test -e "$CANOPY_TMP/marker" || echo no-marker')
