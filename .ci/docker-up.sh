@@ -16,6 +16,8 @@ set -euo pipefail
 IMAGE="${CANOPY_SANDBOX_IMAGE:-canopy-sandbox:latest}"
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/canopy-dockerd.log}"
 WAIT_SECONDS=60
+# Bump when the rootfs recipe changes: an image with another version is rebuilt.
+IMAGE_VERSION=2
 
 say() { echo "docker-up: $*"; }
 
@@ -71,6 +73,11 @@ make_rootfs() {
     for applet in $("$rootfs/bin/busybox" --list); do
         [ "$applet" = busybox ] || ln -sf busybox "$rootfs/bin/$applet"
     done
+    # Debian's busybox-static has no nohup applet; agents start servers with it.
+    if [ ! -e "$rootfs/bin/nohup" ]; then
+        printf '#!/bin/sh\ntrap "" HUP\nexec "$@"\n' >"$rootfs/bin/nohup"
+        chmod 755 "$rootfs/bin/nohup"
+    fi
     ln -sfn bin "$rootfs/sbin"
     ln -sfn ../bin "$rootfs/usr/bin"
     ln -sfn ../bin "$rootfs/usr/sbin"
@@ -80,12 +87,15 @@ make_rootfs() {
 }
 
 build_image() {
-    if docker image inspect "$IMAGE" >/dev/null 2>&1; then
-        say "image $IMAGE present"
+    local have
+    have="$(docker image inspect -f '{{index .Config.Labels "canopy.image-version"}}' "$IMAGE" 2>/dev/null || true)"
+    if [ "$have" = "$IMAGE_VERSION" ]; then
+        say "image $IMAGE present (version $IMAGE_VERSION)"
         return
     fi
     say "building $IMAGE offline from busybox-static"
-    local workdir
+    local old_id workdir
+    old_id="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
     workdir="$(mktemp -d)"
     make_rootfs "$workdir/rootfs"
     tar --numeric-owner --owner=0 --group=0 -C "$workdir/rootfs" -c . |
@@ -93,9 +103,14 @@ build_image() {
             --change 'CMD ["sleep", "infinity"]' \
             --change 'WORKDIR /workspace' \
             --change 'ENV PATH=/bin:/usr/bin:/sbin:/usr/sbin' \
+            --change "LABEL canopy.image-version=$IMAGE_VERSION" \
             - "$IMAGE" >/dev/null
     rm -rf "$workdir"
-    say "image $IMAGE built ($(docker image inspect -f '{{.Size}}' "$IMAGE") bytes)"
+    if [ -n "$old_id" ]; then
+        # The outdated image lost its tag; drop it unless a container still uses it.
+        docker image rm "$old_id" >/dev/null 2>&1 || say "kept outdated image $old_id (in use)"
+    fi
+    say "image $IMAGE version $IMAGE_VERSION built ($(docker image inspect -f '{{.Size}}' "$IMAGE") bytes)"
 }
 
 install_packages

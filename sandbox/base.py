@@ -149,9 +149,14 @@ class SandboxBackend(Protocol):
     ) -> CommandResult:
         """Run ``command`` with ``sh -c`` in the workdir, in a process group of its own.
 
+        Like ``subprocess.run``, a command is done when it exited *and* its stdout/stderr
+        reached EOF: a background server must redirect its output (``nohup srv >log 2>&1 &``)
+        or it holds the command open. Background processes outlive their command (other
+        members see them) until the sandbox is released.
+
         A timeout kills the group and returns what was read with ``timed_out=True``.
         Cancelling the awaiting task kills the group, then re-raises ``CancelledError``.
-        Raises ``SandboxGone`` when the handle names no live sandbox.
+        Raises ``SandboxGone`` when the handle names no live sandbox (nothing was started).
         """
         ...
 

@@ -102,6 +102,21 @@ async def test_tmp_is_shared_within_a_tree_and_private_to_it(sandbox: SandboxKit
         assert literal.stdout == "from-parent\n"  # in Docker the tree's /tmp is /tmp itself
 
 
+async def test_background_processes_outlive_their_command(sandbox: SandboxKit) -> None:
+    parent = sandbox.manager()
+    child = SandboxManager(sandbox.db, sandbox.new_backend(), 300, sandbox.options)
+    tree, workdir = await sandbox.new_tree()
+
+    started = time.monotonic()
+    background = 'nohup sleep 60 >/dev/null 2>&1 & echo $! > "$CANOPY_TMP/bg.pid"'
+    launch = await _run(parent, tree, workdir, background)
+    launch_seconds = time.monotonic() - started
+    seen = await _run(child, tree, workdir, _PID_STATE.format(file="$CANOPY_TMP/bg.pid"))
+
+    assert launch.exit_code == 0 and launch_seconds < 5
+    assert seen.stdout == "alive\n"
+
+
 async def test_cancel_kills_only_that_command(sandbox: SandboxKit) -> None:
     manager = sandbox.manager()
     tree, workdir = await sandbox.new_tree()
