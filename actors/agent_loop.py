@@ -18,7 +18,8 @@ from typing import Any
 import ray
 
 from actors import failpoints, signals
-from actors.tools import Park, ToolContext, parse_args, schemas
+from actors.toolbox import parse_args, schemas
+from actors.tools import Park, ToolContext
 from persistence import messages, turns, waits
 from persistence import runs as run_repo
 from persistence.db import Database
@@ -236,9 +237,9 @@ class RunExecutor:
             if await cur.fetchone():
                 return
             await run_repo.fence(conn, self.run)
+            if wait["kind"] == "approval":
+                return  # the call runs again and reads the decision (sandbox_tools.run_command)
             outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id)
-            if wait["kind"] == "approval" and outcome.get("decision") == "approve":
-                return  # the approved command itself runs as the call's result (sandbox tools)
             await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
                                           tool_call_id=wait["tool_call_id"])
 

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from persistence import agents as agent_repo
 from persistence import cooperation, sessions, turns
@@ -27,58 +27,58 @@ MAX_WAIT_IDS = 100
 LIST_PAGE = 10
 
 
-class _Args(BaseModel):
+class ToolArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class CreateSessionArgs(_Args):
+class CreateSessionArgs(ToolArgs):
     name: str = Field(description="Local name of the new session: 1-64 letters, digits, '_' or '-'. Not a path.")
     description: str = Field(description="The task: the new session's first input and its only context.")
     agent_id: str | None = Field(default=None, description="Run the new session as this agent (see list_agents).")
     mode: Literal["child", "root"] = Field(default="child", description="child (default) or an independent root.")
 
 
-class SubmitInputArgs(_Args):
+class SubmitInputArgs(ToolArgs):
     target: str = Field(description="session_id, or a path in your own tree like /root/worker")
     text: str
 
 
-class SendMessageArgs(_Args):
+class SendMessageArgs(ToolArgs):
     target: str = Field(description="session_id, or a path in your own tree")
     text: str = Field(max_length=100_000)
 
 
-class CancelTurnArgs(_Args):
+class CancelTurnArgs(ToolArgs):
     target: str
     turn_id: str
 
 
-class WaitInputsArgs(_Args):
+class WaitInputsArgs(ToolArgs):
     input_ids: list[str] = Field(min_length=1, max_length=MAX_WAIT_IDS)
     timeout_seconds: int = Field(default=300, ge=1, le=1800)
 
 
-class WaitSessionsArgs(_Args):
+class WaitSessionsArgs(ToolArgs):
     targets: list[str] = Field(min_length=1)
     after_cursor: int = Field(default=0, ge=0)
     timeout_seconds: int = Field(default=300, ge=1, le=1800)
 
 
-class GetResultArgs(_Args):
+class GetResultArgs(ToolArgs):
     input_id: str | None = None
     turn_id: str | None = None
 
 
-class ListSessionsArgs(_Args):
+class ListSessionsArgs(ToolArgs):
     scope: Literal["project", "all"] = "project"
     offset: int = Field(default=0, ge=0)
 
 
-class ListAgentsArgs(_Args):
+class ListAgentsArgs(ToolArgs):
     pass
 
 
-class AskUserArgs(_Args):
+class AskUserArgs(ToolArgs):
     question: str = Field(min_length=1, max_length=100_000)
 
 
@@ -225,11 +225,11 @@ async def ask_user(ctx: ToolContext, call_id: str, args: AskUserArgs) -> ToolRes
 class Tool:
     name: str
     description: str
-    args: type[_Args]
+    args: type[ToolArgs]
     handler: Handler
 
 
-TOOLS: dict[str, Tool] = {tool.name: tool for tool in [
+COOPERATION_TOOLS: list[Tool] = [
     Tool("create_session", "Create a session (a child by default) and submit its first input, the "
          "description. It sees only the description, never your history.", CreateSessionArgs, create_session),
     Tool("submit_input", "Give a session new work (FIFO: queued if it is busy).", SubmitInputArgs, submit_input),
@@ -245,28 +245,4 @@ TOOLS: dict[str, Tool] = {tool.name: tool for tool in [
          ListSessionsArgs, list_sessions),
     Tool("list_agents", "Agents you may run in create_session(agent_id=...).", ListAgentsArgs, list_agents),
     Tool("ask_user", "Ask the human a question and wait for the answer.", AskUserArgs, ask_user),
-]}
-
-
-def register(tool: Tool) -> None:
-    """Add a tool (the sandbox tools register themselves here)."""
-    TOOLS[tool.name] = tool
-
-
-def schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
-    """OpenAI function-tool definitions for the model request."""
-    chosen = [TOOLS[n] for n in names if n in TOOLS] if names else list(TOOLS.values())
-    return [{"type": "function", "function": {"name": tool.name, "description": tool.description,
-                                              "parameters": tool.args.model_json_schema()}} for tool in chosen]
-
-
-def parse_args(name: str, raw: dict[str, Any]) -> tuple[Tool, _Args]:
-    tool = TOOLS.get(name)
-    if tool is None:
-        raise InvalidArgument(f"unknown tool {name!r}")
-    try:
-        return tool, tool.args.model_validate(raw)
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
-                             for e in error.errors())
-        raise InvalidArgument(f"invalid arguments for {name}: {problems}") from None
+]

@@ -149,7 +149,8 @@ async def wait_resumed_by(conn: Connection, run_id: uuid.UUID) -> Row | None:
 
 
 async def wait_outcome(conn: Connection, scope: Scope, wait: Row, waiter: uuid.UUID) -> dict[str, Any]:
-    """The tool result a resumed Run gives the model for the call that waited."""
+    """The tool result a resumed Run gives the model for the call that waited (not approvals:
+    an approved or denied command call runs again and reads the decision itself)."""
     condition = wait["condition"]
     if wait["kind"] == "inputs":
         results = await results_of_inputs(conn, scope, [uuid.UUID(i) for i in condition["input_ids"]])
@@ -160,10 +161,7 @@ async def wait_outcome(conn: Connection, scope: Scope, wait: Row, waiter: uuid.U
         )
         cursor = updates[-1]["cursor"] if updates else condition["after_cursor"]
         return {"updates": updates, "cursor": cursor, "timed_out": not updates}
-    cur = await conn.execute("SELECT status, response FROM requests WHERE wait_id = %s", (wait["wait_id"],))
+    cur = await conn.execute("SELECT response FROM requests WHERE wait_id = %s", (wait["wait_id"],))
     request = await cur.fetchone()
-    response = (request or {}).get("response") or {}
-    if wait["kind"] == "answer":
-        return {"answer": response.get("answer")} if response else {"error": "no answer was given"}
-    return {"decision": response.get("decision", "deny")}
-
+    answer = ((request or {}).get("response") or {}).get("answer")
+    return {"answer": answer} if answer is not None else {"error": "no answer was given"}

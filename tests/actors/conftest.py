@@ -18,7 +18,7 @@ RUNTIME_ENV = {
     "CANOPY_HEARTBEAT_SECONDS": "1",
     "CANOPY_SWEEP_SECONDS": "0.5",
     "CANOPY_ACTOR_IDLE_SECONDS": "6",
-    "CANOPY_FAILPOINTS": "before_model_call=3,after_model_commit=3",
+    "CANOPY_FAILPOINTS": "before_model_call=3,after_model_commit=3,after_command_receipt=3",
 }
 
 

@@ -1,0 +1,128 @@
+"""The sandbox tools through the whole runtime: shared workdir and /tmp, cancel, approvals, replay."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from actors.runtime import Runtime
+from actors.sandbox_tools import DENIED
+from persistence import agents
+from persistence.records import Scope
+from tests.actors.helpers import call, create, eventually, rows, say, script, session_id_at
+from tests.actors.test_recovery import _kill_session_actor
+
+
+async def _workdir(runtime: Runtime, tree_id: uuid.UUID) -> Path:
+    found = await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
+                       "WHERE s.session_id = %s", tree_id)
+    return Path(found[0]["workdir"])
+
+
+async def test_members_share_workdir_and_tmp(runtime: Runtime, scope: Scope) -> None:
+    reader = script(call(("read_file", {"path": "notes/hello.txt"}),
+                         ("run_command", {"command": 'cat "$CANOPY_TMP/marker"'})),
+                    say("$${0.content}|$${1.stdout}"))
+    text = script(
+        call(("write_file", {"path": "notes/hello.txt", "content": "from root"}),
+             ("run_command", {"command": 'echo tmp-marker > "$CANOPY_TMP/marker"'})),
+        call(create("worker", reader)),
+        call(("wait_inputs", {"input_ids": ["${2.input_id}"]})),
+        say("${3.results.0.output}"),
+    )
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
+    assert result["output"] == "from root|tmp-marker\n"
+    workdir = await _workdir(runtime, created["session"]["session_id"])
+    assert (workdir / "notes" / "hello.txt").read_text() == "from root"
+
+
+async def test_path_escape_is_a_tool_error_and_writes_nothing(runtime: Runtime, scope: Scope) -> None:
+    text = script(call(("write_file", {"path": "../escape.txt", "content": "x"})), say("${0.error}"))
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    workdir = await _workdir(runtime, created["session"]["session_id"])
+    assert ".." in result["output"]
+    assert not (workdir.parent / "escape.txt").exists()
+
+
+async def test_cancel_kills_only_that_turns_command(runtime: Runtime, scope: Scope) -> None:
+    text = script(
+        call(create("sleeper", script(call(("run_command", {"command": "sleep 30"})), say("woke"))),
+             create("sibling", script(call(("run_command", {"command": "sleep 2; echo sibling-done"})),
+                                      say("$${0.stdout}")))),
+        call(("wait_inputs", {"input_ids": ["${0.input_id}", "${1.input_id}"]})),
+        say("${2.results.0.status} ${2.results.1.output}"),
+    )
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    sleeper = await eventually(lambda: _session(runtime, tree_id, "/root/sleeper"))
+    await eventually(lambda: rows(runtime.db, "SELECT 1 FROM thread_messages WHERE session_id = %s "
+                                  "AND role = 'assistant'", sleeper))
+    await asyncio.sleep(0.5)
+    turn = (await rows(runtime.db, "SELECT turn_id FROM turns WHERE session_id = %s", sleeper))[0]["turn_id"]
+    await runtime.cancel_turn(scope, sleeper, turn)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"] == "cancelled sibling-done\n"
+
+
+async def _session(runtime: Runtime, tree_id: uuid.UUID, path: str) -> uuid.UUID | None:
+    found = await rows(runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s AND path = %s", tree_id, path)
+    return found[0]["session_id"] if found else None
+
+
+async def _asking_agent(runtime: Runtime, scope: Scope) -> str:
+    async with runtime.db.tx() as conn:
+        from persistence.scopes import ensure_scope
+
+        await ensure_scope(conn, scope)
+        await agents.create_agent(conn, scope, {"agent_id": "careful", "name": "Careful", "model": "canopy/scripted",
+                                                "approval_mode": "ask"})
+    return "careful"
+
+
+@pytest.mark.parametrize("decision", ["approve", "deny"])
+async def test_approval_flow(runtime: Runtime, scope: Scope, decision: str) -> None:
+    agent_id = await _asking_agent(runtime, scope)
+    text = script(call(("run_command", {"command": "echo ran >> ran.txt; echo ok"})), say("${0}"))
+    created = await runtime.create_root(scope, input_text=text, agent_id=agent_id)
+    tree_id = created["session"]["session_id"]
+    requests = await eventually(lambda: rows(runtime.db, "SELECT request_id, kind, payload FROM requests "
+                                             "WHERE tree_id = %s AND status = 'pending'", tree_id))
+    assert requests[0]["kind"] == "approval"
+    assert requests[0]["payload"]["command"] == "echo ran >> ran.txt; echo ok"
+    workdir = await _workdir(runtime, tree_id)
+    assert not (workdir / "ran.txt").exists()
+    await runtime.answer_request(scope, requests[0]["request_id"], {"decision": decision})
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    if decision == "approve":
+        assert '"stdout": "ok\\n"' in result["output"]
+        assert (workdir / "ran.txt").read_text() == "ran\n"
+    else:
+        assert DENIED in result["output"]
+        assert not (workdir / "ran.txt").exists()
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "kill -9"])
+async def test_finished_command_is_not_rerun_after_a_crash(runtime: Runtime, scope: Scope, how: str) -> None:
+    member = script(call(("run_command", {"command": "echo once >> count.txt"})), say("$${0.exit_code}"))
+    text = script(call(create("fp-runner", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
+                  say("${1.results.0.output}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    runner = await eventually(lambda: _session(runtime, tree_id, "/root/fp-runner"))
+    # The receipt is committed; the 3 s failpoint holds the tool message back: kill now.
+    await eventually(lambda: rows(runtime.db, "SELECT 1 FROM tool_receipts r JOIN turns t USING (turn_id) "
+                                  "WHERE t.session_id = %s AND r.tool_name = 'run_command'", runner))
+    await _kill_session_actor(runner, how)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
+    assert result["output"] == "0"
+    workdir = await _workdir(runtime, tree_id)
+    assert (workdir / "count.txt").read_text() == "once\n"
+    recovered = await rows(runtime.db, "SELECT count(*) AS n FROM runs WHERE session_id = %s AND kind = 'resume'",
+                           runner)
+    assert recovered[0]["n"] >= 1
+    assert await session_id_at(runtime.db, tree_id, "/root/fp-runner") == runner
