@@ -291,11 +291,18 @@ async def recover_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None
     A Turn that was being cancelled is finalised as cancelled instead; a Turn that keeps
     losing its Runs is failed. Returns the affected tree, or None when nothing was due.
     """
+    cur = await conn.execute(
+        "SELECT s.session_id, s.user_id, s.app_id FROM runs r JOIN sessions s USING (session_id) WHERE r.run_id = %s",
+        (run_id,))
+    owner_session = await cur.fetchone()
+    if owner_session is None:
+        return None
+    scope = Scope(owner_session["user_id"], owner_session["app_id"])
+    # Session before run, the same order as finish_turn, so the two never deadlock.
+    session = await lock_session(conn, scope, owner_session["session_id"])
     expired = await run_repo.lock_expired_run(conn, run_id)
     if expired is None:
         return None
-    scope = Scope(expired["user_id"], expired["app_id"])
-    session = await lock_session(conn, scope, expired["session_id"])
     await run_repo.end_run(conn, run_id, "interrupted", error=run_repo.LEASE_EXPIRED)
     if expired["turn_status"] == "cancelling":
         await finalize_cancel(conn, session, expired["turn_id"], run_id, "cancelled")
