@@ -162,7 +162,9 @@ class RunExecutor:
         request = [{"role": "system", "content": system}, *(to_model_message(row) for row in history)]
         ref = self.gateway.complete_for_run.remote(
             run_id=str(self.run.run_id), model=config.get("model") or self.settings.default_model,
-            messages=request, tools=schemas(config.get("tools") or None))
+            messages=request, tools=schemas(config.get("tools") or None),
+            watch={"session_id": str(self.run.session_id), "tree_id": str(self.run.tree_id),
+                   "turn_id": str(self.run.turn_id)})
         try:
             reply = await ref
         except asyncio.CancelledError:

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,18 @@ def _cost(litellm: ModuleType, response: Any, model: str) -> float:
 # ---------------------------------------------------------------------------
 
 
+async def _streamed(litellm: ModuleType, request: dict[str, Any], on_delta: Callable[[str], Awaitable[None]]) -> Any:
+    """Stream the reply, hand over text deltas, and rebuild the whole response from the chunks."""
+    stream = await litellm.acompletion(**request, stream=True, stream_options={"include_usage": True})
+    chunks = []
+    async for chunk in stream:
+        chunks.append(chunk)
+        delta = chunk.choices[0].delta.content if chunk.choices else None
+        if delta:
+            await on_delta(delta)
+    return litellm.stream_chunk_builder(chunks, messages=request["messages"])
+
+
 class ModelGateway:
     """Model calls with routing, retries, timeouts and cancellation; no persistence here."""
 
@@ -189,10 +202,14 @@ class ModelGateway:
         tools: list[dict[str, Any]] | None,
         api_key: str | None = None,
         api_base: str | None = None,
+        on_delta: Callable[[str], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
         """One model reply. Raises ModelError on a non-transient error or when retries run out.
 
-        Cancelling the awaiting task (``ray.cancel`` on the actor call) aborts the HTTP request.
+        With ``on_delta`` the reply is streamed and each text delta is handed over as it
+        arrives (for live watchers; a retried call may repeat deltas — only the final
+        message is durable). Cancelling the awaiting task (``ray.cancel`` on the actor
+        call) aborts the HTTP request.
         """
         litellm = _litellm()
         request = await self._route(model, api_key, api_base)
@@ -200,7 +217,7 @@ class ModelGateway:
         if tools:
             request["tools"] = to_openai_tools(tools)
         started = time.monotonic()
-        response, attempts = await self._call_with_retries(litellm, request)
+        response, attempts = await self._call_with_retries(litellm, request, on_delta)
         return {
             "message": _message(response),
             "usage": _usage(response),
@@ -226,11 +243,15 @@ class ModelGateway:
         # Retries are ours (with backoff and a clear final error); the SDK's would multiply them.
         return {**route, "timeout": self._timeout, "num_retries": 0, "max_retries": 0}
 
-    async def _call_with_retries(self, litellm: ModuleType, request: dict[str, Any]) -> tuple[Any, int]:
+    async def _call_with_retries(
+        self, litellm: ModuleType, request: dict[str, Any], on_delta: Callable[[str], Awaitable[None]] | None
+    ) -> tuple[Any, int]:
         transient = _transient_errors(litellm)
         for attempt in range(self._retries + 1):
             try:
-                return await litellm.acompletion(**request), attempt + 1
+                if on_delta is None:
+                    return await litellm.acompletion(**request), attempt + 1
+                return await _streamed(litellm, request, on_delta), attempt + 1
             except transient as exc:
                 if attempt == self._retries:
                     raise ModelError(f"model call failed after {attempt + 1} attempt(s): {exc}") from exc

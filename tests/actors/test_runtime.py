@@ -163,3 +163,25 @@ async def test_ask_user_parks_and_answer_resumes(runtime: Runtime, scope: Scope)
     runs = await rows(runtime.db, "SELECT kind, status FROM runs WHERE turn_id = %s ORDER BY queued_at",
                       result["turn_id"])
     assert [(r["kind"], r["status"]) for r in runs] == [("start", "interrupted"), ("resume", "completed")]
+
+
+async def test_model_deltas_stream_live_and_final_message_is_durable(runtime: Runtime, scope: Scope) -> None:
+    import psycopg
+
+    from actors.gateway_actor import DELTA_CHANNEL
+
+    listener = await psycopg.AsyncConnection.connect(runtime.database_url, autocommit=True)
+    await listener.execute(f"LISTEN {DELTA_CHANNEL}")
+    created = await runtime.create_root(scope, input_text=script(say("alpha beta gamma", delay_ms=300)))
+    root = str(created["session"]["session_id"])
+    deltas: list[str] = []
+    async for note in listener.notifies(timeout=30):
+        payload = json.loads(note.payload)
+        if payload["session_id"] == root:
+            deltas.append(payload["delta"])
+            if "".join(deltas) == "alpha beta gamma":
+                break
+    await listener.close()
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=30)
+    assert "".join(deltas) == result["output"] == "alpha beta gamma"
+    assert len(deltas) > 1
