@@ -18,12 +18,11 @@ import ray
 from actors import signals
 from actors.agent_loop import DEFAULT_INSTRUCTIONS
 from actors.gateway_actor import GatewayActor
-from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options, tree_actor_name
+from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options
 from actors.sweeper import Sweeper
 from persistence import agents, projects, sessions, trees, turns
 from persistence.cooperation import record_intervention
 from persistence.db import Database, ensure_schema, resolve_database_url
-from persistence.errors import InvalidArgument
 from persistence.messages import steer
 from persistence.records import TERMINAL_TURN_STATUSES, Row, Scope
 from persistence.settings import Settings, get_settings
@@ -192,15 +191,3 @@ class Runtime:
 
 def scripted_log_path(settings: Settings) -> os.PathLike[str]:
     return settings.data_dir / "scripted-requests.jsonl"
-
-
-def tree_supervisor(tree_id: uuid.UUID) -> Any:
-    """A handle to the tree's supervisor (for operators and tests)."""
-    return ray.get_actor(tree_actor_name(tree_id), namespace=NAMESPACE)
-
-
-def require_uuid(value: str, what: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise InvalidArgument(f"{what} {value!r} is not an id") from None
