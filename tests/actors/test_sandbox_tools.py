@@ -126,3 +126,30 @@ async def test_finished_command_is_not_rerun_after_a_crash(runtime: Runtime, sco
                            runner)
     assert recovered[0]["n"] >= 1
     assert await session_id_at(runtime.db, tree_id, "/root/fp-runner") == runner
+
+
+async def test_stop_all_kills_commands_but_keeps_the_sandbox(runtime: Runtime, scope: Scope) -> None:
+    sleeper = script(call(("run_command", {"command": "sleep 60"})), say("woke"))
+    text = script(call(("run_command", {"command": "echo started > started.txt"})),
+                  call(create("s1", sleeper), create("s2", sleeper)),
+                  call(("wait_inputs", {"input_ids": ["${1.input_id}", "${2.input_id}"]})), say("never"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    await eventually(lambda: rows(runtime.db, "SELECT 1 FROM thread_messages m JOIN sessions s USING (session_id) "
+                                  "WHERE s.tree_id = %s AND s.depth = 1 AND m.role = 'assistant' "
+                                  "GROUP BY s.tree_id HAVING count(*) = 2", tree_id))
+    await asyncio.sleep(0.5)
+    lease_before = await rows(runtime.db, "SELECT handle, state FROM sandbox_leases WHERE tree_id = %s", tree_id)
+    await runtime.stop_tree(scope, tree_id)
+    await runtime.wait_tree_idle(scope, tree_id, timeout=30)
+    statuses = await rows(runtime.db, "SELECT t.status FROM turns t JOIN sessions s USING (session_id) "
+                          "WHERE s.tree_id = %s", tree_id)
+    assert {r["status"] for r in statuses} == {"cancelled"}
+    lease_after = await rows(runtime.db, "SELECT handle, state FROM sandbox_leases WHERE tree_id = %s", tree_id)
+    assert lease_after == lease_before and lease_after[0]["state"] == "active"
+    receipt = await runtime.submit_input(scope, tree_id, script(call(("run_command", {"command": "cat started.txt"})),
+                                                                 say("${0.stdout}")))
+    again = await runtime.wait_result(scope, receipt["input_id"], timeout=60)
+    assert again["output"] == "started\n"
+    assert (await rows(runtime.db, "SELECT handle FROM sandbox_leases WHERE tree_id = %s", tree_id)) == \
+        [{"handle": lease_before[0]["handle"]}]
