@@ -224,6 +224,22 @@ CREATE TABLE events (
 );
 CREATE INDEX events_session ON events (session_id, cursor);
 CREATE INDEX events_tree ON events (tree_id, cursor);
+-- Live streams: every committed event wakes the API replicas that LISTEN on canopy_events.
+-- The payload names only where to look (scope, session, tree); readers always re-read the
+-- committed rows, so a lost or folded notification delays a stream but never loses an event.
+CREATE FUNCTION canopy_notify_event() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    payload text := json_build_array(NEW.user_id, NEW.app_id, NEW.session_id, NEW.tree_id)::text;
+BEGIN
+    -- A NOTIFY payload must stay under 8000 bytes: an oversized one wakes every reader instead.
+    IF octet_length(payload) > 4000 THEN
+        payload := '[]';
+    END IF;
+    PERFORM pg_notify('canopy_events', payload);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER events_notify AFTER INSERT ON events FOR EACH ROW EXECUTE FUNCTION canopy_notify_event();
 
 -- A parked Turn: what it waits for, until when, and the Run that resumed it.
 CREATE TABLE waits (
