@@ -205,6 +205,8 @@ class RunExecutor:
     async def _run_tool(self, ctx: ToolContext, call: dict[str, Any]) -> dict[str, Any] | Park:
         try:
             tool, args = parse_args(call["name"], call.get("arguments") or {})
+            async with self.db.tx() as conn:  # every tool, reads too, runs only under a live lease
+                await run_repo.fence(conn, self.run)
             return await tool.handler(ctx, call["id"], args)
         except (LeaseLost, asyncio.CancelledError):
             raise
