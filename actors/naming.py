@@ -1,7 +1,8 @@
-"""Actor names and options: the Ray dashboard shows ``session:…`` and ``tree:…``."""
+"""Actor names and options: the Ray dashboard shows ``session:…``, ``tree:…`` and ``canopy:…``."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -14,8 +15,30 @@ def session_actor_name(session_id: uuid.UUID | str) -> str:
     return f"session:{session_id}"
 
 
+def directory_actor_name(node_id: str) -> str:
+    """The live-session directory of one Ray node (see actors/directory.py)."""
+    return f"canopy:directory:{node_id}"
+
+
 def tree_actor_name(tree_id: uuid.UUID | str) -> str:
     return f"tree:{tree_id}"
+
+
+def session_hosts_setting() -> int:
+    """``CANOPY_SESSION_HOSTS``: 0 (default) for a dedicated actor per active session, N > 0 for N
+    shared session hosts (see actors/session_actor.py)."""
+    value = os.environ.get("CANOPY_SESSION_HOSTS")
+    return max(0, int(value)) if value else 0
+
+
+def host_actor_name(index: int) -> str:
+    """A shared session host; the sessions it runs show as its tasks named ``session:<id>``."""
+    return f"canopy:sessions:{index}"
+
+
+def host_index(session_id: uuid.UUID, hosts: int) -> int:
+    """The host of a session: stable, so a session never runs in two hosts at once."""
+    return session_id.int % hosts
 
 
 def named_options(name: str, **extra: Any) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -20,14 +22,24 @@ from actors.agent_loop import DEFAULT_INSTRUCTIONS
 from actors.gateway_actor import GatewayActor
 from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options
 from actors.sweeper import Sweeper
-from persistence import agents, projects, sessions, trees, turns
+from persistence import agents, projects, scopes, sessions, trees, turns
 from persistence.cooperation import record_intervention
-from persistence.db import Database, ensure_schema, resolve_database_url
+from persistence.db import Connection, Database, ensure_schema, resolve_database_url
 from persistence.messages import steer
 from persistence.records import TERMINAL_TURN_STATUSES, Row, Scope
 from persistence.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+
+# Runs inside a write's own transaction, after the write and before the commit, with the
+# write's result: the HTTP layer stores its Idempotency-Key receipt here, so the write
+# and its receipt commit together (raising rolls both back).
+TxHook = Callable[[Connection, Any], Awaitable[None]]
+
+
+async def _run_hook(hook: TxHook | None, conn: Connection, result: Any) -> None:
+    if hook is not None:
+        await hook(conn, result)
 
 
 def default_agent_config(settings: Settings) -> dict[str, Any]:
@@ -40,6 +52,11 @@ def _worker_env(settings: Settings, database_url: str) -> dict[str, str]:
     env.update({"CANOPY_DATABASE_URL": database_url, "CANOPY_DATA_DIR": str(settings.data_dir),
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     return env
+
+
+def worker_env(settings: Settings, database_url: str) -> dict[str, str]:
+    """The environment every Canopy worker process needs (for ``ray.init`` or a Serve deployment)."""
+    return _worker_env(settings, database_url)
 
 
 class Runtime:
@@ -76,7 +93,7 @@ class Runtime:
 
     async def create_root(self, scope: Scope, *, input_text: str | None = None, agent_id: str | None = None,
                           project_id: uuid.UUID | None = None, title: str = "",
-                          origin_kind: str = "human") -> Row:
+                          origin_kind: str = "human", in_tx: TxHook | None = None) -> Row:
         """A new root session (its own tree); ``input_text`` is submitted at once."""
         if input_text is not None:
             turns.check_text(input_text, "input")
@@ -97,61 +114,119 @@ class Runtime:
             if input_text is not None:
                 receipt = await turns.submit_input(conn, scope, root_id, input_text, {"kind": origin_kind})
             session = await sessions.get_session(conn, scope, root_id)
+            created = {"session": session, "input": receipt}
+            await _run_hook(in_tx, conn, created)
         if receipt is not None:
             signals.poke_tree(root_id)
-        return {"session": session, "input": receipt}
+        return created
 
     async def submit_input(self, scope: Scope, session_id: uuid.UUID, text: str,
-                           origin_kind: str = "human") -> Row:
+                           origin_kind: str = "human", in_tx: TxHook | None = None) -> Row:
         async with self.db.tx() as conn:
             receipt = await turns.submit_input(conn, scope, session_id, text, {"kind": origin_kind})
             if origin_kind == "human":
                 await record_intervention(conn, scope, session_id, "input", {"input_id": str(receipt["input_id"])})
+            await _run_hook(in_tx, conn, receipt)
         await signals.after_change(self.db, [session_id])
         return receipt
 
     # -- acting on work ----------------------------------------------------------------------------
 
-    async def cancel_turn(self, scope: Scope, session_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+    async def cancel_turn(self, scope: Scope, session_id: uuid.UUID, turn_id: uuid.UUID,
+                          in_tx: TxHook | None = None) -> None:
         async with self.db.tx() as conn:
             live = await turns.cancel_turn(conn, scope, session_id, turn_id, reason="cancelled by a human")
             await record_intervention(conn, scope, session_id, "cancel", {"turn_id": str(turn_id)})
+            await _run_hook(in_tx, conn, None)
         if live:
             await signals.activate_session(session_id)
         await signals.after_change(self.db, [session_id])
 
-    async def cancel_input(self, scope: Scope, input_id: uuid.UUID) -> Row:
+    async def cancel_input(self, scope: Scope, input_id: uuid.UUID, in_tx: TxHook | None = None) -> Row:
         async with self.db.tx() as conn:
             result = await turns.cancel_input(conn, scope, input_id)
+            await _run_hook(in_tx, conn, result)
         await signals.after_change(self.db, [result["session_id"]])
         return result
 
-    async def steer(self, scope: Scope, session_id: uuid.UUID, text: str) -> Row:
+    async def steer(self, scope: Scope, session_id: uuid.UUID, text: str, in_tx: TxHook | None = None) -> Row:
         async with self.db.tx() as conn:
             result = await steer(conn, scope, session_id, text)
             await record_intervention(conn, scope, session_id, "steer")
+            await _run_hook(in_tx, conn, result)
         return result
 
-    async def answer_request(self, scope: Scope, request_id: uuid.UUID, response: dict[str, Any]) -> Row:
+    async def answer_request(self, scope: Scope, request_id: uuid.UUID, response: dict[str, Any],
+                             in_tx: TxHook | None = None) -> Row:
         async with self.db.tx() as conn:
             request = await trees.answer_request(conn, scope, request_id, response)
             await record_intervention(conn, scope, request["session_id"], "answer",
                                       {"request_id": str(request_id)})
+            await _run_hook(in_tx, conn, request)
         await signals.resume_wait(self.db, request["wait_id"])
         return request
 
-    async def stop_tree(self, scope: Scope, tree_id: uuid.UUID) -> list[uuid.UUID]:
+    async def stop_tree(self, scope: Scope, tree_id: uuid.UUID, in_tx: TxHook | None = None) -> list[uuid.UUID]:
         async with self.db.tx() as conn:
             live = await trees.stop_tree(conn, scope, tree_id)
+            await _run_hook(in_tx, conn, live)
         await asyncio.gather(*(signals.activate_session(session_id) for session_id in live))
         await signals.after_change(self.db, [tree_id])
         return live
 
-    async def continue_tree(self, scope: Scope, tree_id: uuid.UUID) -> list[uuid.UUID]:
+    async def continue_tree(self, scope: Scope, tree_id: uuid.UUID,
+                            in_tx: TxHook | None = None) -> list[uuid.UUID]:
         async with self.db.tx() as conn:
             started = await trees.continue_tree(conn, scope, tree_id)
+            await _run_hook(in_tx, conn, started)
         signals.poke_tree(tree_id)
         return started
+
+    # -- directory and housekeeping (no actor is involved: plain committed writes) -------------------
+
+    async def archive_root(self, scope: Scope, session_id: uuid.UUID, in_tx: TxHook | None = None) -> Row:
+        """Hide an idle tree from lists (deletes nothing); Conflict while anything in it is busy."""
+        async with self.db.tx() as conn:
+            await trees.archive_root(conn, scope, session_id)
+            session = await sessions.get_session(conn, scope, session_id)
+            await _run_hook(in_tx, conn, session)
+        return session
+
+    async def set_title(self, scope: Scope, session_id: uuid.UUID, title: str, in_tx: TxHook | None = None) -> Row:
+        async with self.db.tx() as conn:
+            session = await sessions.set_title(conn, scope, session_id, title)
+            await _run_hook(in_tx, conn, session)
+        return session
+
+    async def create_project(self, scope: Scope, name: str, in_tx: TxHook | None = None) -> Row:
+        """A project; its workdir is derived under the data directory, never chosen by the caller."""
+        async with self.db.tx() as conn:
+            project = await projects.create_project(conn, scope, name, self.projects_root)
+            await _run_hook(in_tx, conn, project)
+        return project
+
+    async def create_agent(self, scope: Scope, fields: dict[str, Any], in_tx: TxHook | None = None) -> Row:
+        async with self.db.tx() as conn:
+            agent = await agents.create_agent(conn, scope, fields)
+            await _run_hook(in_tx, conn, agent)
+        return agent
+
+    async def update_agent(self, scope: Scope, agent_id: str, changes: dict[str, Any],
+                           in_tx: TxHook | None = None) -> Row:
+        """Only the owner edits; sessions created from the agent keep their frozen copy."""
+        async with self.db.tx() as conn:
+            agent = await agents.update_agent(conn, scope, agent_id, changes)
+            await _run_hook(in_tx, conn, agent)
+        return agent
+
+    async def create_api_key(self, scope: Scope) -> str:
+        """A new API key for the scope (stored hashed; shown only here)."""
+        async with self.db.tx() as conn:
+            return await scopes.create_api_key(conn, scope)
+
+    @property
+    def projects_root(self) -> Path:
+        return self.settings.data_dir / "projects"
 
     # -- reading -----------------------------------------------------------------------------------
 

@@ -2,51 +2,216 @@
 
 Every hint is sent only after the facts it points at are committed, and losing one
 only delays work: the sweeper re-derives the same hints from the durable facts.
+
+Hints are on the critical path of every grant, so they are cheap: actor handles are
+cached per process (a lookup by name is a blocking round trip to Ray's GCS), a poke is
+sent at once and awaited in the background (a dead supervisor is re-created at once,
+not at the next sweep), and pokes to one tree coalesce: while one is in flight, any
+number of further pokes from this process become a single follow-up poke.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
+from typing import Any
 
 import ray
 
-from actors.naming import named_options, session_actor_name, tree_actor_name
+from actors.naming import (
+    host_actor_name,
+    host_index,
+    named_options,
+    session_actor_name,
+    session_hosts_setting,
+    tree_actor_name,
+)
 from persistence import waits
 from persistence.db import Database
 
 log = logging.getLogger(__name__)
 _ACTIVATION_ATTEMPTS = 5
+# A hint never blocks its sender for good: an actor that cannot start (an overloaded node)
+# still gets the queued call when it does; meanwhile the sweep retries from the facts.
+_HINT_TIMEOUT_SECONDS = 30.0
+_HANDLE_CACHE_SIZE = 4096
+
+
+class _Handles:
+    """Get-or-create handles to named actors, cached (LRU) per process, by a uuid or an index.
+
+    A cached handle may point at an actor that has since exited (passivated, killed):
+    the call then fails with ``RayActorError`` and the caller asks again with ``fresh``.
+    """
+
+    def __init__(self, create: Any) -> None:
+        self._create = create
+        self._cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._cluster: str | None = None
+
+    def get(self, key: Any, *, fresh: bool = False) -> Any:
+        cluster = _cluster_key()
+        if cluster != self._cluster:  # Ray was shut down and started again in this process
+            self._cache.clear()
+            self._cluster = cluster
+        if fresh:
+            self._cache.pop(key, None)
+        handle = self._cache.get(key)
+        if handle is None:
+            handle = self._create(key)
+            self._cache[key] = handle
+            while len(self._cache) > _HANDLE_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return handle
+
+    def forget(self, key: Any, handle: Any | None = None) -> None:
+        if handle is None or self._cache.get(key) is handle:
+            self._cache.pop(key, None)
+
+
+def _cluster_key() -> str:
+    context = ray.get_runtime_context()
+    return f"{context.gcs_address}/{context.get_job_id()}"
+
+
+def _new_session_actor(session_id: uuid.UUID) -> Any:
+    from actors.session_actor import SessionActor
+
+    return SessionActor.options(**named_options(session_actor_name(session_id))).remote(str(session_id))
+
+
+def _new_session_host(index: int) -> Any:
+    from actors.session_actor import SessionHost
+
+    # Every active session it hosts is one long-running task of the host.
+    return SessionHost.options(**named_options(host_actor_name(index), max_concurrency=100_000)).remote(index)
+
+
+def _new_supervisor(tree_id: uuid.UUID) -> Any:
+    from actors.tree_supervisor import TreeSupervisor
+
+    return TreeSupervisor.options(**named_options(tree_actor_name(tree_id))).remote(str(tree_id))
+
+
+_sessions = _Handles(_new_session_actor)
+_hosts = _Handles(_new_session_host)
+_supervisors = _Handles(_new_supervisor)
+# Background hint tasks, kept referenced until done.
+_background: set[asyncio.Task[Any]] = set()
+
+
+class _InFlight:
+    """A poke in flight from this process, and whether another is owed after it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.again = False
+
+
+_poking: dict[uuid.UUID, _InFlight] = {}
+
+
+def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    """Run a hint in the background of the current event loop, keeping it referenced."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
 
 
 async def activate_session(session_id: uuid.UUID) -> None:
     """Get or create the session's actor and tell it to re-read its work.
 
-    A passivating actor may die between lookup and call; then it is created anew.
+    A passivating actor may die between lookup and call, or refuse the signal because
+    it is on its way out; then it is created anew. With shared session hosts
+    (``CANOPY_SESSION_HOSTS``) the session is activated inside its host instead.
     """
-    from actors.session_actor import SessionActor
-
+    hosts = session_hosts_setting()
     for attempt in range(_ACTIVATION_ATTEMPTS):
-        handle = SessionActor.options(**named_options(session_actor_name(session_id))).remote(str(session_id))
+        if hosts:
+            cache, key = _hosts, host_index(session_id, hosts)
+            handle = cache.get(key, fresh=attempt > 0)
+            call = handle.signal.remote(str(session_id))
+        else:
+            cache, key = _sessions, session_id
+            handle = cache.get(key, fresh=attempt > 0)
+            call = handle.signal.remote()
         try:
-            await handle.signal.remote()
-            return
+            if await asyncio.wait_for(call, _HINT_TIMEOUT_SECONDS) is not False:
+                return
         except ray.exceptions.RayActorError:
-            await asyncio.sleep(0.05 * (attempt + 1))
+            pass
+        except TimeoutError:
+            log.warning("session %s did not answer its activation in %.0f s; the sweep will retry",
+                        session_id, _HINT_TIMEOUT_SECONDS)
+            return
+        cache.forget(key, handle)
+        if attempt:
+            await asyncio.sleep(0.05 * attempt)
     log.warning("could not activate session %s; the sweep will retry", session_id)
 
 
-def poke_tree(tree_id: uuid.UUID) -> None:
-    """Ask the tree's supervisor to grant free slots (fire and forget)."""
-    from actors.tree_supervisor import TreeSupervisor
+async def start_session_hosts() -> None:
+    """Start the shared session hosts, if configured, so no activation waits for a process."""
+    hosts = session_hosts_setting()
+    await asyncio.gather(*(_hosts.get(index).ready.remote() for index in range(hosts)))
 
+
+def poke_tree(tree_id: uuid.UUID) -> None:
+    """Ask the tree's supervisor to grant free slots (fire and forget, coalesced)."""
     try:
-        handle = TreeSupervisor.options(**named_options(tree_actor_name(tree_id))).remote(str(tree_id))
-        handle.poke.remote()
-    except Exception:  # a hint: the sweep re-pokes trees with queued runs
-        log.exception("could not poke tree %s", tree_id)
+        asyncio.get_running_loop()
+    except RuntimeError:  # no event loop here: a plain fire-and-forget call
+        try:
+            _supervisors.get(tree_id).poke.remote()
+        except Exception:  # a hint: the sweep re-pokes trees with queued runs
+            log.exception("could not poke tree %s", tree_id)
+        return
+    loop = asyncio.get_running_loop()
+    in_flight = _poking.get(tree_id)
+    if in_flight is not None and in_flight.loop is loop and not loop.is_closed():
+        in_flight.again = True  # one more poke after the one in flight, which may predate our commit
+        return
+    in_flight = _poking[tree_id] = _InFlight(loop)
+    spawn(_poke_until_current(tree_id, in_flight))
+
+
+async def _poke_until_current(tree_id: uuid.UUID, in_flight: _InFlight) -> None:
+    try:
+        while True:
+            await _poke(tree_id)
+            if not in_flight.again:
+                return
+            in_flight.again = False
+    finally:
+        if _poking.get(tree_id) is in_flight:
+            del _poking[tree_id]
+
+
+async def _poke(tree_id: uuid.UUID) -> None:
+    for attempt in range(_ACTIVATION_ATTEMPTS):
+        try:
+            handle = _supervisors.get(tree_id, fresh=attempt > 0)
+            if await asyncio.wait_for(handle.poke.remote(), _HINT_TIMEOUT_SECONDS) is not None:
+                return
+        except ray.exceptions.RayActorError:  # passivated or killed: create it anew
+            pass
+        except TimeoutError:
+            log.warning("the supervisor of tree %s did not answer a poke in %.0f s; the sweep will retry",
+                        tree_id, _HINT_TIMEOUT_SECONDS)
+            return
+        except Exception:  # a hint: the sweep re-pokes trees with queued runs
+            log.exception("could not poke tree %s", tree_id)
+            return
+        _supervisors.forget(tree_id)  # it is exiting or gone
+        if attempt:
+            await asyncio.sleep(0.05 * attempt)
+    log.warning("could not poke tree %s; the sweep will retry", tree_id)
 
 
 def poke_trees(tree_ids: Iterable[uuid.UUID]) -> None:
@@ -69,13 +234,7 @@ async def resume_wait(db: Database, wait_id: uuid.UUID) -> None:
         poke_tree(resumed["tree_id"])
 
 
-async def wake_waiters(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
-    """Something changed in these sessions: resume the waits watching them that are now due."""
-    ids = list(dict.fromkeys(session_ids))
-    if not ids:
-        return
-    async with db.tx() as conn:
-        wait_ids = await waits.waits_watching(conn, ids)
+async def _resume_each(db: Database, wait_ids: list[uuid.UUID]) -> None:
     for wait_id in wait_ids:
         try:
             await resume_wait(db, wait_id)
@@ -83,8 +242,28 @@ async def wake_waiters(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
             log.exception("resuming wait %s failed", wait_id)
 
 
-async def after_change(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
-    """The usual hint after a commit touching these sessions: wake waiters, grant slots."""
+async def wake_waiters(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
+    """Something changed in these sessions: resume the waits watching them that are now due."""
     ids = list(dict.fromkeys(session_ids))
-    await wake_waiters(db, ids)
-    poke_trees(await trees_of(db, ids))
+    if not ids:
+        return
+    async with db.tx() as conn:
+        wait_ids = await waits.waits_watching(conn, ids)
+    await _resume_each(db, wait_ids)
+
+
+async def after_change(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
+    """The usual hint after a commit touching these sessions: grant slots, wake waiters.
+
+    The poke goes first (a slot this commit freed is granted while the waiters are
+    evaluated); one read finds both the trees and the waits watching these sessions.
+    """
+    ids = list(dict.fromkeys(session_ids))
+    if not ids:
+        return
+    async with db.tx() as conn:
+        cur = await conn.execute("SELECT DISTINCT tree_id FROM sessions WHERE session_id = ANY(%s)", (ids,))
+        tree_ids = [row["tree_id"] for row in await cur.fetchall()]
+        wait_ids = await waits.waits_watching(conn, ids)
+    poke_trees(tree_ids)
+    await _resume_each(db, wait_ids)

@@ -1,9 +1,11 @@
 """The recovery sweeper: re-derives every lost hint from the durable facts.
 
 On start and every ``sweep_seconds`` it recovers Runs whose lease expired, resumes
-waits whose condition or deadline is met, pokes trees with queued Runs, and
-re-activates sessions holding a granted but unowned Run. Each record is handled in its
-own transaction; one failing record is logged and skipped, the rest proceed.
+waits whose condition or deadline is met, pokes trees with queued Runs,
+re-activates sessions holding a granted but unowned Run, and releases the sandboxes of
+trees idle for ``sandbox_idle_seconds`` (SPEC §12). Each record is handled in its own
+transaction; one failing record is logged and skipped, the rest proceed, and one failing
+step never stops the others.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import ray
 
-from actors import signals
+from actors import directory, signals
 from persistence import runs as run_repo
 from persistence import turns, waits
 from persistence.db import Database
@@ -35,15 +38,33 @@ class SweeperImpl:
         self.settings = get_settings()
         self._db: Database | None = None
         self._task: asyncio.Task[None] | None = None
+        self._warm_up: asyncio.Task[None] | None = None
+        self._sandboxes: Any = None  # sandbox.manager.SandboxManager, built on first use
         self.rounds = 0
         self.recoveries = 0
+        self.sandboxes_released = 0
 
     async def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._loop())
+            # In the background, so the runtime's start does not wait for more processes:
+            # shared session hosts (if configured) start with the runtime, not on first use,
+            # and this node's directory starts keeping warm worker processes.
+            self._warm_up = asyncio.create_task(self._start_helpers())
+
+    async def _start_helpers(self) -> None:
+        try:
+            await signals.start_session_hosts()
+        except Exception:
+            log.exception("starting the session hosts failed; they start on first use")
+        try:
+            await directory.directory_handle().ready.remote()
+        except Exception:
+            log.exception("starting the session directory failed; it starts on first use")
 
     async def stats(self) -> dict[str, int]:
-        return {"rounds": self.rounds, "recoveries": self.recoveries}
+        return {"rounds": self.rounds, "recoveries": self.recoveries,
+                "sandboxes_released": self.sandboxes_released}
 
     async def _loop(self) -> None:
         self._db = await Database.connect(max_size=2)
@@ -57,20 +78,47 @@ class SweeperImpl:
     async def sweep_once(self) -> None:
         db = self._db or await Database.connect(max_size=2)
         self._db = db
+        # Each step is isolated too: a failing step (say, a query) never stops the others.
+        for step in (self._recover_expired, self._resume_due_waits, self._poke_queued,
+                     self._release_idle_sandboxes):
+            try:
+                await step(db)
+            except Exception:
+                log.exception("sweep step %s failed; the next round retries", step.__name__)
+        self.rounds += 1
+
+    async def _recover_expired(self, db: Database) -> None:
         async with db.tx() as conn:
             expired = await run_repo.expired_runs(conn)
         await _each(expired, lambda run_id: self._recover(db, run_id))
+
+    async def _resume_due_waits(self, db: Database) -> None:
         async with db.tx() as conn:
             open_waits = await waits.open_waits(conn)
         await _each(open_waits, lambda wait_id: signals.resume_wait(db, wait_id))
+
+    async def _poke_queued(self, db: Database) -> None:
         async with db.tx() as conn:
             cur = await conn.execute(_TREES_WITH_QUEUED_RUNS)
             queued_trees = [row["tree_id"] for row in await cur.fetchall()]
             cur = await conn.execute(_UNOWNED_GRANTS, (self.settings.heartbeat_seconds,))
             unowned = [row["session_id"] for row in await cur.fetchall()]
         signals.poke_trees(queued_trees)
-        await _each(unowned, signals.activate_session)
-        self.rounds += 1
+        # Concurrently: a session whose actor is slow to start must not hold up the others.
+        await asyncio.gather(*(_isolated(signals.activate_session, session_id) for session_id in unowned))
+
+    async def _release_idle_sandboxes(self, db: Database) -> None:
+        """Per-tree sandbox idle release; each tree is isolated inside ``release_idle``."""
+        try:
+            if self._sandboxes is None:
+                from sandbox.manager import SandboxManager
+
+                # Choosing the backend pings Docker (blocking, up to seconds): not on the event loop.
+                self._sandboxes = await asyncio.to_thread(SandboxManager.from_settings, db)
+            released = await self._sandboxes.release_idle()
+            self.sandboxes_released += len(released)
+        except Exception:
+            log.exception("sandbox idle release failed; the next round retries")
 
     async def _recover(self, db: Database, run_id: uuid.UUID) -> None:
         async with db.tx() as conn:
@@ -83,10 +131,14 @@ class SweeperImpl:
 
 async def _each(records: list[uuid.UUID], handle: Callable[[uuid.UUID], Awaitable[None]]) -> None:
     for record in records:
-        try:
-            await handle(record)
-        except Exception:
-            log.exception("sweep of %s failed; continuing with the rest", record)
+        await _isolated(handle, record)
+
+
+async def _isolated(handle: Callable[[uuid.UUID], Awaitable[None]], record: uuid.UUID) -> None:
+    try:
+        await handle(record)
+    except Exception:
+        log.exception("sweep of %s failed; continuing with the rest", record)
 
 
 Sweeper = ray.remote(SweeperImpl)

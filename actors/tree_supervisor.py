@@ -4,6 +4,12 @@ Grants the tree's slots FIFO. The grant is serialised here in memory and committ
 PostgreSQL under the tree's row lock, so the limit holds across supervisor restarts,
 API replicas and nodes. A Run that cannot be served stays ``pending`` in the durable
 queue; it is never dropped. The supervisor passivates when its tree is idle.
+
+Pokes coalesce: a poke that arrives while a grant is committing waits for it and then
+grants once more for everyone who arrived meanwhile, so a burst of N pokes costs at most
+two grant transactions. ``poke`` answers as soon as the grant is committed; activating
+the granted sessions continues in the background (a supervisor that dies in between
+leaves granted, unowned Runs, which the sweeper re-activates).
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import uuid
 
 import ray
 
-from actors import signals
+from actors import directory, signals
+from actors.naming import session_hosts_setting
 from persistence import runs as run_repo
 from persistence.db import Database
 from persistence.settings import get_settings
@@ -30,6 +37,11 @@ class TreeSupervisorImpl:
         self.settings = get_settings()
         self._db: Database | None = None
         self._lock = asyncio.Lock()
+        self._dirty = False
+        self._pokes = 0
+        self._exiting = False
+        # Dedicated session actors start a process each: ask for warm ones while Runs are queued.
+        self._warm_burst = not session_hosts_setting() and directory.warm_workers_setting() > 0
         self._idle_task: asyncio.Task[None] | None = None
 
     async def _database(self) -> Database:
@@ -37,18 +49,33 @@ class TreeSupervisorImpl:
             self._db = await Database.connect(max_size=2)
         return self._db
 
-    async def poke(self) -> list[str]:
-        """Grant free slots to the oldest pending Runs and activate their sessions."""
+    async def poke(self) -> list[str] | None:
+        """Grant free slots to the oldest pending Runs and activate their sessions.
+
+        None means this supervisor is exiting: the caller creates it anew and pokes again.
+        """
+        if self._exiting:
+            return None
         if self._idle_task is None or self._idle_task.done():
             self._idle_task = asyncio.create_task(self._passivate_when_idle())
         return await self._grant()
 
     async def _grant(self) -> list[str]:
+        self._pokes += 1
+        self._dirty = True
         db = await self._database()
         async with self._lock:
+            if not self._dirty:  # a grant that started after our poke arrived already served it
+                return []
+            self._dirty = False
             async with db.tx() as conn:
                 granted = await run_repo.grant_slots(conn, self.tree_id, self.settings.lease_seconds)
-        await asyncio.gather(*(signals.activate_session(row["session_id"]) for row in granted))
+                queued = await run_repo.pending_count(conn, self.tree_id) if self._warm_burst else 0
+        for row in granted:
+            signals.spawn(signals.activate_session(row["session_id"]))
+        if queued:
+            # More sessions will be activated here soon: have warm worker processes ready for them.
+            directory.expect_activations(min(queued, self.settings.tree_slots))
         return [str(row["run_id"]) for row in granted]
 
     async def signal_members(self, session_ids: list[str]) -> None:
@@ -60,6 +87,7 @@ class TreeSupervisorImpl:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.settings.sweep_seconds)
+            pokes = self._pokes
             db = await self._database()
             async with db.tx() as conn:
                 cur = await conn.execute(_ACTIVE_RUNS, (self.tree_id,))
@@ -69,8 +97,16 @@ class TreeSupervisorImpl:
                 await self._grant()
                 continue
             idle_since = idle_since or loop.time()
-            if loop.time() - idle_since >= self.settings.actor_idle_seconds:
-                await db.close()
+            if self._pokes != pokes or self._lock.locked():
+                idle_since = None  # a poke arrived meanwhile: not idle after all
+            elif loop.time() - idle_since >= self.settings.actor_idle_seconds:
+                # No await between the check and this flag: every later poke is refused (its
+                # sender creates a fresh supervisor), so none is accepted and then lost.
+                self._exiting = True
+                try:
+                    await asyncio.wait_for(db.close(), timeout=5)
+                except Exception:
+                    log.debug("closing the pool of tree %s failed", self.tree_id, exc_info=True)
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
                 return
 

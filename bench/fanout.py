@@ -2,22 +2,30 @@
 
 Prints the makespan, the ideal ceil(N/slots)·K·L (plus the root's own steps), their
 ratio, the runtime overhead per model step at L = 0, the peak of live session actors,
-and the peak RSS of all Canopy/Ray processes.
+and the peak RSS of this runtime's processes (the driver, every Ray process it started,
+and the embedded PostgreSQL) — other Ray clusters on the machine are not counted.
 
-    python bench/fanout.py --children 12 --steps 3 --latency-ms 200
+    python bench/fanout.py --children 12 --steps 3 --latency-ms 200 [--profile]
+
+``--profile`` adds a timeline of the children from the durable facts: how long a Run
+waited for its slot, how long from its grant to its first model call (activation), the
+overhead between model calls, and how long a freed slot stayed empty.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import os
+import statistics
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -27,9 +35,11 @@ import psutil
 from actors.runtime import Runtime
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.helpers import call, create, say, script
+from tests.actors.helpers import call, create, rows, say, script
 
 ROOT_STEPS = 3  # create all, wait, summarise
+# Ray titles an actor's process ray::<class>, or ray::<task name> while a named task runs.
+SESSION_PROCESSES = ("SessionActorImpl", "SessionHostImpl", "ray::session:")
 
 
 def child_script(steps: int, latency_ms: int) -> str:
@@ -37,20 +47,29 @@ def child_script(steps: int, latency_ms: int) -> str:
     return script(*work, say("done", delay_ms=latency_ms))
 
 
-def root_script(children: int, steps: int, latency_ms: int) -> str:
+def root_script(children: int, steps: int, latency_ms: int, root_latency_ms: int) -> str:
+    # The ideal counts the root's three steps at L each, so by default they take L each.
     return script(
-        call(*(create(f"c{i}", child_script(steps, latency_ms)) for i in range(children))),
-        call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(children)]})),
-        say("summary"),
+        call(*(create(f"c{i}", child_script(steps, latency_ms)) for i in range(children)), delay_ms=root_latency_ms),
+        call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(children)]}), delay_ms=root_latency_ms),
+        say("summary", delay_ms=root_latency_ms),
     )
 
 
 class Sampler:
-    """Samples live session actors and total RSS of Ray's processes every 0.2 s."""
+    """Samples live session actors and the RSS of this runtime's processes every 0.1 s."""
 
-    def __init__(self) -> None:
+    def __init__(self, data_dir: Path) -> None:
+        from actors.directory import directory_handle
+
+        self.pg_dir = str(data_dir / "pg")
+        self.directory = directory_handle()
         self.peak_rss = 0
-        self.peak_sessions = 0
+        self.peak_sessions = 0  # processes running sessions (dedicated actors or shared hosts)
+        self.peak_live = 0  # live sessions, as the node's directory counts them
+        self._cpu_first: dict[int, float] = {}
+        self._cpu_last: dict[int, float] = {}
+        self._kind: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -62,29 +81,155 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
+    def _processes(self) -> list[psutil.Process]:
+        me = psutil.Process()
+        procs = [me, *me.children(recursive=True)]
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if cmd and "postgres" in cmd[0] and self.pg_dir in " ".join(cmd):
+                procs.append(proc)
+                procs.extend(proc.children())
+        return procs
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time the runtime's processes used while sampled (processes that exited count up to their
+        last sample; a process seen once counts its whole life, as it started during the run)."""
+        return sum(self._cpu_last[pid] - self._cpu_first.get(pid, 0.0) for pid in self._cpu_last)
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        kinds: dict[str, float] = {}
+        for pid, last in self._cpu_last.items():
+            kind = self._kind.get(pid, "?")
+            kinds[kind] = kinds.get(kind, 0.0) + last - self._cpu_first.get(pid, 0.0)
+        return dict(sorted(kinds.items(), key=lambda item: -item[1]))
+
+    def sample(self) -> tuple[int, int]:
+        rss = sessions = 0
+        first = not self._cpu_last
+        for proc in self._processes():
+            try:
+                rss += proc.memory_info().rss
+                times = proc.cpu_times()
+                used = times.user + times.system
+                if first:
+                    self._cpu_first[proc.pid] = used
+                self._cpu_last[proc.pid] = used
+                if self._kind.get(proc.pid, "ray worker").startswith("ray worker"):
+                    self._kind[proc.pid] = _kind(proc)
+                if any(name in " ".join(proc.cmdline()) for name in SESSION_PROCESSES):
+                    sessions += 1
+            except psutil.Error:
+                continue
+        return rss, sessions
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            rss = sessions = 0
-            for proc in psutil.process_iter(["cmdline", "memory_info"]):
-                cmd = " ".join(proc.info["cmdline"] or [])
-                if "ray" in cmd or "postgres" in cmd or proc.pid == os.getpid():
-                    rss += proc.info["memory_info"].rss if proc.info["memory_info"] else 0
-                if "SessionActorImpl" in cmd:
-                    sessions += 1
+            rss, sessions = self.sample()
             self.peak_rss = max(self.peak_rss, rss)
             self.peak_sessions = max(self.peak_sessions, sessions)
-            time.sleep(0.2)
+            try:
+                import ray
+
+                self.peak_live = max(self.peak_live, ray.get(self.directory.stats.remote(), timeout=2)["live"])
+            except Exception:
+                pass
+            time.sleep(0.1)
 
 
-async def one(runtime: Runtime, children: int, steps: int, latency_ms: int) -> tuple[float, Sampler]:
+def _kind(proc: psutil.Process) -> str:
+    cmd = " ".join(proc.cmdline())
+    if cmd.startswith("ray::"):
+        return cmd.split()[0].split(".")[0]
+    if "default_worker" in cmd:
+        return "ray worker (starting)"
+    for marker in ("gcs_server", "raylet", "dashboard", "runtime_env", "log_monitor", "postgres"):
+        if marker in cmd:
+            return marker
+    return "driver" if proc.pid == os.getpid() else cmd[:40]
+
+
+async def one(
+    runtime: Runtime, data_dir: Path, children: int, steps: int, latency_ms: int, root_latency_ms: int | None = None
+) -> tuple[float, Sampler, uuid.UUID]:
+    root_latency_ms = latency_ms if root_latency_ms is None else root_latency_ms
     scope = Scope(f"bench-{uuid.uuid4().hex[:6]}", "bench")
-    with Sampler() as sampler:
+    with Sampler(data_dir) as sampler:
         started = time.monotonic()
-        created = await runtime.create_root(scope, input_text=root_script(children, steps, latency_ms))
-        result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=900, poll_seconds=0.02)
+        created = await runtime.create_root(scope, input_text=root_script(children, steps, latency_ms, root_latency_ms))
+        result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=900, poll_seconds=0.01)
         elapsed = time.monotonic() - started
     assert result["status"] == "completed", result
-    return elapsed, sampler
+    return elapsed, sampler, created["session"]["session_id"]
+
+
+async def profile(runtime: Runtime, tree_id: uuid.UUID) -> None:
+    """A timeline of the children's Runs, from committed timestamps (ms)."""
+    runs = await rows(
+        runtime.db,
+        """
+        SELECT r.run_id, r.session_id, r.queued_at, r.started_at, r.ended_at, s.path
+        FROM runs r JOIN sessions s USING (session_id)
+        WHERE r.tree_id = %s AND s.parent_id IS NOT NULL ORDER BY r.started_at""",
+        tree_id,
+    )
+    calls = await rows(
+        runtime.db,
+        """
+        SELECT m.run_id, m.created_at - make_interval(secs => m.latency_ms / 1000) AS call_start,
+               m.created_at AS call_end, m.latency_ms
+        FROM model_calls m JOIN runs r USING (run_id) WHERE r.tree_id = %s ORDER BY m.id""",
+        tree_id,
+    )
+    by_run: dict[Any, list[dict[str, Any]]] = {}
+    for c in calls:
+        by_run.setdefault(c["run_id"], []).append(c)
+
+    def ms(delta: Any) -> float:
+        return delta.total_seconds() * 1000
+
+    slot_wait, activation, between, tail, latency = [], [], [], [], []
+    for run in runs:
+        mine = sorted(by_run.get(run["run_id"], []), key=lambda c: c["call_start"])
+        if not mine or run["started_at"] is None:
+            continue
+        slot_wait.append(ms(run["started_at"] - run["queued_at"]))
+        activation.append(ms(mine[0]["call_start"] - run["started_at"]))
+        between.extend(ms(b["call_start"] - a["call_end"]) for a, b in itertools.pairwise(mine))
+        latency.extend(c["latency_ms"] for c in mine)
+        if run["ended_at"] is not None:
+            tail.append(ms(run["ended_at"] - mine[-1]["call_end"]))
+    ends = sorted(r["ended_at"] for r in runs if r["ended_at"] is not None)
+    starts = sorted(r["started_at"] for r in runs if r["started_at"] is not None)
+    # A freed slot: from a Run's end to the next grant after it (while Runs are still queued).
+    refill = [ms(next(s for s in starts if s >= e) - e) for e in ends if any(s >= e for s in starts)]
+
+    def line(name: str, values: list[float]) -> None:
+        if values:
+            print(
+                f"  {name:34s} n={len(values):3d} mean {statistics.mean(values):7.1f}  "
+                f"median {statistics.median(values):7.1f}  max {max(values):7.1f} ms"
+            )
+
+    root_runs = await rows(runtime.db, """
+        SELECT r.run_id, r.kind, r.queued_at, r.started_at, r.ended_at FROM runs r
+        WHERE r.session_id = %s ORDER BY r.queued_at""", tree_id)
+    children_ended = max((r["ended_at"] for r in runs if r["ended_at"] is not None), default=None)
+    print("profile (root):")
+    for run in root_runs:
+        mine = sorted(by_run.get(run["run_id"], []), key=lambda c: c["call_start"])
+        first = ms(mine[0]["call_start"] - run["started_at"]) if mine and run["started_at"] else float("nan")
+        since = (f"last child ended -> queued {ms(run['queued_at'] - children_ended):7.1f}"
+                 if run["kind"] == "resume" and children_ended else "")
+        print(f"  {run['kind']:6s} queued -> granted {ms(run['started_at'] - run['queued_at']):7.1f}  "
+              f"granted -> 1st call {first:7.1f}  {since} ms")
+    print("profile (children):")
+    line("slot wait (queued -> granted)", slot_wait)
+    line("activation (granted -> 1st call)", activation)
+    line("model call latency (gateway)", latency)
+    line("between model calls", between)
+    line("tail (last call -> run ended)", tail)
+    line("slot refill (run ended -> grant)", refill)
 
 
 async def main() -> None:
@@ -92,25 +237,81 @@ async def main() -> None:
     parser.add_argument("--children", type=int, default=12)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--latency-ms", type=int, default=200)
+    parser.add_argument(
+        "--root-latency-ms",
+        type=int,
+        default=None,
+        help="latency of the root's 3 steps (default: L, as the ideal assumes; "
+        "the first version of this benchmark used 0)",
+    )
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--inherit-env",
+        action="store_true",
+        help="start Ray here with the workers' environment inherited from this process instead of a job "
+        "runtime_env (what Runtime.start could do when it starts Ray itself): a runtime_env makes every worker "
+        "start through setup_worker.py, a second interpreter start",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
         os.environ["CANOPY_DATA_DIR"] = data_dir
         settings = Settings(data_dir=Path(data_dir))
+        if args.inherit_env:
+            import ray
+
+            from actors.naming import NAMESPACE
+            from actors.runtime import worker_env
+            from persistence.db import resolve_database_url
+
+            os.environ.update(worker_env(settings, resolve_database_url(settings)))
+            ray.init(namespace=NAMESPACE, include_dashboard=False, logging_level="WARNING")
         runtime = await Runtime.start(settings)
         slots = settings.tree_slots
-        await one(runtime, 2, 1, 0)  # warm up: actors, litellm, connections
-        makespan, sampler = await one(runtime, args.children, args.steps, args.latency_ms)
+        await one(runtime, Path(data_dir), 2, 1, 0)  # warm up: actors, litellm, connections
+        makespan, sampler, tree = await one(
+            runtime, Path(data_dir), args.children, args.steps, args.latency_ms, args.root_latency_ms
+        )
+        if args.profile:
+            await profile(runtime, tree)
         ideal = (math.ceil(args.children / slots) * args.steps + ROOT_STEPS) * args.latency_ms / 1000
-        zero, _ = await one(runtime, args.children, args.steps, 0)
+        zero, zero_sampler, zero_tree = await one(runtime, Path(data_dir), args.children, args.steps, 0)
+        if args.profile:
+            print("at L=0:")
+            await profile(runtime, zero_tree)
         model_steps = args.children * args.steps + ROOT_STEPS
-        print(f"children={args.children} steps={args.steps} latency={args.latency_ms}ms slots={slots}")
+        root_ms = args.latency_ms if args.root_latency_ms is None else args.root_latency_ms
+        from actors.directory import warm_workers_setting
+        from actors.naming import session_hosts_setting
+
+        print(
+            f"session hosts={session_hosts_setting() or 'dedicated actors'} warm workers={warm_workers_setting()}"
+        )
+        print(
+            f"children={args.children} steps={args.steps} latency={args.latency_ms}ms root={root_ms}ms slots={slots} "
+            f"max_live_sessions={settings.max_live_sessions}"
+        )
         print(f"makespan            {makespan:8.2f} s")
         print(f"ideal               {ideal:8.2f} s   (ceil(N/{slots})*K*L + root steps)")
-        print(f"ratio               {makespan / ideal:8.2f} x ideal")
-        print(f"overhead at L=0     {zero / model_steps * 1000:8.1f} ms per model step "
-              f"({zero:.2f} s for {model_steps} steps)")
-        print(f"peak live sessions  {sampler.peak_sessions:8d}")
-        print(f"peak RSS (Ray+PG)   {sampler.peak_rss / 2**20:8.0f} MiB")
+        print(f"ratio               {makespan / ideal:8.2f} x ideal" if ideal else "ratio                 n/a (L=0)")
+        print(
+            f"overhead at L=0     {zero / model_steps * 1000:8.1f} ms per model step "
+            f"({zero:.2f} s for {model_steps} steps)"
+        )
+        for name, s in (("L", sampler), ("L=0", zero_sampler)):
+            print(
+                f"run at {name:4s}  peak live sessions {s.peak_live:4d}   session processes {s.peak_sessions:4d}   "
+                f"peak RSS {s.peak_rss / 2**20:6.0f} MiB   CPU used {s.cpu_seconds:6.1f} s"
+            )
+            if args.profile:
+                print("  CPU by process:", ", ".join(f"{k} {v:.1f}" for k, v in s.cpu_by_kind().items() if v >= 0.05))
+        if os.environ.get("FANOUT_PS"):
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    t = proc.cpu_times()
+                    print(f"  {proc.pid:7d} {proc.create_time() - time.time():7.1f}s cpu {t.user + t.system:5.2f} "
+                          f"rss {proc.memory_info().rss / 2**20:5.0f} {' '.join(proc.cmdline())[:60]}")
+                except psutil.Error:
+                    pass
         await runtime.close(shutdown_ray=True)
 
 

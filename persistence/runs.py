@@ -152,3 +152,18 @@ async def recoveries_of_turn(conn: Connection, turn_id: uuid.UUID) -> int:
     )
     row = await cur.fetchone()
     return row["n"] if row else 0
+
+
+async def pending_count(conn: Connection, tree_id: uuid.UUID) -> int:
+    """How many Runs of the tree wait in its FIFO queue for a slot."""
+    cur = await conn.execute("SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status = 'pending'", (tree_id,))
+    row = await cur.fetchone()
+    return row["n"] if row else 0
+
+
+async def has_claimable_run(conn: Connection, session_id: uuid.UUID) -> bool:
+    """Whether the session holds a granted slot that no actor owns yet (work for its actor)."""
+    cur = await conn.execute(
+        "SELECT 1 FROM runs WHERE session_id = %s AND status = 'running' AND owner IS NULL LIMIT 1", (session_id,)
+    )
+    return await cur.fetchone() is not None

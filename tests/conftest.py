@@ -1,4 +1,5 @@
-"""Shared fixtures: one real PostgreSQL database per test run, a fresh scope per test.
+"""Shared fixtures: one real PostgreSQL database per test run, a fresh scope per test, and one
+real local Ray with the Canopy runtime on that database (shared by the actor and API tests).
 
 The database is ``CANOPY_DATABASE_URL`` when set (a new database is created in that
 server), else the embedded server started in a temporary data directory.
@@ -14,11 +15,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import ray
 from psycopg import sql
 
+from actors.runtime import Runtime
 from persistence.db import Database, ensure_schema
 from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import Scope
+from persistence.settings import Settings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -61,3 +65,25 @@ async def db(database_url: str) -> AsyncIterator[Database]:
 def scope() -> Scope:
     """A scope of its own for every test, so tests never see each other's rows."""
     return Scope(f"user-{uuid.uuid4().hex[:8]}", f"app-{uuid.uuid4().hex[:8]}")
+
+
+# Short leases and sweeps so that kill tests recover in seconds, not minutes.
+RUNTIME_ENV = {
+    "CANOPY_LEASE_SECONDS": "4",
+    "CANOPY_HEARTBEAT_SECONDS": "1",
+    "CANOPY_SWEEP_SECONDS": "0.5",
+    "CANOPY_ACTOR_IDLE_SECONDS": "6",
+    "CANOPY_FAILPOINTS": "before_model_call=3,after_model_commit=3,after_command_receipt=3",
+}
+
+
+@pytest.fixture(scope="session")
+async def runtime(database_url: str, data_dir: Path) -> AsyncIterator[Runtime]:
+    os.environ.update(RUNTIME_ENV)
+    os.environ["CANOPY_DATABASE_URL"] = database_url
+    os.environ["CANOPY_DATA_DIR"] = str(data_dir)
+    settings = Settings()
+    rt = await Runtime.start(settings, num_cpus=2, include_dashboard=True)
+    yield rt
+    await rt.close()
+    ray.shutdown()

@@ -1,0 +1,386 @@
+"""The live-session directory of a node: the ``max_live_sessions`` cap, and warm workers.
+
+One detached actor per Ray node, ``canopy:directory:<node_id>``, knows which session
+actors live on its node, which of them are running a Run (busy) and when each was last
+used. Session actors report to it (fire and forget) when they start, pick up work, go
+idle and exit. Past the cap (setting ``max_live_sessions``, default 32 per node) the least
+recently used *idle* actors are asked to passivate — an idle actor holds nothing a fresh
+one could not rebuild from PostgreSQL, and a busy one is never interrupted. So a fan-out
+to 500 children keeps at most ``max_live_sessions`` + (busy and starting) session actors.
+
+The directory is a hint, like every signal: if it dies its successor relearns the live
+actors from their next report, and an actor it does not know still passivates when it
+has been idle for ``actor_idle_seconds``.
+
+**Warm workers.** Starting a Ray worker process is by far the largest cost of activating
+an actor (0.3–0.9 s of CPU before any Canopy code runs, on a small machine). The directory
+keeps ``CANOPY_WARM_WORKERS`` (default 2) idle worker processes ready on its node, so a new
+tree's supervisor or a restarted actor starts in an existing process; and while a supervisor
+announces queued Runs (dedicated session actors) up to ``tree_slots`` of them, for the
+sessions it is about to activate. Warm workers are plain Ray workers, not session actors:
+queued sessions still hold no actor. This uses the raylet's ``PrestartWorkers`` RPC (Ray's
+own mechanism, with a keep-alive); if it is unavailable the pool switches itself off and
+actors start their process on demand, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+
+from actors.naming import NAMESPACE, directory_actor_name, named_options, session_hosts_setting
+from persistence.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+# A busy entry not heard of for this long is checked for liveness (a killed actor never reports).
+_STALE_BUSY_SECONDS = 10.0
+_PRUNE_EVERY_SECONDS = 5.0
+_WARM_KEEP_ALIVE_SECONDS = 30
+_WARM_CHECK_SECONDS = 2.0
+# A requested worker not seen right away counts as coming for this long.
+_WARM_START_SECONDS = 3.0
+# Demand for warm workers lasts this long after a supervisor announced queued Runs.
+_DEMAND_SECONDS = 10.0
+
+
+def warm_workers_setting() -> int:
+    """``CANOPY_WARM_WORKERS``: idle worker processes kept ready per node at all times (0: none).
+
+    While Runs are queued and sessions get dedicated actors, up to ``tree_slots`` are kept
+    (unless this is 0, which switches the pool off)."""
+    value = os.environ.get("CANOPY_WARM_WORKERS")
+    return max(0, int(value)) if value else 2
+
+
+@dataclasses.dataclass
+class _Entry:
+    handle: Any
+    owner: str
+    busy: bool
+    used_at: float
+
+
+class SessionDirectoryImpl:
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.settings = get_settings()
+        self.max_live = self.settings.max_live_sessions
+        # Least recently used first.
+        self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
+        self._evicting: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._prune_task: asyncio.Task[None] | None = None
+        self.evictions = 0
+        self.peak_live = 0
+        self._dedicated = not session_hosts_setting()  # a new session is a new process
+        baseline = warm_workers_setting()
+        burst = self.settings.tree_slots if baseline and self._dedicated else 0
+        self.warm = _WarmPool(node_id, baseline, burst)
+
+    # -- reports from session actors ---------------------------------------------------------------
+
+    async def report(self, session_id: str, owner: str, handle: Any, busy: bool) -> None:
+        """A session actor started, picked up work (busy) or went idle."""
+        self._ensure_pruning()
+        now = time.monotonic()
+        entry = self._entries.get(session_id)
+        if entry is None or entry.owner != owner:
+            entry = self._entries[session_id] = _Entry(handle, owner, busy, now)
+            self._evicting.discard(session_id)
+            if self._dedicated:
+                self._spawn(self.warm.top_up())  # the new session's process may have been a warm worker
+        else:
+            entry.busy = busy
+            entry.used_at = now
+        self._entries.move_to_end(session_id)
+        self.peak_live = max(self.peak_live, len(self._entries))
+        self._enforce()
+
+    async def gone(self, session_id: str, owner: str) -> None:
+        """A session actor exits (idle timeout, eviction)."""
+        entry = self._entries.get(session_id)
+        if entry is not None and entry.owner == owner:
+            del self._entries[session_id]
+            self._evicting.discard(session_id)
+
+    # -- supervisors and operators -----------------------------------------------------------------
+
+    async def ready(self) -> dict[str, Any]:
+        """Start the warm worker pool (called when the runtime starts)."""
+        self.warm.ensure_running()
+        return await self.stats()
+
+    async def expect_activations(self, count: int, runtime_env: str | None = None) -> None:
+        """Runs are queued: about ``count`` sessions will be activated here soon."""
+        await self.warm.expect(count, runtime_env)
+
+    async def configure(self, max_live_sessions: int | None = None) -> dict[str, int]:
+        """Change the cap at run time (operators, tests); returns the previous value."""
+        previous = {"max_live_sessions": self.max_live}
+        if max_live_sessions is not None:
+            self.max_live = max(1, max_live_sessions)
+            self._enforce()
+        return previous
+
+    async def stats(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "live": len(self._entries),
+                "busy": sum(1 for e in self._entries.values() if e.busy), "evicting": len(self._evicting),
+                "max_live_sessions": self.max_live, "evictions": self.evictions, "peak_live": self.peak_live,
+                "warm": self.warm.stats()}
+
+    # -- the cap -----------------------------------------------------------------------------------
+
+    def _enforce(self) -> None:
+        excess = len(self._entries) - self.max_live - len(self._evicting)
+        if excess <= 0:
+            return
+        for session_id, entry in list(self._entries.items()):  # least recently used first
+            if excess <= 0:
+                break
+            if entry.busy or session_id in self._evicting:
+                continue
+            self._evicting.add(session_id)
+            excess -= 1
+            self._spawn(self._evict(session_id, entry))
+
+    async def _evict(self, session_id: str, entry: _Entry) -> None:
+        try:
+            done = await entry.handle.passivate_if_idle.remote(entry.owner)
+        except ray.exceptions.RayActorError:
+            done = True  # it is gone (the reply may not outlive the exit)
+        except Exception:
+            log.exception("could not passivate session %s", session_id)
+            done = False
+        self._evicting.discard(session_id)
+        if done and self._entries.get(session_id) is entry:
+            del self._entries[session_id]
+            self.evictions += 1
+        elif not done and self._entries.get(session_id) is entry:
+            # It is working again: count it as just used, and let the next least recently used go.
+            entry.used_at = time.monotonic()
+            self._entries.move_to_end(session_id)
+            self._enforce()
+
+    # -- liveness of busy entries (a killed actor never reports) -----------------------------------
+
+    def _ensure_pruning(self) -> None:
+        if self._prune_task is None or self._prune_task.done():
+            self._prune_task = asyncio.get_running_loop().create_task(self._prune_forever())
+
+    async def _prune_forever(self) -> None:
+        """Drop busy entries whose process died (a killed actor never reports). A session whose
+        host died and was restarted is replaced by its next incarnation's first report."""
+        while True:
+            await asyncio.sleep(_PRUNE_EVERY_SECONDS)
+            stale = [(sid, e) for sid, e in self._entries.items()
+                     if e.busy and time.monotonic() - e.used_at > _STALE_BUSY_SECONDS]
+            for session_id, entry in stale:
+                try:
+                    await asyncio.wait_for(entry.handle.status.remote(), timeout=5)
+                except ray.exceptions.RayActorError:
+                    if self._entries.get(session_id) is entry:
+                        del self._entries[session_id]
+                        self._enforce()
+                except Exception:
+                    pass  # slow or unsure: keep it
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class _WarmPool:
+    """Idle worker processes prestarted by the raylet, so a new actor starts in an existing process.
+
+    ``baseline`` are kept ready at all times (a new tree's supervisor, a restarted actor);
+    while supervisors announce queued Runs, up to ``burst`` (one per slot) for the sessions
+    they are about to activate. A loop tops the pool up every 2 s, and after each new session process.
+    """
+
+    def __init__(self, node_id: str, baseline: int, burst: int) -> None:
+        self.node_id = node_id
+        self.baseline = baseline
+        self.burst = max(burst, baseline)
+        self.enabled = self.burst > 0
+        self.requested = 0
+        self._stub: Any = None
+        self._demand = 0
+        self._demand_until = 0.0
+        self._runtime_env: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._mine: set[int] = set()  # pids of the idle workers this pool started
+        self._unseen: list[tuple[float, int]] = []  # requested workers not seen yet: (when, how many)
+
+    def stats(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "baseline": self.baseline, "burst": self.burst,
+                "requested": self.requested, "idle": len(self._mine)}
+
+    def target(self) -> int:
+        if not self.enabled:
+            return 0
+        demand = self._demand if time.monotonic() < self._demand_until else 0
+        return max(self.baseline, min(self.burst, demand))
+
+    def ensure_running(self) -> None:
+        if self.enabled and (self._task is None or self._task.done()):
+            if self._runtime_env is None:
+                runtime_env = ray.get_runtime_context().runtime_env
+                self._runtime_env = runtime_env.serialize() if runtime_env else "{}"
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while self.enabled:
+            await self.top_up()
+            await asyncio.sleep(_WARM_CHECK_SECONDS)
+
+    async def expect(self, count: int, runtime_env: str | None) -> None:
+        self._demand = max(0, count)
+        self._demand_until = time.monotonic() + _DEMAND_SECONDS
+        if runtime_env is not None:
+            self._runtime_env = runtime_env
+        self.ensure_running()
+        await self.top_up()
+
+    async def top_up(self) -> None:
+        if self._lock.locked():
+            return
+        async with self._lock:
+            target = self.target()
+            if target <= 0:
+                return
+            # Only workers this pool started count: an idle worker of another runtime env (say,
+            # one Ray prestarted before this job existed) would never serve this job's actors.
+            spare = _spare_workers()
+            self._mine &= spare
+            now = time.monotonic()
+            self._unseen = [(at, n) for at, n in self._unseen if now - at < _WARM_START_SECONDS]
+            need = target - len(self._mine) - sum(n for _, n in self._unseen)
+            if need <= 0:
+                return
+            try:
+                await self._prestart(need)
+            except Exception as error:  # an internal Ray API: without it, workers start on demand
+                log.warning("prestarting worker processes is unavailable (%s); warm workers are off", error)
+                self.enabled = False
+                return
+            self.requested += need
+            started = _spare_workers() - spare  # the raylet spawns them while answering
+            self._mine |= started
+            if len(started) < need:  # the rest may still come (startup concurrency): count them a while
+                self._unseen.append((now, need - len(started)))
+
+    async def _prestart(self, count: int) -> None:
+        from ray.core.generated import common_pb2, node_manager_pb2
+
+        request = node_manager_pb2.PrestartWorkersRequest(
+            language=common_pb2.Language.PYTHON, num_workers=count, keep_alive_duration_secs=_WARM_KEEP_ALIVE_SECONDS)
+        if self._runtime_env and self._runtime_env not in ("{}", ""):
+            # The pool serves actors of this job: same runtime env, or the raylet will not use them.
+            from ray._private.utils import get_runtime_env_info
+            from ray.runtime_env import RuntimeEnv
+
+            request.runtime_env_info.CopyFrom(get_runtime_env_info(RuntimeEnv.deserialize(self._runtime_env)))
+        await self._raylet().PrestartWorkers(request, timeout=5)
+
+    def _raylet(self) -> Any:
+        if self._stub is None:
+            from ray._private.grpc_utils import init_grpc_channel
+            from ray.core.generated import node_manager_pb2_grpc
+
+            node = next(n for n in ray.nodes() if n["NodeID"] == self.node_id)
+            channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}", asynchronous=True)
+            self._stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
+        return self._stub
+
+
+def _spare_workers() -> set[int]:
+    """Worker processes of this node's raylet (the directory's parent) that are idle or starting."""
+    import psutil
+
+    spare = set()
+    try:
+        for proc in psutil.Process(os.getppid()).children():
+            try:
+                title = " ".join(proc.cmdline())
+            except psutil.Error:
+                continue
+            if title.startswith("ray::IDLE") or "default_worker.py" in title or "setup_worker.py" in title:
+                spare.add(proc.pid)
+    except psutil.Error:
+        pass
+    return spare
+
+
+SessionDirectory = ray.remote(SessionDirectoryImpl)
+
+
+# -- client side: used by session actors and supervisors ---------------------------------------------
+
+_handle: Any = None
+_handle_key: str | None = None
+
+
+def _directory() -> Any:
+    """This node's directory (created on first use, pinned to the node)."""
+    global _handle, _handle_key
+    context = ray.get_runtime_context()
+    node_id = context.get_node_id()
+    key = f"{context.gcs_address}/{node_id}"
+    if _handle is None or _handle_key != key:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        _handle = SessionDirectory.options(
+            **named_options(directory_actor_name(node_id), max_concurrency=1000),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(node_id)
+        _handle_key = key
+    return _handle
+
+
+def directory_handle(node_id: str | None = None) -> Any:
+    """A handle to a node's directory (this node's by default), for operators and tests."""
+    if node_id is None:
+        return _directory()
+    return ray.get_actor(directory_actor_name(node_id), namespace=NAMESPACE)
+
+
+def _forget() -> None:
+    global _handle
+    _handle = None
+
+
+def report(session_id: str, owner: str, handle: Any, busy: bool) -> None:
+    """Fire and forget: the directory is a hint."""
+    try:
+        _directory().report.remote(session_id, owner, handle, busy)
+    except Exception:
+        _forget()
+        log.debug("could not report session %s to the directory", session_id, exc_info=True)
+
+
+def gone(session_id: str, owner: str) -> None:
+    try:
+        _directory().gone.remote(session_id, owner)
+    except Exception:
+        _forget()
+
+
+def expect_activations(count: int) -> None:
+    """Fire and forget: about ``count`` sessions will be activated on this node soon."""
+    if count <= 0:
+        return
+    try:
+        runtime_env = ray.get_runtime_context().runtime_env
+        _directory().expect_activations.remote(count, runtime_env.serialize() if runtime_env else None)
+    except Exception:
+        _forget()
+        log.debug("could not tell the directory to expect activations", exc_info=True)

@@ -1,0 +1,117 @@
+"""The FastAPI application: ``create_app(runtime)`` builds the whole HTTP API (SPEC §11).
+
+The same app runs under Ray Serve (api/serve_app.py, one Runtime per replica, started at
+startup) and under plain uvicorn (tests, embedding: pass a running Runtime, which the app
+uses and leaves running).
+
+Decisions where the SPEC is silent:
+
+- Lists (agents, projects, sessions, messages, requests) are bare JSON arrays.
+- ``GET /sessions``: ``scope=all`` (the default) lists every root of the caller's scope;
+  ``project_id`` filters (404 when it is not the caller's); ``scope=project`` without one
+  means the caller's first project. Archived trees only with ``include_archived=true``.
+- ``/healthz`` and ``/metrics`` need no key (probes and scrapers have none) and are served
+  both at the root and under ``/api/v1``; ``/metrics`` holds only aggregate figures.
+- The admin token authorises only ``/admin/keys``; an API key never authorises admin routes.
+- Validation errors are ``{"detail": "<one sentence>", "errors": [{loc, msg, type}]}``, so
+  every error's ``detail`` is a string.
+- Human inputs: ``POST /sessions/{id}/inputs`` takes ``origin`` ``human`` (default: unpauses
+  a stopped member and tells its parent) or ``api``. Cancelling a finished Turn is a 202 no-op.
+- A project's workdir is derived under the data directory; a caller never names a host path.
+- Event streams start at cursor 0 without ``?after`` / ``Last-Event-ID`` (the header wins:
+  a reconnecting EventSource keeps its URL). See api/sse.py and api/writes.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from actors.runtime import Runtime
+from api import errors, ui
+from api.auth import KeyCache, require_scope
+from api.hub import EventHub
+from api.limits import BodyLimit
+from api.routes import admin, agents, events, health, inputs, projects, requests, sessions, trees
+from api.schemas import ValidationErrorBody
+from api.sse import StreamSettings
+from persistence.settings import Settings
+
+API_PREFIX = "/api/v1"
+VERSION = "0.1.0"
+DESCRIPTION = """Cooperating LLM sessions on Ray and PostgreSQL.
+
+Authenticate with `Authorization: Bearer <api key>`; a key maps to one scope (user, app) and
+another scope's objects answer 404. Errors are `{"detail": "..."}`. POST writes accept an
+optional `Idempotency-Key` header."""
+
+
+def _api_router() -> APIRouter:
+    api = APIRouter(prefix=API_PREFIX)
+    api.include_router(admin.router)
+    # Every other /api/v1 route needs an API key: one dependency here, so none can forget it.
+    scoped = APIRouter(dependencies=[Depends(require_scope)])
+    for module in (agents, projects, sessions, inputs, trees, requests, events):
+        scoped.include_router(module.router)
+    api.include_router(scoped)
+    api.include_router(health.build_router("api_v1_"))  # /api/v1/healthz and /api/v1/metrics too
+    return api
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with validation errors described as we actually send them."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components["HTTPValidationError"] = ValidationErrorBody.model_json_schema(
+            ref_template="#/components/schemas/{model}")
+        components.pop("ValidationError", None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def create_app(
+    runtime: Runtime | None = None,
+    *,
+    settings: Settings | None = None,
+    admin_token: str | None = None,
+    stream_settings: StreamSettings | None = None,
+) -> FastAPI:
+    """The HTTP API.
+
+    ``runtime``: a started Runtime to use (and leave running); None starts one at startup
+    with ``settings`` and closes it at shutdown (a Serve replica). ``admin_token``: defaults
+    to the settings' ``CANOPY_ADMIN_TOKEN``; without one the admin route always answers 401.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        active = runtime or await Runtime.start(settings)
+        hub = EventHub(active.database_url)
+        await hub.start()
+        app.state.runtime = active
+        app.state.hub = hub
+        app.state.key_cache = KeyCache()
+        app.state.admin_token = admin_token if admin_token is not None else active.settings.admin_token
+        app.state.stream_settings = stream_settings or StreamSettings()
+        try:
+            yield
+        finally:
+            await hub.stop()
+            if runtime is None:
+                await active.close()
+
+    app = FastAPI(title="Canopy", version=VERSION, description=DESCRIPTION, lifespan=lifespan,
+                  # Operation ids are the handler names (all unique): readable client method names.
+                  generate_unique_id_function=lambda route: route.name)
+    errors.install(app)
+    app.add_middleware(BodyLimit)
+    app.include_router(_api_router())
+    app.include_router(health.build_router())
+    ui.install(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,52 @@
+"""Every error is ``{"detail": "<a sentence>"}`` with a 4xx status: persistence errors carry
+their own status (``CanopyError.status_code``), validation errors become one sentence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from persistence.errors import CanopyError
+
+
+def _location(loc: Any) -> str:
+    return ".".join(str(part) for part in loc) or "request"
+
+
+def _problems(error: RequestValidationError) -> list[dict[str, Any]]:
+    # Drop the offending input and context: they can be huge or not JSON-serialisable.
+    return [{"loc": [str(part) for part in problem.get("loc", ())], "msg": str(problem.get("msg", "")),
+             "type": str(problem.get("type", ""))} for problem in error.errors()]
+
+
+async def _canopy_error(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, CanopyError)
+    return JSONResponse({"detail": str(error)}, status_code=error.status_code)
+
+
+async def _validation_error(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    problems = _problems(error)
+    detail = "; ".join(f"{_location(p['loc'])}: {p['msg']}" for p in problems) or "invalid request"
+    return JSONResponse({"detail": detail, "errors": problems}, status_code=422)
+
+
+async def _database_refusal(_: Request, error: Exception) -> JSONResponse:
+    # A constraint the request validation did not foresee: the database refused the write and
+    # nothing was stored. Still the caller's problem (4xx), never a crash.
+    if isinstance(error, psycopg.errors.IntegrityError):
+        return JSONResponse({"detail": "the request conflicts with stored data; nothing was written"},
+                            status_code=409)
+    return JSONResponse({"detail": "the database refused a value in the request; nothing was written"},
+                        status_code=422)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(CanopyError, _canopy_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(psycopg.errors.IntegrityError, _database_refusal)
+    app.add_exception_handler(psycopg.errors.DataError, _database_refusal)

@@ -1,0 +1,55 @@
+"""Operator commands that talk to the database directly (no Ray needed): keys, agents, sessions, trees."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+from api.views import agents_table, sessions_table, tree_table
+from persistence import agents, scopes, sessions, trees
+from persistence.db import Connection, Database, ensure_schema, resolve_database_url
+from persistence.records import Scope
+from persistence.settings import get_settings
+
+T = TypeVar("T")
+
+
+async def in_database(work: Callable[[Connection], Awaitable[T]]) -> T:
+    """One transaction on the configured database (the embedded one by default)."""
+    url = resolve_database_url()
+    ensure_schema(url)
+    db = await Database.connect(url, max_size=1)
+    try:
+        async with db.tx() as conn:
+            return await work(conn)
+    finally:
+        await db.close()
+
+
+async def create_key(scope: Scope) -> str:
+    return await in_database(lambda conn: scopes.create_api_key(conn, scope))
+
+
+async def list_agents(scope: Scope, console: Console) -> None:
+    found = await in_database(lambda conn: agents.list_agents(conn, scope))
+    console.print(agents_table(found))
+
+
+async def create_agent(scope: Scope, fields: dict[str, Any], console: Console) -> None:
+    fields = {**fields, "model": fields.get("model") or get_settings().default_model}
+    agent = await in_database(lambda conn: agents.create_agent(conn, scope, fields))
+    console.print(agents_table([agent]))
+
+
+async def list_sessions(scope: Scope, console: Console, *, limit: int, include_archived: bool) -> None:
+    found = await in_database(lambda conn: sessions.list_roots(
+        conn, scope, project_id=None, offset=0, limit=limit, include_archived=include_archived))
+    console.print(sessions_table(found))
+
+
+async def show_tree(scope: Scope, tree_id: uuid.UUID, console: Console) -> None:
+    summary = await in_database(lambda conn: trees.tree_summary(conn, scope, tree_id))
+    console.print(tree_table(summary))

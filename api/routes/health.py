@@ -1,0 +1,63 @@
+"""Operator endpoints without an API key: liveness and Prometheus metrics.
+
+``/metrics`` carries only aggregate figures (no ids, no text), like any scrape target; a
+deployment that exposes the API beyond loopback should keep it behind its proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import ray
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from actors.naming import GATEWAY_NAME, NAMESPACE
+from api import metrics
+from api.deps import RuntimeDep
+from api.schemas import Health
+from persistence.metrics import runtime_metrics
+
+
+def _ray_reachable() -> str:
+    if not ray.is_initialized():
+        return "not connected"
+    ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE)  # a GCS round trip
+    return "ok"
+
+
+async def healthz(runtime: RuntimeDep) -> JSONResponse:
+    """Liveness, plus database and Ray reachability (503 when either is unreachable)."""
+    try:
+        async with runtime.db.tx() as conn:
+            await conn.execute("SELECT 1")
+        database = "ok"
+    except Exception as error:
+        database = f"unreachable: {type(error).__name__}"
+    try:
+        ray_state = await asyncio.wait_for(asyncio.to_thread(_ray_reachable), timeout=5)
+    except Exception as error:
+        ray_state = f"unreachable: {type(error).__name__}"
+    healthy = database == "ok" and ray_state == "ok"
+    body = Health(status="ok" if healthy else "degraded", database=database, ray=ray_state)
+    return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)
+
+
+async def prometheus_metrics(runtime: RuntimeDep) -> PlainTextResponse:
+    """Slots in use, queue depth, Turns by status, model calls/latency/tokens, recoveries (all from the database)."""
+    async with runtime.db.tx() as conn:
+        figures = await runtime_metrics(conn)
+    return PlainTextResponse(metrics.render(figures), media_type="text/plain; version=0.0.4")
+
+
+def build_router(operation_prefix: str = "") -> APIRouter:
+    """The two routes, mountable twice (at ``/`` and under ``/api/v1``) with distinct operation ids."""
+    router = APIRouter(tags=["operations"])
+    router.add_api_route("/healthz", healthz, methods=["GET"], response_model=Health,
+                         operation_id=f"{operation_prefix}healthz",
+                         responses={503: {"model": Health, "description": "Degraded."}})
+    router.add_api_route("/metrics", prometheus_metrics, methods=["GET"], response_class=PlainTextResponse,
+                         operation_id=f"{operation_prefix}metrics",
+                         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                          "description": "Prometheus text format 0.0.4."}})
+    return router

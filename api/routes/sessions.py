@@ -1,0 +1,151 @@
+"""Sessions: roots, their state and history, and a human's actions on one session."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request, status
+from fastapi.responses import JSONResponse
+
+from api.auth import ScopeDep
+from api.deps import COMMON, RuntimeDep, errors
+from api.schemas import (
+    MAX_BIGINT,
+    HumanRequest,
+    InputCreate,
+    InputReceipt,
+    Message,
+    Session,
+    SessionCreate,
+    SessionCreated,
+    SessionUpdate,
+    SteerAccepted,
+    SteerCreate,
+    TurnCancelAccepted,
+)
+from api.writes import IdempotencyKey, respond_to_write
+from persistence import projects, sessions, trees, views
+from persistence.records import Row
+
+router = APIRouter(prefix="/sessions", tags=["sessions"])
+
+
+def _created(result: Row) -> SessionCreated:
+    return SessionCreated(session=Session.model_validate(result["session"]),
+                          input=InputReceipt.model_validate(result["input"]) if result["input"] else None)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=SessionCreated,
+             responses=errors(*COMMON, 404, 413))
+async def create_root(body: SessionCreate, caller: ScopeDep, runtime: RuntimeDep, request: Request,
+                      idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """A new root session (its own tree). ``input``, when given, is submitted at once."""
+    return await respond_to_write(
+        request, caller, idempotency_key, body, status.HTTP_201_CREATED,
+        lambda hook: runtime.create_root(caller, input_text=body.input, agent_id=body.agent_id,
+                                         project_id=body.project_id, title=body.title or "", in_tx=hook),
+        _created)
+
+
+@router.get("", response_model=list[Session], responses=errors(*COMMON, 404))
+async def list_roots(
+    caller: ScopeDep,
+    runtime: RuntimeDep,
+    scope: Annotated[Literal["project", "all"], Query(
+        description="all: every root of your scope; project: the roots of project_id (default: your first "
+                    "project)")] = "all",
+    project_id: Annotated[uuid.UUID | None, Query(description="Only roots of this project.")] = None,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    include_archived: bool = False,
+) -> list[Session]:
+    """Root sessions, newest first."""
+    async with runtime.db.tx() as conn:
+        if project_id is not None:
+            await projects.get_project(conn, caller, project_id)
+        elif scope == "project":
+            first = await projects.list_projects(conn, caller)
+            if not first:
+                return []
+            project_id = first[0]["project_id"]
+        rows = await sessions.list_roots(conn, caller, project_id=project_id, offset=offset, limit=limit,
+                                         include_archived=include_archived)
+    return [Session.model_validate(row) for row in rows]
+
+
+@router.get("/{session_id}", response_model=Session, responses=errors(*COMMON, 404))
+async def get_session(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> Session:
+    async with runtime.db.tx() as conn:
+        return Session.model_validate(await sessions.get_session(conn, caller, session_id))
+
+
+@router.patch("/{session_id}", response_model=Session, responses=errors(*COMMON, 404, 413))
+async def update_session(session_id: uuid.UUID, body: SessionUpdate, caller: ScopeDep,
+                         runtime: RuntimeDep) -> Session:
+    """Edit the display title (the name and path are fixed at creation)."""
+    return Session.model_validate(await runtime.set_title(caller, session_id, body.title))
+
+
+@router.get("/{session_id}/messages", response_model=list[Message], responses=errors(*COMMON, 404))
+async def list_messages(
+    session_id: uuid.UUID,
+    caller: ScopeDep,
+    runtime: RuntimeDep,
+    after: Annotated[int, Query(ge=0, le=MAX_BIGINT, description="Only messages with a larger id.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[Message]:
+    """The history, oldest first: role, content, tool calls and results, Turn and Run, origin."""
+    async with runtime.db.tx() as conn:
+        rows = await views.session_messages(conn, caller, session_id, after_id=after, limit=limit)
+    return [Message.model_validate(row) for row in rows]
+
+
+@router.post("/{session_id}/inputs", status_code=status.HTTP_202_ACCEPTED, response_model=InputReceipt,
+             responses=errors(*COMMON, 404, 409, 413))
+async def submit_input(session_id: uuid.UUID, body: InputCreate, caller: ScopeDep, runtime: RuntimeDep,
+                       request: Request, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """Queue work FIFO (started at once when idle). 409 while the session waits for a human."""
+    return await respond_to_write(
+        request, caller, idempotency_key, body, status.HTTP_202_ACCEPTED,
+        lambda hook: runtime.submit_input(caller, session_id, body.text, origin_kind=body.origin, in_tx=hook),
+        InputReceipt.model_validate)
+
+
+@router.post("/{session_id}/steer", status_code=status.HTTP_202_ACCEPTED, response_model=SteerAccepted,
+             responses=errors(*COMMON, 404, 409, 413))
+async def steer(session_id: uuid.UUID, body: SteerCreate, caller: ScopeDep, runtime: RuntimeDep,
+                request: Request, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """A correction to the running Turn, read at its next model boundary. 409 without a running Turn."""
+    return await respond_to_write(
+        request, caller, idempotency_key, body, status.HTTP_202_ACCEPTED,
+        lambda hook: runtime.steer(caller, session_id, body.text, in_tx=hook), SteerAccepted.model_validate)
+
+
+@router.post("/{session_id}/turns/{turn_id}/cancel", status_code=status.HTTP_202_ACCEPTED,
+             response_model=TurnCancelAccepted, responses=errors(*COMMON, 404))
+async def cancel_turn(session_id: uuid.UUID, turn_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep,
+                      request: Request, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """Cancel exactly this Turn (a finished Turn stays as it is). Children are never cancelled with it."""
+    return await respond_to_write(
+        request, caller, idempotency_key, None, status.HTTP_202_ACCEPTED,
+        lambda hook: runtime.cancel_turn(caller, session_id, turn_id, in_tx=hook),
+        lambda _: TurnCancelAccepted(session_id=session_id, turn_id=turn_id))
+
+
+@router.get("/{session_id}/requests", response_model=list[HumanRequest], responses=errors(*COMMON, 404))
+async def session_requests(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> list[HumanRequest]:
+    """Pending approvals and questions of this session."""
+    async with runtime.db.tx() as conn:
+        await sessions.get_session_row(conn, caller, session_id)
+        rows = await trees.pending_requests(conn, caller, session_id=session_id)
+    return [HumanRequest.model_validate(row) for row in rows]
+
+
+@router.post("/{session_id}/archive", response_model=Session, responses=errors(*COMMON, 404, 409))
+async def archive(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
+                  idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """Hide a root's idle tree from lists (nothing is deleted). 409 while anything in it is busy."""
+    return await respond_to_write(
+        request, caller, idempotency_key, None, status.HTTP_200_OK,
+        lambda hook: runtime.archive_root(caller, session_id, in_tx=hook), Session.model_validate)

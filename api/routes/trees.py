@@ -1,0 +1,53 @@
+"""Whole trees: the summary, stop all / continue, and the tree's human inbox."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Request, status
+from fastapi.responses import JSONResponse
+
+from api.auth import ScopeDep
+from api.deps import COMMON, RuntimeDep, errors
+from api.schemas import HumanRequest, TreeContinued, TreeStopAccepted, TreeSummary
+from api.writes import IdempotencyKey, respond_to_write
+from persistence import trees, views
+
+router = APIRouter(prefix="/trees", tags=["trees"])
+
+
+@router.get("/{tree_id}", response_model=TreeSummary, responses=errors(*COMMON, 404))
+async def tree_summary(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> TreeSummary:
+    """Every member's state in a constant number of queries, without outputs."""
+    return TreeSummary.model_validate(await runtime.tree_summary(caller, tree_id))
+
+
+@router.post("/{tree_id}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=TreeStopAccepted,
+             responses=errors(*COMMON, 404))
+async def stop_tree(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
+                    idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """Stop all: cancel every in-flight Turn and pause every queue with pending inputs."""
+    return await respond_to_write(
+        request, caller, idempotency_key, None, status.HTTP_202_ACCEPTED,
+        lambda hook: runtime.stop_tree(caller, tree_id, in_tx=hook),
+        lambda live: TreeStopAccepted(tree_id=tree_id, signalled_sessions=live))
+
+
+@router.post("/{tree_id}/continue", status_code=status.HTTP_202_ACCEPTED, response_model=TreeContinued,
+             responses=errors(*COMMON, 404, 409))
+async def continue_tree(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
+                        idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """Unpause every queue and start pending inputs. 409 while any Turn is still unfinished."""
+    return await respond_to_write(
+        request, caller, idempotency_key, None, status.HTTP_202_ACCEPTED,
+        lambda hook: runtime.continue_tree(caller, tree_id, in_tx=hook),
+        lambda started: TreeContinued(tree_id=tree_id, started_sessions=started))
+
+
+@router.get("/{tree_id}/requests", response_model=list[HumanRequest], responses=errors(*COMMON, 404))
+async def tree_inbox(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> list[HumanRequest]:
+    """The tree's inbox: every pending approval and question of every member, with its path."""
+    async with runtime.db.tx() as conn:
+        await views.require_tree(conn, caller, tree_id)
+        rows = await trees.pending_requests(conn, caller, tree_id=tree_id)
+    return [HumanRequest.model_validate(row) for row in rows]

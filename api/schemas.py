@@ -1,0 +1,346 @@
+"""Request and response bodies of the HTTP API (SPEC §11): the shapes every client may rely on.
+
+Every text a client sends is validated here, before any database work: at most 100,000
+characters, no NUL character and valid Unicode (PostgreSQL stores neither NUL nor lone
+surrogates, and a malformed body must be a 4xx, never a 500).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from persistence.turns import MAX_TEXT
+
+MAX_BIGINT = 2**63 - 1
+
+
+def _storable(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("text must not contain the NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT), AfterValidator(_storable)]
+OptionalText = Annotated[str, StringConstraints(max_length=MAX_TEXT), AfterValidator(_storable)]
+ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
+ScopeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@:-]{1,128}$")]
+AgentId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
+ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
+
+
+class RequestBody(BaseModel):
+    """Unknown fields are refused: a typo must not silently do something else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResponseBody(BaseModel):
+    model_config = ConfigDict(extra="ignore", from_attributes=True)
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="A clear sentence saying what went wrong.")
+
+
+class ValidationErrorBody(BaseModel):
+    detail: str = Field(description="Every problem in one sentence.")
+    errors: list[dict[str, Any]] = Field(default_factory=list, description="Each problem: loc, msg, type.")
+
+
+# -- health ------------------------------------------------------------------------------------------
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    database: str
+    ray: str
+
+
+# -- admin -------------------------------------------------------------------------------------------
+
+
+class KeyCreate(RequestBody):
+    user_id: ScopeId
+    app_id: ScopeId
+
+
+class KeyCreated(BaseModel):
+    api_key: str = Field(description="Shown once; only its hash is stored.")
+    user_id: str
+    app_id: str
+
+
+# -- agents ------------------------------------------------------------------------------------------
+
+
+class AgentCreate(RequestBody):
+    agent_id: AgentId
+    name: ShortText
+    description: OptionalText = ""
+    model: ModelName | None = Field(default=None, description="A litellm model string; default: the system model.")
+    instructions: OptionalText = ""
+    tools: list[ToolName] = Field(default_factory=list, max_length=64,
+                                  description="Tool names the agent may use; empty means every tool.")
+    approval_mode: Literal["auto", "ask"] = "auto"
+    shared: bool = Field(default=False, description="Visible to every user of the same app.")
+
+
+class AgentUpdate(RequestBody):
+    name: ShortText | None = None
+    description: OptionalText | None = None
+    model: ModelName | None = None
+    instructions: OptionalText | None = None
+    tools: list[ToolName] | None = Field(default=None, max_length=64)
+    approval_mode: Literal["auto", "ask"] | None = None
+    shared: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        # A PATCH leaves out what it does not change; an explicit null would erase a required field.
+        if isinstance(data, dict):
+            nulls = sorted(key for key, value in data.items() if value is None)
+            if nulls:
+                raise ValueError(f"omit a field instead of sending null: {', '.join(map(str, nulls))}")
+        return data
+
+
+class Agent(ResponseBody):
+    id: str
+    agent_id: str
+    name: str
+    description: str
+    model: str
+    instructions: str
+    tools: list[str]
+    approval_mode: str
+    shared: bool
+    owner_user_id: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @model_validator(mode="before")
+    @classmethod
+    def _id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "id" not in data and "agent_id" in data:
+            return {**data, "id": data["agent_id"]}
+        return data
+
+
+# -- projects ----------------------------------------------------------------------------------------
+
+
+class ProjectCreate(RequestBody):
+    name: ShortText
+
+
+class Project(ResponseBody):
+    project_id: uuid.UUID
+    name: str
+    workdir: str
+    created_at: dt.datetime
+
+
+# -- sessions, inputs, results -----------------------------------------------------------------------
+
+
+class SessionCreate(RequestBody):
+    agent_id: AgentId | None = None
+    project_id: uuid.UUID | None = None
+    title: OptionalText | None = None
+    input: Text | None = Field(default=None, description="Submitted at once as the root's first input.")
+
+
+class SessionUpdate(RequestBody):
+    title: OptionalText
+
+
+class InputCreate(RequestBody):
+    text: Text
+    origin: Literal["human", "api"] = Field(
+        default="human", description="human: a person's input (unpauses a stopped member, tells its parent).")
+
+
+class SteerCreate(RequestBody):
+    text: Text
+
+
+class AnswerCreate(RequestBody):
+    decision: Literal["approve", "deny"] | None = None
+    answer: Text | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> AnswerCreate:
+        if (self.decision is None) == (self.answer is None):
+            raise ValueError("give exactly one of decision (for an approval) and answer (for a question)")
+        return self
+
+    def response(self) -> dict[str, str]:
+        return {"decision": self.decision} if self.decision is not None else {"answer": str(self.answer)}
+
+
+class Session(ResponseBody):
+    session_id: uuid.UUID
+    tree_id: uuid.UUID
+    parent_id: uuid.UUID | None
+    name: str
+    path: str
+    depth: int
+    title: str
+    agent_id: str | None
+    project_id: uuid.UUID
+    status: Literal["active", "archived"]
+    activity: str = Field(description="idle, queued, running, waiting_cooperation, waiting_approval, "
+                                      "waiting_answer or cancelling")
+    current_turn_id: uuid.UUID | None
+    queue_paused: bool
+    pending_inputs: int
+    origin: dict[str, Any]
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    # Beyond the SPEC's shape:
+    turn_id: uuid.UUID | None = Field(default=None, description="The latest Turn, open or not.")
+    turn_status: str | None = None
+    waiting_for: str | None = None
+    archived: bool = False
+
+
+class InputReceipt(ResponseBody):
+    input_id: uuid.UUID
+    session_id: uuid.UUID
+    status: Literal["started", "queued"]
+    turn_id: uuid.UUID | None
+
+
+class SessionCreated(BaseModel):
+    session: Session
+    input: InputReceipt | None
+
+
+class SteerAccepted(ResponseBody):
+    status: Literal["accepted"] = "accepted"
+    message_id: uuid.UUID
+    session_id: uuid.UUID
+    turn_id: uuid.UUID
+
+
+class TurnCancelAccepted(BaseModel):
+    status: Literal["accepted"] = "accepted"
+    session_id: uuid.UUID
+    turn_id: uuid.UUID
+
+
+class InputCancelled(ResponseBody):
+    input_id: uuid.UUID
+    session_id: uuid.UUID
+    status: Literal["cancelled"]
+
+
+class Result(ResponseBody):
+    session_id: uuid.UUID
+    input_id: uuid.UUID
+    input_status: str
+    turn_id: uuid.UUID | None
+    status: str = Field(description="The Turn's status, or the input's while it has no Turn.")
+    terminal: bool
+    result_run_id: uuid.UUID | None
+    output: str | None
+    error: str | None
+
+
+class Message(ResponseBody):
+    id: int
+    role: Literal["user", "assistant", "tool"]
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None
+    tool_call_id: str | None
+    turn_id: uuid.UUID | None
+    run_id: uuid.UUID | None
+    origin: dict[str, Any]
+    created_at: dt.datetime
+
+
+# -- trees -------------------------------------------------------------------------------------------
+
+
+class Member(ResponseBody):
+    session_id: uuid.UUID
+    parent_id: uuid.UUID | None
+    name: str
+    path: str
+    depth: int
+    title: str
+    activity: str
+    turn_id: uuid.UUID | None
+    turn_status: str | None
+    waiting_for: str | None
+    pending_inputs: int
+    queue_paused: bool
+
+
+class TreeSummary(ResponseBody):
+    tree_id: uuid.UUID
+    stopped: bool
+    archived: bool = False
+    slot_limit: int
+    slots_in_use: int
+    members: list[Member]
+
+
+class TreeStopAccepted(BaseModel):
+    status: Literal["stopping"] = "stopping"
+    tree_id: uuid.UUID
+    signalled_sessions: list[uuid.UUID] = Field(description="Members whose running Turn is being cancelled.")
+
+
+class TreeContinued(BaseModel):
+    status: Literal["continued"] = "continued"
+    tree_id: uuid.UUID
+    started_sessions: list[uuid.UUID] = Field(description="Members whose next pending input started.")
+
+
+# -- human in the loop -------------------------------------------------------------------------------
+
+
+class HumanRequest(ResponseBody):
+    id: uuid.UUID
+    kind: Literal["approval", "question"]
+    session_id: uuid.UUID
+    path: str = Field(description="Where in the tree the request comes from.")
+    turn_id: uuid.UUID
+    payload: dict[str, Any]
+    status: str
+    created_at: dt.datetime
+
+
+class AnswerAccepted(BaseModel):
+    status: Literal["answered"] = "answered"
+    request_id: uuid.UUID
+    session_id: uuid.UUID
+    turn_id: uuid.UUID
+
+
+# -- events ------------------------------------------------------------------------------------------
+
+
+class Event(ResponseBody):
+    cursor: int
+    kind: str
+    session_id: uuid.UUID | None
+    tree_id: uuid.UUID | None = None
+    turn_id: uuid.UUID | None
+    run_id: uuid.UUID | None
+    payload: dict[str, Any]
+    created_at: dt.datetime

@@ -1,0 +1,58 @@
+"""The HTTP API as a Ray Serve deployment.
+
+``serve deploy serve.yaml`` imports ``api.serve_app:app``; ``canopy up`` and the tests call
+``application(env)`` to pass the database URL and settings explicitly. Each replica builds
+the FastAPI app in its own process (``build_asgi_app``): its own Runtime handle on the
+running cluster, its own connection pool and its own event listener. Replicas share
+nothing but PostgreSQL, so any replica can serve any request or stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.deployment import Application, Deployment
+
+from api.app import create_app
+
+APP_NAME = "canopy"
+DEPLOYMENT_NAME = "canopy-api"
+# Requests in flight per replica: live event streams stay open for a long time and each one
+# counts, so Serve's default of 5 would queue ordinary requests behind a few watchers.
+MAX_ONGOING_REQUESTS = 1000
+# The API's connection pool: it serves many concurrent short requests (actors use 2 each).
+REPLICA_ENV_DEFAULTS = {"CANOPY_DB_POOL_MAX": "16"}
+
+
+def build_asgi_app() -> FastAPI:
+    """Evaluated inside each replica at start; the app's lifespan starts its Runtime there."""
+    return create_app()
+
+
+@serve.deployment(
+    name=DEPLOYMENT_NAME,
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=MAX_ONGOING_REQUESTS,
+    graceful_shutdown_timeout_s=5,
+)
+@serve.ingress(build_asgi_app)
+class CanopyAPI:
+    """The ingress deployment; all routes come from ``create_app``."""
+
+
+# The decorators turn the class into a Deployment (their typing does not say so).
+DEPLOYMENT = cast(Deployment, CanopyAPI)
+
+
+def application(env: dict[str, str] | None = None, num_replicas: int = 1) -> Application:
+    """The Serve application with the replicas' environment (database URL, data dir, settings)."""
+    replica_env = {**REPLICA_ENV_DEFAULTS, **(env or {})}
+    options: dict[str, Any] = {"num_cpus": 0, "runtime_env": {"env_vars": replica_env}}
+    return DEPLOYMENT.options(ray_actor_options=options, num_replicas=num_replicas).bind()
+
+
+# For `serve deploy serve.yaml` / `serve run api.serve_app:app`: the environment comes from
+# the config's runtime_env and from the cluster's own environment.
+app = DEPLOYMENT.bind()

@@ -1,0 +1,116 @@
+"""Server-Sent Events over the committed events table.
+
+A stream replays every event after its cursor (``?after=N`` or ``Last-Event-ID: N``), oldest
+first, then follows live ones. Event cursors come from a per-scope counter that is locked
+until commit (persistence/events.py), so a reader that has seen cursor N never later sees a
+smaller one commit: re-reading ``cursor > last sent`` loses nothing and repeats nothing.
+Each event's SSE ``id:`` is its cursor. Model text deltas, which are not durable and have no
+cursor, go out as ``event: delta`` without an ``id:`` so they never move a client's resume point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from api.hub import EventHub, Subscription
+from api.schemas import Event
+from persistence.db import Database
+from persistence.events import events_after
+from persistence.records import Row
+from persistence.records import Scope as CanopyScope
+
+_BATCH = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSettings:
+    heartbeat_seconds: float = 15.0  # a comment line keeps idle connections (and proxies) open
+    poll_seconds: float = 5.0  # safety re-read while the listener is healthy
+    fallback_poll_seconds: float = 0.5  # re-read interval while the listener is down
+    retry_ms: int = 2000  # the reconnection delay suggested to EventSource clients
+
+
+class EventStreamResponse(StreamingResponse):
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Close the generator now (not at garbage collection) so its subscription is freed
+            # as soon as the client goes away.
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def format_event(row: Row) -> bytes:
+    data = Event.model_validate(row).model_dump_json()
+    return f"id: {row['cursor']}\ndata: {data}\n\n".encode()
+
+
+def format_delta(delta: dict[str, Any]) -> bytes:
+    return f"event: delta\ndata: {json.dumps(delta, separators=(',', ':'))}\n\n".encode()
+
+
+async def _due_events(db: Database, scope: CanopyScope, cursor: int, subscription: Subscription) -> list[Row]:
+    async with db.tx() as conn:
+        return await events_after(
+            conn, scope, cursor, limit=_BATCH,
+            session_id=uuid.UUID(subscription.session_id) if subscription.session_id else None,
+            tree_id=uuid.UUID(subscription.tree_id) if subscription.tree_id else None)
+
+
+async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after: int,
+                       session_id: uuid.UUID | None = None, tree_id: uuid.UUID | None = None,
+                       deltas: bool = True, settings: StreamSettings | None = None
+                       ) -> AsyncGenerator[bytes, None]:
+    """The stream body. The caller has already checked that the session or tree is in the scope."""
+    settings = settings or StreamSettings()
+    with hub.subscribe(scope, session_id=str(session_id) if session_id else None,
+                       tree_id=str(tree_id) if tree_id else None, deltas=deltas) as subscription:
+        yield f"retry: {settings.retry_ms}\n\n".encode()
+        cursor = after
+        last_write = next_poll = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if subscription.events_due or now >= next_poll:
+                # Clear before reading: a notification arriving during the read sets it again.
+                subscription.events_due = False
+                rows = await _due_events(db, scope, cursor, subscription)
+                for row in rows:
+                    cursor = row["cursor"]
+                    yield format_event(row)
+                if rows:
+                    last_write = time.monotonic()
+                if len(rows) == _BATCH:
+                    continue
+                poll = settings.poll_seconds if hub.listening else settings.fallback_poll_seconds
+                next_poll = time.monotonic() + poll
+            while subscription.deltas:
+                yield format_delta(subscription.deltas.popleft())
+                last_write = time.monotonic()
+            now = time.monotonic()
+            if now - last_write >= settings.heartbeat_seconds:
+                yield b": keep-alive\n\n"
+                last_write = now
+            if subscription.events_due or subscription.deltas:
+                continue
+            subscription.signal.clear()
+            timeout = max(0.0, min(next_poll, last_write + settings.heartbeat_seconds) - time.monotonic())
+            try:
+                await asyncio.wait_for(subscription.signal.wait(), timeout=timeout)
+            except TimeoutError:
+                pass

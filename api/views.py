@@ -1,0 +1,72 @@
+"""Terminal renderings with ``rich``: a tree's members, agents and sessions as tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from persistence.records import Row
+
+ACTIVITY_STYLES = {
+    "idle": "dim",
+    "queued": "yellow",
+    "running": "bold green",
+    "waiting_cooperation": "cyan",
+    "waiting_approval": "bold magenta",
+    "waiting_answer": "bold magenta",
+    "cancelling": "red",
+}
+STATUS_STYLES = {"completed": "green", "failed": "bold red", "cancelled": "red", "running": "green",
+                 "waiting": "cyan", "cancelling": "red"}
+
+
+def _styled(value: Any, styles: dict[str, str]) -> Text:
+    text = "" if value is None else str(value)
+    return Text(text, style=styles.get(text, ""))
+
+
+def tree_table(summary: Row, *, elapsed: float | None = None, status: str | None = None) -> Table:
+    """Members (indented by depth), their activity and Turn, plus the tree's slots and elapsed time."""
+    heading = [f"tree {summary['tree_id']}", f"slots {summary['slots_in_use']}/{summary['slot_limit']}"]
+    if summary.get("stopped"):
+        heading.append("[red]stopped[/red]")
+    if elapsed is not None:
+        heading.append(f"{elapsed:.1f} s")
+    if status:
+        heading.append(status)
+    table = Table(title="  ·  ".join(heading), title_justify="left", expand=False)
+    table.add_column("member")
+    table.add_column("activity")
+    table.add_column("turn")
+    table.add_column("queued", justify="right")
+    table.add_column("title", overflow="ellipsis", max_width=48)
+    for member in summary["members"]:
+        indent = "  " * member["depth"]
+        name = "/root" if member["depth"] == 0 else member["name"]
+        table.add_row(f"{indent}{name}", _styled(member["activity"], ACTIVITY_STYLES),
+                      _styled(member["turn_status"], STATUS_STYLES), str(member["pending_inputs"] or ""),
+                      member["title"] or "")
+    return table
+
+
+def agents_table(agents: list[Row]) -> Table:
+    table = Table(title="agents", title_justify="left")
+    for column in ("id", "name", "model", "approval", "shared", "owner"):
+        table.add_column(column)
+    for agent in agents:
+        table.add_row(agent["agent_id"], agent["name"], agent["model"], agent["approval_mode"],
+                      "yes" if agent["shared"] else "", agent["owner_user_id"])
+    return table
+
+
+def sessions_table(sessions: list[Row]) -> Table:
+    table = Table(title="root sessions (newest first)", title_justify="left")
+    for column in ("session_id", "activity", "turn", "created", "title"):
+        table.add_column(column)
+    for session in sessions:
+        table.add_row(str(session["session_id"]), _styled(session["activity"], ACTIVITY_STYLES),
+                      _styled(session["turn_status"], STATUS_STYLES),
+                      session["created_at"].strftime("%Y-%m-%d %H:%M:%S"), session["title"] or "")
+    return table

@@ -1,0 +1,80 @@
+"""Every POST write goes through ``respond_to_write``: the optional ``Idempotency-Key`` header.
+
+With a key, the request's fingerprint (method, path, validated body) is checked against a
+stored receipt first: the same request gets the stored response and nothing is written; a
+different request with the same key gets 422. A new key's receipt is written inside the
+write's own transaction (``Runtime``'s ``in_tx`` hook), so a write and its receipt commit
+together; of two concurrent requests with one key, the second waits for the first, rolls
+its own write back and answers with the first one's stored response.
+
+Only successful writes leave a receipt: a refused request (4xx) wrote nothing, so its retry
+is simply tried again. Receipts are scoped to (user, app) and kept (no expiry yet). PATCH
+routes are idempotent by themselves and take no key; neither does the admin route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import Header, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from actors.runtime import TxHook
+from persistence import idempotency
+from persistence.db import Connection
+from persistence.records import Scope
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=idempotency.MAX_KEY_LENGTH, pattern=r"^[\x21-\x7e]+$",
+           description="Optional. Retrying a write with the same key returns the first response and writes "
+                       "nothing; reusing a key for a different request is refused (422)."),
+]
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+class _LostRace(Exception):
+    """A concurrent request with the same key committed first: roll this write back."""
+
+
+def _replay(stored: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(stored["response"], status_code=stored["status_code"], headers={REPLAYED_HEADER: "true"})
+
+
+async def respond_to_write(
+    request: Request,
+    scope: Scope,
+    key: str | None,
+    body: BaseModel | None,
+    status_code: int,
+    perform: Callable[[TxHook | None], Awaitable[Any]],
+    render: Callable[[Any], BaseModel],
+) -> JSONResponse:
+    """Run ``perform`` (a Runtime write taking an ``in_tx`` hook) and answer with ``render(result)``."""
+    if key is None:
+        return JSONResponse(render(await perform(None)).model_dump(mode="json"), status_code=status_code)
+    db = request.app.state.runtime.db
+    fingerprint = idempotency.request_fingerprint(
+        request.method, request.url.path, body.model_dump(mode="json") if body is not None else None)
+    async with db.tx() as conn:
+        stored = await idempotency.stored_response(conn, scope, key, fingerprint)
+    if stored is not None:
+        return _replay(stored)
+    rendered: dict[str, Any] = {}
+
+    async def store_receipt(conn: Connection, result: Any) -> None:
+        content = render(result).model_dump(mode="json")
+        if not await idempotency.store_response(conn, scope, key, fingerprint, status_code, content):
+            raise _LostRace
+        rendered["content"] = content
+
+    try:
+        await perform(store_receipt)
+    except _LostRace:
+        async with db.tx() as conn:
+            stored = await idempotency.stored_response(conn, scope, key, fingerprint)
+        assert stored is not None, "the winning request committed its receipt"
+        return _replay(stored)
+    return JSONResponse(rendered["content"], status_code=status_code)

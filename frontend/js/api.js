@@ -1,0 +1,133 @@
+// The HTTP client: every call goes to /api/v1 with the user's API key as a bearer token.
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(detail || `HTTP ${status}`);
+    this.name = "ApiError";
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+/** FastAPI errors are {"detail": "..."} or, for validation errors, {"detail": [{loc, msg}, ...]}. */
+export function formatDetail(detail) {
+  if (detail == null) return "";
+  if (typeof detail === "string") return detail;
+  if (Array.isArray(detail)) {
+    return detail
+      .map((item) => {
+        if (typeof item === "string") return item;
+        const where = Array.isArray(item.loc) ? item.loc.filter((p) => p !== "body").join(".") : "";
+        return where ? `${where}: ${item.msg}` : item.msg ?? JSON.stringify(item);
+      })
+      .join("; ");
+  }
+  return JSON.stringify(detail);
+}
+
+/** Lists may come bare or wrapped ({"sessions": [...]}, {"items": [...]}): accept both. */
+export function listOf(body, key) {
+  if (Array.isArray(body)) return body;
+  if (body && Array.isArray(body[key])) return body[key];
+  if (body && Array.isArray(body.items)) return body.items;
+  if (body && Array.isArray(body.data)) return body.data;
+  return [];
+}
+
+const q = (params) => {
+  const search = new URLSearchParams();
+  for (const [key, value] of Object.entries(params)) {
+    if (value !== undefined && value !== null && value !== "") search.set(key, String(value));
+  }
+  const text = search.toString();
+  return text ? `?${text}` : "";
+};
+
+const id = (value) => encodeURIComponent(value);
+
+export class Api {
+  /**
+   * @param {{base?: string, getKey: () => string | null, onUnauthorized?: () => void}} options
+   */
+  constructor({ base = "/api/v1", getKey, onUnauthorized }) {
+    this.base = base.replace(/\/$/, "");
+    this.getKey = getKey;
+    this.onUnauthorized = onUnauthorized;
+  }
+
+  authHeaders() {
+    const key = this.getKey();
+    return key ? { Authorization: `Bearer ${key}` } : {};
+  }
+
+  url(path) {
+    return this.base + path;
+  }
+
+  /**
+   * One call. ``idempotencyKey``: sent as Idempotency-Key, so that retrying the same write
+   * (after a network error or a 5xx) can never do it twice.
+   */
+  async request(method, path, body, { signal, keyOverride, idempotencyKey } = {}) {
+    const headers = keyOverride ? { Authorization: `Bearer ${keyOverride}` } : this.authHeaders();
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (idempotencyKey) headers["Idempotency-Key"] = idempotencyKey;
+    let response;
+    try {
+      response = await fetch(this.url(path), {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal,
+        cache: "no-store",
+      });
+    } catch (error) {
+      if (error.name === "AbortError") throw error;
+      throw new ApiError(0, "the server could not be reached");
+    }
+    if (response.status === 401 && !keyOverride) this.onUnauthorized?.();
+    const type = response.headers.get("content-type") ?? "";
+    const payload = response.status === 204 ? null : type.includes("json") ? await response.json().catch(() => null)
+      : await response.text();
+    if (!response.ok) {
+      const detail = payload && typeof payload === "object" ? formatDetail(payload.detail) : "";
+      throw new ApiError(response.status, detail || `${response.status} ${response.statusText}`.trim());
+    }
+    return payload;
+  }
+
+  get = (path, options) => this.request("GET", path, undefined, options);
+  post = (path, body = {}, options) => this.request("POST", path, body, options);
+  patch = (path, body, options) => this.request("PATCH", path, body, options);
+
+  // -- directory ---------------------------------------------------------------------------------
+  checkKey = (key) => this.request("GET", "/sessions?limit=1", undefined, { keyOverride: key });
+  projects = async () => listOf(await this.get("/projects"), "projects");
+  agents = async () => listOf(await this.get("/agents"), "agents");
+
+  // -- sessions ----------------------------------------------------------------------------------
+  roots = async ({ projectId, offset = 0, limit = 50 } = {}) =>
+    listOf(await this.get(`/sessions${q({ scope: projectId ? "project" : "all", project_id: projectId, offset, limit })}`),
+      "sessions");
+  createRoot = (body, options) => this.post("/sessions", body, options);
+  session = (sessionId, options) => this.get(`/sessions/${id(sessionId)}`, options);
+  rename = (sessionId, title) => this.patch(`/sessions/${id(sessionId)}`, { title });
+  /** Messages with an id above ``after`` (the history is append-only, so readers fetch only what is new). */
+  messages = async (sessionId, { after = 0, limit = 1000 } = {}) =>
+    listOf(await this.get(`/sessions/${id(sessionId)}/messages${q({ after: after || undefined, limit })}`), "messages");
+  submitInput = (sessionId, text, options) => this.post(`/sessions/${id(sessionId)}/inputs`, { text }, options);
+  steer = (sessionId, text, options) => this.post(`/sessions/${id(sessionId)}/steer`, { text }, options);
+  cancelTurn = (sessionId, turnId) => this.post(`/sessions/${id(sessionId)}/turns/${id(turnId)}/cancel`);
+  archive = (sessionId) => this.post(`/sessions/${id(sessionId)}/archive`);
+  turnResult = (turnId, options) => this.get(`/turns/${id(turnId)}/result`, options);
+
+  // -- trees -------------------------------------------------------------------------------------
+  tree = (treeId, options) => this.get(`/trees/${id(treeId)}`, options);
+  treeRequests = async (treeId, options) => listOf(await this.get(`/trees/${id(treeId)}/requests`, options),
+    "requests");
+  stopTree = (treeId) => this.post(`/trees/${id(treeId)}/stop`);
+  continueTree = (treeId) => this.post(`/trees/${id(treeId)}/continue`);
+  answerRequest = (requestId, body, options) => this.post(`/requests/${id(requestId)}/answer`, body, options);
+  /** The tree's event stream (durable events only: live text deltas are not used by this UI). */
+  treeEventsUrl = (treeId) => this.url(`/trees/${id(treeId)}/events?deltas=false`);
+}

@@ -1,0 +1,77 @@
+// The API key: entered once, kept in localStorage. A URL fragment "#key=..." (for a link
+// printed by `canopy up`) is taken too, and removed from the address bar at once.
+
+import { storage } from "./dom.js";
+
+const KEY = "canopy:api-key";
+
+export function apiKey() {
+  return storage.get(KEY);
+}
+
+export function saveKey(key) {
+  storage.set(KEY, key);
+}
+
+export function forgetKey() {
+  storage.set(KEY, null);
+}
+
+/** Take a key from "#key=..." (or "?key=...") and scrub it from the URL. */
+export function adoptKeyFromUrl() {
+  const url = new URL(window.location.href);
+  const fromHash = new URLSearchParams(url.hash.replace(/^#\/?/, "")).get("key");
+  const fromQuery = url.searchParams.get("key");
+  const key = fromHash || fromQuery;
+  if (!key) return false;
+  saveKey(key);
+  url.searchParams.delete("key");
+  if (fromHash) url.hash = "";
+  history.replaceState(null, "", url.pathname + url.search + url.hash);
+  return true;
+}
+
+/**
+ * Ask for a key until one works. ``check(key)`` rejects for a bad key.
+ * Resolves with the accepted key.
+ */
+export function askForKey(check, reason = "") {
+  const dialog = document.getElementById("login-dialog");
+  const form = document.getElementById("login-form");
+  const input = document.getElementById("login-key");
+  const error = document.getElementById("login-error");
+  const submit = document.getElementById("login-submit");
+  const showError = (text) => {
+    error.textContent = text;
+    error.hidden = !text;
+  };
+  showError(reason);
+  input.value = "";
+  if (!dialog.open) dialog.showModal();
+  input.focus();
+  return new Promise((resolve) => {
+    const onSubmit = async (event) => {
+      event.preventDefault();
+      const key = input.value.trim();
+      if (!key) return;
+      submit.disabled = true;
+      showError("");
+      try {
+        await check(key);
+        saveKey(key);
+        form.removeEventListener("submit", onSubmit);
+        dialog.removeEventListener("cancel", onCancel);
+        dialog.close();
+        resolve(key);
+      } catch (failure) {
+        showError(failure?.status === 401 || failure?.status === 403
+          ? "This key was not accepted." : `Could not check the key: ${failure?.message ?? failure}`);
+      } finally {
+        submit.disabled = false;
+      }
+    };
+    const onCancel = (event) => event.preventDefault(); // there is nothing to show without a key
+    form.addEventListener("submit", onSubmit);
+    dialog.addEventListener("cancel", onCancel);
+  });
+}

@@ -1,0 +1,268 @@
+// One session's conversation view: its messages (with compact cooperation rows), its
+// pending request cards, the live Turn status and the message box (send, steer, cancel).
+// Root and member views are the same component; each instance owns its draft and its
+// scroll position, and keeps receiving updates while hidden (it only does not scroll).
+
+import { activityBadge } from "./activity.js";
+import { ApiError } from "./api.js";
+import { Composer } from "./composer.js";
+import { buildItems, collectReceipts, makeResolver } from "./cooperation.js";
+import { h, nearBottom, plural } from "./dom.js";
+import { renderItems } from "./messages.js";
+import { RequestCard } from "./requestCard.js";
+
+const TURN_STATUS_TEXT = {
+  running: "Working…",
+  queued: "Queued: waiting for a free slot…",
+  waiting_cooperation: "Waiting for cooperation tasks to finish…",
+  waiting_approval: "Waiting for your approval.",
+  waiting_answer: "Waiting for your answer.",
+  cancelling: "Stopping…",
+};
+
+export class SessionView {
+  #releases = [];
+  #observing = [];
+  #cache = new Map();
+  #cards = new Map();
+  #stick = true;
+  #savedScroll = null;
+  #visible = true;
+  #measured = false; // laid out once, so positions are real (a detached view measures zero)
+  #pendingFocus = null;
+
+  /**
+   * @param {{api, tree, sessionId: string, isRoot: boolean, onOpen: (target) => void,
+   *          loadAgents: () => Promise<object[]>, showHeader?: boolean}} options
+   */
+  constructor({ api, tree, sessionId, isRoot, onOpen, loadAgents, showHeader = !isRoot }) {
+    this.api = api;
+    this.tree = tree;
+    this.sessionId = sessionId;
+    this.isRoot = isRoot;
+    this.onOpen = onOpen;
+    this.runtime = tree.session(sessionId);
+
+    this.title = h("h2", { class: "view-title" });
+    this.path = h("span", { class: "view-path" });
+    this.activity = h("span", { class: "view-activity" });
+    this.header = showHeader ? h("header", { class: "view-head" },
+      h("div", { class: "view-heading" }, this.title, this.path), this.activity) : null;
+
+    this.list = h("div", { class: "messages", role: "log", "aria-live": "off", "aria-label": "Messages" });
+    this.loading = h("p", { class: "view-note", text: "Loading…" });
+    this.turnStatus = h("div", { class: "turn-status", hidden: true });
+    this.scroller = h("div", { class: "view-scroll" }, this.loading, this.list, this.turnStatus);
+    this.scroller.addEventListener("scroll", () => {
+      if (this.#visible) this.#stick = nearBottom(this.scroller);
+    }, { passive: true });
+
+    this.requestList = h("div", { class: "request-list", "aria-label": "Requests for you" });
+    this.inboxSlot = h("div", { class: "inbox-slot" });
+    this.composer = new Composer({
+      draftKey: sessionId,
+      placeholder: "Message…  (@ for agents)",
+      loadAgents,
+      onSend: (text, key) => this.#send(text, key),
+      onSteer: (text, key) => this.#steer(text, key),
+    });
+    this.el = h("section", { class: `session-view ${isRoot ? "root-view" : "member-view"}`,
+      dataset: { sessionId }, "aria-label": isRoot ? "Conversation" : "Member session" },
+    this.header, this.scroller,
+    h("div", { class: "view-bottom" }, this.requestList, this.inboxSlot, this.composer.el));
+
+    this.#releases.push(
+      this.runtime.on("change", () => this.render()),
+      tree.on("change", () => this.render()),
+    );
+    this.resume();
+    this.render();
+  }
+
+  /** Observe the tree and the session (a hidden tab keeps observing; a parked workspace does not). */
+  resume() {
+    if (this.#observing.length) return;
+    this.#observing = [this.tree.observe(), this.runtime.observe()];
+  }
+
+  suspend() {
+    for (const release of this.#observing.splice(0)) release();
+  }
+
+  /** Put the tree inbox (root view) above the message box. */
+  setInbox(el) {
+    this.inboxSlot.replaceChildren(el);
+  }
+
+  get visible() {
+    return this.#visible;
+  }
+
+  /** Shown (again): back at the end if the reader was following it, else where they left. */
+  show() {
+    const wasVisible = this.#visible;
+    this.#visible = true;
+    this.el.hidden = false;
+    if (wasVisible && this.#measured) return;
+    if (this.#stick) this.scroller.scrollTop = this.scroller.scrollHeight;
+    else if (this.#savedScroll !== null) this.scroller.scrollTop = this.#savedScroll;
+    this.#measured = this.scroller.clientHeight > 0;
+    if (this.#pendingFocus) this.focusRequest(this.#pendingFocus);
+  }
+
+  /** Hidden (another tab shown, or about to be moved): keep the scroll position for show(). */
+  hide() {
+    if (!this.#visible) return;
+    if (this.scroller.clientHeight > 0) { // not laid out: nothing to remember
+      this.#savedScroll = this.scroller.scrollTop;
+      this.#stick = nearBottom(this.scroller);
+    }
+    this.#visible = false;
+    this.el.hidden = true;
+  }
+
+  destroy() {
+    this.suspend();
+    for (const release of this.#releases.splice(0)) release();
+    this.el.remove();
+  }
+
+  /** Scroll to a request card and focus it; if it is not loaded yet, as soon as it is. */
+  focusRequest(requestId) {
+    const card = this.#cards.get(requestId);
+    if (!card || !this.#visible) {
+      this.#pendingFocus = requestId;
+      return;
+    }
+    this.#pendingFocus = null;
+    card.focus();
+  }
+
+  render() {
+    const { detail, messages, error, loaded } = this.runtime;
+    const member = this.tree.member(this.sessionId);
+    const activity = member?.activity ?? detail?.activity ?? "idle";
+
+    if (this.header) {
+      const name = member?.path ?? detail?.path ?? "";
+      this.title.textContent = detail?.title || member?.title || member?.name || detail?.name || "Session";
+      this.title.title = this.title.textContent;
+      this.path.textContent = name;
+      this.activity.replaceChildren(activity === "idle" ? "" : activityBadge(activity));
+    }
+
+    this.loading.hidden = loaded && !error && messages.length > 0;
+    if (error && !loaded) this.loading.textContent = `Could not load this session: ${error.message}`;
+    else if (error) this.loading.textContent = `Update failed (${error.message}); showing the last known state.`;
+    else if (loaded) this.loading.textContent = "No messages yet.";
+
+    // Follow the end only if the reader is there now (the position itself, not the last scroll
+    // event, which may not have been dispatched yet).
+    const measurable = this.#visible && this.scroller.clientHeight > 0;
+    const follow = measurable && this.#measured ? nearBottom(this.scroller) : this.#stick;
+    const openTurnId = detail?.current_turn_id ?? null;
+    const items = buildItems(messages, { openTurnId });
+    const resolve = makeResolver({ members: this.tree.summary?.members ?? [], treeId: this.tree.treeId,
+      receipts: collectReceipts(messages) });
+    renderItems(this.list, items, { resolve, treeId: this.tree.treeId, onOpen: this.onOpen,
+      results: this.runtime.results }, this.#cache);
+
+    this.#renderTurnStatus(activity, openTurnId, detail);
+    this.#renderRequests();
+    this.composer.setCanSteer(Boolean(openTurnId) && ["running", "queued"].includes(activity));
+
+    if (measurable) {
+      if (follow) {
+        this.scroller.scrollTop = this.scroller.scrollHeight;
+        this.#stick = true;
+      }
+      this.#measured = true;
+    }
+    if (this.#pendingFocus && this.#visible) this.focusRequest(this.#pendingFocus);
+  }
+
+  #renderTurnStatus(activity, openTurnId, detail) {
+    const pending = detail?.pending_inputs ?? 0;
+    const paused = detail?.queue_paused;
+    const parts = [];
+    if (openTurnId && TURN_STATUS_TEXT[activity]) {
+      parts.push(h("span", { class: `turn-status-text ${activity}` },
+        ["running", "queued", "cancelling"].includes(activity) ? h("span", { class: "spinner", "aria-hidden": "true" })
+          : null,
+        TURN_STATUS_TEXT[activity]));
+      if (activity !== "cancelling") {
+        parts.push(h("button", { class: "btn small ghost", type: "button", text: "Cancel turn",
+          onClick: (event) => this.#cancelTurn(event.currentTarget, openTurnId) }));
+      }
+    }
+    if (pending) {
+      parts.push(h("span", { class: "queue-note", dataset: { pending } },
+        `${plural(pending, "input")} queued${paused ? " (paused by Stop all)" : ""}`));
+    }
+    this.turnStatus.hidden = parts.length === 0;
+    this.turnStatus.replaceChildren(...parts);
+  }
+
+  #renderRequests() {
+    const requests = this.tree.requestsOf(this.sessionId);
+    const ids = new Set(requests.map((r) => r.id));
+    for (const [id, card] of this.#cards) {
+      if (!ids.has(id)) {
+        card.el.remove();
+        this.#cards.delete(id);
+      }
+    }
+    for (const request of requests) {
+      if (this.#cards.has(request.id)) continue;
+      const card = new RequestCard({ api: this.api, request, onAnswered: (id) => {
+        this.tree.markAnswered(id);
+        this.runtime.scheduleRefresh();
+      } });
+      this.#cards.set(request.id, card);
+      this.requestList.append(card.el);
+    }
+  }
+
+  async #send(text, idempotencyKey) {
+    try {
+      const receipt = await this.api.submitInput(this.sessionId, text, { idempotencyKey });
+      this.#stick = true;
+      return receipt?.status === "queued" ? "Queued: it runs after the current work." : "";
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 409) {
+        throw new Error(`Not sent — ${error.message}`);
+      }
+      throw error;
+    } finally {
+      this.runtime.scheduleRefresh();
+      this.tree.scheduleRefresh();
+    }
+  }
+
+  async #steer(text, idempotencyKey) {
+    try {
+      await this.api.steer(this.sessionId, text, { idempotencyKey });
+      return "Steer sent: the running turn reads it before its next model call.";
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 409) {
+        throw new Error("There is no running turn to steer any more; send it as a new message instead.");
+      }
+      throw error;
+    } finally {
+      this.runtime.scheduleRefresh();
+    }
+  }
+
+  async #cancelTurn(button, turnId) {
+    button.disabled = true;
+    try {
+      await this.api.cancelTurn(this.sessionId, turnId);
+    } catch (error) {
+      this.composer.showStatus(`Could not cancel the turn: ${error.message}`, "error");
+      button.disabled = false;
+    } finally {
+      this.runtime.scheduleRefresh();
+      this.tree.scheduleRefresh();
+    }
+  }
+}

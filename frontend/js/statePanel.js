@@ -1,0 +1,120 @@
+// The tree's state panel: member count and what needs attention (running / queued /
+// waiting / failed), Stop all while anything is unfinished or an unpaused queue has input,
+// Continue when a stopped tree has pending input. The summary opens the cooperation list.
+
+import { h, plural } from "./dom.js";
+import { OPEN_TURN } from "./store.js";
+
+/** Counts and the actions a tree summary allows. */
+export function summarize(summary) {
+  const members = summary?.members ?? [];
+  const count = (pred) => members.filter(pred).length;
+  return {
+    members: members.length,
+    running: count((m) => m.activity === "running"),
+    queued: count((m) => m.activity === "queued"),
+    waiting: count((m) => m.activity?.startsWith("waiting_")),
+    needsYou: count((m) => m.activity === "waiting_approval" || m.activity === "waiting_answer"),
+    stopping: count((m) => m.activity === "cancelling"),
+    failed: count((m) => m.turn_status === "failed"),
+    // Stop all: any unfinished Turn, or a queue that would still start work.
+    stoppable: members.some((m) => OPEN_TURN.has(m.turn_status) || (m.pending_inputs > 0 && !m.queue_paused)),
+    // Continue: the tree was stopped and some member still has input waiting.
+    continuable: Boolean(summary?.stopped) && members.some((m) => m.pending_inputs > 0),
+    stopped: Boolean(summary?.stopped),
+    slotsInUse: summary?.slots_in_use ?? 0,
+    slotLimit: summary?.slot_limit ?? 0,
+  };
+}
+
+export class StatePanel {
+  constructor({ api, tree, onOpenList }) {
+    this.api = api;
+    this.tree = tree;
+    this.count = h("strong", { class: "state-count" });
+    this.chips = h("span", { class: "state-chips" });
+    this.summaryButton = h("button", { class: "state-summary", type: "button", onClick: onOpenList,
+      title: "Open the cooperation list" }, this.count, this.chips);
+    this.stopButton = h("button", { class: "btn danger small", type: "button", text: "Stop all", hidden: true,
+      title: "Cancel every unfinished turn in this tree and pause its queues",
+      onClick: () => this.#stop() });
+    this.continueButton = h("button", { class: "btn primary small", type: "button", text: "Continue", hidden: true,
+      title: "Resume the paused queues of this tree", onClick: () => this.#continue() });
+    this.note = h("p", { class: "state-note", role: "status", "aria-live": "polite", hidden: true });
+    this.el = h("section", { class: "state-panel", "aria-label": "Cooperation state" },
+      h("div", { class: "state-row" }, this.summaryButton,
+        h("div", { class: "state-actions" }, this.stopButton, this.continueButton)),
+      this.note);
+    this.release = tree.on("change", () => this.render());
+    this.render();
+  }
+
+  destroy() {
+    this.release();
+  }
+
+  showNote(text, kind = "info") {
+    clearTimeout(this.noteTimer);
+    this.note.textContent = text ?? "";
+    this.note.dataset.kind = kind;
+    this.note.hidden = !text;
+    if (text && kind === "info") this.noteTimer = setTimeout(() => this.showNote(""), 8_000);
+  }
+
+  render() {
+    const s = summarize(this.tree.summary);
+    this.count.textContent = this.tree.summary ? plural(s.members, "member") : "…";
+    this.count.dataset.members = String(s.members);
+    const chips = [];
+    const chip = (kind, n, label) => {
+      if (n) chips.push(h("span", { class: `chip ${kind}`, dataset: { kind, count: n }, text: `${n} ${label}` }));
+    };
+    chip("running", s.running, "running");
+    chip("queued", s.queued, "queued");
+    chip(s.needsYou ? "attention" : "waiting", s.waiting, "waiting");
+    chip("stopping", s.stopping, "stopping");
+    chip("failed", s.failed, "failed");
+    if (s.stopped) chips.push(h("span", { class: "chip stopped", dataset: { kind: "stopped" }, text: "stopped" }));
+    if (!chips.length && this.tree.summary) chips.push(h("span", { class: "chip idle", text: "all idle" }));
+    if (s.slotLimit) {
+      chips.push(h("span", { class: "chip slots", title: "execution slots in use",
+        text: `slots ${s.slotsInUse}/${s.slotLimit}` }));
+    }
+    if (this.tree.error) {
+      chips.push(h("span", { class: "chip failed", title: this.tree.error.message, text: "update failed" }));
+    }
+    this.chips.replaceChildren(...chips);
+    this.stopButton.hidden = !s.stoppable;
+    this.continueButton.hidden = !s.continuable;
+  }
+
+  async #stop() {
+    this.stopButton.disabled = true;
+    try {
+      await this.api.stopTree(this.tree.treeId);
+      this.showNote("Stopping every turn; queued inputs are kept and paused.");
+    } catch (error) {
+      this.showNote(`Could not stop: ${error.message}`, "error");
+    } finally {
+      this.stopButton.disabled = false;
+      this.tree.scheduleRefresh();
+      this.tree.refreshSessions();
+    }
+  }
+
+  async #continue() {
+    this.continueButton.disabled = true;
+    try {
+      await this.api.continueTree(this.tree.treeId);
+      this.showNote("Continuing: paused queues run again (cancelled turns stay cancelled).");
+    } catch (error) {
+      this.showNote(error.status === 409
+        ? `Not yet: some turns are still ending. Continue once every turn has stopped. (${error.message})`
+        : `Could not continue: ${error.message}`, "error");
+    } finally {
+      this.continueButton.disabled = false;
+      this.tree.scheduleRefresh();
+      this.tree.refreshSessions();
+    }
+  }
+}

@@ -1,0 +1,275 @@
+// Shared run state. One TreeRuntime per tree holds the tree summary, the tree's pending
+// human requests and the tree's single SSE stream; one SessionRuntime per session holds its
+// detail, messages and ended-Turn results. Every view that shows a tree or a session
+// observes the same runtime, so two views never mean two streams or two copies of state.
+// Events only say "something changed": the runtimes re-read the durable state (debounced).
+
+import { Emitter, debounce } from "./dom.js";
+import { EventStream } from "./sse.js";
+
+export const TERMINAL_TURN = new Set(["completed", "failed", "cancelled"]);
+export const OPEN_TURN = new Set(["running", "waiting", "cancelling"]);
+
+const REFRESH_WAIT_MS = 150;
+const REFRESH_MAX_WAIT_MS = 600;
+const POLL_OFFLINE_MS = 4_000; // while the stream is down, poll
+const POLL_ONLINE_MS = 30_000; // a slow safety net while it is up
+const MESSAGE_PAGE = 1000;
+
+function once(fn) {
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    fn();
+  };
+}
+
+export class SessionRuntime extends Emitter {
+  #observers = 0;
+  #seq = 0;
+
+  constructor(tree, sessionId) {
+    super();
+    this.tree = tree;
+    this.api = tree.api;
+    this.sessionId = sessionId;
+    this.detail = null;
+    this.messages = [];
+    /** turn_id → Result, for Turns that have ended (they never change again). */
+    this.results = new Map();
+    this.error = null;
+    this.loaded = false;
+    this.scheduleRefresh = debounce(() => this.refresh(), REFRESH_WAIT_MS, REFRESH_MAX_WAIT_MS);
+  }
+
+  get observed() {
+    return this.#observers > 0;
+  }
+
+  observe() {
+    this.#observers += 1;
+    if (this.#observers === 1) this.refresh();
+    return once(() => {
+      this.#observers -= 1;
+    });
+  }
+
+  async refresh() {
+    const seq = ++this.#seq;
+    try {
+      const known = this.messages;
+      const [detail, fresh] = await Promise.all([
+        this.api.session(this.sessionId),
+        this.#messagesAfter(known.at(-1)?.id ?? 0),
+      ]);
+      if (seq !== this.#seq) return; // a newer read owns the state
+      this.detail = detail;
+      const last = known.at(-1)?.id ?? 0;
+      this.messages = fresh.length ? known.concat(fresh.filter((m) => m.id > last)) : known;
+      await this.#loadEndedResults(this.messages, detail);
+      if (seq !== this.#seq) return;
+      this.error = null;
+      this.loaded = true;
+    } catch (error) {
+      if (seq !== this.#seq) return;
+      this.error = error;
+    }
+    this.emit("change", this);
+  }
+
+  /** Every message after ``after`` (the history is append-only), page by page. */
+  async #messagesAfter(after) {
+    const all = [];
+    for (;;) {
+      const page = await this.api.messages(this.sessionId, { after, limit: MESSAGE_PAGE });
+      all.push(...page);
+      if (page.length < MESSAGE_PAGE) return all;
+      after = page.at(-1).id;
+    }
+  }
+
+  async #loadEndedResults(messages, detail) {
+    const turnIds = [...new Set(messages.map((m) => m.turn_id).filter(Boolean))];
+    const wanted = turnIds.filter((t) => t !== detail?.current_turn_id && !this.results.has(t)).slice(-20);
+    await Promise.all(wanted.map(async (turnId) => {
+      try {
+        const result = await this.api.turnResult(turnId);
+        if (result?.terminal) this.results.set(turnId, result);
+      } catch {
+        /* a missing result only hides a turn footer */
+      }
+    }));
+  }
+}
+
+export class TreeRuntime extends Emitter {
+  #observers = 0;
+  #seq = 0;
+  #stream = null;
+  #poll = null;
+  #sessions = new Map();
+  #answered = new Set();
+  #opened = false; // has this stream been open since it started?
+
+  constructor(api, treeId) {
+    super();
+    this.api = api;
+    this.treeId = treeId;
+    this.summary = null;
+    this.requests = [];
+    this.error = null;
+    this.connection = "closed";
+    this.cursor = "";
+    this.scheduleRefresh = debounce(() => this.refresh(), REFRESH_WAIT_MS, REFRESH_MAX_WAIT_MS);
+  }
+
+  get observed() {
+    return this.#observers > 0;
+  }
+
+  /** Watch the tree: the first observer opens the stream, the last one closes it. */
+  observe() {
+    this.#observers += 1;
+    if (this.#observers === 1) this.#start();
+    return once(() => {
+      this.#observers -= 1;
+      if (this.#observers === 0) this.#stop();
+    });
+  }
+
+  session(sessionId) {
+    let runtime = this.#sessions.get(sessionId);
+    if (!runtime) {
+      runtime = new SessionRuntime(this, sessionId);
+      this.#sessions.set(sessionId, runtime);
+    }
+    return runtime;
+  }
+
+  member(sessionId) {
+    return this.summary?.members?.find((m) => m.session_id === sessionId) ?? null;
+  }
+
+  requestsOf(sessionId) {
+    return this.requests.filter((r) => r.session_id === sessionId);
+  }
+
+  /** A request answered here disappears at once; the next read confirms it. */
+  markAnswered(requestId) {
+    this.#answered.add(requestId);
+    this.requests = this.requests.filter((r) => r.id !== requestId);
+    this.emit("change", this);
+    this.scheduleRefresh();
+  }
+
+  async refresh() {
+    const seq = ++this.#seq;
+    try {
+      const [summary, requests] = await Promise.all([
+        this.api.tree(this.treeId),
+        this.api.treeRequests(this.treeId),
+      ]);
+      if (seq !== this.#seq) return;
+      this.summary = summary;
+      this.requests = requests.filter((r) => (r.status ?? "pending") === "pending" && !this.#answered.has(r.id));
+      this.error = null;
+    } catch (error) {
+      if (seq !== this.#seq) return;
+      this.error = error; // the last known summary and requests stay on screen
+    }
+    this.emit("change", this);
+  }
+
+  /** Drop the stream and resume it from the last cursor (what a network drop does). */
+  reconnect() {
+    this.#stream?.reconnect();
+  }
+
+  refreshSessions() {
+    for (const runtime of this.#sessions.values()) if (runtime.observed) runtime.scheduleRefresh();
+  }
+
+  #start() {
+    this.#opened = false;
+    this.refresh();
+    this.#stream = new EventStream({
+      url: this.api.treeEventsUrl(this.treeId),
+      headers: () => this.api.authHeaders(),
+      lastEventId: this.cursor,
+      onEvent: (event) => this.#onEvent(event),
+      onStatus: (status) => this.#onStatus(status),
+    });
+    this.#stream.start();
+    this.#schedulePoll();
+  }
+
+  #stop() {
+    this.#stream?.stop();
+    this.#stream = null;
+    clearTimeout(this.#poll);
+    this.#poll = null;
+    this.connection = "closed";
+  }
+
+  #schedulePoll() {
+    clearTimeout(this.#poll);
+    if (!this.observed) return;
+    const every = this.connection === "open" ? POLL_ONLINE_MS : POLL_OFFLINE_MS;
+    this.#poll = setTimeout(() => {
+      this.refresh();
+      this.refreshSessions();
+      this.#schedulePoll();
+    }, every);
+  }
+
+  #onStatus(status) {
+    const wasOpen = this.connection === "open";
+    this.connection = status;
+    if (status === "unauthorized") this.api.onUnauthorized?.();
+    // Whatever happened while we were not listening is in the durable state: re-read it
+    // (not on the first open: the observers have just read it).
+    if (status === "open" && !wasOpen && this.#opened) {
+      this.scheduleRefresh();
+      this.refreshSessions();
+    }
+    if (status === "open") this.#opened = true;
+    this.#schedulePoll();
+    this.emit("connection", status);
+  }
+
+  #onEvent(raw) {
+    let event;
+    try {
+      event = JSON.parse(raw.data);
+    } catch {
+      return; // not one of ours (e.g. a keep-alive with data)
+    }
+    this.cursor = raw.id || String(event.cursor ?? this.cursor);
+    this.emit("event", event);
+    this.scheduleRefresh();
+    if (event.kind?.startsWith("tree_")) this.refreshSessions();
+    else if (event.session_id) {
+      const runtime = this.#sessions.get(event.session_id);
+      if (runtime?.observed) runtime.scheduleRefresh();
+    }
+  }
+}
+
+/** Tree runtimes by tree id, shared by the whole page. */
+export class Store {
+  #trees = new Map();
+
+  constructor(api) {
+    this.api = api;
+  }
+
+  tree(treeId) {
+    let runtime = this.#trees.get(treeId);
+    if (!runtime) {
+      runtime = new TreeRuntime(this.api, treeId);
+      this.#trees.set(treeId, runtime);
+    }
+    return runtime;
+  }
+}

@@ -1,0 +1,127 @@
+"""The live-actor cap (SPEC §10): past ``max_live_sessions`` the least recently used idle
+session actors passivate first, so a fan-out never means one live process per child.
+Also: the sweeper's per-tree sandbox idle release, isolated from the sweep's other steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+import ray
+from ray.util.state import list_actors
+
+from actors.directory import SessionDirectoryImpl, directory_handle
+from actors.runtime import Runtime
+from actors.sweeper import SweeperImpl
+from persistence.records import Scope
+from tests.actors.helpers import call, create, rows, say, script
+
+
+async def _live_session_actors() -> int:
+    # The cluster's own address: other Ray clusters may run on the same machine.
+    alive = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                    filters=[("state", "=", "ALIVE")], limit=10_000)
+    return sum(1 for actor in alive if (actor.name or "").startswith("session:"))
+
+
+async def test_fan_out_stays_under_the_live_cap(runtime: Runtime, scope: Scope) -> None:
+    cap, children = 3, 10
+    directory = directory_handle()
+    previous = await directory.configure.remote(max_live_sessions=cap)
+    evictions_before = (await directory.stats.remote())["evictions"]
+    samples: list[int] = []
+
+    async def sample() -> None:
+        while True:
+            try:
+                samples.append(await _live_session_actors())
+            except Exception as error:  # keep sampling; an empty sample list fails the test below
+                print(f"sampling live actors failed: {error}")
+            await asyncio.sleep(0.2)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        text = script(
+            call(*(create(f"q{i}", script(say(f"q{i} done", delay_ms=300))) for i in range(children))),
+            call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(children)]})),
+            say("all done"),
+        )
+        created = await runtime.create_root(scope, input_text=text)
+        result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=180)
+    finally:
+        sampler.cancel()
+        await directory.configure.remote(**previous)
+    print(f"live session actors sampled every 0.2 s: {samples}")
+    assert (result["status"], result["output"]) == ("completed", "all done")
+    tree_id = created["session"]["session_id"]
+    done = await rows(runtime.db, "SELECT t.status FROM turns t JOIN sessions s USING (session_id) "
+                      "WHERE s.tree_id = %s AND s.parent_id IS NOT NULL", tree_id)
+    assert [r["status"] for r in done] == ["completed"] * children
+    # Busy actors are never interrupted and starting ones are not counted yet: at most one per slot.
+    assert samples and max(samples) <= cap + runtime.settings.tree_slots, samples
+    assert (await directory.stats.remote())["evictions"] > evictions_before
+
+
+class _FakeSession:
+    """A stand-in for a session actor handle: records whether it was asked to passivate."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.passivate_if_idle = self
+        self._log = log
+
+    async def remote(self, owner: str) -> bool:
+        self._log.append(self.name)
+        return True
+
+
+async def test_directory_passivates_least_recently_used_idle_first() -> None:
+    directory = SessionDirectoryImpl("node-under-test")
+    directory.warm.enabled = False
+    evicted: list[str] = []
+    try:
+        await directory.configure(max_live_sessions=10)
+        for name in ("a", "b", "c", "d", "e"):
+            await directory.report(name, f"{name}-1", _FakeSession(name, evicted), busy=False)
+        await directory.report("a", "a-1", _FakeSession("a", evicted), busy=True)  # a: busy, most recent
+        await directory.report("c", "c-1", _FakeSession("c", evicted), busy=False)  # c: used again
+        await directory.configure(max_live_sessions=2)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        # Order of use: b, d, e, a (busy), c -> the three least recently used idle ones go.
+        assert evicted == ["b", "d", "e"]
+        stats = await directory.stats()
+        assert (stats["live"], stats["busy"], stats["evictions"]) == (2, 1, 3)
+    finally:
+        if directory._prune_task is not None:
+            directory._prune_task.cancel()
+
+
+class _FakeSandboxes:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def release_idle(self) -> list[uuid.UUID]:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("docker is having a bad day")
+        return [uuid.uuid4()]
+
+
+async def test_sweeper_releases_idle_sandboxes_in_isolation(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    sweeper = SweeperImpl()
+    sweeper._db = runtime.db
+    sandboxes = sweeper._sandboxes = _FakeSandboxes()
+
+    async def broken(_db: Any) -> None:
+        raise RuntimeError("this step fails")
+
+    monkeypatch.setattr(sweeper, "_recover_expired", broken)
+    await sweeper.sweep_once()  # the recovery step and the release fail: the round still completes
+    await sweeper.sweep_once()
+    assert sandboxes.calls == 2
+    assert (await sweeper.stats())["rounds"] == 2
+    assert (await sweeper.stats())["sandboxes_released"] == 1

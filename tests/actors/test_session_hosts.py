@@ -1,0 +1,48 @@
+"""Shared session hosts (``CANOPY_SESSION_HOSTS``): sessions run as tasks named
+``session:<id>`` inside a few long-lived host processes instead of one process each, and
+a killed host's Runs are recovered like a killed session actor's.
+
+The setting is read by every Ray process at start, so the scenario runs in a runtime and
+Ray cluster of its own (a subprocess on the same database): see hosted_scenario.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from tests.conftest import RUNTIME_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_hosted_sessions_fan_out_and_survive_a_killed_host(database_url: str, tmp_path: Path) -> None:
+    env = {**os.environ, **RUNTIME_ENV, "CANOPY_SESSION_HOSTS": "2", "CANOPY_DATABASE_URL": database_url,
+           "CANOPY_DATA_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)  # a cluster of its own, not the test session's
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.actors.hosted_scenario", env=env,
+                                                cwd=REPO, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=480)
+    except TimeoutError:
+        proc.kill()
+        raise
+    text = out.decode(errors="replace")
+    found = [line for line in text.splitlines() if line.startswith("FINDINGS ")]
+    assert found, text[-4000:]
+    findings = json.loads(found[-1].removeprefix("FINDINGS "))
+
+    fan = findings["fan_out"]
+    assert (fan["status"], fan["output"]) == ("completed", "fan-out done")
+    assert fan["session_actors"] == []  # no process per session...
+    assert fan["hosts"] == ["canopy:sessions:0", "canopy:sessions:1"]  # ...two hosts for all of them
+    assert fan["session_tasks_seen"] >= 1  # the dashboard shows the sessions as tasks named session:<id>
+
+    kill = findings["kill"]
+    assert (kill["status"], kill["output"]) == ("completed", "root got member done g done")
+    assert (kill["grandchildren"], kill["messages"]) == (1, 1)  # side effects exactly once
+    assert kill["recovered"] >= 1  # the killed host's Run was recovered by lease expiry

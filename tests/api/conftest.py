@@ -1,0 +1,85 @@
+"""The HTTP API under uvicorn in the test's event loop, on the session's real Ray runtime.
+
+(The Ray Serve deployment has its own fixture in test_api_serve.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from actors.runtime import Runtime
+from api.app import create_app
+from api.sse import StreamSettings
+from persistence.records import Scope
+from tests.api.helpers import ADMIN_TOKEN, client, free_port
+
+# Fast heartbeats and polls, so the tests see them within a second or two.
+TEST_STREAMS = StreamSettings(heartbeat_seconds=1.0, poll_seconds=2.0, fallback_poll_seconds=0.2, retry_ms=500)
+
+
+@dataclasses.dataclass
+class ApiServer:
+    url: str
+    app: FastAPI
+
+
+@pytest.fixture(scope="session")
+async def api(runtime: Runtime) -> AsyncIterator[ApiServer]:
+    app = create_app(runtime, admin_token=ADMIN_TOKEN, stream_settings=TEST_STREAMS)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="on", timeout_graceful_shutdown=2))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    yield ApiServer(f"http://127.0.0.1:{port}", app)
+    server.should_exit = True
+    await task
+
+
+ClientFactory = Callable[[Scope], Awaitable[httpx.AsyncClient]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+async def settle(runtime: Runtime) -> AsyncIterator[None]:
+    """After each module, wait until no Run executes or queues, so the API tests leave no work behind
+    to write into the shared database while later suites count its rows."""
+    yield
+    deadline = asyncio.get_running_loop().time() + 60
+    while asyncio.get_running_loop().time() < deadline:
+        async with runtime.db.tx() as conn:
+            cur = await conn.execute("SELECT count(*) AS n FROM runs WHERE status IN ('pending', 'running')")
+            busy = await cur.fetchone()
+        if busy is not None and busy["n"] == 0:
+            return
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def client_for(api: ApiServer, runtime: Runtime) -> AsyncIterator[ClientFactory]:
+    """A factory: an HTTP client authenticated with a fresh API key of the given scope."""
+    opened: list[httpx.AsyncClient] = []
+
+    async def make(scope: Scope) -> httpx.AsyncClient:
+        http = client(api.url, await runtime.create_api_key(scope))
+        opened.append(http)
+        return http
+
+    yield make
+    for http in opened:
+        await http.aclose()
+
+
+@pytest.fixture
+async def http(client_for: ClientFactory, scope: Scope) -> httpx.AsyncClient:
+    """A client of the test's own fresh scope."""
+    return await client_for(scope)

@@ -1,0 +1,72 @@
+"""Helpers for the API tests: clients with a scope's key, SSE parsing, scripts, database reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from tests.actors.helpers import call, create, eventually, rows, say, script  # noqa: F401  (re-exported)
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def client(base_url: str, api_key: str | None, timeout: float = 30.0) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+
+
+async def sse_frames(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """Parse a text/event-stream body into frames {id, event, data, comment}."""
+    frame: dict[str, Any] = {}
+    async for line in response.aiter_lines():
+        if line == "":
+            if frame:
+                yield frame
+            frame = {}
+            continue
+        if line.startswith(":"):
+            yield {"comment": line[1:].strip()}
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "data":
+            frame["data"] = (frame["data"] + "\n" + value) if "data" in frame else value
+        else:
+            frame[field] = value
+
+
+async def collect_events(http: httpx.AsyncClient, path: str, *, until: Callable[[dict[str, Any]], bool],
+                         headers: dict[str, str] | None = None, timeout: float = 60.0,
+                         params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Read durable events (frames with an id) from an SSE stream until ``until(event)`` is true."""
+    seen: list[dict[str, Any]] = []
+
+    async def read() -> None:
+        async with http.stream("GET", path, headers=headers, params=params) as response:
+            assert response.status_code == 200, await response.aread()
+            async for frame in sse_frames(response):
+                if "id" not in frame:
+                    continue
+                event = json.loads(frame["data"])
+                assert str(event["cursor"]) == frame["id"]
+                seen.append(event)
+                if until(event):
+                    return
+
+    await asyncio.wait_for(read(), timeout)
+    return seen
+
+
+async def poll(check: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
+    return await eventually(check, timeout=timeout, every=0.1)

@@ -1,0 +1,142 @@
+"""Basics over real HTTP: auth, validation, limits, errors, directory routes, idempotency."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from actors.runtime import Runtime
+from persistence.records import Scope
+from tests.api.conftest import ApiServer
+from tests.api.helpers import ADMIN_TOKEN, client, poll, rows, say, script
+
+
+async def _terminal(http: httpx.AsyncClient, input_id: str) -> bool:
+    return bool((await http.get(f"/api/v1/inputs/{input_id}/result")).json()["terminal"])
+
+
+async def test_health_metrics_and_openapi(api: ApiServer, http: httpx.AsyncClient) -> None:
+    created = (await http.post("/api/v1/sessions", json={"input": script(say("counted"))})).json()
+    await poll(lambda: _terminal(http, created["input"]["input_id"]))
+    async with client(api.url, None) as anon:
+        health = await anon.get("/healthz")
+        assert health.status_code == 200, health.text
+        assert health.json() == {"status": "ok", "database": "ok", "ray": "ok"}
+        assert (await anon.get("/api/v1/healthz")).json() == health.json()
+        metrics = await anon.get("/metrics")
+        assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+        families = {family.name: family for family in text_string_to_metric_families(metrics.text)}
+        for name in ("canopy_slots_in_use", "canopy_queue_depth", "canopy_turns", "canopy_recoveries",
+                     "canopy_model_calls", "canopy_model_tokens", "canopy_model_latency_seconds"):
+            assert name in families, sorted(families)
+        completed = [s.value for s in families["canopy_turns"].samples if s.labels["status"] == "completed"]
+        assert completed and completed[0] >= 1
+        latency = {s.name for s in families["canopy_model_latency_seconds"].samples}
+        assert {"canopy_model_latency_seconds_bucket", "canopy_model_latency_seconds_sum"} <= latency
+        document = (await anon.get("/openapi.json")).json()
+        paths = document["paths"]
+        for path in ("/api/v1/sessions", "/api/v1/trees/{tree_id}/events", "/api/v1/requests/{request_id}/answer",
+                     "/api/v1/admin/keys", "/healthz", "/metrics"):
+            assert path in paths
+
+
+async def test_auth_is_required(api: ApiServer, http: httpx.AsyncClient) -> None:
+    async with client(api.url, None) as anon:
+        missing = await anon.get("/api/v1/sessions")
+        assert missing.status_code == 401 and isinstance(missing.json()["detail"], str)
+    async with client(api.url, "cnp_not-a-key") as wrong:
+        assert (await wrong.get("/api/v1/sessions")).status_code == 401
+    assert (await http.get("/api/v1/sessions")).status_code == 200
+
+
+async def test_admin_creates_keys(api: ApiServer) -> None:
+    async with client(api.url, ADMIN_TOKEN) as admin:
+        created = await admin.post("/api/v1/admin/keys", json={"user_id": "alice", "app_id": "notes"})
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert (body["user_id"], body["app_id"]) == ("alice", "notes")
+    async with client(api.url, body["api_key"]) as alice:
+        assert (await alice.get("/api/v1/projects")).status_code == 200
+        # An API key is not the admin token.
+        refused = await alice.post("/api/v1/admin/keys", json={"user_id": "x", "app_id": "y"})
+        assert refused.status_code == 401
+
+
+async def test_validation_and_limits(http: httpx.AsyncClient) -> None:
+    too_long = await http.post("/api/v1/sessions", json={"input": "x" * 100_001})
+    assert too_long.status_code == 422 and "100000" in too_long.json()["detail"]
+    nul = await http.post("/api/v1/sessions", json={"title": "a\u0000b"})
+    assert nul.status_code == 422
+    malformed = await http.post("/api/v1/sessions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert malformed.status_code == 422
+    unknown = await http.post("/api/v1/sessions", json={"inputt": "typo"})
+    assert unknown.status_code == 422
+    huge = await http.post("/api/v1/sessions", content=b"x" * (1024 * 1024 + 1),
+                           headers={"Content-Type": "application/json"})
+    assert huge.status_code == 413 and "detail" in huge.json()
+    not_found = await http.get("/api/v1/sessions/00000000-0000-0000-0000-000000000000")
+    assert not_found.status_code == 404 and isinstance(not_found.json()["detail"], str)
+
+
+async def test_sessions_list_newest_first_and_archive(http: httpx.AsyncClient, scope: Scope) -> None:
+    first = (await http.post("/api/v1/sessions", json={"title": "first"})).json()["session"]
+    second = await http.post("/api/v1/sessions", json={"title": "second", "input": script(say("hi"))})
+    assert second.status_code == 201, second.text
+    body = second.json()
+    assert body["input"]["status"] == "started"
+    listed = (await http.get("/api/v1/sessions")).json()
+    assert [s["title"] for s in listed] == ["second", "first"]
+    assert (await http.get("/api/v1/sessions", params={"offset": 1, "limit": 1})).json()[0]["title"] == "first"
+    archived = await http.post(f"/api/v1/sessions/{first['session_id']}/archive")
+    assert archived.status_code == 200 and archived.json()["status"] == "archived"
+    assert [s["title"] for s in (await http.get("/api/v1/sessions")).json()] == ["second"]
+    project = first["project_id"]
+    by_project = await http.get("/api/v1/sessions", params={"scope": "project", "project_id": project})
+    assert [s["title"] for s in by_project.json()] == ["second"]
+
+
+async def test_idempotency_key(http: httpx.AsyncClient) -> None:
+    headers = {"Idempotency-Key": "create-once"}
+    one = await http.post("/api/v1/sessions", json={"title": "once"}, headers=headers)
+    two = await http.post("/api/v1/sessions", json={"title": "once"}, headers=headers)
+    assert one.status_code == two.status_code == 201
+    assert one.json() == two.json()
+    assert two.headers.get("Idempotent-Replayed") == "true"
+    other = await http.post("/api/v1/sessions", json={"title": "different"}, headers=headers)
+    assert other.status_code == 422
+    listed = (await http.get("/api/v1/sessions")).json()
+    assert [s["title"] for s in listed] == ["once"]
+
+
+async def test_concurrent_requests_with_one_idempotency_key_write_once(http: httpx.AsyncClient) -> None:
+    root = (await http.post("/api/v1/sessions", json={"title": "target"})).json()["session"]
+    headers = {"Idempotency-Key": "submit-once"}
+    body = {"text": script(say("once"))}
+    answers = await asyncio.gather(*(http.post(f"/api/v1/sessions/{root['session_id']}/inputs", json=body,
+                                               headers=headers) for _ in range(6)))
+    assert {a.status_code for a in answers} == {202}
+    assert len({a.json()["input_id"] for a in answers}) == 1
+    session = (await http.get(f"/api/v1/sessions/{root['session_id']}/messages")).json()
+    assert len([m for m in session if m["role"] == "user"]) == 1
+
+
+async def test_agents_and_projects(http: httpx.AsyncClient, runtime: Runtime) -> None:
+    created = await http.post("/api/v1/agents", json={"agent_id": "writer", "name": "Writer",
+                                                       "instructions": "Write well."})
+    assert created.status_code == 201, created.text
+    assert created.json()["id"] == "writer" and created.json()["model"] == "canopy/scripted"
+    assert (await http.post("/api/v1/agents", json={"agent_id": "writer", "name": "W"})).status_code == 409
+    patched = await http.patch("/api/v1/agents/writer", json={"approval_mode": "ask"})
+    assert patched.status_code == 200 and patched.json()["approval_mode"] == "ask"
+    assert (await http.patch("/api/v1/agents/writer", json={"name": None})).status_code == 422
+    assert [a["id"] for a in (await http.get("/api/v1/agents")).json()] == ["writer"]
+    project = await http.post("/api/v1/projects", json={"name": "garden"})
+    assert project.status_code == 201
+    root = await http.post("/api/v1/sessions", json={"project_id": project.json()["project_id"],
+                                                      "agent_id": "writer"})
+    assert root.status_code == 201, root.text
+    found = await rows(runtime.db, "SELECT agent_config FROM sessions WHERE session_id = %s",
+                       root.json()["session"]["session_id"])
+    assert found[0]["agent_config"]["approval_mode"] == "ask"

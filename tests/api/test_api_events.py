@@ -1,0 +1,118 @@
+"""Server-Sent Events: replay after a cursor, resume with Last-Event-ID exactly once, heartbeats,
+live deltas, and a disconnect that frees the stream's resources."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import httpx
+
+from actors.runtime import Runtime
+from api.hub import EventHub
+from api.sse import StreamSettings, event_stream
+from persistence.records import Scope
+from tests.api.conftest import ApiServer, ClientFactory
+from tests.api.helpers import call, collect_events, create, poll, rows, say, script, sse_frames
+
+EVENT_FIELDS = {"cursor", "kind", "session_id", "tree_id", "turn_id", "run_id", "payload", "created_at"}
+
+
+async def _subscribers_gone(api: ApiServer) -> bool:
+    return api.app.state.hub.subscriber_count == 0
+
+
+async def test_reconnect_with_last_event_id_gets_every_later_event_once(
+        api: ApiServer, http: httpx.AsyncClient, runtime: Runtime) -> None:
+    children = [create(f"w{i}", script(say(f"w{i} done", delay_ms=400 * (i + 1)))) for i in range(3)]
+    text = script(call(*children), call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(3)]})),
+                  say("all done"))
+    created = (await http.post("/api/v1/sessions", json={"input": text})).json()
+    root_id = created["session"]["session_id"]
+    path = f"/api/v1/trees/{root_id}/events"
+
+    # First connection: read a handful of events, then drop the connection mid-run.
+    first = await collect_events(http, path, until=lambda e: e["kind"] == "waiting_cooperation")
+    assert all(set(event) == EVENT_FIELDS for event in first)
+    await poll(lambda: _subscribers_gone(api), timeout=10)
+    await asyncio.sleep(1.0)  # the tree keeps producing events while nobody listens
+
+    def root_done(event: dict) -> bool:
+        return event["kind"] == "turn_completed" and event["session_id"] == root_id
+
+    second = await collect_events(http, path, headers={"Last-Event-ID": str(first[-1]["cursor"])}, until=root_done)
+    seen = [event["cursor"] for event in first + second]
+    stored = await rows(runtime.db, "SELECT cursor FROM events WHERE tree_id = %s AND cursor <= %s ORDER BY cursor",
+                        uuid.UUID(root_id), second[-1]["cursor"])
+    assert seen == [row["cursor"] for row in stored]  # every event, in order, none twice
+    assert len(set(seen)) == len(seen)
+    await poll(lambda: _subscribers_gone(api), timeout=10)
+
+    # ?after= replays too, and Last-Event-ID wins over it (a reconnecting EventSource keeps its URL).
+    middle = first[len(first) // 2]["cursor"]
+    replay = await collect_events(http, path, params={"after": 0}, headers={"Last-Event-ID": str(middle)},
+                                  until=root_done)
+    assert [e["cursor"] for e in replay] == [c for c in seen if c > middle]
+    after = await collect_events(http, path, params={"after": middle}, until=root_done)
+    assert after == replay
+
+
+async def test_session_stream_heartbeats_and_live_deltas(api: ApiServer, http: httpx.AsyncClient) -> None:
+    root = (await http.post("/api/v1/sessions", json={"title": "idle"})).json()["session"]
+    frames: list[dict] = []
+
+    async def watch() -> None:
+        async with http.stream("GET", f"/api/v1/sessions/{root['session_id']}/events") as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            async for frame in sse_frames(response):
+                frames.append(frame)
+                if "id" in frame and json.loads(frame["data"])["kind"] == "turn_completed":
+                    return
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(2.5)  # idle: only the session_created event and keep-alive comments
+    assert any(frame.get("comment") == "keep-alive" for frame in frames)
+    submitted = await http.post(f"/api/v1/sessions/{root['session_id']}/inputs",
+                                json={"text": script(say("alpha beta gamma", delay_ms=300))})
+    assert submitted.status_code == 202, submitted.text
+    await asyncio.wait_for(watcher, 60)
+    deltas = [json.loads(frame["data"]) for frame in frames if frame.get("event") == "delta"]
+    assert "".join(d["delta"] for d in deltas) == "alpha beta gamma"
+    assert all("id" not in frame for frame in frames if frame.get("event") == "delta")  # deltas have no cursor
+    kinds = [json.loads(frame["data"])["kind"] for frame in frames if "id" in frame]
+    assert kinds[0] == "session_created" and kinds[-1] == "turn_completed"
+    await poll(lambda: _subscribers_gone(api), timeout=10)
+
+
+async def test_streams_are_scoped_and_validated(http: httpx.AsyncClient, client_for: ClientFactory) -> None:
+    root = (await http.post("/api/v1/sessions", json={"title": "mine"})).json()["session"]
+    other = await client_for(Scope(f"user-{uuid.uuid4().hex[:8]}", "other-app"))
+    assert (await other.get(f"/api/v1/sessions/{root['session_id']}/events")).status_code == 404
+    assert (await other.get(f"/api/v1/trees/{root['tree_id']}/events")).status_code == 404
+    bad = await http.get(f"/api/v1/trees/{root['tree_id']}/events", headers={"Last-Event-ID": "abc"})
+    assert bad.status_code == 422
+
+
+async def test_streams_poll_while_the_listener_is_down(runtime: Runtime, scope: Scope) -> None:
+    hub = EventHub("postgresql:///nowhere?host=/nonexistent")  # never started: no notification ever arrives
+    created = await runtime.create_root(scope, title="polled")
+    session_id = created["session"]["session_id"]
+    stream = event_stream(hub, runtime.db, scope, after=0, session_id=session_id,
+                          settings=StreamSettings(heartbeat_seconds=30, fallback_poll_seconds=0.1))
+    kinds: list[str] = []
+
+    async def read() -> None:
+        async for chunk in stream:
+            text = chunk.decode()
+            if text.startswith("id: "):
+                kinds.append(json.loads(text.split("data: ", 1)[1])["kind"])
+                if kinds[-1] == "session_created":
+                    await runtime.submit_input(scope, session_id, script(say("polled")))
+                if kinds[-1] == "turn_completed":
+                    return
+
+    await asyncio.wait_for(read(), 60)
+    await stream.aclose()
+    assert kinds[0] == "session_created" and "turn_started" in kinds and kinds[-1] == "turn_completed"
+    assert hub.subscriber_count == 0
