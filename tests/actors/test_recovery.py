@@ -125,7 +125,9 @@ async def test_passivation_and_reactivation_with_full_history(runtime: Runtime, 
     async def none_alive() -> bool:
         from ray.util.state import list_actors
 
-        alive = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
+        # This runtime's cluster only, even when other Ray instances run on the machine.
+        alive = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")],
+                            limit=10_000)
         return not any(actor.name in names for actor in alive)
 
     await eventually(none_alive, timeout=40, every=1.0)
