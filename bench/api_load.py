@@ -19,6 +19,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,7 +76,7 @@ class CanopyUp:
         assert key and admin, self.lines
         return f"http://127.0.0.1:{self.port}", key.group(1), admin.group(1)
 
-    def stop(self) -> None:
+    def stop(self, keep_log: bool) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
@@ -83,6 +84,10 @@ class CanopyUp:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         self.log.close()
+        if keep_log:
+            print(f"canopy up's log: {self.log.name}")
+        else:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 class Recorder:
@@ -194,12 +199,14 @@ def main() -> int:
         return asyncio.run(load(args.url, args.api_key, args.duration, args.clients, args.input_sessions,
                                 args.scopes, args.admin_token))
     up = CanopyUp(args.replicas)
+    code = 1
     try:
         base, key, admin = up.wait_ready()
         print(f"canopy up ready at {base}", flush=True)
-        return asyncio.run(load(base, key, args.duration, args.clients, args.input_sessions, args.scopes, admin))
+        code = asyncio.run(load(base, key, args.duration, args.clients, args.input_sessions, args.scopes, admin))
+        return code
     finally:
-        up.stop()
+        up.stop(keep_log=code != 0)
 
 
 if __name__ == "__main__":
