@@ -201,12 +201,15 @@ class SessionActorImpl(SessionCore):
     def __init__(self, session_id: str) -> None:
         super().__init__(uuid.UUID(session_id))
         self._db: Database | None = None
+        self._db_lock = asyncio.Lock()
         self._loop_task: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
 
     async def _database(self) -> Database:
         if self._db is None:
-            self._db = await Database.connect(max_size=2)
+            async with self._db_lock:  # a signal and the work loop must not open two pools
+                if self._db is None:
+                    self._db = await Database.connect(max_size=2)
         return self._db
 
     async def status(self) -> dict[str, str | int | None]:  # type: ignore[override]

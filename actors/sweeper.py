@@ -40,6 +40,7 @@ class SweeperImpl:
         self._task: asyncio.Task[None] | None = None
         self._warm_up: asyncio.Task[None] | None = None
         self._sandboxes: Any = None  # sandbox.manager.SandboxManager, built on first use
+        self._sandbox_task: asyncio.Task[None] | None = None
         self.rounds = 0
         self.recoveries = 0
         self.sandboxes_released = 0
@@ -108,6 +109,14 @@ class SweeperImpl:
         await asyncio.gather(*(_isolated(signals.activate_session, session_id) for session_id in unowned))
 
     async def _release_idle_sandboxes(self, db: Database) -> None:
+        """Start this round's sandbox idle release unless the previous one still runs.
+
+        In the background: releasing a container can take seconds (and is bounded only by
+        the manager's own timeout), and recovery must never wait for Docker."""
+        if self._sandbox_task is None or self._sandbox_task.done():
+            self._sandbox_task = asyncio.create_task(self._release_idle_sandboxes_now(db))
+
+    async def _release_idle_sandboxes_now(self, db: Database) -> None:
         """Per-tree sandbox idle release; each tree is isolated inside ``release_idle``."""
         try:
             if self._sandboxes is None:

@@ -36,6 +36,7 @@ class TreeSupervisorImpl:
         self.tree_id = uuid.UUID(tree_id)
         self.settings = get_settings()
         self._db: Database | None = None
+        self._db_lock = asyncio.Lock()
         self._lock = asyncio.Lock()
         self._dirty = False
         self._pokes = 0
@@ -46,7 +47,9 @@ class TreeSupervisorImpl:
 
     async def _database(self) -> Database:
         if self._db is None:
-            self._db = await Database.connect(max_size=2)
+            async with self._db_lock:  # concurrent first pokes must not open two pools
+                if self._db is None:
+                    self._db = await Database.connect(max_size=2)
         return self._db
 
     async def poke(self) -> list[str] | None:

@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
 
 _PLACEHOLDER = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Canopy</title></head>
-<body><h1>Canopy</h1><p>The web UI is not installed here. The API is at <a href="/api/v1">/api/v1</a>;
+<body><h1>Canopy</h1><p>The web UI is not installed here. The API lives under <code>/api/v1</code>;
 its reference is at <a href="/docs">/docs</a>.</p></body></html>"""
 
 

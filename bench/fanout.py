@@ -7,9 +7,16 @@ and the embedded PostgreSQL) — other Ray clusters on the machine are not count
 
     python bench/fanout.py --children 12 --steps 3 --latency-ms 200 [--profile]
 
-``--profile`` adds a timeline of the children from the durable facts: how long a Run
-waited for its slot, how long from its grant to its first model call (activation), the
-overhead between model calls, and how long a freed slot stayed empty.
+``--profile`` adds a timeline of the root and the children from the durable facts: how
+long a Run waited for its slot, how long from its grant to its first model call
+(activation), the overhead between model calls, how long a freed slot stayed empty, and the
+CPU each kind of process used. ``FANOUT_PS=1`` also lists every process of the runtime.
+The root's three steps take L each, as the ideal assumes (the first version of this
+benchmark ran them at 0 ms: ``--root-latency-ms 0`` reproduces that).
+
+Shapes (environment): ``CANOPY_SESSION_HOSTS=N`` runs sessions in N shared hosts instead of
+a process each; ``CANOPY_WARM_WORKERS`` sets the warm worker pool; ``--inherit-env`` starts
+Ray with the workers' environment inherited instead of a job runtime_env.
 """
 
 from __future__ import annotations
@@ -60,9 +67,9 @@ class Sampler:
     """Samples live session actors and the RSS of this runtime's processes every 0.1 s."""
 
     def __init__(self, data_dir: Path) -> None:
+        self.pg_dir = str(data_dir / "pg")
         from actors.directory import directory_handle
 
-        self.pg_dir = str(data_dir / "pg")
         self.directory = directory_handle()
         self.peak_rss = 0
         self.peak_sessions = 0  # processes running sessions (dedicated actors or shared hosts)
@@ -131,7 +138,8 @@ class Sampler:
             try:
                 import ray
 
-                self.peak_live = max(self.peak_live, ray.get(self.directory.stats.remote(), timeout=2)["live"])
+                live = ray.get(self.directory.stats.remote(), timeout=2)["live"]
+                self.peak_live = max(self.peak_live, live)
             except Exception:
                 pass
             time.sleep(0.1)
@@ -283,9 +291,8 @@ async def main() -> None:
         from actors.directory import warm_workers_setting
         from actors.naming import session_hosts_setting
 
-        print(
-            f"session hosts={session_hosts_setting() or 'dedicated actors'} warm workers={warm_workers_setting()}"
-        )
+        hosts = session_hosts_setting() or "dedicated actors"
+        print(f"session hosts={hosts} warm workers={warm_workers_setting()}")
         print(
             f"children={args.children} steps={args.steps} latency={args.latency_ms}ms root={root_ms}ms slots={slots} "
             f"max_live_sessions={settings.max_live_sessions}"
@@ -313,6 +320,10 @@ async def main() -> None:
                 except psutil.Error:
                     pass
         await runtime.close(shutdown_ray=True)
+        if not os.environ.get("CANOPY_DATABASE_URL"):
+            from persistence.embedded import stop_embedded
+
+            stop_embedded(Path(data_dir))  # the embedded server outlives its starter otherwise
 
 
 if __name__ == "__main__":
