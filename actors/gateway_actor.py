@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 
+from actors import metrics
 from actors.model_gateway import ModelGateway
 from persistence.db import Database
 
@@ -57,11 +58,12 @@ class AccountedGateway(ModelGateway):
 
     async def _record(self, run_id: str, model: str, usage: dict[str, int], cost: float, started: float,
                       error: str | None) -> None:
+        latency_ms = (time.monotonic() - started) * 1000
+        metrics.record_model_call(model, latency_ms, usage, error)
         db = await self._database()
         async with db.tx() as conn:
             await conn.execute(_RECORD, (uuid.UUID(run_id), model, usage.get("prompt_tokens", 0),
-                                         usage.get("completion_tokens", 0), cost,
-                                         (time.monotonic() - started) * 1000, error))
+                                         usage.get("completion_tokens", 0), cost, latency_ms, error))
 
 
 GatewayActor = ray.remote(AccountedGateway)

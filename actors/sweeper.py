@@ -3,7 +3,8 @@
 On start and every ``sweep_seconds`` it recovers Runs whose lease expired, resumes
 waits whose condition or deadline is met, pokes trees with queued Runs,
 re-activates sessions holding a granted but unowned Run, and releases the sandboxes of
-trees idle for ``sandbox_idle_seconds`` (SPEC §12). Each record is handled in its own
+trees idle for ``sandbox_idle_seconds`` (SPEC §12); every few seconds it also publishes the
+runtime's state gauges (actors/metrics.py). Each record is handled in its own
 transaction; one failing record is logged and skipped, the rest proceed, and one failing
 step never stops the others.
 """
@@ -18,13 +19,17 @@ from typing import Any
 
 import ray
 
-from actors import directory, signals
+from actors import directory, metrics, signals
 from persistence import runs as run_repo
 from persistence import turns, waits
 from persistence.db import Database
+from persistence.metrics import runtime_metrics
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
+
+# Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
+_GAUGES_EVERY_SECONDS = 5.0
 
 _TREES_WITH_QUEUED_RUNS = "SELECT DISTINCT tree_id FROM runs WHERE status = 'pending'"
 _UNOWNED_GRANTS = """
@@ -44,6 +49,7 @@ class SweeperImpl:
         self.rounds = 0
         self.recoveries = 0
         self.sandboxes_released = 0
+        self._gauges_at = float("-inf")
 
     async def start(self) -> None:
         if self._task is None or self._task.done():
@@ -81,7 +87,7 @@ class SweeperImpl:
         self._db = db
         # Each step is isolated too: a failing step (say, a query) never stops the others.
         for step in (self._recover_expired, self._resume_due_waits, self._poke_queued,
-                     self._release_idle_sandboxes):
+                     self._release_idle_sandboxes, self._publish_gauges):
             try:
                 await step(db)
             except Exception:
@@ -129,11 +135,22 @@ class SweeperImpl:
         except Exception:
             log.exception("sandbox idle release failed; the next round retries")
 
+    async def _publish_gauges(self, db: Database) -> None:
+        """The runtime's state gauges for ``ray.util.metrics`` (actors/metrics.py)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._gauges_at < _GAUGES_EVERY_SECONDS:
+            return
+        self._gauges_at = now
+        async with db.tx() as conn:
+            figures = await runtime_metrics(conn)
+        metrics.publish_runtime_gauges(figures)
+
     async def _recover(self, db: Database, run_id: uuid.UUID) -> None:
         async with db.tx() as conn:
             recovered = await turns.recover_expired_run(conn, run_id)
         if recovered:
             self.recoveries += 1
+            metrics.record_recovery()
             log.warning("recovered run %s of session %s", run_id, recovered["session_id"])
             await signals.after_change(db, [recovered["session_id"]])
 
