@@ -28,6 +28,9 @@ from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
 
+# Orphan sandboxes are rare (a claim that died mid-way): listing the engine's containers
+# every round would be waste.
+_ORPHANS_EVERY_SECONDS = 60.0
 # Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
 _GAUGES_EVERY_SECONDS = 5.0
 
@@ -50,6 +53,8 @@ class SweeperImpl:
         self.recoveries = 0
         self.sandboxes_released = 0
         self._gauges_at = float("-inf")
+        self._orphans_at = float("-inf")
+        self.sandboxes_reaped = 0
 
     async def start(self) -> None:
         if self._task is None or self._task.done():
@@ -71,7 +76,7 @@ class SweeperImpl:
 
     async def stats(self) -> dict[str, int]:
         return {"rounds": self.rounds, "recoveries": self.recoveries,
-                "sandboxes_released": self.sandboxes_released}
+                "sandboxes_released": self.sandboxes_released, "sandboxes_reaped": self.sandboxes_reaped}
 
     async def _loop(self) -> None:
         self._db = await Database.connect(max_size=2)
@@ -123,7 +128,8 @@ class SweeperImpl:
             self._sandbox_task = asyncio.create_task(self._release_idle_sandboxes_now(db))
 
     async def _release_idle_sandboxes_now(self, db: Database) -> None:
-        """Per-tree sandbox idle release; each tree is isolated inside ``release_idle``."""
+        """Per-tree sandbox idle release, and now and then orphan reaping; each sandbox is
+        isolated inside the manager's ``release_idle`` and ``reap_orphans``."""
         try:
             if self._sandboxes is None:
                 from sandbox.manager import SandboxManager
@@ -132,6 +138,10 @@ class SweeperImpl:
                 self._sandboxes = await asyncio.to_thread(SandboxManager.from_settings, db)
             released = await self._sandboxes.release_idle()
             self.sandboxes_released += len(released)
+            now = asyncio.get_running_loop().time()
+            if now - self._orphans_at >= _ORPHANS_EVERY_SECONDS:
+                self._orphans_at = now
+                self.sandboxes_reaped += len(await self._sandboxes.reap_orphans())
         except Exception:
             log.exception("sandbox idle release failed; the next round retries")
 

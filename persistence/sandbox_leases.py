@@ -91,3 +91,9 @@ async def tree_has_running_run(conn: Connection, tree_id: uuid.UUID) -> bool:
     cur = await conn.execute(query("sandbox_tree_running"), {"tree_id": tree_id})
     row = await cur.fetchone()
     return bool(row and row["running"])
+
+
+async def tree_known(conn: Connection, tree_id: uuid.UUID) -> bool:
+    cur = await conn.execute(query("sandbox_tree_known"), {"tree_id": tree_id})
+    row = await cur.fetchone()
+    return bool(row and row["known"])

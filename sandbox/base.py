@@ -134,6 +134,14 @@ def signal_exit_code(returncode: int) -> int:
     return SIGNAL_EXIT_BASE - returncode if returncode < 0 else returncode
 
 
+def tree_id_or_none(text: str | None) -> uuid.UUID | None:
+    """The tree id a sandbox's label or directory name carries; None for anything else."""
+    try:
+        return uuid.UUID(text or "")
+    except ValueError:
+        return None
+
+
 @runtime_checkable
 class SandboxBackend(Protocol):
     """One way to provide per-tree sandboxes. Handles are opaque strings a lease row stores."""
@@ -166,6 +174,10 @@ class SandboxBackend(Protocol):
 
     async def exists(self, handle: str) -> bool:
         """True when the handle names a live, usable sandbox."""
+        ...
+
+    async def sandboxes(self) -> dict[str, uuid.UUID]:
+        """Every sandbox this backend made that still exists (live or not): handle -> tree id."""
         ...
 
     def close(self) -> None:

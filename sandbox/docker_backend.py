@@ -49,6 +49,7 @@ from sandbox.base import (
     SandboxError,
     SandboxGone,
     SandboxOptions,
+    tree_id_or_none,
 )
 
 log = logging.getLogger(__name__)
@@ -224,6 +225,14 @@ class DockerBackend:
             if time.monotonic() > deadline:
                 raise SandboxError(f"sandbox container {container_id} is still being removed")
             time.sleep(0.1)
+
+    async def sandboxes(self) -> dict[str, uuid.UUID]:
+        return await asyncio.to_thread(self._managed_containers)
+
+    def _managed_containers(self) -> dict[str, uuid.UUID]:
+        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+        trees = {str(container.id): tree_id_or_none(container.labels.get(LABEL_TREE)) for container in found}
+        return {handle: tree_id for handle, tree_id in trees.items() if tree_id is not None}
 
     def containers_for(self, tree_id: uuid.UUID) -> list[str]:
         """Ids of every container (running or not) labelled with this tree: at most one."""

@@ -44,6 +44,7 @@ from sandbox.base import (
     SandboxGone,
     SandboxOptions,
     signal_exit_code,
+    tree_id_or_none,
 )
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,13 @@ class LocalBackend:
     async def exists(self, handle: str) -> bool:
         tree_dir = Path(handle)
         return (tree_dir / "tmp").is_dir() and (tree_dir / _WORKDIR_FILE).is_file()
+
+    async def sandboxes(self) -> dict[str, uuid.UUID]:
+        if not self.state_root.is_dir():
+            return {}
+        trees = {str(tree_dir): tree_id_or_none(tree_dir.name) for tree_dir in self.state_root.iterdir()}
+        return {handle: tree_id for handle, tree_id in trees.items()
+                if tree_id is not None and await self.exists(handle)}
 
     async def release(self, handle: str) -> None:
         tree_dir = Path(handle)

@@ -9,6 +9,10 @@
   that has no Run in ``running`` is released — processes and ``/tmp`` go, the workdir
   stays. Each tree is handled in its own transaction; one failure is logged and skipped.
 - A Run ending never releases anything; only the sweep (or an explicit ``release``) does.
+- ``reap_orphans`` removes sandboxes no lease names: made by a claim whose transaction
+  never committed (its process died between creating the container and the commit) for a
+  tree that never claimed again. Only trees of this database are touched: an engine may
+  serve several deployments, and another's sandboxes are not ours to judge.
 
 Only the lease row is locked while a release is in flight, so every other write of the
 tree — messages, runs, the ``trees`` row — keeps committing (SPEC §12).
@@ -186,6 +190,33 @@ class SandboxManager:
             )
         await leases.mark_released(conn, lease.tree_id)
         log.info("released the sandbox of tree %s", lease.tree_id)
+
+    async def reap_orphans(self) -> list[str]:
+        """Release every sandbox of this database's trees that no active lease names.
+
+        Each sandbox is judged under its tree's lease row lock: a claim creating a sandbox
+        holds that lock until its lease commits, so a sandbox being born is never taken
+        for an orphan. Returns the handles released; a failing one is logged and skipped.
+        """
+        reaped = []
+        for handle, tree_id in (await self.backend.sandboxes()).items():
+            try:
+                if await self._reap_if_orphan(handle, tree_id):
+                    reaped.append(handle)
+            except Exception:
+                log.exception("reaping sandbox %s of tree %s failed; skipped", handle, tree_id)
+        return reaped
+
+    async def _reap_if_orphan(self, handle: str, tree_id: uuid.UUID) -> bool:
+        async with self.db.tx() as conn:
+            if not await leases.tree_known(conn, tree_id):
+                return False
+            lease = await leases.lock(conn, tree_id, self.backend.name)
+            if lease.state == "active" and lease.handle == handle:
+                return False
+            await asyncio.wait_for(self.backend.release(handle), _RELEASE_TIMEOUT_SECONDS)
+        log.warning("reaped orphan sandbox %s of tree %s", handle, tree_id)
+        return True
 
     def close(self) -> None:
         """Close the backend's client resources; the sandboxes and leases stay as they are."""

@@ -112,6 +112,9 @@ class _FakeSandboxes:
             raise RuntimeError("docker is having a bad day")
         return [uuid.uuid4()]
 
+    async def reap_orphans(self) -> list[str]:
+        return ["orphan-handle"]
+
 
 async def test_sweeper_releases_idle_sandboxes_in_isolation(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     sweeper = SweeperImpl()
@@ -129,3 +132,4 @@ async def test_sweeper_releases_idle_sandboxes_in_isolation(runtime: Runtime, mo
     assert sandboxes.calls == 2
     assert (await sweeper.stats())["rounds"] == 2
     assert (await sweeper.stats())["sandboxes_released"] == 1
+    assert (await sweeper.stats())["sandboxes_reaped"] == 1  # reaped once: at most every 60 s

@@ -429,6 +429,36 @@ async def test_a_vanished_sandbox_is_rebuilt_on_next_command(sandbox: SandboxKit
     assert lease.state == "active" and lease.handle is not None and await sandbox.backend.exists(lease.handle)
 
 
+async def test_orphan_sandboxes_are_reaped_and_nothing_else(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    claimed_tree, claimed_workdir = await sandbox.new_tree()
+    kept = await manager.claim(claimed_tree, claimed_workdir)
+    # A claim that died between creating its sandbox and committing the lease.
+    orphan_tree, orphan_workdir = await sandbox.new_tree()
+    orphan = await sandbox.backend.ensure(orphan_tree, orphan_workdir, sandbox.options)
+    (orphan_workdir / "kept.txt").write_text("workdir files survive")
+    # Another deployment's sandbox on the same engine: its tree is not in this database.
+    foreign_tree = uuid.uuid4()
+    foreign = await sandbox.backend.ensure(foreign_tree, sandbox.root / "foreign", sandbox.options)
+    try:
+        reaped = await manager.reap_orphans()
+        again = await manager.reap_orphans()
+
+        assert orphan in reaped and kept not in reaped and foreign not in reaped
+        assert orphan not in again and kept not in again
+        assert not await sandbox.backend.exists(orphan)
+        assert await sandbox.backend.exists(kept) and await sandbox.backend.exists(foreign)
+        assert (orphan_workdir / "kept.txt").read_text() == "workdir files survive"
+        lease = await _lease(sandbox, claimed_tree)
+        assert (lease.state, lease.handle) == ("active", kept)
+        async with sandbox.db.tx() as conn:
+            assert await leases.get(conn, foreign_tree) is None  # judged without writing a row
+        if sandbox.kind == "docker":
+            assert _docker_ps_count(orphan_tree) == 0 and _docker_ps_count(claimed_tree) == 1
+    finally:
+        await sandbox.backend.release(foreign)
+
+
 async def test_a_stopped_container_is_restarted_with_its_tmp(sandbox: SandboxKit) -> None:
     if sandbox.kind == "local":
         pytest.skip("only a container can be stopped and started again")
