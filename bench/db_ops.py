@@ -27,15 +27,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from persistence import projects, runs, sessions, trees, turns
-from persistence.db import Database, ensure_schema
+from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import RunRef, Scope
+from tests.databases import create_database, drop_database
 
 LEASE_SECONDS = 30.0
 HUMAN = {"kind": "human"}
@@ -43,28 +41,16 @@ AGENT_CONFIG = {"agent_id": None, "model": "canopy/scripted", "instructions": ""
                 "approval_mode": "auto"}
 
 
-def _with_database(url: str, name: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
-
-
 @asynccontextmanager
 async def bench_database() -> AsyncIterator[str]:
     """A fresh database with the schema: in the configured server, or an embedded one."""
     external = os.environ.get("CANOPY_DATABASE_URL")
     with tempfile.TemporaryDirectory(prefix="canopy-bench-") as data_dir:
-        server_url = external or embedded_url(Path(data_dir))
-        name = f"canopy_bench_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        url = create_database(external or embedded_url(Path(data_dir)), "canopy_bench")
         try:
-            url = _with_database(server_url, name)
-            ensure_schema(url)
             yield url
         finally:
-            with psycopg.connect(server_url, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            drop_database(url)
             if not external:
                 stop_embedded(Path(data_dir))
 

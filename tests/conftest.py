@@ -13,25 +13,18 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import ray
-from psycopg import sql
 
 from actors.runtime import Runtime
-from persistence.db import Database, ensure_schema
+from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import Scope
 from persistence.settings import Settings
+from tests.databases import create_database
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-
-def _with_database(url: str, name: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
 
 
 @pytest.fixture(scope="session")
@@ -43,12 +36,7 @@ def data_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def database_url(data_dir: Path) -> Iterator[str]:
     external = os.environ.get("CANOPY_DATABASE_URL")
-    server_url = external or embedded_url(data_dir)
-    name = f"canopy_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = _with_database(server_url, name)
-    ensure_schema(url)
+    url = create_database(external or embedded_url(data_dir), "canopy_test")
     yield url
     if not external:
         stop_embedded(data_dir)

@@ -7,24 +7,17 @@ counts move for reasons that have nothing to do with the test.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
-import psycopg
 import pytest
-from psycopg import sql
 
-from persistence.db import Database, ensure_schema
+from persistence.db import Database
+from tests.databases import create_database
 
 
 @pytest.fixture(scope="session")
 def database_url(database_url: str) -> str:
-    name = f"canopy_persistence_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(database_url, dbname=name)
-    ensure_schema(url)
-    return url
+    return create_database(database_url, "canopy_persistence")
 
 
 @pytest.fixture(scope="session")

@@ -15,29 +15,23 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
-from persistence.db import Database, ensure_schema
+from persistence.db import Database
 from sandbox.base import SandboxBackend, SandboxOptions
 from sandbox.docker_backend import DockerBackend
 from sandbox.local_backend import LocalBackend
 from sandbox.manager import SandboxManager, docker_client_if_answering
+from tests.databases import create_database, drop_database
 
 BACKENDS = ["local", "docker"]
 
 
 @pytest.fixture(scope="session")
 def sandbox_database_url(database_url: str) -> Iterator[str]:
-    name = f"canopy_sandbox_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(database_url, dbname=name)
-    ensure_schema(url)
+    url = create_database(database_url, "canopy_sandbox")
     yield url
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    drop_database(url)
 
 
 @pytest.fixture(scope="session")
