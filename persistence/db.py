@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, LiteralString, cast
 
@@ -21,6 +22,22 @@ _HERE = Path(__file__).parent
 _SCHEMA_LOCK_KEY = 0x43414E4F5059  # "CANOPY"
 
 Connection = psycopg.AsyncConnection[dict[str, Any]]
+Statement = Callable[[Connection], Awaitable[None]]
+
+# Statements a ``Database.tx`` block queued to run last, just before its commit.
+_last_statements: weakref.WeakKeyDictionary[Connection, list[Statement]] = weakref.WeakKeyDictionary()
+
+
+def run_last(conn: Connection, statement: Statement) -> bool:
+    """Queue ``statement`` to run at the end of the ``Database.tx`` block ``conn`` is in, right
+    before the commit, in queueing order; False when ``conn`` is in no such block (then the
+    caller runs it now). For writes that take a hot lock (the event cursor): taken last, the
+    lock is held only for the commit, not for the whole transaction."""
+    queued = _last_statements.get(conn)
+    if queued is None:
+        return False
+    queued.append(statement)
+    return True
 
 
 def resolve_database_url(settings: Settings | None = None) -> str:
@@ -82,7 +99,14 @@ class Database:
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[Connection]:
         async with self.pool.connection() as conn, conn.transaction():
-            yield cast(Connection, conn)
+            connection = cast(Connection, conn)
+            queued = _last_statements[connection] = []
+            try:
+                yield connection
+            finally:
+                del _last_statements[connection]
+            for statement in queued:  # only when the block succeeded: a failed one rolls back
+                await statement(connection)
 
     async def close(self) -> None:
         await self.pool.close()

@@ -2,8 +2,10 @@
 
 The cursor comes from the scope's counter row, locked by the appending transaction
 until it commits, so two appenders in one scope serialise and a reader that has seen
-cursor N can never later see a smaller cursor appear. Append events last in a
-transaction to keep that lock short.
+cursor N can never later see a smaller cursor appear. Inside ``Database.tx`` the events
+are written last, just before the commit (``persistence.db.run_last``), whatever point of
+the transaction appended them: the scope's lock is then held for the commit only, and
+concurrent writers of one scope do the rest of their work in parallel.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from persistence.db import Connection
+from persistence.db import Connection, run_last
 from persistence.records import Row, Scope
 
 # The kinds a wait_sessions waiter treats as an update of a target session.
@@ -26,17 +28,17 @@ SESSION_UPDATE_KINDS = (
     "coop_message",
 )
 
-_NEXT_CURSOR = """
-UPDATE scopes SET last_cursor = last_cursor + 1
-WHERE user_id = %(user_id)s AND app_id = %(app_id)s
-RETURNING last_cursor
-"""
-
-_INSERT_EVENT = """
+# One statement: the scope's next cursor (locking its counter row until commit) and the event.
+_APPEND_EVENT = """
+WITH counter AS (
+    UPDATE scopes SET last_cursor = last_cursor + 1
+    WHERE user_id = %(user_id)s AND app_id = %(app_id)s
+    RETURNING last_cursor
+)
 INSERT INTO events (user_id, app_id, cursor, kind, session_id, tree_id, turn_id, run_id, payload)
-VALUES (%(user_id)s, %(app_id)s, %(cursor)s, %(kind)s, %(session_id)s, %(tree_id)s,
-        %(turn_id)s, %(run_id)s, %(payload)s)
-RETURNING cursor, kind, session_id, tree_id, turn_id, run_id, payload, created_at
+SELECT %(user_id)s, %(app_id)s, last_cursor, %(kind)s, %(session_id)s, %(tree_id)s, %(turn_id)s, %(run_id)s,
+       %(payload)s
+FROM counter
 """
 
 _EVENTS_AFTER = """
@@ -70,27 +72,17 @@ async def append_event(
     turn_id: uuid.UUID | None = None,
     run_id: uuid.UUID | None = None,
     payload: dict[str, Any] | None = None,
-) -> Row:
-    cur = await conn.execute(_NEXT_CURSOR, {"user_id": scope.user_id, "app_id": scope.app_id})
-    counter = await cur.fetchone()
-    assert counter is not None, "scope row missing: ensure_scope() first"
-    cur = await conn.execute(
-        _INSERT_EVENT,
-        {
-            "user_id": scope.user_id,
-            "app_id": scope.app_id,
-            "cursor": counter["last_cursor"],
-            "kind": kind,
-            "session_id": session_id,
-            "tree_id": tree_id,
-            "turn_id": turn_id,
-            "run_id": run_id,
-            "payload": Jsonb(payload or {}),
-        },
-    )
-    row = await cur.fetchone()
-    assert row is not None
-    return row
+) -> None:
+    """Append an event: at the end of the enclosing ``Database.tx`` block, else at once."""
+    params = {"user_id": scope.user_id, "app_id": scope.app_id, "kind": kind, "session_id": session_id,
+              "tree_id": tree_id, "turn_id": turn_id, "run_id": run_id, "payload": Jsonb(payload or {})}
+
+    async def write(connection: Connection) -> None:
+        cur = await connection.execute(_APPEND_EVENT, params)
+        assert cur.rowcount == 1, "scope row missing: ensure_scope() first"
+
+    if not run_last(conn, write):
+        await write(conn)
 
 
 async def events_after(

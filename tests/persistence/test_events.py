@@ -7,7 +7,7 @@ import random
 
 from persistence import events
 from persistence.db import Database
-from persistence.records import Row, Scope
+from persistence.records import Scope
 from persistence.scopes import ensure_scope
 from tests.persistence.helpers import fetch_all, start_root_run
 
@@ -17,27 +17,42 @@ async def read_after(db: Database, scope: Scope, after: int) -> list[int]:
         return [row["cursor"] for row in await events.events_after(conn, scope, after)]
 
 
-async def append(db: Database, scope: Scope, kind: str, hold: float = 0.0) -> Row:
+async def append(db: Database, scope: Scope, kind: str, hold: float = 0.0) -> int:
+    """Append one event in its own transaction (held open ``hold`` s); its cursor, read back."""
     async with db.tx() as conn:
-        event = await events.append_event(conn, scope, kind, payload={"kind": kind})
+        await events.append_event(conn, scope, kind, payload={"kind": kind})
         await asyncio.sleep(hold)
-        return event
+    async with db.tx() as conn:
+        return max(row["cursor"] for row in await events.events_after(conn, scope, 0) if row["kind"] == kind)
+
+
+async def test_a_transaction_takes_the_cursor_at_its_end_not_when_it_appends(db: Database, scope: Scope) -> None:
+    async with db.tx() as conn:
+        await ensure_scope(conn, scope)
+    async with db.tx() as first:
+        await events.append_event(first, scope, "early")
+        # Another writer of the scope is not held up by this open transaction's event.
+        late = await asyncio.wait_for(append(db, scope, "late"), timeout=5)
+        assert await read_after(db, scope, 0) == [late]
+    committed = await read_after(db, scope, 0)
+    async with db.tx() as conn:
+        kinds = [row["kind"] for row in await events.events_after(conn, scope, 0)]
+    assert committed == [1, 2] and kinds == ["late", "early"]  # cursor order is commit order
 
 
 async def test_a_held_appender_blocks_the_next_and_readers_see_commit_order(db: Database, scope: Scope) -> None:
     async with db.tx() as conn:
         await ensure_scope(conn, scope)
-    async with db.tx() as first:
-        one = await events.append_event(first, scope, "one")
-        second = asyncio.create_task(append(db, scope, "two", hold=0.3))
+    # Outside ``Database.tx`` an event is written at once, so this transaction holds the
+    # scope's counter from here on: what every transaction does for its commit.
+    async with db.pool.connection() as first, first.transaction():
+        await events.append_event(first, scope, "one")  # type: ignore[arg-type]
+        second = asyncio.create_task(append(db, scope, "two"))
         await asyncio.sleep(0.3)
-        assert not second.done()  # blocked on the scope's counter
+        assert not second.done()  # its commit waits for the scope's counter
         assert await read_after(db, scope, 0) == []  # neither is visible
-    await asyncio.sleep(0.1)
-    assert await read_after(db, scope, 0) == [one["cursor"]]  # the second is still open
-    two = await second
-    assert two["cursor"] == one["cursor"] + 1
-    assert await read_after(db, scope, 0) == [one["cursor"], two["cursor"]]
+    assert await second == 2
+    assert await read_after(db, scope, 0) == [1, 2]
 
 
 async def test_cursors_are_per_scope(db: Database, scope: Scope) -> None:
@@ -45,8 +60,8 @@ async def test_cursors_are_per_scope(db: Database, scope: Scope) -> None:
     async with db.tx() as conn:
         await ensure_scope(conn, scope)
         await ensure_scope(conn, other)
-    mine = [(await append(db, scope, "a"))["cursor"] for _ in range(3)]
-    theirs = [(await append(db, other, "b"))["cursor"] for _ in range(2)]
+    mine = [await append(db, scope, f"a{i}") for i in range(3)]
+    theirs = [await append(db, other, f"b{i}") for i in range(2)]
     assert mine == [1, 2, 3] and theirs == [1, 2]
     assert await read_after(db, other, 0) == [1, 2]
 
