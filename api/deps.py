@@ -1,13 +1,16 @@
-"""Shared route plumbing: the Runtime of this app and the documented error responses."""
+"""Shared route plumbing: the Runtime of this app, the documented error responses, shared reads."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from actors.runtime import Runtime
-from api.schemas import ErrorBody, ValidationErrorBody
+from api.schemas import ErrorBody, HumanRequest, ValidationErrorBody
+from persistence import views
+from persistence.records import Scope
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -16,6 +19,14 @@ def get_runtime(request: Request) -> Runtime:
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+async def pending_requests(runtime: Runtime, scope: Scope, *, session_id: uuid.UUID | None = None,
+                           tree_id: uuid.UUID | None = None) -> list[HumanRequest]:
+    """The pending approvals and questions of a session or a tree (404 when it is not the caller's)."""
+    async with runtime.db.tx() as conn:
+        rows = await views.pending_requests(conn, scope, session_id=session_id, tree_id=tree_id)
+    return [HumanRequest.model_validate(row) for row in rows]
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from persistence.turns import MAX_TEXT
+from persistence.views import INPUT_PREVIEW
 
 MAX_BIGINT = 2**63 - 1
 
@@ -217,6 +218,35 @@ class Session(ResponseBody):
     archived: bool = False
 
 
+class TreeAttention(ResponseBody):
+    """How many members of a tree are in each state that may need a look (the root included)."""
+
+    members: int
+    running: int
+    queued: int
+    waiting_cooperation: int
+    waiting_approval: int
+    waiting_answer: int
+    cancelling: int
+    failed: int = Field(description="Members whose latest Turn failed.")
+
+
+class RootSession(Session):
+    attention: TreeAttention = Field(description="Member counts of the root's whole tree.")
+
+
+class InputSummary(ResponseBody):
+    input_id: uuid.UUID
+    session_id: uuid.UUID
+    status: Literal["pending", "consumed", "cancelled"]
+    text: str = Field(description=f"The input's text, cut to a preview of {INPUT_PREVIEW} characters.")
+    truncated: bool = Field(description="The text was longer than its preview.")
+    origin: dict[str, Any] = Field(description="Who submitted it: {kind: human|session|api|schedule, ...}.")
+    turn_id: uuid.UUID | None = Field(description="The Turn it became (none while pending or once cancelled).")
+    created_at: dt.datetime
+    ended_at: dt.datetime | None
+
+
 class InputReceipt(ResponseBody):
     input_id: uuid.UUID
     session_id: uuid.UUID
@@ -296,6 +326,8 @@ class TreeSummary(ResponseBody):
     archived: bool = False
     slot_limit: int
     slots_in_use: int
+    event_cursor: int = Field(description="The latest event cursor when this summary was read: stream "
+                                          "`/trees/{tree_id}/events?after=<event_cursor>` to follow it without loss.")
     members: list[Member]
 
 

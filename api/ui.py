@@ -8,7 +8,16 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
+
+def _frontend_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    # An installed wheel carries the UI inside this package (pyproject's package-dir); a checkout
+    # (or an editable install) has it beside api/.
+    installed = here / "frontend"
+    return installed if (installed / "index.html").is_file() else here.parent / "frontend"
+
+
+FRONTEND_DIR = _frontend_dir()
 
 _PLACEHOLDER = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Canopy</title></head>
 <body><h1>Canopy</h1><p>The web UI is not installed here. The API lives under <code>/api/v1</code>;

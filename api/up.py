@@ -152,7 +152,8 @@ def _announce(host: str, port: int, dashboard: str | None, api_key: str, setting
     lines = [
         "Canopy is up.",
         f"  API        {base}/api/v1   (reference: {base}/docs)",
-        f"  UI         {base}/",
+        # The key rides in the fragment, which browsers never send: the UI stores it and scrubs the address.
+        f"  UI         {base}/#key={api_key}",
         f"  Dashboard  {'http://' + dashboard if dashboard and '://' not in dashboard else dashboard or 'n/a'}",
         f"  API key    {api_key}   (scope {DEFAULT_SCOPE.user_id}/{DEFAULT_SCOPE.app_id})",
         f"  Admin      {token}" + ("   (generated; set CANOPY_ADMIN_TOKEN to choose one)" if generated_token else ""),

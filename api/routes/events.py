@@ -2,66 +2,84 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
+from pydantic import Field
 
+from actors.runtime import Runtime
 from api.auth import ScopeDep
 from api.deps import COMMON, RuntimeDep, errors
 from api.schemas import MAX_BIGINT
 from api.sse import EventStreamResponse, event_stream
-from persistence import sessions, views
+from persistence import views
 from persistence.errors import InvalidArgument
+from persistence.records import Scope
 
 router = APIRouter(tags=["events"])
 
-_STREAM_DOC: dict[int | str, dict[str, Any]] = {
-    200: {"description": "text/event-stream: each event's `id:` is its cursor and its `data:` the Event JSON "
-                         "(cursor, kind, session_id, tree_id, turn_id, run_id, payload, created_at). Live model "
-                         "text arrives as `event: delta` without an id. Comment lines keep idle streams open.",
-          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-    **errors(*COMMON, 404),
+_STREAM_ROUTE: dict[str, Any] = {
+    "response_class": EventStreamResponse,
+    "status_code": 200,
+    "responses": {
+        200: {"description": "text/event-stream: each event's `id:` is its cursor and its `data:` the Event JSON "
+                             "(cursor, kind, session_id, tree_id, turn_id, run_id, payload, created_at). Live model "
+                             "text arrives as `event: delta` without an id. Comment lines keep idle streams open.",
+              "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        **errors(*COMMON, 404),
+    },
 }
-After = Annotated[int | None, Query(ge=0, le=MAX_BIGINT, description="Replay events with a larger cursor.")]
+Cursor = Annotated[int, Field(ge=0, le=MAX_BIGINT)]
+After = Annotated[Cursor | Literal["latest"] | None, Query(
+    description="Replay events with a larger cursor; `latest`: no replay, only events committed from now on.")]
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID", max_length=20,
                                            description="Resume after this cursor (wins over ?after).")]
 Deltas = Annotated[bool, Query(description="Also stream live model text deltas (not durable).")]
 
 
-def _start_cursor(after: int | None, last_event_id: str | None) -> int:
+@dataclasses.dataclass(frozen=True)
+class StreamQuery:
+    """Where a stream starts (a cursor, or ``latest``: read when the stream opens) and what it carries."""
+
+    start: int | Literal["latest"]
+    deltas: bool
+
+
+def _stream_query(after: After = None, last_event_id: LastEventId = None, deltas: Deltas = True) -> StreamQuery:
     # A reconnecting EventSource repeats the original URL, so its Last-Event-ID must win over ?after.
     if last_event_id is not None and last_event_id.strip():
         value = last_event_id.strip()
         if not value.isdigit() or int(value) > MAX_BIGINT:
             raise InvalidArgument(f"Last-Event-ID {value!r} is not an event cursor")
-        return int(value)
-    return after or 0
+        return StreamQuery(int(value), deltas)
+    return StreamQuery(after or 0, deltas)
 
 
-@router.get("/sessions/{session_id}/events", response_class=EventStreamResponse, status_code=200,
-            responses=_STREAM_DOC)
-async def session_events(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
-                         after: After = None, last_event_id: LastEventId = None,
-                         deltas: Deltas = True) -> EventStreamResponse:
-    """This session's events, replayed after the cursor then live."""
-    start = _start_cursor(after, last_event_id)
+StreamQueryDep = Annotated[StreamQuery, Depends(_stream_query)]
+
+
+async def _open(request: Request, runtime: Runtime, caller: Scope, query: StreamQuery, *,
+                session_id: uuid.UUID | None = None, tree_id: uuid.UUID | None = None) -> EventStreamResponse:
+    """Check the session or tree is the caller's, fix the start cursor, and stream."""
     async with runtime.db.tx() as conn:
-        await sessions.get_session_row(conn, caller, session_id)
+        await views.require_target(conn, caller, session_id=session_id, tree_id=tree_id)
+        start = await views.latest_cursor(conn, caller) if query.start == "latest" else query.start
     state = request.app.state
     return EventStreamResponse(event_stream(state.hub, runtime.db, caller, after=start, session_id=session_id,
-                                            deltas=deltas, settings=state.stream_settings))
+                                            tree_id=tree_id, deltas=query.deltas, settings=state.stream_settings))
 
 
-@router.get("/trees/{tree_id}/events", response_class=EventStreamResponse, status_code=200,
-            responses=_STREAM_DOC)
+@router.get("/sessions/{session_id}/events", **_STREAM_ROUTE)
+async def session_events(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
+                         query: StreamQueryDep) -> EventStreamResponse:
+    """This session's events, replayed after the cursor then live."""
+    return await _open(request, runtime, caller, query, session_id=session_id)
+
+
+@router.get("/trees/{tree_id}/events", **_STREAM_ROUTE)
 async def tree_events(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
-                      after: After = None, last_event_id: LastEventId = None,
-                      deltas: Deltas = True) -> EventStreamResponse:
+                      query: StreamQueryDep) -> EventStreamResponse:
     """Every member's events of this tree, replayed after the cursor then live."""
-    start = _start_cursor(after, last_event_id)
-    async with runtime.db.tx() as conn:
-        await views.require_tree(conn, caller, tree_id)
-    state = request.app.state
-    return EventStreamResponse(event_stream(state.hub, runtime.db, caller, after=start, tree_id=tree_id,
-                                            deltas=deltas, settings=state.stream_settings))
+    return await _open(request, runtime, caller, query, tree_id=tree_id)

@@ -9,13 +9,15 @@ from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, RuntimeDep, errors
+from api.deps import COMMON, RuntimeDep, errors, pending_requests
 from api.schemas import (
     MAX_BIGINT,
     HumanRequest,
     InputCreate,
     InputReceipt,
+    InputSummary,
     Message,
+    RootSession,
     Session,
     SessionCreate,
     SessionCreated,
@@ -25,7 +27,7 @@ from api.schemas import (
     TurnCancelAccepted,
 )
 from api.writes import IdempotencyKey, respond_to_write
-from persistence import projects, sessions, trees, views
+from persistence import projects, sessions, views
 from persistence.records import Row
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
@@ -48,7 +50,7 @@ async def create_root(body: SessionCreate, caller: ScopeDep, runtime: RuntimeDep
         _created)
 
 
-@router.get("", response_model=list[Session], responses=errors(*COMMON, 404))
+@router.get("", response_model=list[RootSession], responses=errors(*COMMON, 404))
 async def list_roots(
     caller: ScopeDep,
     runtime: RuntimeDep,
@@ -59,8 +61,8 @@ async def list_roots(
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     include_archived: bool = False,
-) -> list[Session]:
-    """Root sessions, newest first."""
+) -> list[RootSession]:
+    """Root sessions, newest first, each with its tree's attention counts."""
     async with runtime.db.tx() as conn:
         if project_id is not None:
             await projects.get_project(conn, caller, project_id)
@@ -71,7 +73,8 @@ async def list_roots(
             project_id = first[0]["project_id"]
         rows = await sessions.list_roots(conn, caller, project_id=project_id, offset=offset, limit=limit,
                                          include_archived=include_archived)
-    return [Session.model_validate(row) for row in rows]
+        attention = await views.tree_attention(conn, caller, [row["tree_id"] for row in rows])
+    return [RootSession.model_validate({**row, "attention": attention[row["tree_id"]]}) for row in rows]
 
 
 @router.get("/{session_id}", response_model=Session, responses=errors(*COMMON, 404))
@@ -99,6 +102,21 @@ async def list_messages(
     async with runtime.db.tx() as conn:
         rows = await views.session_messages(conn, caller, session_id, after_id=after, limit=limit)
     return [Message.model_validate(row) for row in rows]
+
+
+@router.get("/{session_id}/inputs", response_model=list[InputSummary], responses=errors(*COMMON, 404))
+async def list_inputs(
+    session_id: uuid.UUID,
+    caller: ScopeDep,
+    runtime: RuntimeDep,
+    status: Annotated[Literal["pending", "consumed", "cancelled"] | None, Query(
+        description="Only inputs in this state; pending ones can be cancelled with POST /inputs/{id}/cancel.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[InputSummary]:
+    """This session's inputs in queue order (oldest first), each text cut to a preview."""
+    async with runtime.db.tx() as conn:
+        rows = await views.session_inputs(conn, caller, session_id, status=status, limit=limit)
+    return [InputSummary.model_validate(row) for row in rows]
 
 
 @router.post("/{session_id}/inputs", status_code=status.HTTP_202_ACCEPTED, response_model=InputReceipt,
@@ -136,10 +154,7 @@ async def cancel_turn(session_id: uuid.UUID, turn_id: uuid.UUID, caller: ScopeDe
 @router.get("/{session_id}/requests", response_model=list[HumanRequest], responses=errors(*COMMON, 404))
 async def session_requests(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> list[HumanRequest]:
     """Pending approvals and questions of this session."""
-    async with runtime.db.tx() as conn:
-        await sessions.get_session_row(conn, caller, session_id)
-        rows = await trees.pending_requests(conn, caller, session_id=session_id)
-    return [HumanRequest.model_validate(row) for row in rows]
+    return await pending_requests(runtime, caller, session_id=session_id)
 
 
 @router.post("/{session_id}/archive", response_model=Session, responses=errors(*COMMON, 404, 409))

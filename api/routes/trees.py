@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, RuntimeDep, errors
+from api.deps import COMMON, RuntimeDep, errors, pending_requests
 from api.schemas import HumanRequest, TreeContinued, TreeStopAccepted, TreeSummary
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import trees, views
@@ -18,8 +18,14 @@ router = APIRouter(prefix="/trees", tags=["trees"])
 
 @router.get("/{tree_id}", response_model=TreeSummary, responses=errors(*COMMON, 404))
 async def tree_summary(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> TreeSummary:
-    """Every member's state in a constant number of queries, without outputs."""
-    return TreeSummary.model_validate(await runtime.tree_summary(caller, tree_id))
+    """Every member's state in a constant number of queries, without outputs, and the event cursor to
+    follow it from (``GET /trees/{tree_id}/events?after=<event_cursor>``)."""
+    async with runtime.db.tx() as conn:
+        # The cursor first: whatever changes after this read has a larger cursor, so a stream
+        # resumed after it misses nothing the summary below did not see.
+        cursor = await views.latest_cursor(conn, caller)
+        summary = await trees.tree_summary(conn, caller, tree_id)
+    return TreeSummary.model_validate({**summary, "event_cursor": cursor})
 
 
 @router.post("/{tree_id}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=TreeStopAccepted,
@@ -47,7 +53,4 @@ async def continue_tree(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDe
 @router.get("/{tree_id}/requests", response_model=list[HumanRequest], responses=errors(*COMMON, 404))
 async def tree_inbox(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> list[HumanRequest]:
     """The tree's inbox: every pending approval and question of every member, with its path."""
-    async with runtime.db.tx() as conn:
-        await views.require_tree(conn, caller, tree_id)
-        rows = await trees.pending_requests(conn, caller, tree_id=tree_id)
-    return [HumanRequest.model_validate(row) for row in rows]
+    return await pending_requests(runtime, caller, tree_id=tree_id)

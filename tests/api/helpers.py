@@ -68,5 +68,10 @@ async def collect_events(http: httpx.AsyncClient, path: str, *, until: Callable[
     return seen
 
 
+async def terminal(http: httpx.AsyncClient, input_id: str) -> bool:
+    """Has this input's work ended (its Turn, or the input itself when cancelled)?"""
+    return bool((await http.get(f"/api/v1/inputs/{input_id}/result")).json()["terminal"])
+
+
 async def poll(check: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
     return await eventually(check, timeout=timeout, every=0.1)

@@ -10,16 +10,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.runtime import Runtime
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
-from tests.api.helpers import ADMIN_TOKEN, client, poll, rows, say, script
-
-
-async def _terminal(http: httpx.AsyncClient, input_id: str) -> bool:
-    return bool((await http.get(f"/api/v1/inputs/{input_id}/result")).json()["terminal"])
+from tests.api.helpers import ADMIN_TOKEN, client, poll, rows, say, script, terminal
 
 
 async def test_health_metrics_and_openapi(api: ApiServer, http: httpx.AsyncClient) -> None:
     created = (await http.post("/api/v1/sessions", json={"input": script(say("counted"))})).json()
-    await poll(lambda: _terminal(http, created["input"]["input_id"]))
+    await poll(lambda: terminal(http, created["input"]["input_id"]))
     async with client(api.url, None) as anon:
         health = await anon.get("/healthz")
         assert health.status_code == 200, health.text

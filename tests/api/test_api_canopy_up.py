@@ -82,7 +82,8 @@ def test_canopy_up_serves_and_sigint_leaves_nothing_behind() -> None:
         api_key = re.search(r"API key\s+(cnp_\S+)", output)
         dashboard = re.search(r"Dashboard\s+(http://\S+)", output)
         assert api_key and dashboard, output
-        assert f"http://127.0.0.1:{port}/api/v1" in output and f"UI         http://127.0.0.1:{port}/" in output
+        assert f"http://127.0.0.1:{port}/api/v1" in output
+        assert f"UI         http://127.0.0.1:{port}/#key={api_key.group(1)}" in output
         assert re.search(r"Admin\s+adm_\S+", output), output
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=30) as http:

@@ -1,5 +1,5 @@
-"""Server-Sent Events: replay after a cursor, resume with Last-Event-ID exactly once, heartbeats,
-live deltas, and a disconnect that frees the stream's resources."""
+"""Server-Sent Events: replay after a cursor, resume with Last-Event-ID exactly once, ``?after=latest``
+and the tree summary's cursor, heartbeats, live deltas, and a disconnect that frees the stream's resources."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from api.hub import EventHub
 from api.sse import StreamSettings, event_stream
 from persistence.records import Scope
 from tests.api.conftest import ApiServer, ClientFactory
-from tests.api.helpers import call, collect_events, create, poll, rows, say, script, sse_frames
+from tests.api.helpers import call, collect_events, create, poll, rows, say, script, sse_frames, terminal
 
 EVENT_FIELDS = {"cursor", "kind", "session_id", "tree_id", "turn_id", "run_id", "payload", "created_at"}
 
@@ -116,3 +116,80 @@ async def test_streams_poll_while_the_listener_is_down(runtime: Runtime, scope: 
     await stream.aclose()
     assert kinds[0] == "session_created" and "turn_started" in kinds and kinds[-1] == "turn_completed"
     assert hub.subscriber_count == 0
+
+
+async def _scope_events(runtime: Runtime, scope: Scope) -> list[int]:
+    found = await rows(runtime.db, "SELECT cursor FROM events WHERE user_id = %s AND app_id = %s ORDER BY cursor",
+                       scope.user_id, scope.app_id)
+    return [row["cursor"] for row in found]
+
+
+async def test_after_latest_streams_only_what_commits_after_opening(
+        api: ApiServer, http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
+    created = (await http.post("/api/v1/sessions", json={"input": script(say("history"))})).json()
+    root_id = created["session"]["session_id"]
+    await poll(lambda: terminal(http, created["input"]["input_id"]))
+    history = await _scope_events(runtime, scope)
+
+    for path in (f"/api/v1/sessions/{root_id}/events", f"/api/v1/trees/{root_id}/events"):
+        seen: list[dict] = []
+        async with http.stream("GET", path, params={"after": "latest"}) as response:
+            assert response.status_code == 200, await response.aread()
+            # The start is fixed once the response has begun: only what commits from now on comes.
+            submitted = await http.post(f"/api/v1/sessions/{root_id}/inputs", json={"text": script(say("new"))})
+            assert submitted.status_code == 202, submitted.text
+            async for frame in sse_frames(response):
+                if "id" in frame:
+                    seen.append(json.loads(frame["data"]))
+                    if seen[-1]["kind"] == "turn_completed":
+                        break
+        assert seen[0]["cursor"] > max(history), (seen[0], history)
+        stored = await rows(runtime.db, "SELECT cursor FROM events WHERE tree_id = %s AND cursor > %s "
+                            "AND cursor <= %s ORDER BY cursor", uuid.UUID(root_id), max(history), seen[-1]["cursor"])
+        assert [e["cursor"] for e in seen] == [r["cursor"] for r in stored]  # nothing old, nothing lost
+        assert seen[0]["kind"] == "input_received" and seen[0]["payload"]["input_id"] == submitted.json()["input_id"]
+        history = await _scope_events(runtime, scope)
+        await poll(lambda: _subscribers_gone(api), timeout=10)
+
+
+async def test_tree_summary_cursor_resumes_the_stream_without_loss(
+        http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
+    children = [create(f"c{i}", script(say(f"c{i} done", delay_ms=300 * (i + 1)))) for i in range(3)]
+    text = script(call(*children), call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(3)]})),
+                  say("all done"))
+    created = (await http.post("/api/v1/sessions", json={"input": text})).json()
+    root_id = created["session"]["session_id"]
+
+    async def three_children() -> dict | None:
+        summary = (await http.get(f"/api/v1/trees/{root_id}")).json()
+        return summary if len(summary["members"]) == 4 else None
+
+    before = await _scope_events(runtime, scope)
+    summary = await poll(three_children)  # read while the children still run
+    after = await _scope_events(runtime, scope)
+    assert max(before) <= summary["event_cursor"] <= max(after)
+
+    def root_done(event: dict) -> bool:
+        return event["kind"] == "turn_completed" and event["session_id"] == root_id
+
+    rest = await collect_events(http, f"/api/v1/trees/{root_id}/events", params={"after": summary["event_cursor"]},
+                                until=root_done)
+    stored = await rows(runtime.db, "SELECT cursor FROM events WHERE tree_id = %s AND cursor > %s AND cursor <= %s "
+                        "ORDER BY cursor", uuid.UUID(root_id), summary["event_cursor"], rest[-1]["cursor"])
+    assert [e["cursor"] for e in rest] == [r["cursor"] for r in stored]
+    # Every member the summary did not show as finished ends after its cursor.
+    unfinished = {m["session_id"] for m in summary["members"] if m["turn_status"] != "completed"}
+    ended = {e["session_id"] for e in rest if e["kind"] == "turn_completed"}
+    assert unfinished and unfinished <= ended
+
+
+async def test_invalid_start_cursors_are_refused_and_write_nothing(
+        http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
+    root = (await http.post("/api/v1/sessions", json={"title": "cursors"})).json()["session"]
+    before = await _scope_events(runtime, scope)
+    for path in (f"/api/v1/sessions/{root['session_id']}/events", f"/api/v1/trees/{root['tree_id']}/events"):
+        for bad in ("-1", "abc", "Latest", "latest1", "1.5", str(2**63), ""):
+            refused = await http.get(path, params={"after": bad})
+            assert refused.status_code == 422, (path, bad, refused.text)
+            assert isinstance(refused.json()["detail"], str)
+    assert await _scope_events(runtime, scope) == before

@@ -57,6 +57,8 @@ def _victim_routes(ids: dict[str, str]) -> list[tuple[str, str, dict[str, Any] |
         ("GET", f"/api/v1/sessions/{s}/requests", None),
         ("POST", f"/api/v1/sessions/{s}/archive", None),
         ("GET", f"/api/v1/sessions/{s}/events", None),
+        ("GET", f"/api/v1/sessions/{s}/events?after=latest", None),
+        ("GET", f"/api/v1/sessions/{s}/inputs?status=pending", None),
         ("POST", f"/api/v1/inputs/{ids['input']}/cancel", None),
         ("POST", f"/api/v1/inputs/{ids['kid_input']}/cancel", None),
         ("GET", f"/api/v1/inputs/{ids['input']}/result", None),
@@ -66,6 +68,7 @@ def _victim_routes(ids: dict[str, str]) -> list[tuple[str, str, dict[str, Any] |
         ("POST", f"/api/v1/trees/{tree}/continue", None),
         ("GET", f"/api/v1/trees/{tree}/requests", None),
         ("GET", f"/api/v1/trees/{tree}/events", None),
+        ("GET", f"/api/v1/trees/{tree}/events?after=latest", None),
         ("POST", f"/api/v1/requests/{ids['request']}/answer", {"answer": "42"}),
     ]
 
