@@ -85,6 +85,12 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
         cursor = after
         last_write = next_poll = time.monotonic()
         while True:
+            # Deltas first: every delta already here was published before any event read below
+            # committed (notifications arrive in commit order), so a client sees a model call's
+            # text before the event of the message it became.
+            while subscription.deltas:
+                yield format_delta(subscription.deltas.popleft())
+                last_write = time.monotonic()
             now = time.monotonic()
             if subscription.events_due or now >= next_poll:
                 # Clear before reading: a notification arriving during the read sets it again.
@@ -99,9 +105,6 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
                     continue
                 poll = settings.poll_seconds if hub.listening else settings.fallback_poll_seconds
                 next_poll = time.monotonic() + poll
-            while subscription.deltas:
-                yield format_delta(subscription.deltas.popleft())
-                last_write = time.monotonic()
             now = time.monotonic()
             if now - last_write >= settings.heartbeat_seconds:
                 yield b": keep-alive\n\n"

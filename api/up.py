@@ -95,6 +95,13 @@ def _stop(started: Started) -> None:
             stop_embedded(started.embedded_pg)
 
 
+def start_serve(env: dict[str, str], host: str, port: int, replicas: int = 1) -> None:
+    """Serve's HTTP proxy on host:port with the Canopy application (API + UI) at ``/``, its
+    replicas running with ``env``. Blocks until the application is ready."""
+    serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port})
+    serve.run(application(env, num_replicas=replicas), name=APP_NAME, route_prefix="/")
+
+
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as probe:
         try:
@@ -129,10 +136,8 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
         started.local_ray = settings.ray_address is None
         ray_info = _init_ray(settings, database_url, host, dashboard_port)
         api_key = asyncio.run(_prepare(settings))
-        serve.start(http_options={"host": host, "port": port, "location": "HeadOnly"})
         started.serve_app = True
-        serve.run(application(worker_env(settings, database_url), num_replicas=replicas), name=APP_NAME,
-                  route_prefix="/")
+        start_serve(worker_env(settings, database_url), host, port, replicas)
         _announce(host, port, ray_info["dashboard_url"], api_key, settings, generated_token)
         _serve_until_signalled()
         return 0

@@ -1,6 +1,7 @@
 // How a session's activity is shown everywhere (session list, tabs, cooperation list):
 // running and queued are a spinner without words; each kind of waiting has its own label;
-// waits for a human are prominent, a wait for cooperation is neutral.
+// waits for a human are prominent, a wait for cooperation is neutral. A tree's counts are
+// the same chips in the state panel and in the session list.
 
 import { h } from "./dom.js";
 
@@ -51,4 +52,21 @@ export function turnStatusBadge(status) {
   const kind = status === "failed" ? "danger" : status === "cancelled" ? "muted" : status === "completed" ? "ok"
     : "busy";
   return h("span", { class: `badge ${kind}`, dataset: { turnStatus: status }, text: status });
+}
+
+/**
+ * A tree's counts as chips: {running, queued, waiting, needsYou (of the waiting), stopping, failed}.
+ * Waiting is marked for attention as soon as one member waits for a human.
+ */
+export function attentionChips(counts) {
+  const chips = [];
+  const chip = (kind, n, label) => {
+    if (n) chips.push(h("span", { class: `chip ${kind}`, dataset: { kind, count: n }, text: `${n} ${label}` }));
+  };
+  chip("running", counts.running, "running");
+  chip("queued", counts.queued, "queued");
+  chip(counts.needsYou ? "attention" : "waiting", counts.waiting, "waiting");
+  chip("stopping", counts.stopping, "stopping");
+  chip("failed", counts.failed, "failed");
+  return chips;
 }

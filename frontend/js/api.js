@@ -116,6 +116,10 @@ export class Api {
   messages = async (sessionId, { after = 0, limit = 1000 } = {}) =>
     listOf(await this.get(`/sessions/${id(sessionId)}/messages${q({ after: after || undefined, limit })}`), "messages");
   submitInput = (sessionId, text, options) => this.post(`/sessions/${id(sessionId)}/inputs`, { text }, options);
+  /** A session's inputs in queue order; ``status: "pending"`` for the ones still waiting to run. */
+  inputs = async (sessionId, { status } = {}, options) =>
+    listOf(await this.get(`/sessions/${id(sessionId)}/inputs${q({ status })}`, options), "inputs");
+  cancelInput = (inputId) => this.post(`/inputs/${id(inputId)}/cancel`);
   steer = (sessionId, text, options) => this.post(`/sessions/${id(sessionId)}/steer`, { text }, options);
   cancelTurn = (sessionId, turnId) => this.post(`/sessions/${id(sessionId)}/turns/${id(turnId)}/cancel`);
   archive = (sessionId) => this.post(`/sessions/${id(sessionId)}/archive`);
@@ -128,6 +132,9 @@ export class Api {
   stopTree = (treeId) => this.post(`/trees/${id(treeId)}/stop`);
   continueTree = (treeId) => this.post(`/trees/${id(treeId)}/continue`);
   answerRequest = (requestId, body, options) => this.post(`/requests/${id(requestId)}/answer`, body, options);
-  /** The tree's event stream (durable events only: live text deltas are not used by this UI). */
-  treeEventsUrl = (treeId) => this.url(`/trees/${id(treeId)}/events?deltas=false`);
+  /**
+   * The tree's event stream after ``after`` (a cursor, e.g. a summary's event_cursor, or "latest"):
+   * durable events, and live model text deltas (``event: delta``).
+   */
+  treeEventsUrl = (treeId, after) => this.url(`/trees/${id(treeId)}/events${q({ after })}`);
 }

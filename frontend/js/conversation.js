@@ -1,15 +1,23 @@
-// One session's conversation view: its messages (with compact cooperation rows), its
-// pending request cards, the live Turn status and the message box (send, steer, cancel).
-// Root and member views are the same component; each instance owns its draft and its
-// scroll position, and keeps receiving updates while hidden (it only does not scroll).
+// One session's conversation view: its messages (with compact cooperation rows), the text
+// of a model call as it streams (a provisional bubble until its message is committed), its
+// pending request cards, the live Turn status, its queued inputs (each cancellable) and the
+// message box (send, steer, cancel). Root and member views are the same component; each
+// instance owns its draft and its scroll position, and keeps receiving updates while hidden
+// (it only does not scroll).
 
 import { activityBadge } from "./activity.js";
 import { ApiError } from "./api.js";
 import { Composer } from "./composer.js";
 import { buildItems, collectReceipts, makeResolver } from "./cooperation.js";
-import { h, nearBottom, plural } from "./dom.js";
+import { h, nearBottom, plural, relativeTime } from "./dom.js";
 import { renderItems } from "./messages.js";
 import { RequestCard } from "./requestCard.js";
+
+/** Who queued an input, in a few words. */
+function queuedBy(origin = {}) {
+  if (origin.kind === "session") return `from ${origin.path ?? "a session"}`;
+  return { human: "from you", api: "via the API", schedule: "scheduled" }[origin.kind] ?? "queued";
+}
 
 const TURN_STATUS_TEXT = {
   running: "Working…",
@@ -30,6 +38,8 @@ export class SessionView {
   #visible = true;
   #measured = false; // laid out once, so positions are real (a detached view measures zero)
   #pendingFocus = null;
+  #liveFrame = 0;
+  #pendingShown = "";
 
   /**
    * @param {{api, tree, sessionId: string, isRoot: boolean, onOpen: (target) => void,
@@ -51,8 +61,13 @@ export class SessionView {
 
     this.list = h("div", { class: "messages", role: "log", "aria-live": "off", "aria-label": "Messages" });
     this.loading = h("p", { class: "view-note", text: "Loading…" });
+    this.liveText = h("div", { class: "msg-text" });
+    this.liveBubble = h("article", { class: "msg streaming", hidden: true, "aria-busy": "true",
+      title: "Streaming: replaced by the saved message when the model call ends" }, this.liveText);
     this.turnStatus = h("div", { class: "turn-status", hidden: true });
-    this.scroller = h("div", { class: "view-scroll" }, this.loading, this.list, this.turnStatus);
+    this.pendingList = h("ul", { class: "pending-inputs", "aria-label": "Queued inputs", hidden: true });
+    this.scroller = h("div", { class: "view-scroll" }, this.loading, this.list, this.liveBubble, this.turnStatus,
+      this.pendingList);
     this.scroller.addEventListener("scroll", () => {
       if (this.#visible) this.#stick = nearBottom(this.scroller);
     }, { passive: true });
@@ -73,6 +88,7 @@ export class SessionView {
 
     this.#releases.push(
       this.runtime.on("change", () => this.render()),
+      this.runtime.on("live", () => this.#scheduleLive()),
       tree.on("change", () => this.render()),
     );
     this.resume();
@@ -122,6 +138,7 @@ export class SessionView {
   }
 
   destroy() {
+    cancelAnimationFrame(this.#liveFrame);
     this.suspend();
     for (const release of this.#releases.splice(0)) release();
     this.el.remove();
@@ -141,7 +158,10 @@ export class SessionView {
   render() {
     const { detail, messages, error, loaded } = this.runtime;
     const member = this.tree.member(this.sessionId);
-    const activity = member?.activity ?? detail?.activity ?? "idle";
+    const reported = member?.activity ?? detail?.activity ?? "idle";
+    // Text streaming from the model means its Run holds a slot, whatever the last read said
+    // (a Run starting to execute is not an event, so a read may still say queued).
+    const activity = reported === "queued" && this.runtime.live ? "running" : reported;
 
     if (this.header) {
       const name = member?.path ?? detail?.path ?? "";
@@ -167,7 +187,9 @@ export class SessionView {
     renderItems(this.list, items, { resolve, treeId: this.tree.treeId, onOpen: this.onOpen,
       results: this.runtime.results }, this.#cache);
 
+    this.#renderLive();
     this.#renderTurnStatus(activity, openTurnId, detail);
+    this.#renderPending();
     this.#renderRequests();
     this.composer.setCanSteer(Boolean(openTurnId) && ["running", "queued"].includes(activity));
 
@@ -179,6 +201,47 @@ export class SessionView {
       this.#measured = true;
     }
     if (this.#pendingFocus && this.#visible) this.focusRequest(this.#pendingFocus);
+  }
+
+  /** Deltas come fast: draw the streaming text at most once a frame. */
+  #scheduleLive() {
+    if (this.#liveFrame) return;
+    this.#liveFrame = requestAnimationFrame(() => {
+      this.#liveFrame = 0;
+      if (this.liveBubble.hidden) {
+        this.render(); // the text begins: the Turn status changes too (see render)
+        return;
+      }
+      const follow = this.#visible && this.scroller.clientHeight > 0 && nearBottom(this.scroller);
+      this.#renderLive();
+      if (follow) this.scroller.scrollTop = this.scroller.scrollHeight;
+    });
+  }
+
+  #renderLive() {
+    const live = this.runtime.live;
+    this.liveBubble.hidden = !live?.text;
+    this.liveText.textContent = live?.text ?? "";
+    this.liveBubble.dataset.runId = live?.runId ?? "";
+    if (live) this.loading.hidden = true;
+  }
+
+  /** The queued inputs, oldest first, each with its own Cancel (POST /inputs/{id}/cancel). */
+  #renderPending() {
+    const pending = this.runtime.pending;
+    const shown = pending.map((input) => `${input.input_id}:${relativeTime(input.created_at)}`).join("|");
+    if (shown === this.#pendingShown) return;
+    this.#pendingShown = shown;
+    this.pendingList.hidden = pending.length === 0;
+    this.pendingList.replaceChildren(...pending.map((input, index) => {
+      const text = input.text.split("\n").find((line) => line.trim()) ?? "";
+      return h("li", { class: "pending-input", dataset: { inputId: input.input_id } },
+        h("span", { class: "pending-order", text: `${index + 1}.` }),
+        h("span", { class: "pending-text", text, title: input.truncated ? `${input.text}…` : input.text }),
+        h("span", { class: "pending-meta", text: `${queuedBy(input.origin)} · ${relativeTime(input.created_at)}` }),
+        h("button", { class: "btn small ghost", type: "button", text: "Cancel", title: "Remove it from the queue",
+          onClick: (event) => this.#cancelInput(event.currentTarget, input.input_id) }));
+    }));
   }
 
   #renderTurnStatus(activity, openTurnId, detail) {
@@ -250,6 +313,22 @@ export class SessionView {
       throw error;
     } finally {
       this.runtime.scheduleRefresh();
+    }
+  }
+
+  async #cancelInput(button, inputId) {
+    button.disabled = true;
+    try {
+      await this.api.cancelInput(inputId);
+      button.closest(".pending-input")?.remove();
+    } catch (error) {
+      const note = error instanceof ApiError && error.status === 409
+        ? "That input has already started; cancel its turn instead." : `Could not cancel it: ${error.message}`;
+      this.composer.showStatus(note, "error");
+      button.disabled = false;
+    } finally {
+      this.runtime.scheduleRefresh();
+      this.tree.scheduleRefresh();
     }
   }
 

@@ -1,8 +1,9 @@
-// The left column: the root sessions (newest first) with an activity indicator each and,
-// separately, an unread marker; the New session button; archive. Member sessions never
+// The left column: the root sessions (newest first) with an activity indicator each, the
+// counts of what needs a look in its tree and, separately, an unread marker; the New session
+// button; archive. Member sessions never
 // appear here. The list is re-read every few seconds and after changes.
 
-import { BUSY, WAITING, activityIndicator } from "./activity.js";
+import { BUSY, WAITING, activityIndicator, attentionChips } from "./activity.js";
 import { debounce, h, relativeTime, storage } from "./dom.js";
 import { TERMINAL_TURN } from "./store.js";
 import { themeToggle } from "./theme.js";
@@ -51,6 +52,19 @@ export class UnreadTracker {
   isUnread(id) {
     return this.unread.has(id);
   }
+}
+
+/**
+ * What needs a look in a root's whole tree (GET /sessions carries the counts). The root's own
+ * state is already its spinner or label: a tree without members shows only a failure.
+ */
+function treeAttention(attention) {
+  if (!attention) return null;
+  const needsYou = attention.waiting_approval + attention.waiting_answer;
+  const counts = { running: attention.running, queued: attention.queued, stopping: attention.cancelling,
+    waiting: attention.waiting_cooperation + needsYou, needsYou, failed: attention.failed };
+  const chips = attention.members > 1 ? attentionChips(counts) : attentionChips({ failed: counts.failed });
+  return chips.length ? h("span", { class: "root-attention", title: `${attention.members} members` }, chips) : null;
 }
 
 export class SessionList {
@@ -159,7 +173,8 @@ export class SessionList {
       const active = id === this.#active;
       const unread = this.unread.isUnread(id);
       const title = root.title || "Untitled conversation";
-      const signature = [title, root.activity, active, unread, relativeTime(root.created_at)].join("|");
+      const signature = [title, root.activity, active, unread, relativeTime(root.created_at),
+        JSON.stringify(root.attention ?? null)].join("|");
       let row = this.#rows.get(id);
       if (!row || row.signature !== signature) {
         const el = this.#item(root, title, active, unread);
@@ -188,7 +203,8 @@ export class SessionList {
     h("a", { class: "root-link", href: `#/s/${id}`, "aria-current": active ? "page" : false, title },
       h("span", { class: "root-line" }, h("span", { class: "root-title", text: title }), spinner),
       h("span", { class: "root-meta" }, h("span", { class: "root-time", text: relativeTime(root.created_at) }),
-        label)),
+        label),
+      treeAttention(root.attention)),
     unread ? h("span", { class: "unread-dot", role: "img", "aria-label": "new reply", title: "New reply" }) : null,
     h("button", { class: "icon-btn archive-btn", type: "button", title: "Archive", "aria-label": `Archive ${title}`,
       text: "⌫", onClick: () => this.ctx.archive(id, title) }));

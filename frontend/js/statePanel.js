@@ -2,6 +2,7 @@
 // waiting / failed), Stop all while anything is unfinished or an unpaused queue has input,
 // Continue when a stopped tree has pending input. The summary opens the cooperation list.
 
+import { attentionChips } from "./activity.js";
 import { h, plural } from "./dom.js";
 import { OPEN_TURN } from "./store.js";
 
@@ -65,15 +66,7 @@ export class StatePanel {
     const s = summarize(this.tree.summary);
     this.count.textContent = this.tree.summary ? plural(s.members, "member") : "…";
     this.count.dataset.members = String(s.members);
-    const chips = [];
-    const chip = (kind, n, label) => {
-      if (n) chips.push(h("span", { class: `chip ${kind}`, dataset: { kind, count: n }, text: `${n} ${label}` }));
-    };
-    chip("running", s.running, "running");
-    chip("queued", s.queued, "queued");
-    chip(s.needsYou ? "attention" : "waiting", s.waiting, "waiting");
-    chip("stopping", s.stopping, "stopping");
-    chip("failed", s.failed, "failed");
+    const chips = attentionChips(s);
     if (s.stopped) chips.push(h("span", { class: "chip stopped", dataset: { kind: "stopped" }, text: "stopped" }));
     if (!chips.length && this.tree.summary) chips.push(h("span", { class: "chip idle", text: "all idle" }));
     if (s.slotLimit) {
@@ -88,31 +81,28 @@ export class StatePanel {
     this.continueButton.hidden = !s.continuable;
   }
 
-  async #stop() {
-    this.stopButton.disabled = true;
-    try {
-      await this.api.stopTree(this.tree.treeId);
-      this.showNote("Stopping every turn; queued inputs are kept and paused.");
-    } catch (error) {
-      this.showNote(`Could not stop: ${error.message}`, "error");
-    } finally {
-      this.stopButton.disabled = false;
-      this.tree.scheduleRefresh();
-      this.tree.refreshSessions();
-    }
+  #stop() {
+    return this.#act(this.stopButton, () => this.api.stopTree(this.tree.treeId),
+      "Stopping every turn; queued inputs are kept and paused.", (error) => `Could not stop: ${error.message}`);
   }
 
-  async #continue() {
-    this.continueButton.disabled = true;
-    try {
-      await this.api.continueTree(this.tree.treeId);
-      this.showNote("Continuing: paused queues run again (cancelled turns stay cancelled).");
-    } catch (error) {
-      this.showNote(error.status === 409
+  #continue() {
+    return this.#act(this.continueButton, () => this.api.continueTree(this.tree.treeId),
+      "Continuing: paused queues run again (cancelled turns stay cancelled).", (error) => (error.status === 409
         ? `Not yet: some turns are still ending. Continue once every turn has stopped. (${error.message})`
-        : `Could not continue: ${error.message}`, "error");
+        : `Could not continue: ${error.message}`));
+  }
+
+  /** One tree action from its button: the outcome in the note, then the whole tree re-read. */
+  async #act(button, action, done, failed) {
+    button.disabled = true;
+    try {
+      await action();
+      this.showNote(done);
+    } catch (error) {
+      this.showNote(failed(error), "error");
     } finally {
-      this.continueButton.disabled = false;
+      button.disabled = false;
       this.tree.scheduleRefresh();
       this.tree.refreshSessions();
     }

@@ -1,8 +1,10 @@
 // Shared run state. One TreeRuntime per tree holds the tree summary, the tree's pending
 // human requests and the tree's single SSE stream; one SessionRuntime per session holds its
-// detail, messages and ended-Turn results. Every view that shows a tree or a session
-// observes the same runtime, so two views never mean two streams or two copies of state.
-// Events only say "something changed": the runtimes re-read the durable state (debounced).
+// detail, messages, queued inputs, ended-Turn results and the live text of its running model
+// call. Every view that shows a tree or a session observes the same runtime, so two views
+// never mean two streams or two copies of state. Events only say "something changed": the
+// runtimes re-read the durable state (debounced). Text deltas are the one thing shown as they
+// come: they are not durable, and the committed message replaces them.
 
 import { Emitter, debounce } from "./dom.js";
 import { EventStream } from "./sse.js";
@@ -38,6 +40,13 @@ export class SessionRuntime extends Emitter {
     this.messages = [];
     /** turn_id → Result, for Turns that have ended (they never change again). */
     this.results = new Map();
+    /** The inputs waiting in this session's queue (read while detail.pending_inputs > 0). */
+    this.pending = [];
+    /**
+     * The streaming text of a model call, shown until its message is: {runId, turnId, text,
+     * committedId (the message it became, once the event says so), since (the read it began after)}.
+     */
+    this.live = null;
     this.error = null;
     this.loaded = false;
     this.scheduleRefresh = debounce(() => this.refresh(), REFRESH_WAIT_MS, REFRESH_MAX_WAIT_MS);
@@ -67,8 +76,13 @@ export class SessionRuntime extends Emitter {
       this.detail = detail;
       const last = known.at(-1)?.id ?? 0;
       this.messages = fresh.length ? known.concat(fresh.filter((m) => m.id > last)) : known;
-      await this.#loadEndedResults(this.messages, detail);
+      this.#settleLive(seq); // now: a view may draw the new messages before this read ends
+      const [pending] = await Promise.all([
+        detail.pending_inputs > 0 ? this.api.inputs(this.sessionId, { status: "pending" }) : [],
+        this.#loadEndedResults(this.messages, detail),
+      ]);
       if (seq !== this.#seq) return;
+      this.pending = pending;
       this.error = null;
       this.loaded = true;
     } catch (error) {
@@ -76,6 +90,36 @@ export class SessionRuntime extends Emitter {
       this.error = error;
     }
     this.emit("change", this);
+  }
+
+  /** A text delta of this session's running model call (from the tree's stream). */
+  addDelta(delta) {
+    if (!this.observed || typeof delta.delta !== "string") return;
+    const live = this.live;
+    // A new Run, or the next model call after the last one's message was committed: a new bubble.
+    if (!live || live.runId !== delta.run_id || live.committedId !== null) {
+      this.live = { runId: delta.run_id, turnId: delta.turn_id, text: "", committedId: null, since: this.#seq };
+    }
+    this.live.text += delta.delta;
+    this.emit("live", this);
+  }
+
+  /** A committed assistant message of the streaming Run: its bubble goes once the message is read. */
+  messageCommitted(event) {
+    if (this.live && this.live.committedId === null && event.run_id === this.live.runId) {
+      this.live.committedId = event.payload?.message_id ?? null;
+    }
+  }
+
+  /** Drop the live text once its message is in the history, or when its Turn ended without one. */
+  #settleLive(seq) {
+    const live = this.live;
+    if (!live) return;
+    const lastId = this.messages.at(-1)?.id ?? 0;
+    const shown = live.committedId !== null && lastId >= live.committedId;
+    // Only a read that began after the text did can tell that its Turn is over.
+    const ended = seq > live.since && this.detail?.current_turn_id !== live.turnId;
+    if (shown || ended) this.live = null;
   }
 
   /** Every message after ``after`` (the history is append-only), page by page. */
@@ -111,6 +155,8 @@ export class TreeRuntime extends Emitter {
   #sessions = new Map();
   #answered = new Set();
   #opened = false; // has this stream been open since it started?
+  #runs = 0; // counts starts and stops, so a start that finishes late knows it was superseded
+  #reading = Promise.resolve();
 
   constructor(api, treeId) {
     super();
@@ -163,8 +209,22 @@ export class TreeRuntime extends Emitter {
     this.scheduleRefresh();
   }
 
-  async refresh() {
-    const seq = ++this.#seq;
+  /** Re-read the summary and the requests (the newest read wins). */
+  refresh() {
+    this.#reading = this.#read(++this.#seq);
+    return this.#reading;
+  }
+
+  /** Resolves once the newest read has landed (a read started meanwhile is waited for too). */
+  async #settled() {
+    let reading;
+    do {
+      reading = this.#reading;
+      await reading;
+    } while (reading !== this.#reading);
+  }
+
+  async #read(seq) {
     try {
       const [summary, requests] = await Promise.all([
         this.api.tree(this.treeId),
@@ -190,21 +250,26 @@ export class TreeRuntime extends Emitter {
     for (const runtime of this.#sessions.values()) if (runtime.observed) runtime.scheduleRefresh();
   }
 
-  #start() {
+  /** Read the summary, then stream what commits after it (its event_cursor): no history replay. */
+  async #start() {
+    const run = ++this.#runs;
     this.#opened = false;
+    this.#schedulePoll();
     this.refresh();
+    await this.#settled();
+    if (run !== this.#runs || !this.observed) return; // stopped (or restarted) meanwhile
+    this.cursor = "";
     this.#stream = new EventStream({
-      url: this.api.treeEventsUrl(this.treeId),
+      url: this.api.treeEventsUrl(this.treeId, this.summary?.event_cursor ?? "latest"),
       headers: () => this.api.authHeaders(),
-      lastEventId: this.cursor,
       onEvent: (event) => this.#onEvent(event),
       onStatus: (status) => this.#onStatus(status),
     });
     this.#stream.start();
-    this.#schedulePoll();
   }
 
   #stop() {
+    this.#runs += 1;
     this.#stream?.stop();
     this.#stream = null;
     clearTimeout(this.#poll);
@@ -227,13 +292,14 @@ export class TreeRuntime extends Emitter {
     const wasOpen = this.connection === "open";
     this.connection = status;
     if (status === "unauthorized") this.api.onUnauthorized?.();
-    // Whatever happened while we were not listening is in the durable state: re-read it
-    // (not on the first open: the observers have just read it).
-    if (status === "open" && !wasOpen && this.#opened) {
-      this.scheduleRefresh();
+    if (status === "open" && !wasOpen) {
+      // Whatever happened while we were not listening is in the durable state: re-read it. On
+      // the first open the summary is exact up to the stream's start; the sessions' first reads
+      // may have come before it, so they read once more.
+      if (this.#opened) this.scheduleRefresh();
       this.refreshSessions();
+      this.#opened = true;
     }
-    if (status === "open") this.#opened = true;
     this.#schedulePoll();
     this.emit("connection", status);
   }
@@ -245,7 +311,14 @@ export class TreeRuntime extends Emitter {
     } catch {
       return; // not one of ours (e.g. a keep-alive with data)
     }
+    if (raw.type === "delta") {
+      this.#sessions.get(event.session_id)?.addDelta(event);
+      return; // live text only: no cursor, nothing to re-read
+    }
     this.cursor = raw.id || String(event.cursor ?? this.cursor);
+    if (event.kind === "message" && event.payload?.role === "assistant") {
+      this.#sessions.get(event.session_id)?.messageCommitted(event);
+    }
     this.emit("event", event);
     this.scheduleRefresh();
     if (event.kind?.startsWith("tree_")) this.refreshSessions();

@@ -1,15 +1,20 @@
-"""Helpers for the API tests: clients with a scope's key, SSE parsing, scripts, database reads."""
+"""Helpers for the API tests: clients with a scope's key, the app on Ray Serve, SSE parsing, scripts,
+database reads."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
+from ray import serve
 
+from actors.runtime import Runtime, worker_env
+from api.up import LOOPBACK, start_serve
 from tests.actors.helpers import call, create, eventually, rows, say, script  # noqa: F401  (re-exported)
 
 ADMIN_TOKEN = "test-admin-token"
@@ -19,6 +24,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def served(runtime: Runtime, admin_token: str) -> AsyncIterator[str]:
+    """The app deployed on Ray Serve as ``canopy up`` deploys it, in the test session's own Ray
+    cluster on a free loopback port; yields its base URL and shuts Serve down after."""
+    port = free_port()
+    env = {**worker_env(runtime.settings, runtime.database_url), "CANOPY_ADMIN_TOKEN": admin_token}
+    await asyncio.to_thread(start_serve, env, LOOPBACK, port)
+    try:
+        yield f"http://{LOOPBACK}:{port}"
+    finally:
+        await asyncio.to_thread(serve.shutdown)
 
 
 def client(base_url: str, api_key: str | None, timeout: float = 30.0) -> httpx.AsyncClient:

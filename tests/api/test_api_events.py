@@ -82,6 +82,10 @@ async def test_session_stream_heartbeats_and_live_deltas(api: ApiServer, http: h
     assert all("id" not in frame for frame in frames if frame.get("event") == "delta")  # deltas have no cursor
     kinds = [json.loads(frame["data"])["kind"] for frame in frames if "id" in frame]
     assert kinds[0] == "session_created" and kinds[-1] == "turn_completed"
+    # The text comes before the event of the message it became (a client can swap one for the other).
+    reply = next(i for i, frame in enumerate(frames) if "id" in frame
+                 and json.loads(frame["data"])["payload"].get("role") == "assistant")
+    assert max(i for i, frame in enumerate(frames) if frame.get("event") == "delta") < reply
     await poll(lambda: _subscribers_gone(api), timeout=10)
 
 

@@ -1,33 +1,22 @@
-"""A whole cooperation scenario driven only over HTTP, against the app deployed on Ray Serve
-(in the test session's own Ray cluster, on a free loopback port)."""
+"""A whole cooperation scenario driven only over HTTP, against the app deployed on Ray Serve as
+``canopy up`` deploys it (in the test session's own Ray cluster, on a free loopback port)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from ray import serve
 
-from actors.runtime import Runtime, worker_env
-from api.serve_app import APP_NAME, application
-from tests.api.helpers import ADMIN_TOKEN, call, client, collect_events, create, free_port, rows, say, script
+from actors.runtime import Runtime
+from tests.api.helpers import ADMIN_TOKEN, call, client, collect_events, create, rows, say, script, served
 
 
 @pytest.fixture(scope="module")
 async def serve_url(runtime: Runtime) -> AsyncIterator[str]:
-    port = free_port()
-    env = {**worker_env(runtime.settings, runtime.database_url), "CANOPY_ADMIN_TOKEN": ADMIN_TOKEN}
-
-    def deploy() -> None:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(application(env), name=APP_NAME, route_prefix="/")
-
-    await asyncio.to_thread(deploy)
-    yield f"http://127.0.0.1:{port}"
-    await asyncio.to_thread(serve.shutdown)
+    async with served(runtime, ADMIN_TOKEN) as url:
+        yield url
 
 
 async def test_cooperation_scenario_over_http_on_serve(serve_url: str, runtime: Runtime) -> None:

@@ -66,6 +66,18 @@ async def open_tab(browser: Browser, user: User, *, width: int = 1280, height: i
     return Tab(page, context, errors)
 
 
+async def sign_in_by_link(page: Page, base: str, key: str) -> None:
+    """Open the link ``canopy up`` prints (the key in the ``#key=`` fragment): the page signs in at
+    once, keeps the key in localStorage and scrubs it from the address bar."""
+    from playwright.async_api import expect  # optional: the suite is skipped without it
+
+    await page.goto(f"{base}/#key={key}")
+    await expect(page.locator(".sidebar .new-session")).to_be_visible()
+    await expect(page.locator("#login-dialog")).to_be_hidden()
+    assert key not in page.url
+    assert await page.evaluate("() => localStorage.getItem('canopy:api-key')") == key
+
+
 async def shoot(page: Page, name: str, widths: tuple[int, ...] = (1280, 375), height: int | None = None) -> None:
     """Screenshots of the page as it is, at each width, into test-artifacts/ui/; restores the size."""
     original = page.viewport_size or {"width": 1280, "height": 800}

@@ -1,13 +1,28 @@
 """Conversation features in a real browser: origins and links across roots with the unread
 marker, steering a running Turn, the "@" agent picker, an approval denied from its card (a
-failed, expandable tool row), and archive refused while busy then allowed."""
+failed, expandable tool row), archive refused while busy then allowed, live model text replaced
+by the saved message, and queued inputs listed and cancelled."""
 
 from __future__ import annotations
 
 import pytest
 
 from actors.runtime import Runtime
-from tests.ui.helpers import Tab, User, call, create_root, get, open_root, poll, rows, say, script, shoot, wait_result
+from tests.ui.helpers import (
+    ARTIFACTS,
+    Tab,
+    User,
+    call,
+    create_root,
+    get,
+    open_root,
+    poll,
+    rows,
+    say,
+    script,
+    shoot,
+    wait_result,
+)
 
 expect = pytest.importorskip("playwright.async_api").expect
 
@@ -157,3 +172,102 @@ async def test_approval_denied_and_archive(tab: Tab, user: User, runtime: Runtim
     await expect(page.locator(f'.root-item[data-session-id="{root_id}"]')).to_have_count(0)
     assert root_id not in [s["session_id"] for s in await get(user, "/sessions")]
     assert (await get(user, f"/sessions/{root_id}"))["status"] == "archived"
+
+
+# Records what the root view shows at every DOM change: the streaming bubble's text, how many
+# saved assistant messages there are, and whether the Turn is shown as open (queued or running).
+RECORD_LIVE = """() => {
+    window.__live = [];
+    const view = document.querySelector('.root-view');
+    const record = () => {
+        const bubble = view.querySelector('.msg.streaming');
+        window.__live.push({streaming: bubble && !bubble.hidden ? bubble.textContent : null,
+                            saved: view.querySelectorAll('.msg.assistant').length,
+                            open: Boolean(view.querySelector('.turn-status-text'))});
+    };
+    new MutationObserver(record).observe(view, {subtree: true, childList: true, characterData: true,
+                                                attributes: true});
+}"""
+
+
+async def test_live_text_streams_then_the_saved_message_replaces_it(tab: Tab, user: User) -> None:
+    page = tab.page
+    created = await user.http.post("/api/v1/sessions", json={"title": "Streaming"})
+    assert created.status_code == 201, created.text
+    root_id = created.json()["session"]["session_id"]
+    await open_root(page, user.base, root_id)
+
+    async def stream_open() -> bool:
+        return await page.evaluate(f"() => window.canopy.store.tree('{root_id}').connection === 'open'")
+
+    await poll(stream_open, what="the tree's stream open")
+    await page.evaluate(RECORD_LIVE)
+    final = "\n".join(" ".join(f"w{line:02d}.{word}" for word in range(10)) for line in range(40))
+    root = page.locator(".root-view")
+    # The model thinks for a while (the Turn is open), then streams its reply word by word.
+    await root.locator(".composer-input").fill(script(say(final, delay_ms=2500), task="stream a reply"))
+    await root.locator(".composer button[type=submit]").click()
+    bubble = root.locator(".msg.streaming")
+    await expect(bubble).to_be_visible(timeout=30_000)
+    await page.screenshot(path=str(ARTIFACTS / "live-text-1280.png"))
+
+    await expect(root.locator(".msg.assistant")).to_have_text(final, timeout=30_000)
+    await expect(bubble).to_be_hidden()
+    log = await page.evaluate("() => window.__live")
+    streamed = [entry["streaming"] for entry in log if entry["streaming"]]
+    assert len(set(streamed)) >= 2, "the text did not grow as it streamed"
+    assert all(final.startswith(text) for text in streamed)
+    # First shown while the Turn was open and nothing was saved; never beside the saved message.
+    first = next(entry for entry in log if entry["streaming"])
+    assert first["open"] and first["saved"] == 0, first
+    assert not any(entry["streaming"] and entry["saved"] for entry in log)
+    messages = await get(user, f"/sessions/{root_id}/messages")
+    assert [m["content"] for m in messages if m["role"] == "assistant"] == [final]
+    await shoot(page, "live-text-done")
+
+
+async def test_queued_inputs_listed_and_one_cancelled(tab: Tab, user: User, runtime: Runtime) -> None:
+    page = tab.page
+    created = await create_root(user, script(say("first done", delay_ms=12_000), task="first"), title="A queue")
+    root_id = created["session"]["session_id"]
+    queued = []
+    for name in ("second", "third"):
+        response = await user.http.post(f"/api/v1/sessions/{root_id}/inputs",
+                                        json={"text": script(say(f"{name} done"), task=f"{name} task")})
+        assert response.status_code == 202 and response.json()["status"] == "queued", response.text
+        queued.append(response.json()["input_id"])
+    await open_root(page, user.base, root_id)
+
+    root = page.locator(".root-view")
+    items = root.locator(".pending-input")
+    await expect(items).to_have_count(2)
+    assert await items.evaluate_all("els => els.map(el => el.dataset.inputId)") == queued  # oldest first
+    await expect(items.nth(0).locator(".pending-text")).to_have_text("second task")
+    await expect(items.nth(0).locator(".pending-meta")).to_contain_text("from you")
+    await expect(root.locator(".queue-note")).to_have_text("2 inputs queued")
+    await shoot(page, "queued-inputs")
+
+    # An input that started meanwhile cannot be cancelled here: the page says what to do instead.
+    await page.route(f"**/inputs/{queued[1]}/cancel", lambda route: route.fulfill(
+        status=409, json={"detail": "input already has a turn"}))
+    await items.nth(1).locator("button", has_text="Cancel").click()
+    await expect(root.locator(".composer-status")).to_contain_text("already started; cancel its turn instead")
+    await page.unroute(f"**/inputs/{queued[1]}/cancel")
+    await expect(items).to_have_count(2)
+
+    await items.nth(0).locator("button", has_text="Cancel").click()
+    await expect(items).to_have_count(1)
+    await expect(items.nth(0).locator(".pending-text")).to_have_text("third task")
+    await expect(root.locator(".queue-note")).to_have_text("1 input queued")
+    stored = await rows(runtime.db, "SELECT input_id::text AS id, status FROM inputs WHERE session_id = %s "
+                        "ORDER BY seq", root_id)
+    assert [(r["id"], r["status"]) for r in stored] == [
+        (created["input"]["input_id"], "consumed"), (queued[0], "cancelled"), (queued[1], "pending")]
+
+    # The rest of the queue runs in order; the cancelled input never does.
+    third = await wait_result(user, queued[1], timeout=60)
+    assert (third["status"], third["output"]) == ("completed", "third done")
+    assert (await get(user, f"/inputs/{queued[0]}/result"))["status"] == "cancelled"
+    await expect(items).to_have_count(0)
+    await expect(root.locator(".pending-inputs")).to_be_hidden()
+    await expect(root.locator(".msg.assistant")).to_have_text(["first done", "third done"])

@@ -204,6 +204,10 @@ async def test_member_questions_answered_from_the_inbox(tab: Tab, user: User) ->
     assert sorted(requests) == ["/root/asker", "/root/painter"]
     assert {r["kind"] for r in requests.values()} == {"question"}
     await expect(page.locator('.root-item[data-activity="waiting_cooperation"]')).to_be_visible()
+    # The list shows the tree's attention: three members waiting, two of them for you.
+    waiting = page.locator(f'.root-item[data-session-id="{root_id}"] .root-attention .chip')
+    await expect(waiting).to_have_text(["3 waiting"])
+    await expect(waiting).to_have_attribute("data-kind", "attention")
     await inbox.click()
     items = page.locator(".root-view .inbox-list .inbox-item")
     await expect(items).to_have_count(2)  # in the order the questions were asked

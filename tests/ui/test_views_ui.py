@@ -1,5 +1,6 @@
 """Views in a real browser: member tabs (drafts, scroll, reuse, maximize), a 107-member tree,
-layout at four widths in both themes, one SSE stream per tree (resumed with Last-Event-ID),
+layout at four widths in both themes, one SSE stream per tree (from the summary's cursor, resumed
+with Last-Event-ID),
 the API key prompt, and the pure modules (SSE parser, cooperation rows) in the page itself."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tests.ui.helpers import (
     script,
     seed_tree,
     shoot,
+    sign_in_by_link,
     tree,
     wait_result,
 )
@@ -214,7 +216,7 @@ async def test_layout_has_no_horizontal_overflow(browser: Browser, user: User, r
         assert not opened.errors, opened.errors
 
 
-async def test_one_event_stream_per_tree(tab: Tab, user: User) -> None:
+async def test_one_event_stream_per_tree(tab: Tab, user: User, runtime: Runtime) -> None:
     page = tab.page
     streams: list[Request] = []
     page.on("request", lambda request: streams.append(request) if "/events" in request.url else None)
@@ -224,8 +226,13 @@ async def test_one_event_stream_per_tree(tab: Tab, user: User) -> None:
     await open_member(page, "right")
     await expect(view(page, ids["right"])).to_be_visible()
     await page.wait_for_timeout(1500)
-    assert [r.url for r in streams] == [f"{user.base}/api/v1/trees/{root_id}/events?deltas=false"], \
-        [r.url for r in streams]
+    # The stream starts after the summary the page read: no history is replayed.
+    assert len(streams) == 1, [r.url for r in streams]
+    url, _, after = streams[0].url.partition("?after=")
+    assert url == f"{user.base}/api/v1/trees/{root_id}/events"
+    assert int(after) >= max(r["cursor"] for r in await rows(
+        runtime.db, "SELECT cursor FROM events WHERE tree_id = %s", root_id))
+    assert await page.evaluate(f"() => window.canopy.store.tree('{root_id}').cursor") == ""
     assert (await streams[0].all_headers()).get("authorization") == f"Bearer {user.key}"
 
     # A hidden tab keeps receiving: new work for "left" shows up in its (background) view.
@@ -278,11 +285,7 @@ async def test_api_key_prompt(browser: Browser, user: User) -> None:
     opened = await open_tab(browser, user, key=False)
     page = opened.page
     try:
-        await page.goto(f"{user.base}/#key={user.key}")
-        await expect(page.locator(".sidebar .new-session")).to_be_visible()
-        await expect(page.locator("#login-dialog")).to_be_hidden()
-        assert user.key not in page.url
-        assert await page.evaluate("() => localStorage.getItem('canopy:api-key')") == user.key
+        await sign_in_by_link(page, user.base, user.key)
     finally:
         await opened.context.close()
 
