@@ -19,7 +19,13 @@ Decisions where the SPEC is silent:
   a stopped member and tells its parent) or ``api``. Cancelling a finished Turn is a 202 no-op.
 - A project's workdir is derived under the data directory; a caller never names a host path.
 - Event streams start at cursor 0 without ``?after`` / ``Last-Event-ID`` (the header wins:
-  a reconnecting EventSource keeps its URL). See api/sse.py and api/writes.py.
+  a reconnecting EventSource keeps its URL); ``?after=latest`` streams only what commits from
+  the moment the stream opens. ``GET /trees/{id}`` carries ``event_cursor``, read before the
+  members, so a client that streams ``?after=<event_cursor>`` misses nothing the summary did
+  not show. See api/sse.py and api/writes.py.
+- ``GET /sessions`` entries carry ``attention``: their tree's member counts per state (one
+  grouped query for the whole page). ``GET /sessions/{id}/inputs`` lists a session's inputs in
+  queue order, texts cut to a preview (``?status=pending``: the ones a human may still cancel).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Server-Sent Events over the committed events table.
 
-A stream replays every event after its cursor (``?after=N`` or ``Last-Event-ID: N``), oldest
-first, then follows live ones. Event cursors come from a per-scope counter that is locked
+A stream replays every event after its cursor (``?after=N`` or ``Last-Event-ID: N``; the route
+turns ``?after=latest`` into the scope's latest cursor when the stream opens), oldest first,
+then follows live ones. Event cursors come from a per-scope counter that is locked
 until commit (persistence/events.py), so a reader that has seen cursor N never later sees a
 smaller one commit: re-reading ``cursor > last sent`` loses nothing and repeats nothing.
 Each event's SSE ``id:`` is its cursor. Model text deltas, which are not durable and have no

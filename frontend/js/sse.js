@@ -70,13 +70,12 @@ export class EventStream {
   #controller = null;
   #stopped = true;
 
-  constructor({ url, headers = () => ({}), onEvent, onStatus = () => {}, lastEventId = "", minDelay = 500,
-    maxDelay = 10_000 }) {
+  constructor({ url, headers = () => ({}), onEvent, onStatus = () => {}, minDelay = 500, maxDelay = 10_000 }) {
     this.url = url;
     this.headers = headers;
     this.onEvent = onEvent;
     this.onStatus = onStatus;
-    this.lastEventId = lastEventId;
+    this.lastEventId = ""; // until an event arrives, the URL (its ?after=) says where to start
     this.minDelay = minDelay;
     this.maxDelay = maxDelay;
     this.status = "closed";
