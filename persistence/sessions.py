@@ -28,7 +28,7 @@ s.session_id, s.tree_id, s.parent_id, s.name, s.path, s.depth, s.title, s.agent_
 s.project_id, s.created_by_run_id, s.origin, s.queue_paused, s.archived, s.created_at, s.updated_at
 """
 # Member state without outputs: the open (or last) Turn, its latest Run, pending inputs.
-_STATE_JOINS = """
+STATE_JOINS = """
 LEFT JOIN LATERAL (
     SELECT turn_id, status, waiting_for FROM turns
     WHERE session_id = s.session_id ORDER BY created_at DESC LIMIT 1) t ON true
@@ -171,7 +171,7 @@ async def get_session_row(conn: Connection, scope: Scope, session_id: uuid.UUID)
 async def get_session(conn: Connection, scope: Scope, session_id: uuid.UUID) -> Row:
     """A session with its activity, current Turn and queue state."""
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {_STATE_JOINS}
+        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s""",
         (session_id, scope.user_id, scope.app_id),
     )
@@ -207,7 +207,7 @@ async def resolve_target(conn: Connection, scope: Scope, tree_id: uuid.UUID, tar
 async def list_roots(conn: Connection, scope: Scope, *, project_id: uuid.UUID | None, offset: int,
                      limit: int, include_archived: bool = False) -> list[Row]:
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {_STATE_JOINS}
+        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s AND s.parent_id IS NULL
               AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
               AND (%(archived)s OR NOT s.archived)
@@ -223,7 +223,7 @@ async def list_project_sessions(conn: Connection, scope: Scope, project_id: uuid
                                 ) -> list[Row]:
     order = "s.created_at DESC, s.session_id" if newest_first else "s.tree_id, s.path"
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {_STATE_JOINS}
+        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s
               AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
             ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s""",
@@ -236,7 +236,7 @@ async def list_project_sessions(conn: Connection, scope: Scope, project_id: uuid
 async def tree_members(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> list[Row]:
     """Every member of a tree with its state, in one statement, no outputs."""
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {_STATE_JOINS}
+        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.tree_id = %s AND s.user_id = %s AND s.app_id = %s
             ORDER BY s.depth, s.path""",
         (tree_id, scope.user_id, scope.app_id),

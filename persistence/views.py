@@ -10,7 +10,7 @@ from persistence.db import Connection
 from persistence.errors import NotFound
 from persistence.messages import history
 from persistence.records import Row, Scope
-from persistence.sessions import _STATE_JOINS, activity, get_session_row  # one definition of member state
+from persistence.sessions import STATE_JOINS, activity, get_session_row
 
 _TREE = """
 SELECT tree_id, project_id, slot_limit, stopped, archived, created_at FROM trees
@@ -36,7 +36,7 @@ LIMIT %(limit)s
 _MEMBER_STATES = f"""
 SELECT s.tree_id, t.status AS turn_status, t.waiting_for, lr.status AS run_status, p.n > 0 AS pending_inputs,
        s.queue_paused, count(*) AS members
-FROM sessions s {_STATE_JOINS}
+FROM sessions s {STATE_JOINS}
 WHERE s.tree_id = ANY(%s) AND s.user_id = %s AND s.app_id = %s
 GROUP BY 1, 2, 3, 4, 5, 6
 """
