@@ -11,13 +11,14 @@ import uuid
 
 from persistence.db import Connection
 from persistence.errors import LeaseLost
+from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
 
 # A turn whose runs keep dying is failed instead of resumed forever.
 MAX_RECOVERIES_PER_TURN = 5
 LEASE_EXPIRED = "lease expired: the run's owner stopped heart-beating"
 
-_LOCK_TREE = "SELECT slot_limit, stopped FROM trees WHERE tree_id = %s FOR UPDATE"
+_LOCK_TREE = "SELECT user_id, app_id, slot_limit, stopped FROM trees WHERE tree_id = %s FOR UPDATE"
 _COUNT_RUNNING = "SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status = 'running'"
 # UPDATE ... RETURNING yields rows in no particular order: re-sort so callers see the FIFO order.
 _GRANT = """
@@ -65,7 +66,8 @@ async def grant_slots(conn: Connection, tree_id: uuid.UUID, lease_seconds: float
     """Move the oldest pending Runs of the tree into free slots; return what was granted.
 
     Serialised by the tree row lock, and counted from the runs table, so the limit holds
-    across supervisor restarts, API replicas and nodes.
+    across supervisor restarts, API replicas and nodes. Each grant is a ``run_started``
+    event: watchers see a queued Turn start executing.
     """
     cur = await conn.execute(_LOCK_TREE, (tree_id,))
     tree = await cur.fetchone()
@@ -77,7 +79,12 @@ async def grant_slots(conn: Connection, tree_id: uuid.UUID, lease_seconds: float
     if free <= 0:
         return []
     cur = await conn.execute(_GRANT, {"tree_id": tree_id, "free": free, "lease": lease_seconds})
-    return await cur.fetchall()
+    granted = await cur.fetchall()
+    scope = Scope(tree["user_id"], tree["app_id"])
+    for run in granted:
+        await append_event(conn, scope, "run_started", session_id=run["session_id"], tree_id=tree_id,
+                           turn_id=run["turn_id"], run_id=run["run_id"])
+    return granted
 
 
 async def claimable_runs(conn: Connection, session_id: uuid.UUID) -> list[uuid.UUID]:

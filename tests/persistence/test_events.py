@@ -102,8 +102,10 @@ async def test_events_filter_by_session_and_tree(db: Database, scope: Scope) -> 
         by_session = await events.events_after(conn, scope, 0, session_id=tree.root_id)
         everything = await events.events_after(conn, scope, 0)
     assert {e["tree_id"] for e in mine} == {tree.tree_id}
-    assert [e["kind"] for e in mine] == ["session_created", "input_received", "turn_started"]
+    assert [e["kind"] for e in mine] == ["session_created", "input_received", "turn_started", "run_started"]
     assert [e["cursor"] for e in by_session] == [e["cursor"] for e in mine]
     assert {e["tree_id"] for e in everything} == {tree.tree_id, other.tree_id}
     started = next(e for e in mine if e["kind"] == "turn_started")
+    granted = next(e for e in mine if e["kind"] == "run_started")
     assert (started["turn_id"], started["run_id"]) == (run.turn_id, run.run_id)
+    assert (granted["turn_id"], granted["run_id"]) == (run.turn_id, run.run_id)  # its slot was granted
