@@ -309,6 +309,9 @@ class _GatedRelease:
     async def exists(self, handle: str) -> bool:
         return await self.inner.exists(handle)
 
+    async def sandboxes(self) -> dict[str, uuid.UUID]:
+        return await self.inner.sandboxes()
+
     def close(self) -> None:
         self.inner.close()
 
