@@ -18,8 +18,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from actors.naming import NAMESPACE
-from actors.runtime import Runtime, worker_env
+from actors.runtime import Runtime, init_ray
 from api.views import tree_table
 from persistence.db import resolve_database_url
 from persistence.errors import CanopyError
@@ -55,9 +54,7 @@ async def _watch(runtime: Runtime, scope: Scope, tree_id: uuid.UUID, input_id: u
 def _init_ray(settings: Settings) -> None:
     """Start or join Ray without forwarding every worker's log lines into the live view."""
     if not ray.is_initialized():
-        ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False,
-                 logging_level=logging.WARNING,
-                 runtime_env={"env_vars": worker_env(settings, resolve_database_url(settings))})
+        init_ray(settings, resolve_database_url(settings), log_to_driver=False, logging_level=logging.WARNING)
 
 
 async def run_task(task: str, *, scope: Scope, agent_id: str | None, model: str | None, timeout: float,

@@ -27,8 +27,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from actors.naming import NAMESPACE
-from actors.runtime import Runtime, worker_env
+from actors.runtime import Runtime, init_ray, worker_env
 from api.serve_app import APP_NAME, application
 from persistence.db import ensure_schema, resolve_database_url
 from persistence.embedded import stop_embedded
@@ -58,16 +57,14 @@ def _exit_on_sigterm(signum: int, _: FrameType | None) -> None:
 
 
 def _init_ray(settings: Settings, database_url: str, host: str, dashboard_port: int) -> dict[str, Any]:
-    options: dict[str, Any] = {"namespace": NAMESPACE, "logging_level": logging.WARNING,
-                               "runtime_env": {"env_vars": worker_env(settings, database_url)}}
     if settings.ray_address:
-        context = ray.init(address=settings.ray_address, **options)
+        context = init_ray(settings, database_url, logging_level=logging.WARNING)
     else:
-        # "local": never attach to some other cluster found on the machine. Ray's node address
-        # (GCS, raylet, object manager) and its dashboard stay on loopback unless --host opens them.
-        context = ray.init(address="local", include_dashboard=True, dashboard_host=host,
-                           dashboard_port=dashboard_port, _node_ip_address=LOOPBACK if host == LOOPBACK else None,
-                           **options)
+        # Ray's node address (GCS, raylet, object manager) and its dashboard stay on loopback
+        # unless --host opens them.
+        context = init_ray(settings, database_url, logging_level=logging.WARNING, include_dashboard=True,
+                           dashboard_host=host, dashboard_port=dashboard_port,
+                           _node_ip_address=LOOPBACK if host == LOOPBACK else None)
     return {"dashboard_url": context.dashboard_url}
 
 

@@ -15,8 +15,7 @@ The root's three steps take L each, as the ideal assumes (the first version of t
 benchmark ran them at 0 ms: ``--root-latency-ms 0`` reproduces that).
 
 Shapes (environment): ``CANOPY_SESSION_HOSTS=N`` runs sessions in N shared hosts instead of
-a process each; ``CANOPY_WARM_WORKERS`` sets the warm worker pool; ``--inherit-env`` starts
-Ray with the workers' environment inherited instead of a job runtime_env.
+a process each; ``CANOPY_WARM_WORKERS`` sets the warm worker pool.
 """
 
 from __future__ import annotations
@@ -253,26 +252,10 @@ async def main() -> None:
         "the first version of this benchmark used 0)",
     )
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument(
-        "--inherit-env",
-        action="store_true",
-        help="start Ray here with the workers' environment inherited from this process instead of a job "
-        "runtime_env (what Runtime.start could do when it starts Ray itself): a runtime_env makes every worker "
-        "start through setup_worker.py, a second interpreter start",
-    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
         os.environ["CANOPY_DATA_DIR"] = data_dir
         settings = Settings(data_dir=Path(data_dir))
-        if args.inherit_env:
-            import ray
-
-            from actors.naming import NAMESPACE
-            from actors.runtime import worker_env
-            from persistence.db import resolve_database_url
-
-            os.environ.update(worker_env(settings, resolve_database_url(settings)))
-            ray.init(namespace=NAMESPACE, include_dashboard=False, logging_level="WARNING")
         runtime = await Runtime.start(settings)
         slots = settings.tree_slots
         await one(runtime, Path(data_dir), 2, 1, 0)  # warm up: actors, litellm, connections
