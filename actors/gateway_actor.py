@@ -6,6 +6,7 @@ to commit the reply: model calls are at-least-once and their cost counts each ti
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -38,23 +39,18 @@ class AccountedGateway(ModelGateway):
         """A model call of one Run. With ``watch`` (session/tree/turn ids) text deltas are
         published live on the ``canopy_deltas`` channel: not persisted, not in the event cursor."""
         started = time.monotonic()
-        publish = None if watch is None else self._publisher(run_id, watch)
+        publisher = None if watch is None else _DeltaPublisher(self._database, {**watch, "run_id": run_id})
         try:
-            reply = await self.complete(**request, on_delta=publish)
+            try:
+                reply = await self.complete(**request, on_delta=publisher.add if publisher else None)
+            finally:
+                if publisher is not None:
+                    await publisher.drain()  # every delta goes out before the reply is returned
         except Exception as error:
             await self._record(run_id, request["model"], {}, 0.0, started, str(error))
             raise
         await self._record(run_id, request["model"], reply["usage"], reply["cost_usd"], started, None)
         return reply
-
-    def _publisher(self, run_id: str, watch: dict[str, str]) -> Callable[[str], Awaitable[None]]:
-        async def publish(delta: str) -> None:
-            db = await self._database()
-            payload = json.dumps({**watch, "run_id": run_id, "delta": delta})
-            async with db.tx() as conn:
-                await conn.execute("SELECT pg_notify(%s, %s)", (DELTA_CHANNEL, payload))
-
-        return publish
 
     async def _record(self, run_id: str, model: str, usage: dict[str, int], cost: float, started: float,
                       error: str | None) -> None:
@@ -64,6 +60,41 @@ class AccountedGateway(ModelGateway):
         async with db.tx() as conn:
             await conn.execute(_RECORD, (uuid.UUID(run_id), model, usage.get("prompt_tokens", 0),
                                          usage.get("completion_tokens", 0), cost, latency_ms, error))
+
+
+class _DeltaPublisher:
+    """Publishes one call's text deltas on ``canopy_deltas``. The first goes out at once
+    (watchers see the text start); after it they are coalesced: while one notification is
+    in flight the next deltas gather, so the stream is not held up by the database and a
+    long reply costs a notification per round trip, not one per chunk."""
+
+    def __init__(self, database: Callable[[], Awaitable[Database]], watch: dict[str, str]) -> None:
+        self._database = database
+        self._watch = watch
+        self._pending: list[str] = []
+        self._started = False
+        self._sending: asyncio.Task[None] | None = None
+
+    async def add(self, delta: str) -> None:
+        self._pending.append(delta)
+        if not self._started:
+            self._started = True
+            await self._send_pending()
+        elif self._sending is None or self._sending.done():
+            self._sending = asyncio.create_task(self._send_pending())
+
+    async def drain(self) -> None:
+        if self._sending is not None:
+            await self._sending
+
+    async def _send_pending(self) -> None:
+        db = await self._database()
+        while self._pending:
+            text = "".join(self._pending)
+            self._pending.clear()
+            payload = json.dumps({**self._watch, "delta": text})
+            async with db.tx() as conn:
+                await conn.execute("SELECT pg_notify(%s, %s)", (DELTA_CHANNEL, payload))
 
 
 GatewayActor = ray.remote(AccountedGateway)
