@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,7 +20,11 @@ from actors import metrics
 from actors.model_gateway import ModelGateway
 from persistence.db import Database
 
+log = logging.getLogger(__name__)
+
 DELTA_CHANNEL = "canopy_deltas"
+# A NOTIFY payload holds under 8000 bytes; JSON spells a character in up to 12 (a \\u pair).
+_DELTA_PIECE_CHARS = 600
 _RECORD = """
 INSERT INTO model_calls (run_id, model, prompt_tokens, completion_tokens, cost_usd, latency_ms, error)
 VALUES (%s, %s, %s, %s, %s, %s, %s)
@@ -88,13 +93,19 @@ class _DeltaPublisher:
             await self._sending
 
     async def _send_pending(self) -> None:
-        db = await self._database()
-        while self._pending:
-            text = "".join(self._pending)
-            self._pending.clear()
-            payload = json.dumps({**self._watch, "delta": text})
-            async with db.tx() as conn:
-                await conn.execute("SELECT pg_notify(%s, %s)", (DELTA_CHANNEL, payload))
+        # Deltas are a live view, never a fact: failing to publish one must not fail the call.
+        try:
+            db = await self._database()
+            while self._pending:
+                text = "".join(self._pending)
+                self._pending.clear()
+                async with db.tx() as conn:
+                    for start in range(0, len(text), _DELTA_PIECE_CHARS):
+                        payload = json.dumps({**self._watch, "delta": text[start:start + _DELTA_PIECE_CHARS]})
+                        await conn.execute("SELECT pg_notify(%s, %s)", (DELTA_CHANNEL, payload))
+        except Exception:
+            log.warning("publishing text deltas of run %s failed; watchers get the final message only",
+                        self._watch.get("run_id"), exc_info=True)
 
 
 GatewayActor = ray.remote(AccountedGateway)

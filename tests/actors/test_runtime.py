@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 from actors.runtime import Runtime, scripted_log_path
-from persistence.records import Scope
+from persistence.records import Row, Scope
 from tests.actors.helpers import call, create, eventually, peak_concurrent_runs, rows, say, script, session_id_at
 
 
@@ -165,23 +165,37 @@ async def test_ask_user_parks_and_answer_resumes(runtime: Runtime, scope: Scope)
     assert [(r["kind"], r["status"]) for r in runs] == [("start", "interrupted"), ("resume", "completed")]
 
 
-async def test_model_deltas_stream_live_and_final_message_is_durable(runtime: Runtime, scope: Scope) -> None:
+async def _stream_a_reply(runtime: Runtime, scope: Scope, text: str) -> tuple[list[str], Row]:
+    """Run a root whose reply is ``text``; the deltas a LISTENer saw, and the result."""
     import psycopg
 
     from actors.gateway_actor import DELTA_CHANNEL
 
     listener = await psycopg.AsyncConnection.connect(runtime.database_url, autocommit=True)
     await listener.execute(f"LISTEN {DELTA_CHANNEL}")
-    created = await runtime.create_root(scope, input_text=script(say("alpha beta gamma", delay_ms=300)))
+    created = await runtime.create_root(scope, input_text=script(say(text, delay_ms=300)))
     root = str(created["session"]["session_id"])
     deltas: list[str] = []
     async for note in listener.notifies(timeout=30):
         payload = json.loads(note.payload)
         if payload["session_id"] == root:
             deltas.append(payload["delta"])
-            if "".join(deltas) == "alpha beta gamma":
+            if "".join(deltas) == text:
                 break
     await listener.close()
-    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=30)
+    return deltas, await runtime.wait_result(scope, created["input"]["input_id"], timeout=30)
+
+
+async def test_model_deltas_stream_live_and_final_message_is_durable(runtime: Runtime, scope: Scope) -> None:
+    deltas, result = await _stream_a_reply(runtime, scope, "alpha beta gamma")
     assert "".join(deltas) == result["output"] == "alpha beta gamma"
     assert len(deltas) > 1
+
+
+async def test_a_long_reply_streams_in_pieces_that_fit_a_notification(runtime: Runtime, scope: Scope) -> None:
+    # 30,000 characters, astral ones included (12 bytes each in JSON): far over NOTIFY's 8000-byte payload.
+    text = "".join(f"line {i} 🌲 é\n" for i in range(2000))
+    deltas, result = await _stream_a_reply(runtime, scope, text)
+    assert (result["status"], result["output"]) == ("completed", text)
+    assert "".join(deltas) == text
+    assert max(len(json.dumps(delta).encode()) for delta in deltas) < 8000
