@@ -127,9 +127,11 @@ class RunExecutor:
             if last and last["role"] == "assistant" and last["turn_id"] == self.run.turn_id:
                 await self._finish("completed", output=last["content"] or "")
                 return
-            if not await self._model_boundary():
+            injected = await self._model_boundary()
+            if injected is None:
                 return
-            session, turn, history = await self._load()
+            if injected:  # messages or steers joined the history: the request must carry them
+                session, turn, history = await self._load()
             await failpoints.pause("before_model_call", session["name"])
             reply = await self._call_model(session, turn["input_id"], history)
             if reply is None:
@@ -140,20 +142,18 @@ class RunExecutor:
                                               tool_calls=reply["tool_calls"] or None)
             await failpoints.pause("after_model_commit", session["name"])
 
-    async def _model_boundary(self) -> bool:
-        """Read messages and steers; a Turn being cancelled (or stopped) cancels itself here."""
+    async def _model_boundary(self) -> int | None:
+        """Take messages and steers into the history and return how many; a Turn being
+        cancelled (or stopped) cancels itself here instead and None is returned."""
         async with self.db.tx() as conn:
             cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s", (self.run.turn_id,))
             turn = await cur.fetchone()
-            if turn is not None and turn["status"] == "cancelling":
-                cancelling = True
-            else:
-                cancelling = False
-                await messages.take_boundary_messages(conn, self.run)
-        if cancelling:
+            injected = None
+            if turn is None or turn["status"] != "cancelling":
+                injected = await messages.take_boundary_messages(conn, self.run)
+        if injected is None:
             await self._finish("cancelled", error="cancelled")
-            return False
-        return True
+        return injected
 
     async def _call_model(self, session: Row, input_id: uuid.UUID, history: list[Row]) -> dict[str, Any] | None:
         config = session["agent_config"]
