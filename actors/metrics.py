@@ -19,9 +19,7 @@ from typing import Any
 from ray.util import metrics
 
 from persistence.metrics import LATENCY_BUCKETS_MS
-
-# Every status is set each time, so a status whose last Turn moved on reads 0, not its old count.
-TURN_STATUSES = ("running", "waiting", "cancelling", "completed", "failed", "cancelled")
+from persistence.records import OPEN_TURN_STATUSES, TERMINAL_TURN_STATUSES
 
 
 @functools.cache
@@ -70,7 +68,8 @@ def publish_runtime_gauges(figures: dict[str, Any]) -> None:
         figures["runs_queued"] + figures["inputs_pending"])
     _gauge("canopy_requests_pending", "Approvals and questions waiting for a human.").set(figures["requests_pending"])
     turns = _gauge("canopy_turns", "Turns by status.", ("status",))
-    by_status: dict[str, int] = dict.fromkeys(TURN_STATUSES, 0)
+    # Every status is set each time, so a status whose last Turn moved on reads 0, not its old count.
+    by_status: dict[str, int] = dict.fromkeys(sorted(OPEN_TURN_STATUSES | TERMINAL_TURN_STATUSES), 0)
     for row in figures["turns"]:
         by_status[row["status"]] = by_status.get(row["status"], 0) + row["n"]
     for status, count in by_status.items():

@@ -66,8 +66,8 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     Joining, the workers get Canopy's environment as the job's runtime_env. Starting Ray
     here, this process puts it in its own environment instead, which Ray's processes and
     workers inherit: a runtime_env makes every worker start through ``setup_worker.py``, a
-    second interpreter start that cost ~40% of a session actor's start here (bench/fanout.py:
-    4.07x -> 2.77x of the ideal, 16.3 -> 10.5 s of CPU).
+    second interpreter start that cost ~30% of a session actor's start here (bench/fanout.py:
+    4.07x -> 3.04x of the ideal, 16.3 -> 11.5 s of CPU).
     """
     env = _worker_env(settings, database_url)
     if settings.ray_address:

@@ -52,8 +52,8 @@ class SweeperImpl:
         self.rounds = 0
         self.recoveries = 0
         self.sandboxes_released = 0
-        self._gauges_at = float("-inf")
-        self._orphans_at = float("-inf")
+        # When each throttled step last ran (loop time), by step.
+        self._last_run: dict[str, float] = {}
         self.sandboxes_reaped = 0
 
     async def start(self) -> None:
@@ -138,22 +138,26 @@ class SweeperImpl:
                 self._sandboxes = await asyncio.to_thread(SandboxManager.from_settings, db)
             released = await self._sandboxes.release_idle()
             self.sandboxes_released += len(released)
-            now = asyncio.get_running_loop().time()
-            if now - self._orphans_at >= _ORPHANS_EVERY_SECONDS:
-                self._orphans_at = now
+            if self._due("orphans", _ORPHANS_EVERY_SECONDS):
                 self.sandboxes_reaped += len(await self._sandboxes.reap_orphans())
         except Exception:
             log.exception("sandbox idle release failed; the next round retries")
 
     async def _publish_gauges(self, db: Database) -> None:
         """The runtime's state gauges for ``ray.util.metrics`` (actors/metrics.py)."""
-        now = asyncio.get_running_loop().time()
-        if now - self._gauges_at < _GAUGES_EVERY_SECONDS:
+        if not self._due("gauges", _GAUGES_EVERY_SECONDS):
             return
-        self._gauges_at = now
         async with db.tx() as conn:
             figures = await runtime_metrics(conn)
         metrics.publish_runtime_gauges(figures)
+
+    def _due(self, step: str, every_seconds: float) -> bool:
+        """True (and noted) when ``step`` last ran ``every_seconds`` ago or never."""
+        now = asyncio.get_running_loop().time()
+        if now - self._last_run.get(step, float("-inf")) < every_seconds:
+            return False
+        self._last_run[step] = now
+        return True
 
     async def _recover(self, db: Database, run_id: uuid.UUID) -> None:
         async with db.tx() as conn:
