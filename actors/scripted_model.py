@@ -12,7 +12,10 @@ replayed Run gets the same answers:
   ``assistant`` messages after it.
 * If the Input has a line ``#!script`` followed by a JSON list, element ``step`` is the reply:
   ``{"call": [{"name", "args"}, ...]}``, ``{"say": text}`` or ``{"fail": text}``, each with an
-  optional ``delay_ms``. Past the end of the list the model says :data:`FINAL_TEXT`.
+  optional ``delay_ms`` (latency before the reply starts). A streamed reply may also take
+  ``stream_ms``, spread evenly between its chunks, as a real model's text arrives over time
+  (an extension of SPEC §13, which leaves streaming pace open). Past the end of the list the
+  model says :data:`FINAL_TEXT`.
 * Strings inside ``args``/``say`` may reference tool results of this Turn as
   ``${N.dotted.path}``; ``${N}`` is the whole result as JSON text. A string that is exactly
   one reference takes the referenced value's type. ``$${...}`` stands for a literal ``${...}``
@@ -184,9 +187,10 @@ def _validate_step(index: int, step: Any) -> None:
     kinds = [k for k in ("call", "say", "fail") if k in step]
     if len(kinds) != 1:
         raise ScriptError(f"{where}: needs exactly one of 'call', 'say', 'fail'")
-    delay = step.get("delay_ms", 0)
-    if not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0:
-        raise ScriptError(f"{where}: 'delay_ms' must be a non-negative number")
+    for key in ("delay_ms", "stream_ms"):
+        value = step.get(key, 0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ScriptError(f"{where}: '{key}' must be a non-negative number")
     if kinds[0] == "call":
         calls = step["call"]
         if not isinstance(calls, list) or not calls:
@@ -253,6 +257,7 @@ class Reply:
     tool_calls: tuple[dict[str, Any], ...] = ()
     fail: str | None = None
     delay_ms: float = 0
+    stream_ms: float = 0
 
 
 def _tool_call(turn: TurnView, position: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -263,22 +268,22 @@ def _tool_call(turn: TurnView, position: int, name: str, args: dict[str, Any]) -
     }
 
 
-def _calls(turn: TurnView, calls: list[tuple[str, dict[str, Any]]], delay_ms: float = 0) -> Reply:
+def _calls(turn: TurnView, calls: list[tuple[str, dict[str, Any]]], **timing: float) -> Reply:
     tool_calls = tuple(_tool_call(turn, i, name, args) for i, (name, args) in enumerate(calls))
-    return Reply(tool_calls=tool_calls, delay_ms=delay_ms)
+    return Reply(tool_calls=tool_calls, **timing)
 
 
 def _script_reply(script: list[dict[str, Any]], turn: TurnView) -> Reply:
     if turn.step >= len(script):
         return Reply(content=FINAL_TEXT)
     step = script[turn.step]
-    delay_ms = float(step.get("delay_ms", 0))
+    timing = {key: float(step.get(key, 0)) for key in ("delay_ms", "stream_ms")}
     if "fail" in step:
-        return Reply(fail=step["fail"], delay_ms=delay_ms)
+        return Reply(fail=step["fail"], **timing)
     if "say" in step:
-        return Reply(content=_as_text(resolve_references(step["say"], turn)), delay_ms=delay_ms)
+        return Reply(content=_as_text(resolve_references(step["say"], turn)), **timing)
     calls = [(c["name"], resolve_references(c.get("args", {}), turn)) for c in step["call"]]
-    return _calls(turn, calls, delay_ms)
+    return _calls(turn, calls, **timing)
 
 
 def _quote_task(task: str) -> str:
@@ -464,8 +469,11 @@ def stream_chunks(
         yield {**_chunk(reply, model, created), "usage": _usage(reply, prompt_tokens)}
 
 
-async def _sse(chunks: Iterator[dict[str, Any]]) -> AsyncIterator[str]:
-    for chunk in chunks:
+async def _sse(chunks: list[dict[str, Any]], stream_seconds: float) -> AsyncIterator[str]:
+    pause = stream_seconds / max(1, len(chunks) - 1)
+    for position, chunk in enumerate(chunks):
+        if position and pause:
+            await asyncio.sleep(pause)
         yield f"data: {json.dumps(chunk)}\n\n"
     yield "data: [DONE]\n\n"
 
@@ -553,8 +561,8 @@ def create_scripted_app(log_path: Path | None) -> FastAPI:
         if not body.get("stream"):
             return JSONResponse(completion_body(model, reply, prompt_tokens))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        chunks = stream_chunks(model, reply, prompt_tokens, include_usage)
-        return StreamingResponse(_sse(chunks), media_type="text/event-stream")
+        chunks = list(stream_chunks(model, reply, prompt_tokens, include_usage))
+        return StreamingResponse(_sse(chunks, reply.stream_ms / 1000), media_type="text/event-stream")
 
     return app
 

@@ -15,8 +15,8 @@ def script(*steps: dict[str, Any], task: str = "task") -> str:
     return f"{task}\n#!script\n" + json.dumps(list(steps))
 
 
-def say(text: str, delay_ms: int = 0) -> dict[str, Any]:
-    return {"say": text, "delay_ms": delay_ms}
+def say(text: str, delay_ms: int = 0, stream_ms: int = 0) -> dict[str, Any]:
+    return {"say": text, "delay_ms": delay_ms, "stream_ms": stream_ms}
 
 
 def call(*calls: tuple[str, dict[str, Any]], delay_ms: int = 0) -> dict[str, Any]:

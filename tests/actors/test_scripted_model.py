@@ -177,6 +177,25 @@ async def test_delay_ms_is_observed(server: ScriptedModelServer) -> None:
     assert response.choices[0].message.content == "slow"
 
 
+async def test_stream_ms_spreads_the_text_over_time(server: ScriptedModelServer) -> None:
+    text = "one two three four five six seven eight"
+    messages = [{"role": "user", "content": scripted([{"say": text, "stream_ms": 800}])}]
+    arrivals: list[tuple[float, str]] = []
+    started = time.monotonic()
+    async for chunk in await complete(server, messages, stream=True):
+        piece = chunk.choices[0].delta.content if chunk.choices else None
+        if piece:
+            arrivals.append((time.monotonic() - started, piece))
+    assert "".join(piece for _, piece in arrivals) == text
+    # The first word comes at once, the last after most of the 800 ms: a watcher sees it grow.
+    assert arrivals[0][0] < 0.4 and arrivals[-1][0] >= 0.6, arrivals
+    plain = await complete(server, messages)
+    assert plain.choices[0].message.content == text
+    messages = [{"role": "user", "content": scripted([{"say": "x", "stream_ms": -1}])}]
+    with pytest.raises(litellm.BadRequestError, match="'stream_ms' must be a non-negative number"):
+        await complete(server, messages)
+
+
 async def test_step_counts_assistant_messages_after_the_last_real_input(server: ScriptedModelServer) -> None:
     old_turn = [
         {"role": "user", "content": scripted([{"say": "old answer"}], task="Earlier task.")},

@@ -204,8 +204,10 @@ async def test_live_text_streams_then_the_saved_message_replaces_it(tab: Tab, us
     await page.evaluate(RECORD_LIVE)
     final = "\n".join(" ".join(f"w{line:02d}.{word}" for word in range(10)) for line in range(40))
     root = page.locator(".root-view")
-    # The model thinks for a while (the Turn is open), then streams its reply word by word.
-    await root.locator(".composer-input").fill(script(say(final, delay_ms=2500), task="stream a reply"))
+    # The model thinks for a while (the Turn is open), then streams its reply word by word over
+    # seconds, so the bubble is on screen long enough to be seen whatever the machine's load.
+    reply = say(final, delay_ms=1500, stream_ms=6000)
+    await root.locator(".composer-input").fill(script(reply, task="stream a reply"))
     await root.locator(".composer button[type=submit]").click()
     bubble = root.locator(".msg.streaming")
     await expect(bubble).to_be_visible(timeout=30_000)
