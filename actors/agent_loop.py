@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import uuid
@@ -20,9 +21,9 @@ import ray
 from actors import failpoints, signals
 from actors.toolbox import parse_args, schemas
 from actors.tools import Park, ToolContext
-from persistence import messages, turns, waits
+from persistence import messages, stream_watchers, turns, waits
 from persistence import runs as run_repo
-from persistence.db import Database
+from persistence.db import Connection, Database
 from persistence.errors import CanopyError, Conflict, LeaseLost
 from persistence.records import Row, RunRef
 from persistence.sessions import get_session_row
@@ -71,14 +72,34 @@ def unanswered_calls(history: list[Row], turn_id: uuid.UUID) -> list[dict[str, A
     return [call for call in last_assistant["tool_calls"] or [] if call["id"] not in answered]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Boundary:
+    """A model boundary, taken: the Turn is being cancelled instead, or the messages and steers
+    that joined the history, and whether someone watches the tree's live text (then the model
+    call is streamed)."""
+
+    cancelling: bool
+    taken: list[Row] = dataclasses.field(default_factory=list)
+    watched: bool = False
+
+
 class RunExecutor:
-    """Executes one leased Run inside a SessionActor."""
+    """Executes one leased Run inside a SessionActor.
+
+    The history is read once when the Run starts and then kept in memory: within a Run only
+    this Run writes the session's history (fenced by its lease), and every row it commits is
+    handed back by the insert, so the copy is exactly what a re-read would find. Transactions
+    per model step: the boundary (cancellation check, messages and steers, watchers) rides on
+    the commit of the last tool result, and the reply is committed with its usage — and, when
+    it is the final answer, with the end of the Turn.
+    """
 
     def __init__(self, db: Database, settings: Settings, gateway: Any, run: RunRef) -> None:
         self.db = db
         self.settings = settings
         self.gateway = gateway
         self.run = run
+        self._history: list[Row] = []
 
     async def execute(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(asyncio.current_task()))
@@ -105,68 +126,71 @@ class RunExecutor:
                 main.cancel()  # a stale incarnation must stop acting at once
                 return
 
-    async def _load(self) -> tuple[Row, Row, list[Row]]:
+    async def _start(self) -> tuple[Row, uuid.UUID]:
+        """The Run's one read: a resumed wait's outcome is committed first, then the session, the
+        Turn's input and the history are read."""
         async with self.db.tx() as conn:
+            await self._deliver_wait_outcome(conn)
             session = await get_session_row(conn, self.run.scope, self.run.session_id)
-            cur = await conn.execute("SELECT input_id, status FROM turns WHERE turn_id = %s", (self.run.turn_id,))
+            cur = await conn.execute("SELECT input_id FROM turns WHERE turn_id = %s", (self.run.turn_id,))
             turn = await cur.fetchone()
-            history = await messages.history(conn, self.run.session_id)
+            self._history = await messages.history(conn, self.run.session_id)
         assert turn is not None
-        return session, turn, history
+        return session, turn["input_id"]
 
     async def _execute(self) -> None:
-        await self._deliver_wait_outcome()
+        session, input_id = await self._start()
+        boundary: _Boundary | None = None
         while True:
-            session, turn, history = await self._load()
-            pending = unanswered_calls(history, self.run.turn_id)
+            pending = unanswered_calls(self._history, self.run.turn_id)
             if pending:
-                if await self._run_tools(session, turn["input_id"], pending):
-                    return  # parked: this Run is interrupted
+                parked, boundary = await self._run_tools(session, input_id, pending)
+                if parked:
+                    return  # this Run is interrupted
                 continue
-            last = history[-1] if history else None
+            last = self._history[-1] if self._history else None
             if last and last["role"] == "assistant" and last["turn_id"] == self.run.turn_id:
+                # A resumed Run whose final reply was committed by an incarnation that then died.
                 await self._finish("completed", output=last["content"] or "")
                 return
-            injected = await self._model_boundary()
-            if injected is None:
+            if boundary is None:
+                async with self.db.tx() as conn:
+                    boundary = await self._take_boundary(conn)
+                self._history.extend(boundary.taken)
+            if boundary.cancelling:
+                await self._finish("cancelled", error="cancelled")
                 return
-            if injected:  # messages or steers joined the history: the request must carry them
-                session, turn, history = await self._load()
             await failpoints.pause("before_model_call", session["name"])
-            reply = await self._call_model(session, turn["input_id"], history)
-            if reply is None:
-                return
-            async with self.db.tx() as conn:
-                await run_repo.fence(conn, self.run)
-                await messages.append_message(conn, self.run, "assistant", content=reply["content"],
-                                              tool_calls=reply["tool_calls"] or None)
+            reply = await self._call_model(session, input_id, stream=boundary.watched)
+            boundary = None
+            if reply is None or await self._commit_reply(reply):
+                return  # the call failed, or its reply was the answer: the Turn has ended
             await failpoints.pause("after_model_commit", session["name"])
 
-    async def _model_boundary(self) -> int | None:
-        """Take messages and steers into the history and return how many; a Turn being
-        cancelled (or stopped) cancels itself here instead and None is returned."""
-        async with self.db.tx() as conn:
-            cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s", (self.run.turn_id,))
-            turn = await cur.fetchone()
-            injected = None
-            if turn is None or turn["status"] != "cancelling":
-                injected = await messages.take_boundary_messages(conn, self.run)
-        if injected is None:
-            await self._finish("cancelled", error="cancelled")
-        return injected
+    async def _take_boundary(self, conn: Connection) -> _Boundary:
+        """Take messages and steers into the history, unless the Turn is being cancelled (or
+        stopped): then it cancels itself here instead."""
+        cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s", (self.run.turn_id,))
+        turn = await cur.fetchone()
+        if turn is not None and turn["status"] == "cancelling":
+            return _Boundary(cancelling=True)
+        taken = await messages.take_boundary_messages(conn, self.run)
+        return _Boundary(cancelling=False, taken=taken,
+                         watched=await stream_watchers.is_watched(conn, self.run.tree_id))
 
-    async def _call_model(self, session: Row, input_id: uuid.UUID, history: list[Row]) -> dict[str, Any] | None:
+    async def _call_model(self, session: Row, input_id: uuid.UUID, *, stream: bool) -> dict[str, Any] | None:
+        """The gateway's reply, or None when the call failed for good (the Turn has failed)."""
         config = session["agent_config"]
         system = "\n\n".join([config.get("instructions") or DEFAULT_INSTRUCTIONS,
-                              identity_block(session, self.run, input_id)])
-        request = [{"role": "system", "content": system}, *(to_model_message(row) for row in history)]
+                               identity_block(session, self.run, input_id)])
+        request = [{"role": "system", "content": system}, *(to_model_message(row) for row in self._history)]
+        watch = {"session_id": str(self.run.session_id), "tree_id": str(self.run.tree_id),
+                 "turn_id": str(self.run.turn_id)}
         ref = self.gateway.complete_for_run.remote(
             run_id=str(self.run.run_id), model=config.get("model") or self.settings.default_model,
-            messages=request, tools=schemas(config.get("tools") or None),
-            watch={"session_id": str(self.run.session_id), "tree_id": str(self.run.tree_id),
-                   "turn_id": str(self.run.turn_id)})
+            messages=request, tools=schemas(config.get("tools") or None), watch=watch if stream else None)
         try:
-            reply = await ref
+            return await ref
         except asyncio.CancelledError:
             ray.cancel(ref)  # abort the in-flight provider call too
             raise
@@ -174,33 +198,52 @@ class RunExecutor:
             cause = getattr(error, "cause", None) or error
             await self._finish("failed", error=f"model call failed: {cause}")
             return None
-        async with self.db.tx() as conn:
-            await run_repo.fence(conn, self.run)
-            await conn.execute(
-                """UPDATE runs SET prompt_tokens = prompt_tokens + %s, completion_tokens = completion_tokens + %s,
-                          cost_usd = cost_usd + %s WHERE run_id = %s""",
-                (reply["usage"].get("prompt_tokens", 0), reply["usage"].get("completion_tokens", 0),
-                 reply.get("cost_usd", 0.0), self.run.run_id))
-        return reply["message"]
 
-    async def _run_tools(self, session: Row, input_id: uuid.UUID, calls: list[dict[str, Any]]) -> bool:
-        """Execute unanswered calls in order; True when one of them parked the Turn."""
+    async def _commit_reply(self, reply: dict[str, Any]) -> bool:
+        """Commit the reply with the call's usage. A reply without tool calls is the answer: the
+        Turn ends in the same commit, and True is returned."""
+        message = reply["message"]
+        final = not message["tool_calls"]
+        async with self.db.tx() as conn:
+            if final:  # finish_turn's lock order: the session before the Run
+                await turns.lock_session(conn, self.run.scope, self.run.session_id)
+            await run_repo.fence(conn, self.run)
+            await run_repo.add_usage(conn, self.run.run_id, reply["usage"], reply.get("cost_usd", 0.0))
+            row = await messages.append_message(conn, self.run, "assistant", content=message["content"],
+                                                tool_calls=message["tool_calls"] or None)
+            if final:
+                await turns.finish_turn(conn, self.run, "completed", output=message["content"] or "")
+        self._history.append(row)
+        if final:
+            await signals.after_change(self.db, [self.run.session_id])
+        return final
+
+    async def _run_tools(self, session: Row, input_id: uuid.UUID, calls: list[dict[str, Any]]
+                         ) -> tuple[bool, _Boundary | None]:
+        """Execute unanswered calls in order: (True, None) when one of them parked the Turn, else
+        (False, the model boundary taken with the last result's commit)."""
         ctx = ToolContext(db=self.db, settings=self.settings, run=self.run, session=session, input_id=input_id)
-        for call in calls:
+        boundary = None
+        for position, call in enumerate(calls):
             outcome = await self._run_tool(ctx, call)
             if isinstance(outcome, Park):
                 await self._park(call["id"], outcome, ctx)
-                return True
+                return True, None
             async with self.db.tx() as conn:
                 await run_repo.fence(conn, self.run)
-                await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
-                                              tool_call_id=call["id"])
+                row = await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
+                                                    tool_call_id=call["id"])
+                if position == len(calls) - 1:  # the model is called next
+                    boundary = await self._take_boundary(conn)
+            self._history.append(row)
+            if boundary is not None:
+                self._history.extend(boundary.taken)
             await asyncio.gather(*(signals.activate_session(s) for s in ctx.signalled_sessions))
             if ctx.touched_sessions:
                 await signals.after_change(self.db, ctx.touched_sessions)
             ctx.signalled_sessions.clear()
             ctx.touched_sessions.clear()
-        return False
+        return False, boundary
 
     async def _run_tool(self, ctx: ToolContext, call: dict[str, Any]) -> dict[str, Any] | Park:
         try:
@@ -229,23 +272,22 @@ class RunExecutor:
         await signals.resume_wait(self.db, wait_id)
         signals.poke_tree(self.run.tree_id)
 
-    async def _deliver_wait_outcome(self) -> None:
+    async def _deliver_wait_outcome(self, conn: Connection) -> None:
         """A Run that resumes a wait first commits the wait's outcome as the waiting call's result."""
-        async with self.db.tx() as conn:
-            wait = await waits.wait_resumed_by(conn, self.run.run_id)
-            if wait is None:
-                return
-            cur = await conn.execute(
-                "SELECT 1 FROM thread_messages WHERE turn_id = %s AND tool_call_id = %s AND role = 'tool'",
-                (self.run.turn_id, wait["tool_call_id"]))
-            if await cur.fetchone():
-                return
-            await run_repo.fence(conn, self.run)
-            if wait["kind"] == "approval":
-                return  # the call runs again and reads the decision (sandbox_tools.run_command)
-            outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id)
-            await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
-                                          tool_call_id=wait["tool_call_id"])
+        wait = await waits.wait_resumed_by(conn, self.run.run_id)
+        if wait is None:
+            return
+        cur = await conn.execute(
+            "SELECT 1 FROM thread_messages WHERE turn_id = %s AND tool_call_id = %s AND role = 'tool'",
+            (self.run.turn_id, wait["tool_call_id"]))
+        if await cur.fetchone():
+            return
+        await run_repo.fence(conn, self.run)
+        if wait["kind"] == "approval":
+            return  # the call runs again and reads the decision (sandbox_tools.run_command)
+        outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id)
+        await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
+                                      tool_call_id=wait["tool_call_id"])
 
     async def _finish(self, status: str, *, output: str | None = None, error: str | None = None) -> None:
         async with self.db.tx() as conn:

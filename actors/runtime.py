@@ -22,7 +22,7 @@ from actors.agent_loop import DEFAULT_INSTRUCTIONS
 from actors.gateway_actor import GatewayActor
 from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options
 from actors.sweeper import Sweeper
-from persistence import agents, projects, scopes, sessions, trees, turns
+from persistence import agents, projects, scopes, sessions, stream_watchers, trees, turns, views
 from persistence.cooperation import record_intervention
 from persistence.db import Connection, Database, ensure_schema, resolve_database_url
 from persistence.messages import steer
@@ -59,6 +59,13 @@ def worker_env(settings: Settings, database_url: str) -> dict[str, str]:
     return _worker_env(settings, database_url)
 
 
+# What Canopy's actors import (psycopg, pydantic settings, the actor modules: ~120 ms of CPU
+# here), imported by every worker process as it starts instead of when an actor is placed
+# on it: an actor that lands on a warm worker starts without paying it (a new tree's
+# supervisor: ~160 -> ~TODO ms from queued to granted, bench/fanout.py --profile).
+WORKER_PRELOAD_MODULES = ("actors.session_actor", "actors.tree_supervisor")
+
+
 def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     """Join ``settings.ray_address``, or start a Ray of this process's own (never some other
     cluster that happens to run on the machine); returns Ray's context.
@@ -67,13 +74,16 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     here, this process puts it in its own environment instead, which Ray's processes and
     workers inherit: a runtime_env makes every worker start through ``setup_worker.py``, a
     second interpreter start that cost ~30% of a session actor's start here (bench/fanout.py:
-    4.07x -> 3.04x of the ideal, 16.3 -> 11.5 s of CPU).
+    4.07x -> 3.04x of the ideal, 16.3 -> 11.5 s of CPU). A Ray started here also preloads
+    :data:`WORKER_PRELOAD_MODULES` in its workers (a cluster's nodes set it with
+    ``ray start --system-config``, see cluster.yaml).
     """
     env = _worker_env(settings, database_url)
     if settings.ray_address:
         return ray.init(address=settings.ray_address, namespace=NAMESPACE, runtime_env={"env_vars": env}, **options)
     os.environ.update(env)
-    return ray.init(address="local", namespace=NAMESPACE, **options)
+    return ray.init(address="local", namespace=NAMESPACE,
+                    _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)}, **options)
 
 
 class Runtime:
@@ -197,6 +207,14 @@ class Runtime:
             await _run_hook(in_tx, conn, started)
         signals.poke_tree(tree_id)
         return started
+
+    async def watch_tree(self, scope: Scope, tree_id: uuid.UUID, seconds: float = 60.0) -> None:
+        """Mark the tree's live model text as watched for ``seconds``: its model calls from the
+        next one on are streamed, their text published on ``canopy_deltas``. For callers that
+        LISTEN themselves; an API stream with deltas marks and renews its tree on its own."""
+        async with self.db.tx() as conn:
+            await views.require_tree(conn, scope, tree_id)
+            await stream_watchers.watch(conn, tree_id, seconds)
 
     # -- directory and housekeeping (no actor is involved: plain committed writes) -------------------
 

@@ -548,7 +548,8 @@ def create_scripted_app(log_path: Path | None) -> FastAPI:
         messages, tools = body["messages"], body.get("tools")
         model = str(body.get("model") or MODEL_ID)
         if log_path is not None:
-            append_log(log_path, {"ts": time.time(), "model": model, "messages": messages, "tools": tools})
+            append_log(log_path, {"ts": time.time(), "model": model, "messages": messages, "tools": tools,
+                                  "stream": bool(body.get("stream"))})
         try:
             reply = plan_reply(messages, tools)
         except ScriptError as exc:

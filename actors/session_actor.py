@@ -38,6 +38,7 @@ from actors.agent_loop import RunExecutor
 from actors.naming import GATEWAY_NAME, NAMESPACE, session_actor_name
 from persistence import runs as run_repo
 from persistence.db import Database
+from persistence.records import RunRef
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -159,16 +160,19 @@ class SessionCore:
         finally:
             self._working = False
 
+    async def _acquire_next(self, db: Database) -> RunRef | None:
+        """Take the lease of the oldest Run granted to this session and owned by nobody."""
+        async with db.tx() as conn:
+            for run_id in await run_repo.claimable_runs(conn, self.session_id):
+                run = await run_repo.acquire_run(conn, run_id, self.owner, self.settings.lease_seconds)
+                if run is not None:
+                    return run
+        return None
+
     async def _run_claimable(self) -> bool:
         db = await self._database()
-        async with db.tx() as conn:
-            run_ids = await run_repo.claimable_runs(conn, self.session_id)
         ran = False
-        for run_id in run_ids:
-            async with db.tx() as conn:
-                run = await run_repo.acquire_run(conn, run_id, self.owner, self.settings.lease_seconds)
-            if run is None:
-                continue
+        while (run := await self._acquire_next(db)) is not None:
             ran = True
             self._current_turn = run.turn_id
             self._current = asyncio.create_task(RunExecutor(db, self.settings, _gateway_handle(), run).execute())
@@ -179,7 +183,7 @@ class SessionCore:
                 if self.exiting:
                     raise
             except Exception:
-                log.exception("run %s crashed; its lease will expire and it will be resumed", run_id)
+                log.exception("run %s crashed; its lease will expire and it will be resumed", run.run_id)
             finally:
                 self._current = None
                 self._current_turn = None

@@ -4,7 +4,8 @@ On start and every ``sweep_seconds`` it recovers Runs whose lease expired, resum
 waits whose condition or deadline is met, pokes trees with queued Runs,
 re-activates sessions holding a granted but unowned Run, and releases the sandboxes of
 trees idle for ``sandbox_idle_seconds`` (SPEC §12); every few seconds it also publishes the
-runtime's state gauges (actors/metrics.py). Each record is handled in its own
+runtime's state gauges (actors/metrics.py), and now and then deletes expired watch marks
+(persistence/stream_watchers.py). Each record is handled in its own
 transaction; one failing record is logged and skipped, the rest proceed, and one failing
 step never stops the others.
 """
@@ -21,7 +22,7 @@ import ray
 
 from actors import directory, metrics, signals
 from persistence import runs as run_repo
-from persistence import turns, waits
+from persistence import stream_watchers, turns, waits
 from persistence.db import Database
 from persistence.metrics import runtime_metrics
 from persistence.settings import get_settings
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 _ORPHANS_EVERY_SECONDS = 60.0
 # Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
 _GAUGES_EVERY_SECONDS = 5.0
+# Expired watch marks are ignored by readers; deleting them is housekeeping only.
+_WATCHERS_EVERY_SECONDS = 60.0
 
 _TREES_WITH_QUEUED_RUNS = "SELECT DISTINCT tree_id FROM runs WHERE status = 'pending'"
 _UNOWNED_GRANTS = """
@@ -92,7 +95,7 @@ class SweeperImpl:
         self._db = db
         # Each step is isolated too: a failing step (say, a query) never stops the others.
         for step in (self._recover_expired, self._resume_due_waits, self._poke_queued,
-                     self._release_idle_sandboxes, self._publish_gauges):
+                     self._release_idle_sandboxes, self._publish_gauges, self._delete_expired_watchers):
             try:
                 await step(db)
             except Exception:
@@ -150,6 +153,11 @@ class SweeperImpl:
         async with db.tx() as conn:
             figures = await runtime_metrics(conn)
         metrics.publish_runtime_gauges(figures)
+
+    async def _delete_expired_watchers(self, db: Database) -> None:
+        if self._due("watchers", _WATCHERS_EVERY_SECONDS):
+            async with db.tx() as conn:
+                await stream_watchers.delete_expired(conn)
 
     def _due(self, step: str, every_seconds: float) -> bool:
         """True (and noted) when ``step`` last ran ``every_seconds`` ago or never."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -24,10 +25,13 @@ from starlette.types import Receive, Scope, Send
 
 from api.hub import EventHub, Subscription
 from api.schemas import Event
+from persistence import stream_watchers
 from persistence.db import Database
 from persistence.events import events_after
 from persistence.records import Row
 from persistence.records import Scope as CanopyScope
+
+log = logging.getLogger(__name__)
 
 _BATCH = 500
 
@@ -38,6 +42,10 @@ class StreamSettings:
     poll_seconds: float = 5.0  # safety re-read while the listener is healthy
     fallback_poll_seconds: float = 0.5  # re-read interval while the listener is down
     retry_ms: int = 2000  # the reconnection delay suggested to EventSource clients
+    # A stream with deltas marks its tree as watched this long, renewed while it stays open
+    # (persistence/stream_watchers.py: unwatched model calls are not streamed at all).
+    watch_seconds: float = 60.0
+    watch_refresh_seconds: float = 20.0
 
 
 class EventStreamResponse(StreamingResponse):
@@ -74,18 +82,34 @@ async def _due_events(db: Database, scope: CanopyScope, cursor: int, subscriptio
             tree_id=uuid.UUID(subscription.tree_id) if subscription.tree_id else None)
 
 
+async def _renew_watch(db: Database, tree_id: uuid.UUID, seconds: float) -> None:
+    try:
+        async with db.tx() as conn:
+            await stream_watchers.watch(conn, tree_id, seconds)
+    except Exception:  # the live text may pause; the stream and its events go on
+        log.warning("renewing the watch of tree %s failed", tree_id, exc_info=True)
+
+
 async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after: int,
                        session_id: uuid.UUID | None = None, tree_id: uuid.UUID | None = None,
-                       deltas: bool = True, settings: StreamSettings | None = None
+                       watched_tree_id: uuid.UUID | None = None, settings: StreamSettings | None = None
                        ) -> AsyncGenerator[bytes, None]:
-    """The stream body. The caller has already checked that the session or tree is in the scope."""
+    """The stream body. The caller has already checked that the session or tree is in the scope.
+
+    With ``watched_tree_id`` (the caller marked that tree as watched when it opened the stream)
+    the stream carries live deltas and renews the mark while it is open."""
     settings = settings or StreamSettings()
     with hub.subscribe(scope, session_id=str(session_id) if session_id else None,
-                       tree_id=str(tree_id) if tree_id else None, deltas=deltas) as subscription:
+                       tree_id=str(tree_id) if tree_id else None,
+                       deltas=watched_tree_id is not None) as subscription:
         yield f"retry: {settings.retry_ms}\n\n".encode()
         cursor = after
         last_write = next_poll = time.monotonic()
+        next_watch = last_write + settings.watch_refresh_seconds
         while True:
+            if watched_tree_id is not None and time.monotonic() >= next_watch:
+                await _renew_watch(db, watched_tree_id, settings.watch_seconds)
+                next_watch = time.monotonic() + settings.watch_refresh_seconds
             # Deltas first: every delta already here was published before any event read below
             # committed (notifications arrive in commit order), so a client sees a model call's
             # text before the event of the message it became.

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from persistence.embedded import embedded_url
 from persistence.settings import Settings, get_settings
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _HERE = Path(__file__).parent
 # Serialises schema creation between processes that start at the same time.
 _SCHEMA_LOCK_KEY = 0x43414E4F5059  # "CANOPY"

@@ -36,12 +36,15 @@ async def append_message(
     tool_calls: list[dict[str, Any]] | None = None,
     tool_call_id: str | None = None,
     origin: dict[str, Any] | None = None,
-) -> int:
-    """Commit one message of the executing Run (the caller fences the Run in this transaction)."""
+) -> Row:
+    """Commit one message of the executing Run (the caller fences the Run in this transaction).
+
+    Returns the row as :func:`history` reads it, so a Run can extend its history in memory."""
     cur = await conn.execute(
         """INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, tool_calls, tool_call_id,
                                         origin)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+           RETURNING id, role, content, tool_calls, tool_call_id, turn_id, run_id, origin, created_at""",
         (run.session_id, run.turn_id, run.run_id, role, content,
          Jsonb(tool_calls) if tool_calls is not None else None, tool_call_id, Jsonb(origin or {})),
     )
@@ -50,7 +53,7 @@ async def append_message(
     await append_event(conn, run.scope, "message", session_id=run.session_id, tree_id=run.tree_id,
                        turn_id=run.turn_id, run_id=run.run_id,
                        payload={"message_id": row["id"], "role": role, "tool_call_id": tool_call_id})
-    return row["id"]
+    return row
 
 
 async def history(conn: Connection, session_id: uuid.UUID, *, after_id: int = 0, limit: int = 10_000
@@ -69,20 +72,22 @@ def render_coop_message(message: Row) -> str:
             f"{message['body']}\n</canopy:message>")
 
 
-async def take_boundary_messages(conn: Connection, run: RunRef) -> int:
-    """At a model boundary: move every unprocessed message and steer into the Run's history."""
+async def take_boundary_messages(conn: Connection, run: RunRef) -> list[Row]:
+    """At a model boundary: move every unprocessed message and steer into the Run's history;
+    the history rows they became, in order."""
     await run_repo.fence(conn, run)
     cur = await conn.execute(_UNPROCESSED, (run.session_id,))
-    pending = await cur.fetchall()
-    for message in pending:
-        await append_message(conn, run, "user", content=render_coop_message(message),
-                             origin={"kind": message["kind"], "message_id": str(message["message_id"]),
-                                     "session_id": str(message["sender_session_id"] or "")})
+    taken = []
+    for message in await cur.fetchall():
+        taken.append(await append_message(
+            conn, run, "user", content=render_coop_message(message),
+            origin={"kind": message["kind"], "message_id": str(message["message_id"]),
+                    "session_id": str(message["sender_session_id"] or "")}))
         await conn.execute(
             "UPDATE coop_messages SET processed_at = now(), processed_run_id = %s WHERE message_id = %s",
             (run.run_id, message["message_id"]),
         )
-    return len(pending)
+    return taken
 
 
 async def insert_coop_message(

@@ -120,6 +120,14 @@ async def fence(conn: Connection, run: RunRef) -> None:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
 
 
+async def add_usage(conn: Connection, run_id: uuid.UUID, usage: dict[str, int], cost_usd: float) -> None:
+    """Count one model call's tokens and cost on its Run (the caller fences the Run)."""
+    await conn.execute(
+        """UPDATE runs SET prompt_tokens = prompt_tokens + %s, completion_tokens = completion_tokens + %s,
+                  cost_usd = cost_usd + %s WHERE run_id = %s""",
+        (usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cost_usd, run_id))
+
+
 async def end_run(conn: Connection, run_id: uuid.UUID, status: str, *, output: str | None = None,
                   error: str | None = None) -> None:
     """Move a Run out of pending/running (releasing its slot in the same statement)."""

@@ -336,4 +336,13 @@ CREATE TABLE sandbox_leases (
     updated_at      timestamptz NOT NULL DEFAULT now()
 );
 
-INSERT INTO schema_version (version) VALUES (1);
+-- Trees whose live model text someone watches (an API stream that asked for deltas). The
+-- ModelGateway streams a model call only while its tree is watched here: an unwatched call
+-- is not streamed at all. Watchers refresh their row while connected; a row past its time is
+-- ignored, and the sweeper deletes it.
+CREATE TABLE stream_watchers (
+    tree_id         uuid PRIMARY KEY REFERENCES trees (tree_id),
+    watched_until   timestamptz NOT NULL
+);
+
+INSERT INTO schema_version (version) VALUES (2);

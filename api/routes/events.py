@@ -14,7 +14,7 @@ from api.auth import ScopeDep
 from api.deps import COMMON, RuntimeDep, errors
 from api.schemas import MAX_BIGINT
 from api.sse import EventStreamResponse, event_stream
-from persistence import views
+from persistence import stream_watchers, views
 from persistence.errors import InvalidArgument
 from persistence.records import Scope
 
@@ -63,12 +63,16 @@ StreamQueryDep = Annotated[StreamQuery, Depends(_stream_query)]
 async def _open(request: Request, runtime: Runtime, caller: Scope, query: StreamQuery, *,
                 session_id: uuid.UUID | None = None, tree_id: uuid.UUID | None = None) -> EventStreamResponse:
     """Check the session or tree is the caller's, fix the start cursor, and stream."""
-    async with runtime.db.tx() as conn:
-        await views.require_target(conn, caller, session_id=session_id, tree_id=tree_id)
-        start = await views.latest_cursor(conn, caller) if query.start == "latest" else query.start
     state = request.app.state
+    async with runtime.db.tx() as conn:
+        target = await views.require_target(conn, caller, session_id=session_id, tree_id=tree_id)
+        start = await views.latest_cursor(conn, caller) if query.start == "latest" else query.start
+        watched = target["tree_id"] if query.deltas else None
+        if watched is not None:  # model calls of the tree stream their text from now on
+            await stream_watchers.watch(conn, watched, state.stream_settings.watch_seconds)
     return EventStreamResponse(event_stream(state.hub, runtime.db, caller, after=start, session_id=session_id,
-                                            tree_id=tree_id, deltas=query.deltas, settings=state.stream_settings))
+                                            tree_id=tree_id, watched_tree_id=watched,
+                                            settings=state.stream_settings))
 
 
 @router.get("/sessions/{session_id}/events", **_STREAM_ROUTE)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from actors.runtime import Runtime, scripted_log_path
+from persistence.errors import NotFound
 from persistence.records import Row, Scope
 from tests.actors.helpers import call, create, eventually, peak_concurrent_runs, rows, say, script, session_id_at
 
@@ -135,8 +140,7 @@ async def test_send_message_reaches_next_model_call(runtime: Runtime, scope: Sco
     await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     tree_id = created["session"]["session_id"]
     listener_id = await session_id_at(runtime.db, tree_id, "/root/listener")
-    log = [json.loads(line) for line in Path(scripted_log_path(runtime.settings)).read_text().splitlines()]
-    mine = [entry for entry in log if f"session_id: {listener_id}" in entry["messages"][0]["content"]]
+    mine = _model_requests(runtime, listener_id)
     assert len(mine) == 2
     assert "hello from root" not in json.dumps(mine[0]["messages"])
     injected = [m for m in mine[1]["messages"] if m["role"] == "user" and "hello from root" in m["content"]]
@@ -165,16 +169,25 @@ async def test_ask_user_parks_and_answer_resumes(runtime: Runtime, scope: Scope)
     assert [(r["kind"], r["status"]) for r in runs] == [("start", "interrupted"), ("resume", "completed")]
 
 
+def _model_requests(runtime: Runtime, session_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The scripted model's log of the requests made for one session, oldest first."""
+    log = [json.loads(line) for line in Path(scripted_log_path(runtime.settings)).read_text().splitlines()]
+    return [entry for entry in log if f"session_id: {session_id}" in entry["messages"][0]["content"]]
+
+
 async def _stream_a_reply(runtime: Runtime, scope: Scope, text: str) -> tuple[list[str], Row]:
-    """Run a root whose reply is ``text``; the deltas a LISTENer saw, and the result."""
+    """Run a root whose reply is ``text`` while its tree is watched; the deltas a LISTENer saw,
+    and the result."""
     import psycopg
 
     from actors.gateway_actor import DELTA_CHANNEL
 
     listener = await psycopg.AsyncConnection.connect(runtime.database_url, autocommit=True)
     await listener.execute(f"LISTEN {DELTA_CHANNEL}")
-    created = await runtime.create_root(scope, input_text=script(say(text, delay_ms=300)))
+    created = await runtime.create_root(scope)
     root = str(created["session"]["session_id"])
+    await runtime.watch_tree(scope, uuid.UUID(root))
+    submitted = await runtime.submit_input(scope, uuid.UUID(root), script(say(text, delay_ms=300)))
     deltas: list[str] = []
     async for note in listener.notifies(timeout=30):
         payload = json.loads(note.payload)
@@ -183,13 +196,35 @@ async def _stream_a_reply(runtime: Runtime, scope: Scope, text: str) -> tuple[li
             if "".join(deltas) == text:
                 break
     await listener.close()
-    return deltas, await runtime.wait_result(scope, created["input"]["input_id"], timeout=30)
+    return deltas, await runtime.wait_result(scope, submitted["input_id"], timeout=30)
 
 
 async def test_model_deltas_stream_live_and_final_message_is_durable(runtime: Runtime, scope: Scope) -> None:
     deltas, result = await _stream_a_reply(runtime, scope, "alpha beta gamma")
     assert "".join(deltas) == result["output"] == "alpha beta gamma"
     assert len(deltas) > 1
+    assert [entry["stream"] for entry in _model_requests(runtime, result["session_id"])] == [True]
+
+
+async def test_an_unwatched_tree_is_not_streamed_and_a_watch_is_scoped(runtime: Runtime, scope: Scope) -> None:
+    created = await runtime.create_root(scope, input_text=script(say("quiet")))
+    root = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=30)
+    assert result["output"] == "quiet"
+    assert [entry["stream"] for entry in _model_requests(runtime, root)] == [False]
+    # Another scope cannot mark this tree: a 404, and no watch mark is written.
+    with pytest.raises(NotFound):
+        await runtime.watch_tree(Scope("someone-else", scope.app_id), root)
+    assert await rows(runtime.db, "SELECT * FROM stream_watchers WHERE tree_id = %s", root) == []
+    # A mark ends: once it has expired the next call is plain again.
+    await runtime.watch_tree(scope, root, seconds=0.5)
+    marked = await rows(runtime.db, "SELECT watched_until > now() AS live FROM stream_watchers WHERE tree_id = %s",
+                        root)
+    assert marked == [{"live": True}]
+    await asyncio.sleep(0.6)
+    submitted = await runtime.submit_input(scope, root, script(say("still quiet")))
+    await runtime.wait_result(scope, submitted["input_id"], timeout=30)
+    assert [entry["stream"] for entry in _model_requests(runtime, root)] == [False, False]
 
 
 async def test_a_long_reply_streams_in_pieces_that_fit_a_notification(runtime: Runtime, scope: Scope) -> None:

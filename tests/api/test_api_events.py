@@ -4,8 +4,10 @@ and the tree summary's cursor, heartbeats, live deltas, and a disconnect that fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 
 import httpx
 
@@ -87,6 +89,41 @@ async def test_session_stream_heartbeats_and_live_deltas(api: ApiServer, http: h
                  and json.loads(frame["data"])["payload"].get("role") == "assistant")
     assert max(i for i, frame in enumerate(frames) if frame.get("event") == "delta") < reply
     await poll(lambda: _subscribers_gone(api), timeout=10)
+
+
+async def test_only_streams_with_deltas_mark_their_tree_watched(
+        http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
+    root = (await http.post("/api/v1/sessions", json={"title": "watched?"})).json()["session"]
+    tree_id = uuid.UUID(root["tree_id"])
+    marks = "SELECT watched_until - now() AS left FROM stream_watchers WHERE tree_id = %s"
+    async with http.stream("GET", f"/api/v1/trees/{tree_id}/events", params={"deltas": "false"}) as response:
+        assert response.status_code == 200
+        assert await rows(runtime.db, marks, tree_id) == []
+    async with http.stream("GET", f"/api/v1/sessions/{root['session_id']}/events") as response:
+        assert response.status_code == 200
+        [mark] = await rows(runtime.db, marks, tree_id)
+    assert 50 < mark["left"].total_seconds() <= 60  # StreamSettings.watch_seconds
+
+    # While a stream stays open it renews the mark before it runs out.
+    await runtime.watch_tree(scope, tree_id, seconds=0.5)
+    hub = EventHub("postgresql:///nowhere?host=/nonexistent")
+    stream = event_stream(hub, runtime.db, scope, after=0, tree_id=tree_id, watched_tree_id=tree_id,
+                          settings=StreamSettings(heartbeat_seconds=0.2, fallback_poll_seconds=0.1,
+                                                  watch_seconds=0.5, watch_refresh_seconds=0.2))
+
+    async def read_for(seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_drain(stream), seconds)
+
+    await read_for(1.5)
+    [mark] = await rows(runtime.db, marks, tree_id)
+    await stream.aclose()
+    assert mark["left"].total_seconds() > 0
+
+
+async def _drain(stream: AsyncIterator[bytes]) -> None:
+    async for _chunk in stream:
+        pass
 
 
 async def test_streams_are_scoped_and_validated(http: httpx.AsyncClient, client_for: ClientFactory) -> None:
