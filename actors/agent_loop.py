@@ -126,21 +126,34 @@ class RunExecutor:
                 main.cancel()  # a stale incarnation must stop acting at once
                 return
 
-    async def _start(self) -> tuple[Row, uuid.UUID]:
-        """The Run's one read: a resumed wait's outcome is committed first, then the session, the
-        Turn's input and the history are read."""
+    async def _start(self) -> tuple[Row, uuid.UUID, _Boundary | None]:
+        """The Run's first transaction: a resumed wait's outcome is committed, the session, the
+        Turn's input and the history are read, and when the model is called next its boundary
+        is taken too."""
         async with self.db.tx() as conn:
             await self._deliver_wait_outcome(conn)
             session = await get_session_row(conn, self.run.scope, self.run.session_id)
             cur = await conn.execute("SELECT input_id FROM turns WHERE turn_id = %s", (self.run.turn_id,))
             turn = await cur.fetchone()
             self._history = await messages.history(conn, self.run.session_id)
+            boundary = await self._take_boundary(conn) if self._model_is_next() else None
         assert turn is not None
-        return session, turn["input_id"]
+        if boundary is not None:
+            self._history.extend(boundary.taken)
+        return session, turn["input_id"], boundary
+
+    def _final_reply(self) -> Row | None:
+        """The Turn's committed answer: its last message is an assistant reply without tool calls."""
+        last = self._history[-1] if self._history else None
+        if last and last["role"] == "assistant" and last["turn_id"] == self.run.turn_id and not last["tool_calls"]:
+            return last
+        return None
+
+    def _model_is_next(self) -> bool:
+        return not unanswered_calls(self._history, self.run.turn_id) and self._final_reply() is None
 
     async def _execute(self) -> None:
-        session, input_id = await self._start()
-        boundary: _Boundary | None = None
+        session, input_id, boundary = await self._start()
         while True:
             pending = unanswered_calls(self._history, self.run.turn_id)
             if pending:
@@ -148,10 +161,10 @@ class RunExecutor:
                 if parked:
                     return  # this Run is interrupted
                 continue
-            last = self._history[-1] if self._history else None
-            if last and last["role"] == "assistant" and last["turn_id"] == self.run.turn_id:
-                # A resumed Run whose final reply was committed by an incarnation that then died.
-                await self._finish("completed", output=last["content"] or "")
+            final = self._final_reply()
+            if final is not None:
+                # A resumed Run whose answer was committed by an incarnation that then died.
+                await self._finish("completed", output=final["content"] or "")
                 return
             if boundary is None:
                 async with self.db.tx() as conn:
@@ -170,13 +183,11 @@ class RunExecutor:
     async def _take_boundary(self, conn: Connection) -> _Boundary:
         """Take messages and steers into the history, unless the Turn is being cancelled (or
         stopped): then it cancels itself here instead."""
-        cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s", (self.run.turn_id,))
-        turn = await cur.fetchone()
-        if turn is not None and turn["status"] == "cancelling":
+        status, watched = await stream_watchers.turn_status_and_watch(conn, self.run.turn_id, self.run.tree_id)
+        if status == "cancelling":
             return _Boundary(cancelling=True)
         taken = await messages.take_boundary_messages(conn, self.run)
-        return _Boundary(cancelling=False, taken=taken,
-                         watched=await stream_watchers.is_watched(conn, self.run.tree_id))
+        return _Boundary(cancelling=False, taken=taken, watched=watched)
 
     async def _call_model(self, session: Row, input_id: uuid.UUID, *, stream: bool) -> dict[str, Any] | None:
         """The gateway's reply, or None when the call failed for good (the Turn has failed)."""

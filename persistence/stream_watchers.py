@@ -18,7 +18,11 @@ _WATCH = """
 INSERT INTO stream_watchers (tree_id, watched_until) VALUES (%s, now() + make_interval(secs => %s))
 ON CONFLICT (tree_id) DO UPDATE SET watched_until = greatest(stream_watchers.watched_until, excluded.watched_until)
 """
-_IS_WATCHED = "SELECT 1 FROM stream_watchers WHERE tree_id = %s AND watched_until > now()"
+_TURN_STATUS_AND_WATCH = """
+SELECT t.status,
+       EXISTS (SELECT 1 FROM stream_watchers w WHERE w.tree_id = %s AND w.watched_until > now()) AS watched
+FROM turns t WHERE t.turn_id = %s
+"""
 
 
 async def watch(conn: Connection, tree_id: uuid.UUID, seconds: float) -> None:
@@ -26,9 +30,12 @@ async def watch(conn: Connection, tree_id: uuid.UUID, seconds: float) -> None:
     await conn.execute(_WATCH, (tree_id, seconds))
 
 
-async def is_watched(conn: Connection, tree_id: uuid.UUID) -> bool:
-    cur = await conn.execute(_IS_WATCHED, (tree_id,))
-    return await cur.fetchone() is not None
+async def turn_status_and_watch(conn: Connection, turn_id: uuid.UUID, tree_id: uuid.UUID) -> tuple[str | None, bool]:
+    """What a Run reads at a model boundary, in one statement: its Turn's status, and whether
+    the Turn's tree is watched now."""
+    cur = await conn.execute(_TURN_STATUS_AND_WATCH, (tree_id, turn_id))
+    row = await cur.fetchone()
+    return (row["status"], row["watched"]) if row else (None, False)
 
 
 async def delete_expired(conn: Connection) -> None:
