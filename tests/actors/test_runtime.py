@@ -234,3 +234,19 @@ async def test_a_long_reply_streams_in_pieces_that_fit_a_notification(runtime: R
     assert (result["status"], result["output"]) == ("completed", text)
     assert "".join(deltas) == text
     assert max(len(json.dumps(delta).encode()) for delta in deltas) < 8000
+
+
+async def test_ray_workers_preload_canopys_actor_modules(runtime: Runtime) -> None:
+    # A warm worker has imported what the actors need before one is placed on it.
+    import ray
+
+    from actors.runtime import WORKER_PRELOAD_MODULES
+
+    @ray.remote(num_cpus=0)
+    def worker_command_line() -> list[str]:
+        import sys
+
+        return sys.argv  # Ray retitles the process, so /proc's command line no longer shows it
+
+    command = await worker_command_line.remote()
+    assert f"--worker-preload-modules={','.join(WORKER_PRELOAD_MODULES)}" in command
