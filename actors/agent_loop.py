@@ -74,12 +74,10 @@ def unanswered_calls(history: list[Row], turn_id: uuid.UUID) -> list[dict[str, A
 
 @dataclasses.dataclass(frozen=True)
 class _Boundary:
-    """A model boundary, taken: the Turn is being cancelled instead, or the messages and steers
-    that joined the history, and whether someone watches the tree's live text (then the model
-    call is streamed)."""
+    """A model boundary, taken: the Turn is being cancelled instead, or whether someone watches
+    the tree's live text (then the model call is streamed)."""
 
     cancelling: bool
-    taken: list[Row] = dataclasses.field(default_factory=list)
     watched: bool = False
 
 
@@ -87,8 +85,9 @@ class RunExecutor:
     """Executes one leased Run inside a SessionActor.
 
     The history is read once when the Run starts and then kept in memory: within a Run only
-    this Run writes the session's history (fenced by its lease), and every row it commits is
-    handed back by the insert, so the copy is exactly what a re-read would find. Transactions
+    this Run writes the session's history (fenced by its lease), and every row it inserts is
+    handed back and added at once, so the copy is exactly what a re-read would find (a
+    transaction that fails ends the Run, so the copy never outlives a rollback). Transactions
     per model step: the boundary (cancellation check, messages and steers, watchers) rides on
     the commit of the last tool result, and the reply is committed with its usage — and, when
     it is the final answer, with the end of the Turn.
@@ -138,8 +137,6 @@ class RunExecutor:
             self._history = await messages.history(conn, self.run.session_id)
             boundary = await self._take_boundary(conn) if self._model_is_next() else None
         assert turn is not None
-        if boundary is not None:
-            self._history.extend(boundary.taken)
         return session, turn["input_id"], boundary
 
     def _final_reply(self) -> Row | None:
@@ -169,7 +166,6 @@ class RunExecutor:
             if boundary is None:
                 async with self.db.tx() as conn:
                     boundary = await self._take_boundary(conn)
-                self._history.extend(boundary.taken)
             if boundary.cancelling:
                 await self._finish("cancelled", error="cancelled")
                 return
@@ -182,12 +178,12 @@ class RunExecutor:
 
     async def _take_boundary(self, conn: Connection) -> _Boundary:
         """Take messages and steers into the history, unless the Turn is being cancelled (or
-        stopped): then it cancels itself here instead."""
+        stopped): then the caller ends it as cancelled instead of calling the model."""
         status, watched = await stream_watchers.turn_status_and_watch(conn, self.run.turn_id, self.run.tree_id)
         if status == "cancelling":
             return _Boundary(cancelling=True)
-        taken = await messages.take_boundary_messages(conn, self.run)
-        return _Boundary(cancelling=False, taken=taken, watched=watched)
+        self._history.extend(await messages.take_boundary_messages(conn, self.run))
+        return _Boundary(cancelling=False, watched=watched)
 
     async def _call_model(self, session: Row, input_id: uuid.UUID, *, stream: bool) -> dict[str, Any] | None:
         """The gateway's reply, or None when the call failed for good (the Turn has failed)."""
@@ -220,11 +216,10 @@ class RunExecutor:
                 await turns.lock_session(conn, self.run.scope, self.run.session_id)
             await run_repo.fence(conn, self.run)
             await run_repo.add_usage(conn, self.run.run_id, reply["usage"], reply.get("cost_usd", 0.0))
-            row = await messages.append_message(conn, self.run, "assistant", content=message["content"],
-                                                tool_calls=message["tool_calls"] or None)
+            self._history.append(await messages.append_message(
+                conn, self.run, "assistant", content=message["content"], tool_calls=message["tool_calls"] or None))
             if final:
                 await turns.finish_turn(conn, self.run, "completed", output=message["content"] or "")
-        self._history.append(row)
         if final:
             await signals.after_change(self.db, [self.run.session_id])
         return final
@@ -242,13 +237,10 @@ class RunExecutor:
                 return True, None
             async with self.db.tx() as conn:
                 await run_repo.fence(conn, self.run)
-                row = await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
-                                                    tool_call_id=call["id"])
+                self._history.append(await messages.append_message(
+                    conn, self.run, "tool", content=json.dumps(outcome, default=str), tool_call_id=call["id"]))
                 if position == len(calls) - 1:  # the model is called next
                     boundary = await self._take_boundary(conn)
-            self._history.append(row)
-            if boundary is not None:
-                self._history.extend(boundary.taken)
             await asyncio.gather(*(signals.activate_session(s) for s in ctx.signalled_sessions))
             if ctx.touched_sessions:
                 await signals.after_change(self.db, ctx.touched_sessions)
