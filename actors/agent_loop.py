@@ -14,13 +14,14 @@ import dataclasses
 import json
 import logging
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 import ray
 
 from actors import failpoints, signals
 from actors.toolbox import parse_args, schemas
-from actors.tools import Park, ToolContext
+from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
 from persistence import messages, stream_watchers, turns, waits
 from persistence import runs as run_repo
 from persistence.db import Connection, Database
@@ -60,6 +61,26 @@ def to_model_message(row: Row) -> dict[str, Any]:
     if row["role"] == "tool":
         return {"role": "tool", "tool_call_id": row["tool_call_id"], "content": row["content"]}
     return {"role": "user", "content": row["content"]}
+
+
+async def _guarded(call: dict[str, Any], running: Awaitable[ToolResult]) -> ToolResult:
+    """A tool's outcome, with its refusal (or an unexpected failure) as an error for the model."""
+    try:
+        return await running
+    except (LeaseLost, asyncio.CancelledError):
+        raise
+    except CanopyError as error:
+        return {"error": str(error)}
+    except Exception as error:
+        log.exception("tool %s failed", call.get("name"))
+        return {"error": f"internal error in {call.get('name')}: {error}"}
+
+
+async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id: str, args: Any) -> ToolResult:
+    """Run a cooperation tool in a savepoint of the result's transaction: a call that is refused
+    or fails changes nothing, and its error is still committed as the result."""
+    async with conn.transaction():
+        return await tool.handler(ctx, conn, call_id, args)
 
 
 def unanswered_calls(history: list[Row], turn_id: uuid.UUID) -> list[dict[str, Any]]:
@@ -231,44 +252,60 @@ class RunExecutor:
         ctx = ToolContext(db=self.db, settings=self.settings, run=self.run, session=session, input_id=input_id)
         boundary = None
         for position, call in enumerate(calls):
-            outcome = await self._run_tool(ctx, call)
+            model_is_next = position == len(calls) - 1
+            outcome, boundary = await self._run_tool(ctx, call, model_is_next)
             if isinstance(outcome, Park):
-                await self._park(call["id"], outcome, ctx)
                 return True, None
-            async with self.db.tx() as conn:
-                await run_repo.fence(conn, self.run)
-                self._history.append(await messages.append_message(
-                    conn, self.run, "tool", content=json.dumps(outcome, default=str), tool_call_id=call["id"]))
-                if position == len(calls) - 1:  # the model is called next
-                    boundary = await self._take_boundary(conn)
-            await asyncio.gather(*(signals.activate_session(s) for s in ctx.signalled_sessions))
-            if ctx.touched_sessions:
-                await signals.after_change(self.db, ctx.touched_sessions)
-            ctx.signalled_sessions.clear()
-            ctx.touched_sessions.clear()
         return False, boundary
 
-    async def _run_tool(self, ctx: ToolContext, call: dict[str, Any]) -> dict[str, Any] | Park:
+    async def _run_tool(self, ctx: ToolContext, call: dict[str, Any], model_is_next: bool
+                        ) -> tuple[ToolResult, _Boundary | None]:
+        """Run one call and commit its result (or its wait), then send the hints.
+
+        Every tool, reads too, runs only under a live lease: its commit is fenced. A cooperation
+        tool runs inside that commit; a sandbox tool runs first, outside any transaction.
+        """
         try:
             tool, args = parse_args(call["name"], call.get("arguments") or {})
-            async with self.db.tx() as conn:  # every tool, reads too, runs only under a live lease
-                await run_repo.fence(conn, self.run)
-            return await tool.handler(ctx, call["id"], args)
-        except (LeaseLost, asyncio.CancelledError):
-            raise
         except CanopyError as error:
-            return {"error": str(error)}
-        except Exception as error:
-            log.exception("tool %s failed", call.get("name"))
-            return {"error": f"internal error in {call.get('name')}: {error}"}
+            tool, args = None, None
+            outcome: ToolResult = {"error": str(error)}
+        if isinstance(tool, SandboxTool):
+            async with self.db.tx() as conn:  # no command starts under a lost lease
+                await run_repo.fence(conn, self.run)
+            outcome = await _guarded(call, tool.handler(ctx, call["id"], args))
+        boundary = wait_id = None
+        async with self.db.tx() as conn:
+            await run_repo.fence(conn, self.run)
+            if isinstance(tool, Tool):
+                outcome = await _guarded(call, _in_savepoint(conn, tool, ctx, call["id"], args))
+            if isinstance(outcome, Park):
+                wait_id = await self._park(conn, call["id"], outcome)
+            else:
+                self._history.append(await messages.append_message(
+                    conn, self.run, "tool", content=json.dumps(outcome, default=str), tool_call_id=call["id"]))
+                if model_is_next:
+                    boundary = await self._take_boundary(conn)
+            hints = await signals.change_hints(conn, ctx.touched_sessions)
+        await asyncio.gather(*(signals.activate_session(s) for s in ctx.signalled_sessions))
+        ctx.signalled_sessions.clear()
+        ctx.touched_sessions.clear()
+        await signals.send_hints(self.db, hints)
+        if isinstance(outcome, Park):
+            await self._after_park(wait_id)
+        return outcome, boundary
 
-    async def _park(self, call_id: str, park: Park, ctx: ToolContext) -> None:
+    async def _park(self, conn: Connection, call_id: str, park: Park) -> uuid.UUID | None:
+        """Interrupt the Run into a wait; None when the Turn is being cancelled instead."""
         try:
-            async with self.db.tx() as conn:
-                wait_id = await waits.park(conn, self.run, tool_call_id=call_id, kind=park.kind,
-                                           condition=park.condition, timeout_seconds=park.timeout_seconds,
-                                           targets=park.targets, request_payload=park.request_payload)
-        except Conflict:  # the Turn is being cancelled: it ends instead of waiting
+            return await waits.park(conn, self.run, tool_call_id=call_id, kind=park.kind,
+                                    condition=park.condition, timeout_seconds=park.timeout_seconds,
+                                    targets=park.targets, request_payload=park.request_payload)
+        except Conflict:  # raised before the wait writes anything
+            return None
+
+    async def _after_park(self, wait_id: uuid.UUID | None) -> None:
+        if wait_id is None:  # the Turn is being cancelled: it ends instead of waiting
             await self._finish("cancelled", error="cancelled")
             return
         # The condition may have been met between our check and the commit: re-check now.

@@ -2,11 +2,16 @@
 
 Every model call is recorded in ``model_calls`` here, whether or not the caller lives
 to commit the reply: model calls are at-least-once and their cost counts each time.
+The record is written after the reply is handed back, not before: it is accounting, not
+a fact the caller's next step depends on (the Run's own tokens and cost are committed
+with the reply), so it stays off every Run's critical path. Only a gateway that dies in
+between loses a record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import time
@@ -26,13 +31,16 @@ DELTA_CHANNEL = "canopy_deltas"
 # A NOTIFY payload holds under 8000 bytes; JSON spells a character in up to 12 (a \\u pair).
 _DELTA_PIECE_CHARS = 600
 _RECORD = """
-INSERT INTO model_calls (run_id, model, prompt_tokens, completion_tokens, cost_usd, latency_ms, error)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
+INSERT INTO model_calls (run_id, model, prompt_tokens, completion_tokens, cost_usd, latency_ms, error, created_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 
 class AccountedGateway(ModelGateway):
-    _db: Database | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._db: Database | None = None
+        self._recording: set[asyncio.Task[None]] = set()  # records being written, kept referenced
 
     async def _database(self) -> Database:
         if self._db is None:
@@ -52,19 +60,29 @@ class AccountedGateway(ModelGateway):
                 if publisher is not None:
                     await publisher.drain()  # every delta goes out before the reply is returned
         except Exception as error:
-            await self._record(run_id, request["model"], {}, 0.0, started, str(error))
+            self._record(run_id, request["model"], {}, 0.0, started, str(error))
             raise
-        await self._record(run_id, request["model"], reply["usage"], reply["cost_usd"], started, None)
+        self._record(run_id, request["model"], reply["usage"], reply["cost_usd"], started, None)
         return reply
 
-    async def _record(self, run_id: str, model: str, usage: dict[str, int], cost: float, started: float,
-                      error: str | None) -> None:
+    def _record(self, run_id: str, model: str, usage: dict[str, int], cost: float, started: float,
+                error: str | None) -> None:
+        """Account for one call in the background (created_at is when the call ended)."""
         latency_ms = (time.monotonic() - started) * 1000
         metrics.record_model_call(model, latency_ms, usage, error)
-        db = await self._database()
-        async with db.tx() as conn:
-            await conn.execute(_RECORD, (uuid.UUID(run_id), model, usage.get("prompt_tokens", 0),
-                                         usage.get("completion_tokens", 0), cost, latency_ms, error))
+        row = (uuid.UUID(run_id), model, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cost,
+               latency_ms, error, datetime.datetime.now(datetime.UTC))
+        task = asyncio.create_task(self._insert_record(row))
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
+
+    async def _insert_record(self, row: tuple[Any, ...]) -> None:
+        try:
+            db = await self._database()
+            async with db.tx() as conn:
+                await conn.execute(_RECORD, row)
+        except Exception:
+            log.exception("recording a model call of run %s failed", row[0])
 
 
 class _DeltaPublisher:

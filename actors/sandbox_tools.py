@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import Field
 
 from actors import failpoints
-from actors.tools import Park, Tool, ToolArgs, ToolContext, ToolResult
+from actors.tools import Park, SandboxTool, ToolArgs, ToolContext, ToolResult
 from persistence import projects, receipts
 from persistence import runs as run_repo
 from persistence.db import Database
@@ -112,9 +112,9 @@ async def write_file(ctx: ToolContext, call_id: str, args: WriteFileArgs) -> Too
     return {"path": args.path, "bytes": written}
 
 
-SANDBOX_TOOLS: list[Tool] = [
-    Tool("run_command", "Run a shell command in the tree's shared sandbox (workdir /workspace).",
+SANDBOX_TOOLS: list[SandboxTool] = [
+    SandboxTool("run_command", "Run a shell command in the tree's shared sandbox (workdir /workspace).",
          RunCommandArgs, run_command),
-    Tool("read_file", "Read a file of the project workdir.", ReadFileArgs, read_file),
-    Tool("write_file", "Write a file in the project workdir.", WriteFileArgs, write_file),
+    SandboxTool("read_file", "Read a file of the project workdir.", ReadFileArgs, read_file),
+    SandboxTool("write_file", "Write a file in the project workdir.", WriteFileArgs, write_file),
 ]

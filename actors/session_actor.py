@@ -11,7 +11,8 @@ Where a session lives (setting ``CANOPY_SESSION_HOSTS``):
 - ``0`` (default, the SPEC's shape): a dedicated Ray actor per active session, named
   ``session:<id>``. Killing it kills exactly that session's Run.
 - ``N > 0``: N long-lived host actors (``canopy:sessions:<k>``, a session goes to host
-  ``hash(id) % N``) each run many sessions. Activating a session is then a call into a
+  ``hash(id) % N``) each run many sessions, and the supervisors of the trees whose root
+  they host. Activating a session is then a call into a
   running process instead of a new worker process (~0.4–0.9 s of CPU each on a small
   machine). Each active session runs as a host task named ``session:<id>``, which is
   what the dashboard shows; killing a host interrupts all its sessions' Runs, which are
@@ -36,6 +37,7 @@ import ray
 from actors import directory
 from actors.agent_loop import RunExecutor
 from actors.naming import GATEWAY_NAME, NAMESPACE, session_actor_name
+from actors.tree_supervisor import HostedSupervisor
 from persistence import runs as run_repo
 from persistence.db import Database
 from persistence.records import RunRef
@@ -262,6 +264,7 @@ class SessionHostImpl:
         self._db: Database | None = None
         self._db_lock = asyncio.Lock()
         self._sessions: dict[uuid.UUID, _HostedSession] = {}
+        self._supervisors: dict[uuid.UUID, HostedSupervisor] = {}
 
     async def database(self) -> Database:
         if self._db is None:
@@ -286,7 +289,8 @@ class SessionHostImpl:
 
     async def status(self, session_id: str | None = None) -> dict[str, Any]:
         if session_id is None:
-            return {"pid": os.getpid(), "index": self.index, "sessions": len(self._sessions)}
+            return {"pid": os.getpid(), "index": self.index, "sessions": len(self._sessions),
+                    "trees": len(self._supervisors)}
         session = self._sessions.get(uuid.UUID(session_id))
         return session.status() if session is not None else {"pid": os.getpid(), "owner": None, "turn_id": None}
 
@@ -317,6 +321,18 @@ class SessionHostImpl:
     def forget(self, session: _HostedSession) -> None:
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
+
+    async def poke_tree(self, tree_id: str) -> list[str] | None:
+        """A poke for the tree's supervisor, which lives here (created on demand, like a session)."""
+        tid = uuid.UUID(tree_id)
+        supervisor = self._supervisors.get(tid)
+        if supervisor is None or supervisor.exiting:
+            supervisor = self._supervisors[tid] = HostedSupervisor(tid, self)
+        return await supervisor.poke()
+
+    def forget_supervisor(self, supervisor: HostedSupervisor) -> None:
+        if self._supervisors.get(supervisor.tree_id) is supervisor:
+            del self._supervisors[supervisor.tree_id]
 
 
 SessionActor = ray.remote(SessionActorImpl)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import uuid
 from collections.abc import Coroutine, Iterable
@@ -30,7 +31,7 @@ from actors.naming import (
     tree_actor_name,
 )
 from persistence import waits
-from persistence.db import Database
+from persistence.db import Connection, Database
 
 log = logging.getLogger(__name__)
 _ACTIVATION_ATTEMPTS = 5
@@ -168,7 +169,7 @@ def poke_tree(tree_id: uuid.UUID) -> None:
         asyncio.get_running_loop()
     except RuntimeError:  # no event loop here: a plain fire-and-forget call
         try:
-            _supervisors.get(tree_id).poke.remote()
+            _supervisor_poke(tree_id, fresh=False)
         except Exception:  # a hint: the sweep re-pokes trees with queued runs
             log.exception("could not poke tree %s", tree_id)
         return
@@ -196,8 +197,7 @@ async def _poke_until_current(tree_id: uuid.UUID, in_flight: _InFlight) -> None:
 async def _poke(tree_id: uuid.UUID) -> None:
     for attempt in range(_ACTIVATION_ATTEMPTS):
         try:
-            handle = _supervisors.get(tree_id, fresh=attempt > 0)
-            if await asyncio.wait_for(handle.poke.remote(), _HINT_TIMEOUT_SECONDS) is not None:
+            if await asyncio.wait_for(_supervisor_poke(tree_id, fresh=attempt > 0), _HINT_TIMEOUT_SECONDS) is not None:
                 return
         except ray.exceptions.RayActorError:  # passivated or killed: create it anew
             pass
@@ -208,10 +208,24 @@ async def _poke(tree_id: uuid.UUID) -> None:
         except Exception:  # a hint: the sweep re-pokes trees with queued runs
             log.exception("could not poke tree %s", tree_id)
             return
-        _supervisors.forget(tree_id)  # it is exiting or gone
+        _forget_supervisor(tree_id)  # it is exiting or gone
         if attempt:
             await asyncio.sleep(0.05 * attempt)
     log.warning("could not poke tree %s; the sweep will retry", tree_id)
+
+
+def _supervisor_poke(tree_id: uuid.UUID, *, fresh: bool) -> Any:
+    """Call the tree supervisor's poke: its own actor, or in the host of the tree's root session."""
+    hosts = session_hosts_setting()
+    if hosts:
+        return _hosts.get(host_index(tree_id, hosts), fresh=fresh).poke_tree.remote(str(tree_id))
+    return _supervisors.get(tree_id, fresh=fresh).poke.remote()
+
+
+def _forget_supervisor(tree_id: uuid.UUID) -> None:
+    hosts = session_hosts_setting()
+    if not hosts:  # a host outlives its supervisors: its handle stays good
+        _supervisors.forget(tree_id)
 
 
 def poke_trees(tree_ids: Iterable[uuid.UUID]) -> None:
@@ -252,18 +266,37 @@ async def wake_waiters(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
     await _resume_each(db, wait_ids)
 
 
-async def after_change(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
-    """The usual hint after a commit touching these sessions: grant slots, wake waiters.
+@dataclasses.dataclass(frozen=True)
+class ChangeHints:
+    """What to tell after a commit that touched some sessions: their trees (a slot may be free,
+    an input queued) and the open waits watching them (their waiters may now be due)."""
 
-    The poke goes first (a slot this commit freed is granted while the waiters are
-    evaluated); one read finds both the trees and the waits watching these sessions.
-    """
+    tree_ids: list[uuid.UUID]
+    wait_ids: list[uuid.UUID]
+
+
+NO_HINTS = ChangeHints([], [])
+
+
+async def change_hints(conn: Connection, session_ids: Iterable[uuid.UUID]) -> ChangeHints:
+    """Read the hints for a change inside its own transaction (one round trip less after it)."""
     ids = list(dict.fromkeys(session_ids))
     if not ids:
-        return
+        return NO_HINTS
+    cur = await conn.execute("SELECT DISTINCT tree_id FROM sessions WHERE session_id = ANY(%s)", (ids,))
+    tree_ids = [row["tree_id"] for row in await cur.fetchall()]
+    return ChangeHints(tree_ids, await waits.waits_watching(conn, ids))
+
+
+async def send_hints(db: Database, hints: ChangeHints) -> None:
+    """After the commit: the poke goes first (a slot the commit freed is granted while the
+    waiters are evaluated), then the due waits are resumed."""
+    poke_trees(hints.tree_ids)
+    await _resume_each(db, hints.wait_ids)
+
+
+async def after_change(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
+    """The usual hint after a commit touching these sessions: grant slots, wake waiters."""
     async with db.tx() as conn:
-        cur = await conn.execute("SELECT DISTINCT tree_id FROM sessions WHERE session_id = ANY(%s)", (ids,))
-        tree_ids = [row["tree_id"] for row in await cur.fetchall()]
-        wait_ids = await waits.waits_watching(conn, ids)
-    poke_trees(tree_ids)
-    await _resume_each(db, wait_ids)
+        hints = await change_hints(conn, session_ids)
+    await send_hints(db, hints)

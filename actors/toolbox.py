@@ -7,10 +7,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from actors.sandbox_tools import SANDBOX_TOOLS
-from actors.tools import COOPERATION_TOOLS, Tool, ToolArgs
+from actors.tools import COOPERATION_TOOLS, SandboxTool, Tool, ToolArgs
 from persistence.errors import InvalidArgument
 
-TOOLS: dict[str, Tool] = {tool.name: tool for tool in [*COOPERATION_TOOLS, *SANDBOX_TOOLS]}
+TOOLS: dict[str, Tool | SandboxTool] = {tool.name: tool for tool in [*COOPERATION_TOOLS, *SANDBOX_TOOLS]}
 
 
 def schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
@@ -20,7 +20,7 @@ def schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
                                               "parameters": tool.args.model_json_schema()}} for tool in chosen]
 
 
-def parse_args(name: str, raw: dict[str, Any]) -> tuple[Tool, ToolArgs]:
+def parse_args(name: str, raw: dict[str, Any]) -> tuple[Tool | SandboxTool, ToolArgs]:
     tool = TOOLS.get(name)
     if tool is None:
         raise InvalidArgument(f"unknown tool {name!r}")

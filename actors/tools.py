@@ -3,7 +3,13 @@
 A tool either returns a result (committed as the tool message) or parks the Turn
 (``Park``): the Run is interrupted, its slot released, and a resume Run later gives
 the model the wait's outcome as this call's result. Errors become ``{"error": ...}``.
-Side-effecting tools are keyed by (Turn, tool call id) in ``persistence.cooperation``.
+
+The cooperation tools here only touch the database, so each runs inside the very
+transaction that commits its result (``Tool.handler`` gets that connection): the effect
+and the result are one commit, so a crash loses both or neither, and a call costs one
+transaction. Side-effecting tools are also keyed by (Turn, tool call id) in
+``persistence.cooperation``, which keeps a replay exact even if a Run is re-driven by
+hand. Tools that run outside a transaction (sandbox commands) are ``SandboxTool``s.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from persistence import agents as agent_repo
 from persistence import cooperation, sessions, turns
-from persistence.db import Database
+from persistence.db import Connection, Database
 from persistence.errors import InvalidArgument, NotFound
 from persistence.events import session_updates_after
 from persistence.records import Row, RunRef
@@ -106,7 +112,10 @@ class ToolContext:
 
 
 ToolResult = dict[str, Any] | Park
-Handler = Callable[[ToolContext, str, Any], Awaitable[ToolResult]]
+# A cooperation tool: called inside the transaction that will commit its result.
+Handler = Callable[[ToolContext, Connection, str, Any], Awaitable[ToolResult]]
+# A sandbox tool: called outside any transaction (it may run for minutes).
+SandboxHandler = Callable[[ToolContext, str, Any], Awaitable[ToolResult]]
 
 
 def _uuid(value: str, what: str) -> uuid.UUID:
@@ -120,44 +129,39 @@ def _jsonable(row: Row) -> dict[str, Any]:
     return {key: (str(value) if isinstance(value, uuid.UUID) else value) for key, value in row.items()}
 
 
-async def create_session(ctx: ToolContext, call_id: str, args: CreateSessionArgs) -> ToolResult:
-    async with ctx.db.tx() as conn:
-        result = await cooperation.create_session(
-            conn, ctx.run, call_id, name=args.name, description=args.description, agent_id=args.agent_id,
-            mode=args.mode, max_depth=ctx.settings.max_depth, slot_limit=ctx.settings.tree_slots)
+async def create_session(ctx: ToolContext, conn: Connection, call_id: str, args: CreateSessionArgs) -> ToolResult:
+    result = await cooperation.create_session(
+        conn, ctx.run, call_id, name=args.name, description=args.description, agent_id=args.agent_id,
+        mode=args.mode, max_depth=ctx.settings.max_depth, slot_limit=ctx.settings.tree_slots)
     ctx.touched_sessions.add(uuid.UUID(result["session_id"]))
     return result
 
 
-async def submit_input(ctx: ToolContext, call_id: str, args: SubmitInputArgs) -> ToolResult:
-    async with ctx.db.tx() as conn:
-        result = await cooperation.submit_input(conn, ctx.run, call_id, target=args.target, text=args.text)
+async def submit_input(ctx: ToolContext, conn: Connection, call_id: str, args: SubmitInputArgs) -> ToolResult:
+    result = await cooperation.submit_input(conn, ctx.run, call_id, target=args.target, text=args.text)
     ctx.touched_sessions.add(uuid.UUID(result["session_id"]))
     return result
 
 
-async def send_message(ctx: ToolContext, call_id: str, args: SendMessageArgs) -> ToolResult:
-    async with ctx.db.tx() as conn:
-        result = await cooperation.send_message(conn, ctx.run, call_id, target=args.target, text=args.text)
+async def send_message(ctx: ToolContext, conn: Connection, call_id: str, args: SendMessageArgs) -> ToolResult:
+    result = await cooperation.send_message(conn, ctx.run, call_id, target=args.target, text=args.text)
     # A message is an update for wait_sessions waiters watching this sender.
     ctx.touched_sessions.add(ctx.run.session_id)
     return result
 
 
-async def cancel_turn(ctx: ToolContext, call_id: str, args: CancelTurnArgs) -> ToolResult:
-    async with ctx.db.tx() as conn:
-        result = await cooperation.cancel_turn(conn, ctx.run, call_id, target=args.target, turn_id=args.turn_id)
+async def cancel_turn(ctx: ToolContext, conn: Connection, call_id: str, args: CancelTurnArgs) -> ToolResult:
+    result = await cooperation.cancel_turn(conn, ctx.run, call_id, target=args.target, turn_id=args.turn_id)
     ctx.touched_sessions.add(uuid.UUID(result["session_id"]))
     ctx.signalled_sessions.add(uuid.UUID(result["session_id"]))
     return result
 
 
-async def wait_inputs(ctx: ToolContext, call_id: str, args: WaitInputsArgs) -> ToolResult:
+async def wait_inputs(ctx: ToolContext, conn: Connection, call_id: str, args: WaitInputsArgs) -> ToolResult:
     ids = list(dict.fromkeys(_uuid(value, "input_id") for value in args.input_ids))
     if ctx.input_id in ids:
         raise InvalidArgument("a turn cannot wait for its own input")
-    async with ctx.db.tx() as conn:
-        results = await turns.results_of_inputs(conn, ctx.run.scope, ids)
+    results = await turns.results_of_inputs(conn, ctx.run.scope, ids)
     found = {result["input_id"] for result in results}
     missing = [str(i) for i in ids if i not in found]
     if missing:
@@ -169,27 +173,25 @@ async def wait_inputs(ctx: ToolContext, call_id: str, args: WaitInputsArgs) -> T
                 targets=list(dict.fromkeys(result["session_id"] for result in results)))
 
 
-async def wait_sessions(ctx: ToolContext, call_id: str, args: WaitSessionsArgs) -> ToolResult:
-    async with ctx.db.tx() as conn:
-        targets = [await sessions.resolve_target(conn, ctx.run.scope, ctx.run.tree_id, t) for t in args.targets]
-        ids = list(dict.fromkeys(target["session_id"] for target in targets))
-        if ctx.run.session_id in ids:
-            raise InvalidArgument("a session cannot wait for itself")
-        updates = await session_updates_after(conn, ctx.run.scope, ctx.run.session_id, ids, args.after_cursor)
+async def wait_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: WaitSessionsArgs) -> ToolResult:
+    targets = [await sessions.resolve_target(conn, ctx.run.scope, ctx.run.tree_id, t) for t in args.targets]
+    ids = list(dict.fromkeys(target["session_id"] for target in targets))
+    if ctx.run.session_id in ids:
+        raise InvalidArgument("a session cannot wait for itself")
+    updates = await session_updates_after(conn, ctx.run.scope, ctx.run.session_id, ids, args.after_cursor)
     if updates:
         return {"updates": [_jsonable(u) for u in updates], "cursor": updates[-1]["cursor"], "timed_out": False}
     return Park(kind="sessions", condition={"targets": [str(i) for i in ids], "after_cursor": args.after_cursor},
                 timeout_seconds=args.timeout_seconds, targets=ids)
 
 
-async def get_result(ctx: ToolContext, call_id: str, args: GetResultArgs) -> ToolResult:
+async def get_result(ctx: ToolContext, conn: Connection, call_id: str, args: GetResultArgs) -> ToolResult:
     if (args.input_id is None) == (args.turn_id is None):
         raise InvalidArgument("give exactly one of input_id and turn_id")
-    async with ctx.db.tx() as conn:
-        if args.input_id is not None:
-            result = await turns.get_result(conn, ctx.run.scope, input_id=_uuid(args.input_id, "input_id"))
-        else:
-            result = await turns.get_result(conn, ctx.run.scope, turn_id=_uuid(str(args.turn_id), "turn_id"))
+    if args.input_id is not None:
+        result = await turns.get_result(conn, ctx.run.scope, input_id=_uuid(args.input_id, "input_id"))
+    else:
+        result = await turns.get_result(conn, ctx.run.scope, turn_id=_uuid(str(args.turn_id), "turn_id"))
     return _jsonable(result)
 
 
@@ -197,36 +199,45 @@ _LISTED = ("session_id", "title", "path", "tree_id", "project_id", "current_turn
            "waiting_for", "activity")
 
 
-async def list_sessions(ctx: ToolContext, call_id: str, args: ListSessionsArgs) -> ToolResult:
-    async with ctx.db.tx() as conn:
-        if args.scope == "project":
-            rows = await sessions.list_project_sessions(conn, ctx.run.scope, ctx.session["project_id"])
-        else:
-            rows = await sessions.list_project_sessions(conn, ctx.run.scope, None, offset=args.offset,
-                                                        limit=LIST_PAGE, newest_first=True)
+async def list_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: ListSessionsArgs) -> ToolResult:
+    if args.scope == "project":
+        rows = await sessions.list_project_sessions(conn, ctx.run.scope, ctx.session["project_id"])
+    else:
+        rows = await sessions.list_project_sessions(conn, ctx.run.scope, None, offset=args.offset,
+                                                    limit=LIST_PAGE, newest_first=True)
     entries = [{key: row[key] for key in _LISTED} for row in rows]
     entries = [{**_jsonable(e), "root_id": str(e["tree_id"])} for e in entries]
     return {"sessions": entries, "offset": args.offset, "next_offset":
             args.offset + LIST_PAGE if args.scope == "all" and len(entries) == LIST_PAGE else None}
 
 
-async def list_agents(ctx: ToolContext, call_id: str, args: ListAgentsArgs) -> ToolResult:
-    async with ctx.db.tx() as conn:
-        rows = await agent_repo.list_agents(conn, ctx.run.scope)
+async def list_agents(ctx: ToolContext, conn: Connection, call_id: str, args: ListAgentsArgs) -> ToolResult:
+    rows = await agent_repo.list_agents(conn, ctx.run.scope)
     return {"agents": [{"id": r["agent_id"], "name": r["name"], "description": r["description"]} for r in rows]}
 
 
-async def ask_user(ctx: ToolContext, call_id: str, args: AskUserArgs) -> ToolResult:
+async def ask_user(ctx: ToolContext, conn: Connection, call_id: str, args: AskUserArgs) -> ToolResult:
     return Park(kind="answer", condition={}, timeout_seconds=None, targets=[],
                 request_payload={"question": args.question})
 
 
 @dataclasses.dataclass(frozen=True)
-class Tool:
+class ToolSpec:
+    """What the model sees of a tool: its name, description and argument schema."""
+
     name: str
     description: str
     args: type[ToolArgs]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool(ToolSpec):
     handler: Handler
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxTool(ToolSpec):
+    handler: SandboxHandler
 
 
 COOPERATION_TOOLS: list[Tool] = [

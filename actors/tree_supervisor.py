@@ -10,6 +10,11 @@ grants once more for everyone who arrived meanwhile, so a burst of N pokes costs
 two grant transactions. ``poke`` answers as soon as the grant is committed; activating
 the granted sessions continues in the background (a supervisor that dies in between
 leaves granted, unowned Runs, which the sweeper re-activates).
+
+With a dedicated actor per session (the default) the supervisor is an actor of its own;
+with shared session hosts (``CANOPY_SESSION_HOSTS``) it lives in the host of the tree's
+root session, like the sessions do (a new process per tree costs ~0.5 s of CPU on a
+small machine, more than a whole wave of model calls). Both run the same ``SupervisorCore``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import Protocol
 
 import ray
 
@@ -31,33 +37,37 @@ log = logging.getLogger(__name__)
 _ACTIVE_RUNS = "SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status IN ('pending', 'running')"
 
 
-class TreeSupervisorImpl:
-    def __init__(self, tree_id: str) -> None:
-        self.tree_id = uuid.UUID(tree_id)
+class SupervisorCore:
+    """One tree's grants and idle passivation, in whichever process hosts it."""
+
+    def __init__(self, tree_id: uuid.UUID) -> None:
+        self.tree_id = tree_id
         self.settings = get_settings()
-        self._db: Database | None = None
-        self._db_lock = asyncio.Lock()
         self._lock = asyncio.Lock()
         self._dirty = False
         self._pokes = 0
-        self._exiting = False
+        self.exiting = False
         # Dedicated session actors start a process each: ask for warm ones while Runs are queued.
         self._warm_burst = not session_hosts_setting() and directory.warm_workers_setting() > 0
         self._idle_task: asyncio.Task[None] | None = None
 
+    # -- what the host provides ----------------------------------------------------------------------
+
     async def _database(self) -> Database:
-        if self._db is None:
-            async with self._db_lock:  # concurrent first pokes must not open two pools
-                if self._db is None:
-                    self._db = await Database.connect(max_size=2)
-        return self._db
+        raise NotImplementedError
+
+    async def _exited(self, db: Database) -> None:
+        """Passivation decided: release what this supervisor holds in its host."""
+        raise NotImplementedError
+
+    # -- grants ----------------------------------------------------------------------------------------
 
     async def poke(self) -> list[str] | None:
         """Grant free slots to the oldest pending Runs and activate their sessions.
 
         None means this supervisor is exiting: the caller creates it anew and pokes again.
         """
-        if self._exiting:
+        if self.exiting:
             return None
         if self._idle_task is None or self._idle_task.done():
             self._idle_task = asyncio.create_task(self._passivate_when_idle())
@@ -81,10 +91,6 @@ class TreeSupervisorImpl:
             directory.expect_activations(min(queued, self.settings.tree_slots))
         return [str(row["run_id"]) for row in granted]
 
-    async def signal_members(self, session_ids: list[str]) -> None:
-        """After a stop or cancel: tell the members' live Runs to re-read their Turns."""
-        await asyncio.gather(*(signals.activate_session(uuid.UUID(s)) for s in session_ids))
-
     async def _passivate_when_idle(self) -> None:
         idle_since: float | None = None
         loop = asyncio.get_running_loop()
@@ -105,13 +111,53 @@ class TreeSupervisorImpl:
             elif loop.time() - idle_since >= self.settings.actor_idle_seconds:
                 # No await between the check and this flag: every later poke is refused (its
                 # sender creates a fresh supervisor), so none is accepted and then lost.
-                self._exiting = True
-                try:
-                    await asyncio.wait_for(db.close(), timeout=5)
-                except Exception:
-                    log.debug("closing the pool of tree %s failed", self.tree_id, exc_info=True)
-                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                self.exiting = True
+                await self._exited(db)
                 return
+
+
+class TreeSupervisorImpl(SupervisorCore):
+    """The dedicated shape: this process is the tree's supervisor actor, ``tree:<tree_id>``."""
+
+    def __init__(self, tree_id: str) -> None:
+        super().__init__(uuid.UUID(tree_id))
+        self._db: Database | None = None
+        self._db_lock = asyncio.Lock()
+
+    async def _database(self) -> Database:
+        if self._db is None:
+            async with self._db_lock:  # concurrent first pokes must not open two pools
+                if self._db is None:
+                    self._db = await Database.connect(max_size=2)
+        return self._db
+
+    async def _exited(self, db: Database) -> None:
+        try:
+            await asyncio.wait_for(db.close(), timeout=5)
+        except Exception:
+            log.debug("closing the pool of tree %s failed", self.tree_id, exc_info=True)
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+
+class SupervisorHost(Protocol):
+    async def database(self) -> Database: ...
+
+    def forget_supervisor(self, supervisor: HostedSupervisor) -> None: ...
+
+
+class HostedSupervisor(SupervisorCore):
+    """The hosted shape (``CANOPY_SESSION_HOSTS``): the supervisor lives in a session host, the
+    same host as the tree's root session, and uses the host's pool; no process per tree."""
+
+    def __init__(self, tree_id: uuid.UUID, host: SupervisorHost) -> None:
+        super().__init__(tree_id)
+        self._host = host
+
+    async def _database(self) -> Database:
+        return await self._host.database()
+
+    async def _exited(self, db: Database) -> None:
+        self._host.forget_supervisor(self)
 
 
 TreeSupervisor = ray.remote(TreeSupervisorImpl)
