@@ -2,8 +2,8 @@
 
 ``CANOPY_SESSION_HOSTS`` is read by every Ray process when it starts, so the hosted shape
 cannot be switched on inside the test session's cluster: this script starts a second
-runtime with the setting on (same database), runs a fan-out and a kill -9 of the host that
-runs a member mid-Turn, and prints one JSON line of findings for the test to check.
+runtime with the setting on (same database), runs a fan-out (whose tree supervisor lives in a host too)
+and a kill -9 of the host that runs a member mid-Turn, and prints one JSON line of findings for the test to check.
 
     CANOPY_SESSION_HOSTS=2 CANOPY_DATABASE_URL=... python -m tests.actors.hosted_scenario
 """
@@ -24,7 +24,7 @@ from actors.naming import NAMESPACE, host_actor_name, host_index, session_hosts_
 from actors.runtime import Runtime
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.helpers import call, create, eventually, rows, say, script, session_id_at
+from tests.actors.helpers import call, create, eventually, peak_concurrent_runs, rows, say, script, session_id_at
 
 
 async def fan_out(runtime: Runtime, scope: Scope) -> dict[str, Any]:
@@ -56,6 +56,8 @@ async def fan_out(runtime: Runtime, scope: Scope) -> dict[str, Any]:
     return {"status": result["status"], "output": result["output"],
             "session_actors": sorted(a.name for a in alive if (a.name or "").startswith("session:")),
             "hosts": sorted(a.name for a in alive if (a.name or "").startswith("canopy:sessions:")),
+            "tree_actors": sorted(a.name for a in alive if (a.name or "").startswith("tree:")),
+            "peak_runs": await peak_concurrent_runs(runtime.db, tree_id),
             "session_tasks_seen": len(tasks_seen & {f"session:{m['session_id']}" for m in members}),
             "members": len(members)}
 

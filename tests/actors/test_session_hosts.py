@@ -1,6 +1,7 @@
 """Shared session hosts (``CANOPY_SESSION_HOSTS``): sessions run as tasks named
-``session:<id>`` inside a few long-lived host processes instead of one process each, and
-a killed host's Runs are recovered like a killed session actor's.
+``session:<id>`` inside a few long-lived host processes instead of one process each, the
+tree supervisors run in the hosts too, and a killed host's Runs are recovered like a
+killed session actor's.
 
 The setting is read by every Ray process at start, so the scenario runs in a runtime and
 Ray cluster of its own (a subprocess on the same database): see hosted_scenario.py.
@@ -41,6 +42,8 @@ async def test_hosted_sessions_fan_out_and_survive_a_killed_host(database_url: s
     assert fan["session_actors"] == []  # no process per session...
     assert fan["hosts"] == ["canopy:sessions:0", "canopy:sessions:1"]  # ...two hosts for all of them
     assert fan["session_tasks_seen"] >= 1  # the dashboard shows the sessions as tasks named session:<id>
+    assert fan["tree_actors"] == []  # the tree's supervisor ran in a host too...
+    assert fan["peak_runs"] == 4  # ...and held the tree to its 4 slots (6 children, the root waiting)
 
     kill = findings["kill"]
     assert (kill["status"], kill["output"]) == ("completed", "root got member done g done")
