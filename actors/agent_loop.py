@@ -63,6 +63,37 @@ def to_model_message(row: Row) -> dict[str, Any]:
     return {"role": "user", "content": row["content"]}
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One tool call of the model, parsed: its tool and arguments, or the error to answer."""
+
+    call: dict[str, Any]
+    tool: Tool | SandboxTool | None
+    args: Any
+    error: dict[str, Any] | None = None
+
+
+def _parse(call: dict[str, Any]) -> _Call:
+    try:
+        tool, args = parse_args(call["name"], call.get("arguments") or {})
+    except CanopyError as error:
+        return _Call(call, None, None, {"error": str(error)})
+    return _Call(call, tool, args)
+
+
+def _batches(calls: list[_Call]) -> list[list[_Call]]:
+    """Consecutive calls that only touch the database share a transaction; a sandbox call (which
+    runs outside any transaction) is a batch of its own."""
+    batches: list[list[_Call]] = []
+    for item in calls:
+        alone = isinstance(item.tool, SandboxTool)
+        if batches and not alone and not isinstance(batches[-1][0].tool, SandboxTool):
+            batches[-1].append(item)
+        else:
+            batches.append([item])
+    return batches
+
+
 async def _guarded(call: dict[str, Any], running: Awaitable[ToolResult]) -> ToolResult:
     """A tool's outcome, with its refusal (or an unexpected failure) as an error for the model."""
     try:
@@ -109,9 +140,11 @@ class RunExecutor:
     this Run writes the session's history (fenced by its lease), and every row it inserts is
     handed back and added at once, so the copy is exactly what a re-read would find (a
     transaction that fails ends the Run, so the copy never outlives a rollback). Transactions
-    per model step: the boundary (cancellation check, messages and steers, watchers) rides on
-    the commit of the last tool result, and the reply is committed with its usage — and, when
-    it is the final answer, with the end of the Turn.
+    per model step: two. The reply is committed with its usage (and, when it is the final
+    answer, with the end of the Turn); then the reply's cooperation calls run and their results
+    are committed in one transaction, on which the next model boundary (cancellation check,
+    messages and steers, watchers) rides. The reply is always committed before any of its
+    calls runs, so a crash in between finds the calls unanswered and runs them then.
     """
 
     def __init__(self, db: Database, settings: Settings, gateway: Any, run: RunRef) -> None:
@@ -250,50 +283,55 @@ class RunExecutor:
         """Execute unanswered calls in order: (True, None) when one of them parked the Turn, else
         (False, the model boundary taken with the last result's commit)."""
         ctx = ToolContext(db=self.db, settings=self.settings, run=self.run, session=session, input_id=input_id)
+        batches = _batches([_parse(call) for call in calls])
         boundary = None
-        for position, call in enumerate(calls):
-            model_is_next = position == len(calls) - 1
-            outcome, boundary = await self._run_tool(ctx, call, model_is_next)
-            if isinstance(outcome, Park):
+        for position, batch in enumerate(batches):
+            parked, boundary = await self._run_batch(ctx, batch, model_is_next=position == len(batches) - 1)
+            if parked:
                 return True, None
         return False, boundary
 
-    async def _run_tool(self, ctx: ToolContext, call: dict[str, Any], model_is_next: bool
-                        ) -> tuple[ToolResult, _Boundary | None]:
-        """Run one call and commit its result (or its wait), then send the hints.
+    async def _run_batch(self, ctx: ToolContext, batch: list[_Call], *, model_is_next: bool
+                         ) -> tuple[bool, _Boundary | None]:
+        """Run calls and commit their results in one transaction, then send the hints: (whether a
+        call parked the Turn, the model boundary when the model is called next).
 
-        Every tool, reads too, runs only under a live lease: its commit is fenced. A cooperation
-        tool runs inside that commit; a sandbox tool runs first, outside any transaction.
+        Every tool, reads too, runs only under a live lease: the commit is fenced. Cooperation
+        tools run inside it, each in a savepoint; a sandbox tool (a batch of its own) runs
+        first, outside any transaction. A call that parks ends the batch: the calls after it
+        run when the Turn resumes.
         """
-        try:
-            tool, args = parse_args(call["name"], call.get("arguments") or {})
-        except CanopyError as error:
-            tool, args = None, None
-            outcome: ToolResult = {"error": str(error)}
-        if isinstance(tool, SandboxTool):
+        outcome: ToolResult | None = None
+        sandbox = batch[0].tool
+        if isinstance(sandbox, SandboxTool):
             async with self.db.tx() as conn:  # no command starts under a lost lease
                 await run_repo.fence(conn, self.run)
-            outcome = await _guarded(call, tool.handler(ctx, call["id"], args))
+            outcome = await _guarded(batch[0].call, sandbox.handler(ctx, batch[0].call["id"], batch[0].args))
         boundary = wait_id = None
+        parked = False
         async with self.db.tx() as conn:
             await run_repo.fence(conn, self.run)
-            if isinstance(tool, Tool):
-                outcome = await _guarded(call, _in_savepoint(conn, tool, ctx, call["id"], args))
-            if isinstance(outcome, Park):
-                wait_id = await self._park(conn, call["id"], outcome)
-            else:
+            for item in batch:
+                if isinstance(item.tool, Tool):
+                    outcome = await _guarded(item.call, _in_savepoint(conn, item.tool, ctx, item.call["id"], item.args))
+                elif item.error is not None:
+                    outcome = item.error
+                assert outcome is not None
+                if isinstance(outcome, Park):
+                    parked, wait_id = True, await self._park(conn, item.call["id"], outcome)
+                    break
                 self._history.append(await messages.append_message(
-                    conn, self.run, "tool", content=json.dumps(outcome, default=str), tool_call_id=call["id"]))
-                if model_is_next:
-                    boundary = await self._take_boundary(conn)
+                    conn, self.run, "tool", content=json.dumps(outcome, default=str), tool_call_id=item.call["id"]))
+            if model_is_next and not parked:
+                boundary = await self._take_boundary(conn)
             hints = await signals.change_hints(conn, ctx.touched_sessions)
         await asyncio.gather(*(signals.activate_session(s) for s in ctx.signalled_sessions))
         ctx.signalled_sessions.clear()
         ctx.touched_sessions.clear()
         await signals.send_hints(self.db, hints)
-        if isinstance(outcome, Park):
+        if parked:
             await self._after_park(wait_id)
-        return outcome, boundary
+        return parked, boundary
 
     async def _park(self, conn: Connection, call_id: str, park: Park) -> uuid.UUID | None:
         """Interrupt the Run into a wait; None when the Turn is being cancelled instead."""

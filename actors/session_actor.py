@@ -270,7 +270,10 @@ class SessionHostImpl:
         if self._db is None:
             async with self._db_lock:
                 if self._db is None:
-                    self._db = await Database.connect(max_size=max(4, 2 * self.settings.db_pool_max))
+                    # A host lives as long as the runtime and serves many sessions at once: its
+                    # connections are opened up front, not while the first wide tree waits.
+                    size = max(4, 2 * self.settings.db_pool_max)
+                    self._db = await Database.connect(max_size=size, min_size=size)
         return self._db
 
     async def ready(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,7 +15,13 @@ TOOLS: dict[str, Tool | SandboxTool] = {tool.name: tool for tool in [*COOPERATIO
 
 
 def schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
-    """OpenAI function-tool definitions: the agent's tools, or all of them."""
+    """OpenAI function-tool definitions: the agent's tools, or all of them (not to be mutated)."""
+    return _schemas(tuple(names) if names else None)
+
+
+@functools.cache
+def _schemas(names: tuple[str, ...] | None) -> list[dict[str, Any]]:
+    # Built once per tool set: pydantic's JSON schema costs ~2 ms, and every model call sends it.
     chosen = [TOOLS[n] for n in names if n in TOOLS] if names else list(TOOLS.values())
     return [{"type": "function", "function": {"name": tool.name, "description": tool.description,
                                               "parameters": tool.args.model_json_schema()}} for tool in chosen]

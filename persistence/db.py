@@ -93,8 +93,8 @@ class Database:
         self.pool = pool
 
     @classmethod
-    async def connect(cls, url: str | None = None, max_size: int | None = None) -> Database:
-        return cls(await open_pool(url or resolve_database_url(), max_size=max_size))
+    async def connect(cls, url: str | None = None, max_size: int | None = None, min_size: int = 1) -> Database:
+        return cls(await open_pool(url or resolve_database_url(), max_size=max_size, min_size=min_size))
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[Connection]:

@@ -53,6 +53,30 @@ async def test_six_children_never_more_than_four_slots(runtime: Runtime, scope: 
     assert root_runs[0]["ended_at"] <= child_starts[0]["last"]
 
 
+async def test_a_replys_calls_commit_together_and_a_refused_call_changes_nothing(runtime: Runtime,
+                                                                                 scope: Scope) -> None:
+    text = script(
+        call(create("ok1", script(say("1"))), create("ok1", script(say("again"))), ("no_such_tool", {}),
+             create("ok2", script(say("2")))),
+        say("made ${0.path} and ${3.path}; refused: ${1.error}"),
+    )
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"].startswith("made /root/ok1 and /root/ok2; refused: ")
+    members = await rows(runtime.db, "SELECT path FROM sessions WHERE tree_id = %s ORDER BY path", tree_id)
+    assert [m["path"] for m in members] == ["/root", "/root/ok1", "/root/ok2"]
+    results = await rows(runtime.db, "SELECT content, created_at FROM thread_messages WHERE session_id = %s "
+                         "AND role = 'tool' ORDER BY id", tree_id)
+    outcomes = [json.loads(r["content"]) for r in results]
+    assert ["error" in o for o in outcomes] == [False, True, True, False]
+    assert "no_such_tool" in outcomes[2]["error"]
+    assert len({r["created_at"] for r in results}) == 1  # the four results are one commit
+    receipts = await rows(runtime.db, "SELECT count(*) AS n FROM tool_receipts WHERE turn_id = %s",
+                          uuid.UUID(str(result["turn_id"])))
+    assert receipts[0]["n"] == 2  # the refused calls stored nothing
+
+
 async def test_wait_inputs_and_wait_sessions_time_out_cleanly(runtime: Runtime, scope: Scope) -> None:
     text = script(
         call(create("slow", script(say("late", delay_ms=6000)))),
