@@ -133,6 +133,15 @@ class _Boundary:
     watched: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class _Begun:
+    """What a Run's first transaction read: its session, its Turn's input, the boundary taken."""
+
+    session: Row
+    input_id: uuid.UUID
+    boundary: _Boundary | None
+
+
 class RunExecutor:
     """Executes one leased Run inside a SessionActor.
 
@@ -153,6 +162,7 @@ class RunExecutor:
         self.gateway = gateway
         self.run = run
         self._history: list[Row] = []
+        self._begun: _Begun | None = None
 
     async def execute(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(asyncio.current_task()))
@@ -179,19 +189,19 @@ class RunExecutor:
                 main.cancel()  # a stale incarnation must stop acting at once
                 return
 
-    async def _start(self) -> tuple[Row, uuid.UUID, _Boundary | None]:
-        """The Run's first transaction: a resumed wait's outcome is committed, the session, the
-        Turn's input and the history are read, and when the model is called next its boundary
-        is taken too."""
-        async with self.db.tx() as conn:
+    async def begin(self, conn: Connection) -> None:
+        """The Run's first reads, in the caller's transaction (the one that acquired the Run): a
+        resumed wait's outcome is committed, the session, the Turn's input and the history are
+        read, and when the model is called next its boundary is taken too."""
+        if self.run.kind == "resume":  # only a resume Run can continue a wait
             await self._deliver_wait_outcome(conn)
-            session = await get_session_row(conn, self.run.scope, self.run.session_id)
-            cur = await conn.execute("SELECT input_id FROM turns WHERE turn_id = %s", (self.run.turn_id,))
-            turn = await cur.fetchone()
-            self._history = await messages.history(conn, self.run.session_id)
-            boundary = await self._take_boundary(conn) if self._model_is_next() else None
+        session = await get_session_row(conn, self.run.scope, self.run.session_id)
+        cur = await conn.execute("SELECT input_id FROM turns WHERE turn_id = %s", (self.run.turn_id,))
+        turn = await cur.fetchone()
         assert turn is not None
-        return session, turn["input_id"], boundary
+        self._history = await messages.history(conn, self.run.session_id)
+        boundary = await self._take_boundary(conn) if self._model_is_next() else None
+        self._begun = _Begun(session, turn["input_id"], boundary)
 
     def _final_reply(self) -> Row | None:
         """The Turn's committed answer: its last message is an assistant reply without tool calls."""
@@ -204,7 +214,11 @@ class RunExecutor:
         return not unanswered_calls(self._history, self.run.turn_id) and self._final_reply() is None
 
     async def _execute(self) -> None:
-        session, input_id, boundary = await self._start()
+        if self._begun is None:  # not begun with the acquisition: begin in a transaction of its own
+            async with self.db.tx() as conn:
+                await self.begin(conn)
+        assert self._begun is not None
+        session, input_id, boundary = self._begun.session, self._begun.input_id, self._begun.boundary
         while True:
             pending = unanswered_calls(self._history, self.run.turn_id)
             if pending:
@@ -265,6 +279,7 @@ class RunExecutor:
         Turn ends in the same commit, and True is returned."""
         message = reply["message"]
         final = not message["tool_calls"]
+        hints = signals.NO_HINTS
         async with self.db.tx() as conn:
             if final:  # finish_turn's lock order: the session before the Run
                 await turns.lock_session(conn, self.run.scope, self.run.session_id)
@@ -274,8 +289,8 @@ class RunExecutor:
                 conn, self.run, "assistant", content=message["content"], tool_calls=message["tool_calls"] or None))
             if final:
                 await turns.finish_turn(conn, self.run, "completed", output=message["content"] or "")
-        if final:
-            await signals.after_change(self.db, [self.run.session_id])
+                hints = await signals.change_hints(conn, [self.run.session_id])
+        await signals.send_hints(self.db, hints)  # the freed slot, the waiters on this answer
         return final
 
     async def _run_tools(self, session: Row, input_id: uuid.UUID, calls: list[dict[str, Any]]
@@ -370,7 +385,8 @@ class RunExecutor:
     async def _finish(self, status: str, *, output: str | None = None, error: str | None = None) -> None:
         async with self.db.tx() as conn:
             await turns.finish_turn(conn, self.run, status, output=output, error=error)
-        await signals.after_change(self.db, [self.run.session_id])
+            hints = await signals.change_hints(conn, [self.run.session_id])
+        await signals.send_hints(self.db, hints)
 
     async def _end_if_cancelling(self) -> None:
         """The Run's task was cancelled: if its Turn is being cancelled, record the end."""

@@ -39,7 +39,7 @@ from actors.agent_loop import RunExecutor
 from actors.naming import GATEWAY_NAME, NAMESPACE, session_actor_name
 from actors.tree_supervisor import HostedSupervisor
 from persistence import runs as run_repo
-from persistence.db import Database
+from persistence.db import Connection, Database
 from persistence.records import RunRef
 from persistence.settings import get_settings
 
@@ -162,22 +162,40 @@ class SessionCore:
         finally:
             self._working = False
 
-    async def _acquire_next(self, db: Database) -> RunRef | None:
+    async def _acquire(self, conn: Connection) -> RunRef | None:
         """Take the lease of the oldest Run granted to this session and owned by nobody."""
-        async with db.tx() as conn:
-            for run_id in await run_repo.claimable_runs(conn, self.session_id):
-                run = await run_repo.acquire_run(conn, run_id, self.owner, self.settings.lease_seconds)
-                if run is not None:
-                    return run
+        for run_id in await run_repo.claimable_runs(conn, self.session_id):
+            run = await run_repo.acquire_run(conn, run_id, self.owner, self.settings.lease_seconds)
+            if run is not None:
+                return run
         return None
+
+    async def _begin_next(self, db: Database) -> RunExecutor | None:
+        """Acquire the next Run and begin it in the same transaction (one round of commits less
+        on every activation). If beginning fails, the Run is acquired alone and begins in its
+        executor, whose failure handling (lease expiry, recovery, give up after 5) applies."""
+        try:
+            async with db.tx() as conn:
+                run = await self._acquire(conn)
+                if run is None:
+                    return None
+                executor = RunExecutor(db, self.settings, _gateway_handle(), run)
+                await executor.begin(conn)
+                return executor
+        except Exception:
+            log.exception("beginning a run of session %s failed; acquiring it alone", self.session_id)
+        async with db.tx() as conn:
+            run = await self._acquire(conn)
+        return RunExecutor(db, self.settings, _gateway_handle(), run) if run is not None else None
 
     async def _run_claimable(self) -> bool:
         db = await self._database()
         ran = False
-        while (run := await self._acquire_next(db)) is not None:
+        while (executor := await self._begin_next(db)) is not None:
             ran = True
+            run = executor.run
             self._current_turn = run.turn_id
-            self._current = asyncio.create_task(RunExecutor(db, self.settings, _gateway_handle(), run).execute())
+            self._current = asyncio.create_task(executor.execute())
             self._report()  # busy
             try:
                 await self._current

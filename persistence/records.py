@@ -30,6 +30,7 @@ class RunRef:
     turn_id: uuid.UUID
     run_id: uuid.UUID
     owner: str
+    kind: str = "start"  # or "resume": after a wait, or after its owner died
 
 
 def new_id() -> uuid.UUID:

@@ -105,6 +105,7 @@ async def acquire_run(conn: Connection, run_id: uuid.UUID, owner: str, lease_sec
         turn_id=row["turn_id"],
         run_id=row["run_id"],
         owner=owner,
+        kind=row["kind"],
     )
 
 
