@@ -81,6 +81,11 @@ def _parse(call: dict[str, Any]) -> _Call:
     return _Call(call, tool, args)
 
 
+def _acts(item: _Call) -> bool:
+    """Whether the call acts beyond the calling Run (its reply is then committed before it runs)."""
+    return isinstance(item.tool, SandboxTool) or (isinstance(item.tool, Tool) and item.tool.acts)
+
+
 def _batches(calls: list[_Call]) -> list[list[_Call]]:
     """Consecutive calls that only touch the database share a transaction; a sandbox call (which
     runs outside any transaction) is a batch of its own."""
@@ -148,12 +153,15 @@ class RunExecutor:
     The history is read once when the Run starts and then kept in memory: within a Run only
     this Run writes the session's history (fenced by its lease), and every row it inserts is
     handed back and added at once, so the copy is exactly what a re-read would find (a
-    transaction that fails ends the Run, so the copy never outlives a rollback). Transactions
-    per model step: two. The reply is committed with its usage (and, when it is the final
-    answer, with the end of the Turn); then the reply's cooperation calls run and their results
-    are committed in one transaction, on which the next model boundary (cancellation check,
-    messages and steers, watchers) rides. The reply is always committed before any of its
-    calls runs, so a crash in between finds the calls unanswered and runs them then.
+    transaction that fails ends the Run, so the copy never outlives a rollback).
+
+    Transactions per model step: one or two. A reply whose calls act on other sessions
+    (create, submit, message, cancel, sandbox commands) is committed first, with its usage;
+    then its calls run and their results are committed together — a crash in between finds
+    the calls unanswered and runs them then, under their receipts. A reply whose calls only
+    read or wait is committed in the same transaction as their results (nothing in it could
+    happen twice). The next model boundary (cancellation check, messages and steers,
+    watchers) rides on the last commit, and a final answer ends the Turn in its own commit.
     """
 
     def __init__(self, db: Database, settings: Settings, gateway: Any, run: RunRef) -> None:
@@ -240,8 +248,17 @@ class RunExecutor:
             await failpoints.pause("before_model_call", session["name"])
             reply = await self._call_model(session, input_id, stream=boundary.watched)
             boundary = None
-            if reply is None or await self._commit_reply(reply):
-                return  # the call failed, or its reply was the answer: the Turn has ended
+            if reply is None:
+                return  # the call failed for good: the Turn has failed
+            calls = [_parse(call) for call in reply["message"]["tool_calls"]]
+            if calls and not any(_acts(call) for call in calls):
+                # Only reads and waits: the reply is committed with their results (see _run_batch).
+                parked, boundary = await self._run_batch(session, input_id, calls, model_is_next=True, reply=reply)
+                if parked:
+                    return
+                continue
+            if await self._commit_reply(reply):
+                return  # the reply was the answer: the Turn has ended
             await failpoints.pause("after_model_commit", session["name"])
 
     async def _take_boundary(self, conn: Connection) -> _Boundary:
@@ -283,39 +300,47 @@ class RunExecutor:
         async with self.db.tx() as conn:
             if final:  # finish_turn's lock order: the session before the Run
                 await turns.lock_session(conn, self.run.scope, self.run.session_id)
-            await run_repo.fence(conn, self.run)
-            await run_repo.add_usage(conn, self.run.run_id, reply["usage"], reply.get("cost_usd", 0.0))
-            self._history.append(await messages.append_message(
-                conn, self.run, "assistant", content=message["content"], tool_calls=message["tool_calls"] or None))
+            await self._append_reply(conn, reply)
             if final:
                 await turns.finish_turn(conn, self.run, "completed", output=message["content"] or "")
                 hints = await signals.change_hints(conn, [self.run.session_id])
         await signals.send_hints(self.db, hints)  # the freed slot, the waiters on this answer
         return final
 
+    async def _append_reply(self, conn: Connection, reply: dict[str, Any]) -> None:
+        """The reply joins the history with the call's usage (fenced)."""
+        message = reply["message"]
+        await run_repo.fence(conn, self.run)
+        await run_repo.add_usage(conn, self.run.run_id, reply["usage"], reply.get("cost_usd", 0.0))
+        self._history.append(await messages.append_message(
+            conn, self.run, "assistant", content=message["content"], tool_calls=message["tool_calls"] or None))
+
     async def _run_tools(self, session: Row, input_id: uuid.UUID, calls: list[dict[str, Any]]
                          ) -> tuple[bool, _Boundary | None]:
         """Execute unanswered calls in order: (True, None) when one of them parked the Turn, else
         (False, the model boundary taken with the last result's commit)."""
-        ctx = ToolContext(db=self.db, settings=self.settings, run=self.run, session=session, input_id=input_id)
         batches = _batches([_parse(call) for call in calls])
         boundary = None
         for position, batch in enumerate(batches):
-            parked, boundary = await self._run_batch(ctx, batch, model_is_next=position == len(batches) - 1)
+            parked, boundary = await self._run_batch(session, input_id, batch,
+                                                     model_is_next=position == len(batches) - 1)
             if parked:
                 return True, None
         return False, boundary
 
-    async def _run_batch(self, ctx: ToolContext, batch: list[_Call], *, model_is_next: bool
-                         ) -> tuple[bool, _Boundary | None]:
+    async def _run_batch(self, session: Row, input_id: uuid.UUID, batch: list[_Call], *, model_is_next: bool,
+                         reply: dict[str, Any] | None = None) -> tuple[bool, _Boundary | None]:
         """Run calls and commit their results in one transaction, then send the hints: (whether a
         call parked the Turn, the model boundary when the model is called next).
 
         Every tool, reads too, runs only under a live lease: the commit is fenced. Cooperation
         tools run inside it, each in a savepoint; a sandbox tool (a batch of its own) runs
         first, outside any transaction. A call that parks ends the batch: the calls after it
-        run when the Turn resumes.
+        run when the Turn resumes. With ``reply`` (calls that only read or wait) the reply that
+        made the calls is committed in the same transaction, first: a crash before the commit
+        asks the model again, and nothing was done that could be done twice.
         """
+        ctx = ToolContext(db=self.db, settings=self.settings, run=self.run, session=session, input_id=input_id)
         outcome: ToolResult | None = None
         sandbox = batch[0].tool
         if isinstance(sandbox, SandboxTool):
@@ -325,7 +350,10 @@ class RunExecutor:
         boundary = wait_id = None
         parked = False
         async with self.db.tx() as conn:
-            await run_repo.fence(conn, self.run)
+            if reply is not None:
+                await self._append_reply(conn, reply)
+            else:
+                await run_repo.fence(conn, self.run)
             for item in batch:
                 if isinstance(item.tool, Tool):
                     outcome = await _guarded(item.call, _in_savepoint(conn, item.tool, ctx, item.call["id"], item.args))

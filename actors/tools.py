@@ -233,6 +233,10 @@ class ToolSpec:
 @dataclasses.dataclass(frozen=True)
 class Tool(ToolSpec):
     handler: Handler
+    # Acts on other sessions (creates, submits, messages, cancels). Such a call runs only after
+    # the reply that made it is committed; a reply whose calls only read or wait is committed
+    # together with their results.
+    acts: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,11 +246,13 @@ class SandboxTool(ToolSpec):
 
 COOPERATION_TOOLS: list[Tool] = [
     Tool("create_session", "Create a session (a child by default) and submit its first input, the "
-         "description. It sees only the description, never your history.", CreateSessionArgs, create_session),
-    Tool("submit_input", "Give a session new work (FIFO: queued if it is busy).", SubmitInputArgs, submit_input),
+         "description. It sees only the description, never your history.", CreateSessionArgs, create_session,
+         acts=True),
+    Tool("submit_input", "Give a session new work (FIFO: queued if it is busy).", SubmitInputArgs, submit_input,
+         acts=True),
     Tool("send_message", "Send context to a session: read at its next model call; starts no work.",
-         SendMessageArgs, send_message),
-    Tool("cancel_turn", "Cancel exactly one turn of a session.", CancelTurnArgs, cancel_turn),
+         SendMessageArgs, send_message, acts=True),
+    Tool("cancel_turn", "Cancel exactly one turn of a session.", CancelTurnArgs, cancel_turn, acts=True),
     Tool("wait_inputs", "Wait until all these inputs are finished; returns their exact results.",
          WaitInputsArgs, wait_inputs),
     Tool("wait_sessions", "Wait until any of these sessions has an update after the cursor.",

@@ -58,6 +58,7 @@ async def test_a_replys_calls_commit_together_and_a_refused_call_changes_nothing
     text = script(
         call(create("ok1", script(say("1"))), create("ok1", script(say("again"))), ("no_such_tool", {}),
              create("ok2", script(say("2")))),
+        call(("list_agents", {}), ("list_sessions", {})),
         say("made ${0.path} and ${3.path}; refused: ${1.error}"),
     )
     created = await runtime.create_root(scope, input_text=text)
@@ -66,12 +67,16 @@ async def test_a_replys_calls_commit_together_and_a_refused_call_changes_nothing
     assert result["output"].startswith("made /root/ok1 and /root/ok2; refused: ")
     members = await rows(runtime.db, "SELECT path FROM sessions WHERE tree_id = %s ORDER BY path", tree_id)
     assert [m["path"] for m in members] == ["/root", "/root/ok1", "/root/ok2"]
-    results = await rows(runtime.db, "SELECT content, created_at FROM thread_messages WHERE session_id = %s "
-                         "AND role = 'tool' ORDER BY id", tree_id)
-    outcomes = [json.loads(r["content"]) for r in results]
+    history = await rows(runtime.db, "SELECT role, content, created_at FROM thread_messages WHERE session_id = %s "
+                         "AND role <> 'user' ORDER BY id", tree_id)
+    assert [m["role"] for m in history] == ["assistant", *["tool"] * 4, "assistant", "tool", "tool", "assistant"]
+    outcomes = [json.loads(m["content"]) for m in history[1:5]]
     assert ["error" in o for o in outcomes] == [False, True, True, False]
     assert "no_such_tool" in outcomes[2]["error"]
-    assert len({r["created_at"] for r in results}) == 1  # the four results are one commit
+    commits = [m["created_at"] for m in history]  # now(): one value per transaction
+    assert len(set(commits[1:5])) == 1  # the four results are one commit...
+    assert commits[0] != commits[1]  # ...after the reply that creates sessions was committed on its own
+    assert commits[5] == commits[6] == commits[7]  # a reply that only reads is one commit with its results
     receipts = await rows(runtime.db, "SELECT count(*) AS n FROM tool_receipts WHERE turn_id = %s",
                           uuid.UUID(str(result["turn_id"])))
     assert receipts[0]["n"] == 2  # the refused calls stored nothing
