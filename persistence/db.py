@@ -28,16 +28,12 @@ Statement = Callable[[Connection], Awaitable[None]]
 _last_statements: weakref.WeakKeyDictionary[Connection, list[Statement]] = weakref.WeakKeyDictionary()
 
 
-def run_last(conn: Connection, statement: Statement) -> bool:
-    """Queue ``statement`` to run at the end of the ``Database.tx`` block ``conn`` is in, right
-    before the commit, in queueing order; False when ``conn`` is in no such block (then the
-    caller runs it now). For writes that take a hot lock (the event cursor): taken last, the
-    lock is held only for the commit, not for the whole transaction."""
-    queued = _last_statements.get(conn)
-    if queued is None:
-        return False
-    queued.append(statement)
-    return True
+def queued_last(conn: Connection) -> list[Statement] | None:
+    """The statements the ``Database.tx`` block ``conn`` is in runs at its end, right before
+    the commit, in order (callers append to it); None when ``conn`` is in no such block (then
+    the caller writes at once). For writes that take a hot lock (the event cursor): taken
+    last, the lock is held only for the commit, not for the whole transaction."""
+    return _last_statements.get(conn)
 
 
 def resolve_database_url(settings: Settings | None = None) -> str:

@@ -3,19 +3,21 @@
 The cursor comes from the scope's counter row, locked by the appending transaction
 until it commits, so two appenders in one scope serialise and a reader that has seen
 cursor N can never later see a smaller cursor appear. Inside ``Database.tx`` the events
-are written last, just before the commit (``persistence.db.run_last``), whatever point of
-the transaction appended them: the scope's lock is then held for the commit only, and
-concurrent writers of one scope do the rest of their work in parallel.
+are written last, just before the commit (``persistence.db.queued_last``), whatever point
+of the transaction appended them, and all of one scope in one statement: the scope's lock
+is then held for one round trip and the commit, and concurrent writers of one scope do
+the rest of their work in parallel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from persistence.db import Connection, run_last
+from persistence.db import Connection, queued_last
 from persistence.records import Row, Scope
 
 # The kinds a wait_sessions waiter treats as an update of a target session.
@@ -28,17 +30,21 @@ SESSION_UPDATE_KINDS = (
     "coop_message",
 )
 
-# One statement: the scope's next cursor (locking its counter row until commit) and the event.
-_APPEND_EVENT = """
+# One statement for all the events a transaction appends in a scope: the scope's next
+# cursors (locking its counter row until commit) and the events, numbered in order.
+_APPEND_EVENTS = """
 WITH counter AS (
-    UPDATE scopes SET last_cursor = last_cursor + 1
+    UPDATE scopes SET last_cursor = last_cursor + cardinality(%(kinds)s::text[])
     WHERE user_id = %(user_id)s AND app_id = %(app_id)s
     RETURNING last_cursor
 )
 INSERT INTO events (user_id, app_id, cursor, kind, session_id, tree_id, turn_id, run_id, payload)
-SELECT %(user_id)s, %(app_id)s, last_cursor, %(kind)s, %(session_id)s, %(tree_id)s, %(turn_id)s, %(run_id)s,
-       %(payload)s
-FROM counter
+SELECT %(user_id)s, %(app_id)s, counter.last_cursor - cardinality(%(kinds)s::text[]) + e.n,
+       e.kind, e.session_id, e.tree_id, e.turn_id, e.run_id, e.payload
+FROM counter,
+     unnest(%(kinds)s::text[], %(session_ids)s::uuid[], %(tree_ids)s::uuid[], %(turn_ids)s::uuid[],
+            %(run_ids)s::uuid[], %(payloads)s::jsonb[])
+         WITH ORDINALITY AS e(kind, session_id, tree_id, turn_id, run_id, payload, n)
 """
 
 _EVENTS_AFTER = """
@@ -62,6 +68,36 @@ LIMIT %(limit)s
 """
 
 
+@dataclasses.dataclass(frozen=True)
+class _Event:
+    kind: str
+    session_id: uuid.UUID | None
+    tree_id: uuid.UUID | None
+    turn_id: uuid.UUID | None
+    run_id: uuid.UUID | None
+    payload: dict[str, Any]
+
+
+class _ScopeEvents:
+    """The events one transaction appends in one scope, written together just before its commit."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self.events: list[_Event] = []
+
+    async def __call__(self, conn: Connection) -> None:
+        await _write_events(conn, self.scope, self.events)
+
+
+async def _write_events(conn: Connection, scope: Scope, events: list[_Event]) -> None:
+    cur = await conn.execute(_APPEND_EVENTS, {
+        "user_id": scope.user_id, "app_id": scope.app_id, "kinds": [e.kind for e in events],
+        "session_ids": [e.session_id for e in events], "tree_ids": [e.tree_id for e in events],
+        "turn_ids": [e.turn_id for e in events], "run_ids": [e.run_id for e in events],
+        "payloads": [Jsonb(e.payload) for e in events]})
+    assert cur.rowcount == len(events), "scope row missing: ensure_scope() first"
+
+
 async def append_event(
     conn: Connection,
     scope: Scope,
@@ -74,15 +110,16 @@ async def append_event(
     payload: dict[str, Any] | None = None,
 ) -> None:
     """Append an event: at the end of the enclosing ``Database.tx`` block, else at once."""
-    params = {"user_id": scope.user_id, "app_id": scope.app_id, "kind": kind, "session_id": session_id,
-              "tree_id": tree_id, "turn_id": turn_id, "run_id": run_id, "payload": Jsonb(payload or {})}
-
-    async def write(connection: Connection) -> None:
-        cur = await connection.execute(_APPEND_EVENT, params)
-        assert cur.rowcount == 1, "scope row missing: ensure_scope() first"
-
-    if not run_last(conn, write):
-        await write(conn)
+    event = _Event(kind, session_id, tree_id, turn_id, run_id, payload or {})
+    queued = queued_last(conn)
+    if queued is None:
+        await _write_events(conn, scope, [event])
+        return
+    batch = next((s for s in queued if isinstance(s, _ScopeEvents) and s.scope == scope), None)
+    if batch is None:
+        batch = _ScopeEvents(scope)
+        queued.append(batch)
+    batch.events.append(event)
 
 
 async def events_after(

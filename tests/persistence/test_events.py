@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 from persistence import events
@@ -109,3 +110,24 @@ async def test_events_filter_by_session_and_tree(db: Database, scope: Scope) -> 
     granted = next(e for e in mine if e["kind"] == "run_started")
     assert (started["turn_id"], started["run_id"]) == (run.turn_id, run.run_id)
     assert (granted["turn_id"], granted["run_id"]) == (run.turn_id, run.run_id)  # its slot was granted
+
+
+async def test_one_transactions_events_are_written_together_in_order_per_scope(db: Database, scope: Scope) -> None:
+    other = Scope(scope.user_id + "-other", scope.app_id)
+    async with db.tx() as conn:
+        await ensure_scope(conn, scope)
+        await ensure_scope(conn, other)
+    async with db.tx() as conn:
+        for n in range(3):
+            await events.append_event(conn, scope, f"mine-{n}", payload={"n": n})
+            await events.append_event(conn, other, f"theirs-{n}")
+    with contextlib.suppress(RuntimeError):
+        async with db.tx() as conn:  # a rolled-back transaction appends nothing
+            await events.append_event(conn, scope, "rolled-back")
+            raise RuntimeError("abort")
+    async with db.tx() as conn:
+        mine = await events.events_after(conn, scope, 0)
+        theirs = await events.events_after(conn, other, 0)
+    assert [(e["cursor"], e["kind"], e["payload"]) for e in mine] == [
+        (1, "mine-0", {"n": 0}), (2, "mine-1", {"n": 1}), (3, "mine-2", {"n": 2})]
+    assert [(e["cursor"], e["kind"]) for e in theirs] == [(1, "theirs-0"), (2, "theirs-1"), (3, "theirs-2")]
