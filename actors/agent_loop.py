@@ -113,8 +113,12 @@ async def _guarded(call: dict[str, Any], running: Awaitable[ToolResult]) -> Tool
 
 
 async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id: str, args: Any) -> ToolResult:
-    """Run a cooperation tool in a savepoint of the result's transaction: a call that is refused
-    or fails changes nothing, and its error is still committed as the result."""
+    """Run a cooperation tool in the result's transaction. One that acts runs in a savepoint: a
+    call that is refused or fails changes nothing, and its error is still committed as the
+    result. One that only reads writes nothing to undo (a database error in it fails the
+    transaction, and the Run, which recovery resumes)."""
+    if not tool.acts:
+        return await tool.handler(ctx, conn, call_id, args)
     async with conn.transaction():
         return await tool.handler(ctx, conn, call_id, args)
 
@@ -310,8 +314,7 @@ class RunExecutor:
     async def _append_reply(self, conn: Connection, reply: dict[str, Any]) -> None:
         """The reply joins the history with the call's usage (fenced)."""
         message = reply["message"]
-        await run_repo.fence(conn, self.run)
-        await run_repo.add_usage(conn, self.run.run_id, reply["usage"], reply.get("cost_usd", 0.0))
+        await run_repo.charge(conn, self.run, reply["usage"], reply.get("cost_usd", 0.0))
         self._history.append(await messages.append_message(
             conn, self.run, "assistant", content=message["content"], tool_calls=message["tool_calls"] or None))
 

@@ -175,8 +175,19 @@ async def one(
     return span[0]["seconds"], sampler, created["session"]["session_id"]
 
 
-async def profile(runtime: Runtime, tree_id: uuid.UUID) -> None:
+async def recorded_calls(runtime: Runtime, tree_id: uuid.UUID, expected: int) -> None:
+    """Wait (briefly) for the gateway's model-call records, which it writes shortly after each reply."""
+    for _ in range(50):
+        found = await rows(runtime.db, "SELECT count(*) AS n FROM model_calls m JOIN runs r USING (run_id) "
+                           "WHERE r.tree_id = %s", tree_id)
+        if found[0]["n"] >= expected:
+            return
+        await asyncio.sleep(0.1)
+
+
+async def profile(runtime: Runtime, tree_id: uuid.UUID, model_steps: int) -> None:
     """A timeline of the children's Runs, from committed timestamps (ms)."""
+    await recorded_calls(runtime, tree_id, model_steps)
     runs = await rows(
         runtime.db,
         """
@@ -268,12 +279,12 @@ async def main() -> None:
             runtime, Path(data_dir), args.children, args.steps, args.latency_ms, args.root_latency_ms
         )
         if args.profile:
-            await profile(runtime, tree)
+            await profile(runtime, tree, args.children * args.steps + ROOT_STEPS)
         ideal = (math.ceil(args.children / slots) * args.steps + ROOT_STEPS) * args.latency_ms / 1000
         zero, zero_sampler, zero_tree = await one(runtime, Path(data_dir), args.children, args.steps, 0)
         if args.profile:
             print("at L=0:")
-            await profile(runtime, zero_tree)
+            await profile(runtime, zero_tree, args.children * args.steps + ROOT_STEPS)
         model_steps = args.children * args.steps + ROOT_STEPS
         root_ms = args.latency_ms if args.root_latency_ms is None else args.root_latency_ms
         from actors.directory import warm_workers_setting
