@@ -2,8 +2,9 @@
 
 ``CANOPY_SESSION_HOSTS`` is read by every Ray process when it starts, so the hosted shape
 cannot be switched on inside the test session's cluster: this script starts a second
-runtime with the setting on (same database), runs a fan-out (whose tree supervisor lives in a host too)
-and a kill -9 of the host that runs a member mid-Turn, and prints one JSON line of findings for the test to check.
+runtime with the setting on (same database), runs a fan-out (whose tree supervisor lives in a host too),
+lets the hosts go idle and brings the tree back, and a kill -9 of the host that runs a
+member mid-Turn, and prints one JSON line of findings for the test to check.
 
     CANOPY_SESSION_HOSTS=2 CANOPY_DATABASE_URL=... python -m tests.actors.hosted_scenario
 """
@@ -53,13 +54,28 @@ async def fan_out(runtime: Runtime, scope: Scope) -> dict[str, Any]:
         watcher.cancel()
     alive = list_actors(address=address, filters=[("state", "=", "ALIVE")], limit=10_000)
     members = await rows(runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s", tree_id)
-    return {"status": result["status"], "output": result["output"],
+    return {"status": result["status"], "output": result["output"], "tree_id": str(tree_id),
             "session_actors": sorted(a.name for a in alive if (a.name or "").startswith("session:")),
             "hosts": sorted(a.name for a in alive if (a.name or "").startswith("canopy:sessions:")),
             "tree_actors": sorted(a.name for a in alive if (a.name or "").startswith("tree:")),
             "peak_runs": await peak_concurrent_runs(runtime.db, tree_id),
             "session_tasks_seen": len(tasks_seen & {f"session:{m['session_id']}" for m in members}),
             "members": len(members)}
+
+
+async def idle_and_back(runtime: Runtime, scope: Scope, tree_id: str) -> dict[str, Any]:
+    """After ``actor_idle_seconds`` the hosts hold no session and no tree supervisor; a new
+    input to the tree brings both back and is answered."""
+    hosts = [ray.get_actor(host_actor_name(i), namespace=NAMESPACE) for i in range(session_hosts_setting())]
+
+    async def emptied() -> list[dict[str, Any]] | None:
+        found = [await host.status.remote() for host in hosts]
+        return found if all(f["sessions"] == 0 and f["trees"] == 0 for f in found) else None
+
+    idle = await eventually(emptied, timeout=60, every=0.5)
+    receipt = await runtime.submit_input(scope, uuid.UUID(tree_id), script(say("back again")))
+    result = await runtime.wait_result(scope, receipt["input_id"], timeout=60)
+    return {"emptied": idle is not None, "status": result["status"], "output": result["output"]}
 
 
 async def kill_host_mid_turn(runtime: Runtime, scope: Scope) -> dict[str, Any]:
@@ -99,7 +115,9 @@ async def kill_host_mid_turn(runtime: Runtime, scope: Scope) -> dict[str, Any]:
 async def main() -> None:
     runtime = await Runtime.start(Settings(), num_cpus=2, include_dashboard=True)
     try:
-        findings = {"fan_out": await fan_out(runtime, Scope(f"hosted-{uuid.uuid4().hex[:6]}", "app")),
+        fan_scope = Scope(f"hosted-{uuid.uuid4().hex[:6]}", "app")
+        fan = await fan_out(runtime, fan_scope)
+        findings = {"fan_out": fan, "idle": await idle_and_back(runtime, fan_scope, fan["tree_id"]),
                     "kill": await kill_host_mid_turn(runtime, Scope(f"hosted-{uuid.uuid4().hex[:6]}", "app"))}
     finally:
         await runtime.close(shutdown_ray=True)

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 async def test_hosted_sessions_fan_out_and_survive_a_killed_host(database_url: str, tmp_path: Path) -> None:
-    env = {**os.environ, **RUNTIME_ENV, "CANOPY_SESSION_HOSTS": "2", "CANOPY_DATABASE_URL": database_url,
+    env = {**os.environ, **RUNTIME_ENV, "CANOPY_SESSION_HOSTS": "2", "CANOPY_ACTOR_IDLE_SECONDS": "3",
+           "CANOPY_DATABASE_URL": database_url,
            "CANOPY_DATA_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)  # a cluster of its own, not the test session's
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.actors.hosted_scenario", env=env,
@@ -44,6 +45,9 @@ async def test_hosted_sessions_fan_out_and_survive_a_killed_host(database_url: s
     assert fan["session_tasks_seen"] >= 1  # the dashboard shows the sessions as tasks named session:<id>
     assert fan["tree_actors"] == []  # the tree's supervisor ran in a host too...
     assert fan["peak_runs"] == 4  # ...and held the tree to its 4 slots (6 children, the root waiting)
+
+    idle = findings["idle"]  # idle sessions and supervisors leave their hosts; a new input brings them back
+    assert idle == {"emptied": True, "status": "completed", "output": "back again"}
 
     kill = findings["kill"]
     assert (kill["status"], kill["output"]) == ("completed", "root got member done g done")
