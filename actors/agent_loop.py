@@ -307,7 +307,7 @@ class RunExecutor:
             await self._append_reply(conn, reply)
             if final:
                 await turns.finish_turn(conn, self.run, "completed", output=message["content"] or "")
-                hints = await signals.change_hints(conn, [self.run.session_id])
+                hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
         await signals.send_hints(self.db, hints)  # the freed slot, the waiters on this answer
         return final
 
@@ -370,7 +370,9 @@ class RunExecutor:
                     conn, self.run, "tool", content=json.dumps(outcome, default=str), tool_call_id=item.call["id"]))
             if model_is_next and not parked:
                 boundary = await self._take_boundary(conn)
-            hints = await signals.change_hints(conn, ctx.touched_sessions)
+            # A park released this Run's slot: hand it on in the same commit.
+            hints = await signals.change_hints(conn, ctx.touched_sessions,
+                                               hand_off_tree=self.run.tree_id if wait_id else None)
         await asyncio.gather(*(signals.activate_session(s) for s in ctx.signalled_sessions))
         ctx.signalled_sessions.clear()
         ctx.touched_sessions.clear()
@@ -394,7 +396,6 @@ class RunExecutor:
             return
         # The condition may have been met between our check and the commit: re-check now.
         await signals.resume_wait(self.db, wait_id)
-        signals.poke_tree(self.run.tree_id)
 
     async def _deliver_wait_outcome(self, conn: Connection) -> None:
         """A Run that resumes a wait first commits the wait's outcome as the waiting call's result."""
@@ -416,7 +417,7 @@ class RunExecutor:
     async def _finish(self, status: str, *, output: str | None = None, error: str | None = None) -> None:
         async with self.db.tx() as conn:
             await turns.finish_turn(conn, self.run, status, output=output, error=error)
-            hints = await signals.change_hints(conn, [self.run.session_id])
+            hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
         await signals.send_hints(self.db, hints)
 
     async def _end_if_cancelling(self) -> None:

@@ -30,8 +30,10 @@ from actors.naming import (
     session_hosts_setting,
     tree_actor_name,
 )
+from persistence import runs as run_repo
 from persistence import waits
 from persistence.db import Connection, Database
+from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
 _ACTIVATION_ATTEMPTS = 5
@@ -241,11 +243,14 @@ async def trees_of(db: Database, session_ids: Iterable[uuid.UUID]) -> list[uuid.
 
 
 async def resume_wait(db: Database, wait_id: uuid.UUID) -> None:
-    """Resume one wait if it is due (idempotent) and poke its tree."""
+    """Resume one wait if it is due (idempotent): its resume Run is queued and, when a slot is
+    free, granted in the same commit."""
+    hints = NO_HINTS
     async with db.tx() as conn:
         resumed = await waits.try_resume(conn, wait_id)
-    if resumed:
-        poke_tree(resumed["tree_id"])
+        if resumed:
+            hints = await change_hints(conn, [], hand_off_tree=resumed["tree_id"])
+    await send_hints(db, hints)
 
 
 async def _resume_each(db: Database, wait_ids: list[uuid.UUID]) -> None:
@@ -269,28 +274,47 @@ async def wake_waiters(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
 @dataclasses.dataclass(frozen=True)
 class ChangeHints:
     """What to tell after a commit that touched some sessions: their trees (a slot may be free,
-    an input queued) and the open waits watching them (their waiters may now be due)."""
+    an input queued), the open waits watching them (their waiters may now be due), and the
+    sessions whose Runs the commit itself granted a slot (see ``change_hints``)."""
 
     tree_ids: list[uuid.UUID]
     wait_ids: list[uuid.UUID]
+    granted_sessions: list[uuid.UUID] = dataclasses.field(default_factory=list)
 
 
 NO_HINTS = ChangeHints([], [])
 
 
-async def change_hints(conn: Connection, session_ids: Iterable[uuid.UUID]) -> ChangeHints:
-    """Read the hints for a change inside its own transaction (one round trip less after it)."""
+async def change_hints(conn: Connection, session_ids: Iterable[uuid.UUID], *,
+                       hand_off_tree: uuid.UUID | None = None) -> ChangeHints:
+    """Read the hints for a change inside its own transaction (one round trip less after it).
+
+    With ``hand_off_tree`` (the commit freed a slot of that tree, or queued a Run in it) the
+    tree's free slots are granted here too, if its lock is free: the granted sessions are
+    activated straight after the commit, and the supervisor need not be asked.
+    """
     ids = list(dict.fromkeys(session_ids))
-    if not ids:
-        return NO_HINTS
-    cur = await conn.execute("SELECT DISTINCT tree_id FROM sessions WHERE session_id = ANY(%s)", (ids,))
-    tree_ids = [row["tree_id"] for row in await cur.fetchall()]
-    return ChangeHints(tree_ids, await waits.waits_watching(conn, ids))
+    tree_ids: list[uuid.UUID] = []
+    wait_ids: list[uuid.UUID] = []
+    if ids:
+        cur = await conn.execute("SELECT DISTINCT tree_id FROM sessions WHERE session_id = ANY(%s)", (ids,))
+        tree_ids = [row["tree_id"] for row in await cur.fetchall()]
+        wait_ids = await waits.waits_watching(conn, ids)
+    if hand_off_tree is None:
+        return ChangeHints(tree_ids, wait_ids)
+    granted = await run_repo.hand_off_slots(conn, hand_off_tree, get_settings().lease_seconds)
+    if granted is None:  # the tree is locked by another transaction: its supervisor grants after it
+        return ChangeHints(list(dict.fromkeys([*tree_ids, hand_off_tree])), wait_ids)
+    return ChangeHints([t for t in tree_ids if t != hand_off_tree], wait_ids,
+                       [row["session_id"] for row in granted])
 
 
 async def send_hints(db: Database, hints: ChangeHints) -> None:
-    """After the commit: the poke goes first (a slot the commit freed is granted while the
-    waiters are evaluated), then the due waits are resumed."""
+    """After the commit: sessions granted by the commit are activated and the trees poked first
+    (a slot the commit freed is granted while the waiters are evaluated), then the due waits
+    are resumed."""
+    for session_id in hints.granted_sessions:
+        spawn(activate_session(session_id))
     poke_trees(hints.tree_ids)
     await _resume_each(db, hints.wait_ids)
 

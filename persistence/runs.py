@@ -71,8 +71,20 @@ async def grant_slots(conn: Connection, tree_id: uuid.UUID, lease_seconds: float
     """
     cur = await conn.execute(_LOCK_TREE, (tree_id,))
     tree = await cur.fetchone()
-    if tree is None:
-        return []
+    return await _grant_locked(conn, tree_id, tree, lease_seconds) if tree is not None else []
+
+
+async def hand_off_slots(conn: Connection, tree_id: uuid.UUID, lease_seconds: float) -> list[Row] | None:
+    """``grant_slots`` inside a transaction that freed a slot (a Run's end, a park) or queued a
+    Run (a resumed wait), so the next Run starts without a round trip to the supervisor. It
+    never waits for the tree's lock: None when another transaction holds it (the caller then
+    pokes the supervisor, which grants after that transaction), else what was granted."""
+    cur = await conn.execute(_LOCK_TREE + " SKIP LOCKED", (tree_id,))
+    tree = await cur.fetchone()
+    return await _grant_locked(conn, tree_id, tree, lease_seconds) if tree is not None else None
+
+
+async def _grant_locked(conn: Connection, tree_id: uuid.UUID, tree: Row, lease_seconds: float) -> list[Row]:
     cur = await conn.execute(_COUNT_RUNNING, (tree_id,))
     running = await cur.fetchone()
     free = tree["slot_limit"] - (running["n"] if running else 0)

@@ -100,6 +100,29 @@ async def test_one_grant_fills_every_free_slot_oldest_first(db: Database, scope:
     assert (await run_row(db, queued[2]))["status"] == "pending"
 
 
+async def test_a_finishing_run_hands_its_slot_to_the_oldest_queued_run(db: Database, scope: Scope) -> None:
+    tree, root_run = await start_root_run(db, scope, slot_limit=1)
+    children = [await create_child(db, root_run, name) for name in ("c1", "c2")]
+    queued = [await latest_run_id(db, child["turn_id"]) for child in children]
+    async with db.tx() as conn:
+        await turns.finish_turn(conn, root_run, "completed", output="done")
+        handed = await runs.hand_off_slots(conn, tree.tree_id, LEASE_SECONDS)
+    assert [row["run_id"] for row in handed or []] == queued[:1]  # FIFO, and one slot only
+    assert [(await run_row(db, run_id))["status"] for run_id in queued] == ["running", "pending"]
+
+
+async def test_a_hand_off_never_waits_for_the_trees_lock(db: Database, scope: Scope) -> None:
+    tree, root_run = await start_root_run(db, scope, slot_limit=2)
+    child = await create_child(db, root_run, "c1")
+    before = await count_rows(db)
+    async with db.tx() as holder:  # e.g. the supervisor granting, or a stop
+        await holder.execute("SELECT 1 FROM trees WHERE tree_id = %s FOR UPDATE", (tree.tree_id,))
+        async with db.tx() as conn:
+            assert await asyncio.wait_for(runs.hand_off_slots(conn, tree.tree_id, LEASE_SECONDS), 5) is None
+    assert await count_rows(db) == before
+    assert (await run_row(db, await latest_run_id(db, child["turn_id"])))["status"] == "pending"
+
+
 async def test_concurrent_grants_never_exceed_the_limit(db: Database, scope: Scope) -> None:
     slot_limit, workers, members, inputs_each = 4, 8, 12, 6
     tree = await make_tree(db, scope, slot_limit=slot_limit)
