@@ -137,13 +137,14 @@ class Runtime:
                 slot_limit=self.settings.tree_slots, title=title or (input_text or "")[:80],
                 origin={"kind": origin_kind})
             receipt = None
+            hints = signals.NO_HINTS
             if input_text is not None:
                 receipt = await turns.submit_input(conn, scope, root_id, input_text, {"kind": origin_kind})
+                hints = await signals.change_hints(conn, [], hand_off_tree=root_id)  # the new tree's first slot
             session = await sessions.get_session(conn, scope, root_id)
             created = {"session": session, "input": receipt}
             await _run_hook(in_tx, conn, created)
-        if receipt is not None:
-            signals.poke_tree(root_id)
+        await signals.send_hints(self.db, hints)
         return created
 
     async def submit_input(self, scope: Scope, session_id: uuid.UUID, text: str,
@@ -153,7 +154,11 @@ class Runtime:
             if origin_kind == "human":
                 await record_intervention(conn, scope, session_id, "input", {"input_id": str(receipt["input_id"])})
             await _run_hook(in_tx, conn, receipt)
-        await signals.after_change(self.db, [session_id])
+            tree_id = (await sessions.get_session_row(conn, scope, session_id))["tree_id"]
+            # A Turn that starts at once gets its slot in this commit when the tree has one free.
+            hints = await signals.change_hints(conn, [session_id],
+                                               hand_off_tree=tree_id if receipt["turn_id"] else None)
+        await signals.send_hints(self.db, hints)
         return receipt
 
     # -- acting on work ----------------------------------------------------------------------------
