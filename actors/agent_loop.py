@@ -337,7 +337,7 @@ class RunExecutor:
         call parked the Turn, the model boundary when the model is called next).
 
         Every tool, reads too, runs only under a live lease: the commit is fenced. Cooperation
-        tools run inside it, each in a savepoint; a sandbox tool (a batch of its own) runs
+        tools run inside it (see ``_in_savepoint``); a sandbox tool (a batch of its own) runs
         first, outside any transaction. A call that parks ends the batch: the calls after it
         run when the Turn resumes. With ``reply`` (calls that only read or wait) the reply that
         made the calls is committed in the same transaction, first: a crash before the commit

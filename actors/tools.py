@@ -8,8 +8,9 @@ The cooperation tools here only touch the database, so each runs inside the very
 transaction that commits its result (``Tool.handler`` gets that connection): the effect
 and the result are one commit, so a crash loses both or neither, and a call costs one
 transaction. Side-effecting tools are also keyed by (Turn, tool call id) in
-``persistence.cooperation``, which keeps a replay exact even if a Run is re-driven by
-hand. Tools that run outside a transaction (sandbox commands) are ``SandboxTool``s.
+``persistence.cooperation``: a second guard, since a call whose result is committed is
+never run again. Tools that run outside a transaction (sandbox commands) are
+``SandboxTool``s, with receipts of their own.
 """
 
 from __future__ import annotations
