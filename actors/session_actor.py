@@ -12,11 +12,11 @@ Where a session lives (setting ``CANOPY_SESSION_HOSTS``):
   ``session:<id>``. Killing it kills exactly that session's Run.
 - ``N > 0``: N long-lived host actors (``canopy:sessions:<k>``, a session goes to host
   ``hash(id) % N``) each run many sessions, and the supervisors of the trees whose root
-  they host. Activating a session is then a call into a
-  running process instead of a new worker process (~0.4–0.9 s of CPU each on a small
-  machine). Each active session runs as a host task named ``session:<id>``, which is
-  what the dashboard shows; killing a host interrupts all its sessions' Runs, which are
-  recovered by lease expiry exactly like a killed dedicated actor's.
+  they host. Activating a session is then a call into a running process instead of a
+  new worker process (~0.4–0.9 s of CPU each on a small machine). Each active session
+  runs as a host task named ``session:<id>``, which is what the dashboard shows; killing
+  a host interrupts all its sessions' Runs, which are recovered by lease expiry exactly
+  like a killed dedicated actor's.
 
 Both shapes run the same ``SessionCore``: the same mailbox, lease owner per incarnation,
 passivation and reports to the directory. Sessions stay small: no model client (the
