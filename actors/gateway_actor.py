@@ -81,13 +81,14 @@ class _Call:
     model: str
     usage: dict[str, int]
     cost_usd: float
-    started: float
+    started: dataclasses.InitVar[float]  # time.monotonic() when the call began
     error: str | None
-    latency_ms: float = 0.0
-    ended_at: datetime.datetime = dataclasses.field(default_factory=lambda: datetime.datetime.now(datetime.UTC))
+    latency_ms: float = dataclasses.field(init=False)
+    ended_at: datetime.datetime = dataclasses.field(init=False)
 
-    def __post_init__(self) -> None:
-        self.latency_ms = (time.monotonic() - self.started) * 1000
+    def __post_init__(self, started: float) -> None:
+        self.latency_ms = (time.monotonic() - started) * 1000
+        self.ended_at = datetime.datetime.now(datetime.UTC)
 
     def row(self) -> tuple[Any, ...]:
         return (uuid.UUID(self.run_id), self.model, self.usage.get("prompt_tokens", 0),

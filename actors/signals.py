@@ -235,13 +235,6 @@ def poke_trees(tree_ids: Iterable[uuid.UUID]) -> None:
         poke_tree(tree_id)
 
 
-async def trees_of(db: Database, session_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
-    async with db.tx() as conn:
-        cur = await conn.execute("SELECT DISTINCT tree_id FROM sessions WHERE session_id = ANY(%s)",
-                                 (list(session_ids),))
-        return [row["tree_id"] for row in await cur.fetchall()]
-
-
 async def resume_wait(db: Database, wait_id: uuid.UUID) -> None:
     """Resume one wait if it is due (idempotent): its resume Run is queued and, when a slot is
     free, granted in the same commit."""
@@ -259,16 +252,6 @@ async def _resume_each(db: Database, wait_ids: list[uuid.UUID]) -> None:
             await resume_wait(db, wait_id)
         except Exception:  # isolated per wait; the sweep retries it
             log.exception("resuming wait %s failed", wait_id)
-
-
-async def wake_waiters(db: Database, session_ids: Iterable[uuid.UUID]) -> None:
-    """Something changed in these sessions: resume the waits watching them that are now due."""
-    ids = list(dict.fromkeys(session_ids))
-    if not ids:
-        return
-    async with db.tx() as conn:
-        wait_ids = await waits.waits_watching(conn, ids)
-    await _resume_each(db, wait_ids)
 
 
 @dataclasses.dataclass(frozen=True)
