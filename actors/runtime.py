@@ -139,7 +139,8 @@ class Runtime:
             receipt = None
             hints = signals.NO_HINTS
             if input_text is not None:
-                receipt = await turns.submit_input(conn, scope, root_id, input_text, {"kind": origin_kind})
+                receipt = await turns.submit_first_input(conn, scope, root_id, root_id, input_text,
+                                                         {"kind": origin_kind})
                 hints = await signals.change_hints(conn, [], hand_off_tree=root_id)  # the new tree's first slot
             session = await sessions.get_session(conn, scope, root_id)
             created = {"session": session, "input": receipt}

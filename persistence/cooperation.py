@@ -18,7 +18,7 @@ from persistence.messages import insert_coop_message
 from persistence.records import Row, RunRef, Scope
 from persistence.sessions import check_name, create_child, create_root, get_session_row, resolve_target
 from persistence.turns import cancel_turn as cancel_turn_row
-from persistence.turns import check_text, lock_session
+from persistence.turns import check_text, submit_first_input
 from persistence.turns import submit_input as submit_input_row
 
 CREATE_MODES = ("child", "root")
@@ -57,8 +57,7 @@ async def create_session(
         raise InvalidArgument(f"mode must be one of {', '.join(CREATE_MODES)}")
     check_name(name)
     check_text(description, "description")
-    await lock_session(conn, run.scope, run.session_id)
-    caller = await get_session_row(conn, run.scope, run.session_id)
+    caller = await get_session_row(conn, run.scope, run.session_id, lock=True)
     config = await _child_config(conn, run.scope, caller, agent_id)
     effective_agent = agent_id or caller["agent_id"]
     if mode == "child":
@@ -70,7 +69,8 @@ async def create_session(
                                     origin=_origin(caller, run), created_by_run_id=run.run_id)
         created = {"session_id": root_id, "name": "root", "path": "/root", "parent_session_id": None,
                    "tree_id": root_id}
-    receipt = await submit_input_row(conn, run.scope, created["session_id"], description, _origin(caller, run))
+    receipt = await submit_first_input(conn, run.scope, created["session_id"], created["tree_id"], description,
+                                       _origin(caller, run))
     result = {
         "session_id": str(created["session_id"]), "name": created["name"], "path": created["path"],
         "parent_session_id": str(created["parent_session_id"]) if created["parent_session_id"] else None,

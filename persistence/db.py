@@ -43,8 +43,9 @@ def resolve_database_url(settings: Settings | None = None) -> str:
 
 
 @functools.cache
+@functools.cache
 def query(name: str) -> LiteralString:
-    """A named query from ``persistence/queries/<name>.sql``."""
+    """A named query from ``persistence/queries/<name>.sql`` (read once)."""
     return cast(LiteralString, (_HERE / "queries" / f"{name}.sql").read_text())
 
 

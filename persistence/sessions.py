@@ -156,10 +156,12 @@ async def create_child(
             "tree_id": parent["tree_id"], "depth": depth}
 
 
-async def get_session_row(conn: Connection, scope: Scope, session_id: uuid.UUID) -> Row:
+async def get_session_row(conn: Connection, scope: Scope, session_id: uuid.UUID, *, lock: bool = False) -> Row:
+    """The session's row; with ``lock`` it is locked like ``turns.lock_session`` locks it."""
     cur = await conn.execute(
         f"""SELECT {_SESSION_COLUMNS}, s.user_id, s.app_id FROM sessions s
-            WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s""",
+            WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s
+            {"FOR NO KEY UPDATE" if lock else ""}""",
         (session_id, scope.user_id, scope.app_id),
     )
     row = await cur.fetchone()

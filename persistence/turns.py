@@ -13,7 +13,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from persistence import runs as run_repo
-from persistence.db import Connection
+from persistence.db import Connection, query
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.events import append_event
 from persistence.records import TERMINAL_TURN_STATUSES, Row, RunRef, Scope, new_id
@@ -106,6 +106,26 @@ async def submit_input(
         "status": "started" if turn_id else "queued",
         "turn_id": turn_id,
     }
+
+
+async def submit_first_input(conn: Connection, scope: Scope, session_id: uuid.UUID, tree_id: uuid.UUID,
+                             text: str, origin: dict[str, Any]) -> Row:
+    """The first input of a session created in this transaction: its Turn starts at once.
+
+    A new session has nothing queued or open and no other transaction sees it yet, so the
+    checks and the session lock of ``submit_input`` have nothing to find: one statement
+    writes the input, its Turn, the Turn's first Run and the first history message.
+    """
+    check_text(text)
+    input_id, turn_id, run_id = new_id(), new_id(), new_id()
+    await conn.execute(query("start_first_turn"), {
+        "input_id": input_id, "turn_id": turn_id, "run_id": run_id, "session_id": session_id, "tree_id": tree_id,
+        "user_id": scope.user_id, "app_id": scope.app_id, "text": text, "origin": Jsonb(origin)})
+    await append_event(conn, scope, "input_received", session_id=session_id, tree_id=tree_id,
+                       payload={"input_id": str(input_id), "origin": origin})
+    await append_event(conn, scope, "turn_started", session_id=session_id, tree_id=tree_id, turn_id=turn_id,
+                       run_id=run_id, payload={"input_id": str(input_id)})
+    return {"input_id": input_id, "session_id": session_id, "status": "started", "turn_id": turn_id}
 
 
 async def start_next_turn(conn: Connection, session: Row) -> Row | None:
