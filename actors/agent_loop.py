@@ -22,12 +22,12 @@ import ray
 from actors import failpoints, signals
 from actors.toolbox import parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
-from persistence import messages, stream_watchers, turns, waits
+from persistence import messages, turns, waits
 from persistence import runs as run_repo
 from persistence.db import Connection, Database
 from persistence.errors import CanopyError, Conflict, LeaseLost
 from persistence.records import Row, RunRef
-from persistence.sessions import get_session_row
+from persistence.sessions import session_and_turn_input
 from persistence.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -207,13 +207,10 @@ class RunExecutor:
         read, and when the model is called next its boundary is taken too."""
         if self.run.kind == "resume":  # only a resume Run can continue a wait
             await self._deliver_wait_outcome(conn)
-        session = await get_session_row(conn, self.run.scope, self.run.session_id)
-        cur = await conn.execute("SELECT input_id FROM turns WHERE turn_id = %s", (self.run.turn_id,))
-        turn = await cur.fetchone()
-        assert turn is not None
+        session, input_id = await session_and_turn_input(conn, self.run)
         self._history = await messages.history(conn, self.run.session_id)
         boundary = await self._take_boundary(conn) if self._model_is_next() else None
-        self._begun = _Begun(session, turn["input_id"], boundary)
+        self._begun = _Begun(session, input_id, boundary)
 
     def _final_reply(self) -> Row | None:
         """The Turn's committed answer: its last message is an assistant reply without tool calls."""
@@ -268,11 +265,11 @@ class RunExecutor:
     async def _take_boundary(self, conn: Connection) -> _Boundary:
         """Take messages and steers into the history, unless the Turn is being cancelled (or
         stopped): then the caller ends it as cancelled instead of calling the model."""
-        status, watched = await stream_watchers.turn_status_and_watch(conn, self.run.turn_id, self.run.tree_id)
-        if status == "cancelling":
+        boundary = await messages.take_boundary(conn, self.run)
+        if boundary.turn_status == "cancelling":
             return _Boundary(cancelling=True)
-        self._history.extend(await messages.take_boundary_messages(conn, self.run))
-        return _Boundary(cancelling=False, watched=watched)
+        self._history.extend(boundary.taken)
+        return _Boundary(cancelling=False, watched=boundary.watched)
 
     async def _call_model(self, session: Row, input_id: uuid.UUID, *, stream: bool) -> dict[str, Any] | None:
         """The gateway's reply, or None when the call failed for good (the Turn has failed)."""

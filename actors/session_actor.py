@@ -164,11 +164,7 @@ class SessionCore:
 
     async def _acquire(self, conn: Connection) -> RunRef | None:
         """Take the lease of the oldest Run granted to this session and owned by nobody."""
-        for run_id in await run_repo.claimable_runs(conn, self.session_id):
-            run = await run_repo.acquire_run(conn, run_id, self.owner, self.settings.lease_seconds)
-            if run is not None:
-                return run
-        return None
+        return await run_repo.acquire_next_run(conn, self.session_id, self.owner, self.settings.lease_seconds)
 
     async def _begin_next(self, db: Database) -> RunExecutor | None:
         """Acquire the next Run and begin it in the same transaction (one round of commits less

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from persistence import runs as run_repo
-from persistence.db import Connection
-from persistence.errors import Conflict
+from persistence.db import Connection, query
+from persistence.errors import Conflict, LeaseLost
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
 from persistence.turns import check_text, lock_session, open_turn
@@ -17,13 +17,6 @@ from persistence.turns import check_text, lock_session, open_turn
 _HISTORY = """
 SELECT id, role, content, tool_calls, tool_call_id, turn_id, run_id, origin, created_at
 FROM thread_messages WHERE session_id = %s AND id > %s ORDER BY id LIMIT %s
-"""
-_UNPROCESSED = """
-SELECT c.message_id, c.kind, c.body, c.sender_session_id, s.path AS sender_path
-FROM coop_messages c LEFT JOIN sessions s ON s.session_id = c.sender_session_id
-WHERE c.receiver_session_id = %s AND c.processed_at IS NULL
-ORDER BY c.received_at, c.message_id
-FOR UPDATE OF c
 """
 
 
@@ -72,13 +65,32 @@ def render_coop_message(message: Row) -> str:
             f"{message['body']}\n</canopy:message>")
 
 
-async def take_boundary_messages(conn: Connection, run: RunRef) -> list[Row]:
-    """At a model boundary: move every unprocessed message and steer into the Run's history;
-    the history rows they became, in order."""
-    await run_repo.fence(conn, run)
-    cur = await conn.execute(_UNPROCESSED, (run.session_id,))
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    """A model boundary: the Turn's status, whether its tree is watched live, and the history
+    rows the unprocessed messages and steers became (none when the Turn is being cancelled)."""
+
+    turn_status: str | None
+    watched: bool
+    taken: list[Row]
+
+
+async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
+    """At a model boundary (fenced: LeaseLost if the Run's lease is gone): unless the Turn is
+    being cancelled, move every unprocessed message and steer into the Run's history."""
+    cur = await conn.execute(query("model_boundary"), {
+        "run_id": run.run_id, "owner": run.owner, "session_id": run.session_id, "tree_id": run.tree_id,
+        "turn_id": run.turn_id})
+    rows = await cur.fetchall()
+    if not rows or not rows[0]["fenced"]:
+        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
+    status, watched = rows[0]["turn_status"], rows[0]["watched"]
+    if status == "cancelling":
+        return Boundary(status, watched, [])
     taken = []
-    for message in await cur.fetchall():
+    for message in rows:
+        if message["message_id"] is None:  # no message: the one row is the Turn's alone
+            continue
         taken.append(await append_message(
             conn, run, "user", content=render_coop_message(message),
             origin={"kind": message["kind"], "message_id": str(message["message_id"]),
@@ -87,7 +99,7 @@ async def take_boundary_messages(conn: Connection, run: RunRef) -> list[Row]:
             "UPDATE coop_messages SET processed_at = now(), processed_run_id = %s WHERE message_id = %s",
             (run.run_id, message["message_id"]),
         )
-    return taken
+    return Boundary(status, watched, taken)
 
 
 async def insert_coop_message(

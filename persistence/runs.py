@@ -31,12 +31,19 @@ WITH granted AS (
     RETURNING run_id, session_id, turn_id, queued_at)
 SELECT run_id, session_id, turn_id FROM granted ORDER BY queued_at, run_id
 """
-_ACQUIRE = """
+_ACQUIRE_WHERE_RUN_IS = """
 UPDATE runs r SET owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s)
 FROM sessions s
-WHERE r.run_id = %(run_id)s AND r.status = 'running' AND r.owner IS NULL AND s.session_id = r.session_id
+WHERE r.status = 'running' AND r.owner IS NULL AND s.session_id = r.session_id AND r.run_id = """
+_ACQUIRE_RETURNING = """
 RETURNING r.run_id, r.turn_id, r.session_id, r.tree_id, r.kind, r.resumes_run_id, s.user_id, s.app_id
 """
+_ACQUIRE = _ACQUIRE_WHERE_RUN_IS + "%(run_id)s" + _ACQUIRE_RETURNING
+# The session's oldest claimable Run. If another incarnation takes it first, the UPDATE finds
+# it owned and acquires nothing (a session has one claimable Run at a time: one Turn, one Run).
+_ACQUIRE_NEXT = _ACQUIRE_WHERE_RUN_IS + """(
+    SELECT run_id FROM runs WHERE session_id = %(session_id)s AND status = 'running' AND owner IS NULL
+    ORDER BY started_at LIMIT 1)""" + _ACQUIRE_RETURNING
 _HEARTBEAT = """
 UPDATE runs SET lease_expires_at = now() + make_interval(secs => %(lease)s)
 WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
@@ -45,10 +52,6 @@ _FENCE = """
 SELECT run_id FROM runs
 WHERE run_id = %s AND owner = %s AND status = 'running' AND lease_expires_at > now()
 FOR NO KEY UPDATE
-"""
-_CLAIMABLE = """
-SELECT run_id FROM runs WHERE session_id = %s AND status = 'running' AND owner IS NULL
-ORDER BY started_at
 """
 _EXPIRED = """
 SELECT run_id FROM runs WHERE status = 'running' AND lease_expires_at < now()
@@ -99,15 +102,20 @@ async def _grant_locked(conn: Connection, tree_id: uuid.UUID, tree: Row, lease_s
     return granted
 
 
-async def claimable_runs(conn: Connection, session_id: uuid.UUID) -> list[uuid.UUID]:
-    """Runs of the session that hold a granted slot and have no owner yet."""
-    cur = await conn.execute(_CLAIMABLE, (session_id,))
-    return [row["run_id"] for row in await cur.fetchall()]
-
-
 async def acquire_run(conn: Connection, run_id: uuid.UUID, owner: str, lease_seconds: float) -> RunRef | None:
+    """Take the lease of this Run if it holds a granted slot and no owner yet."""
     cur = await conn.execute(_ACQUIRE, {"run_id": run_id, "owner": owner, "lease": lease_seconds})
-    row = await cur.fetchone()
+    return _acquired(await cur.fetchone(), owner)
+
+
+async def acquire_next_run(conn: Connection, session_id: uuid.UUID, owner: str, lease_seconds: float
+                           ) -> RunRef | None:
+    """Take the lease of the session's oldest Run that holds a granted slot and no owner yet."""
+    cur = await conn.execute(_ACQUIRE_NEXT, {"session_id": session_id, "owner": owner, "lease": lease_seconds})
+    return _acquired(await cur.fetchone(), owner)
+
+
+def _acquired(row: Row | None, owner: str) -> RunRef | None:
     if row is None:
         return None
     return RunRef(

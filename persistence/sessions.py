@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 from persistence.db import Connection
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.events import append_event
-from persistence.records import Row, Scope, new_id
+from persistence.records import Row, RunRef, Scope, new_id
 from persistence.scopes import ensure_scope
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -168,6 +168,21 @@ async def get_session_row(conn: Connection, scope: Scope, session_id: uuid.UUID,
     if row is None:
         raise NotFound(f"no session {session_id}")
     return row
+
+
+async def session_and_turn_input(conn: Connection, run: RunRef) -> tuple[Row, uuid.UUID]:
+    """What a Run reads first, in one statement: its session's row and its Turn's input."""
+    cur = await conn.execute(
+        f"""SELECT {_SESSION_COLUMNS}, s.user_id, s.app_id, t.input_id AS turn_input_id
+            FROM sessions s JOIN turns t ON t.session_id = s.session_id
+            WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s AND t.turn_id = %s""",
+        (run.session_id, run.scope.user_id, run.scope.app_id, run.turn_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"no session {run.session_id} with turn {run.turn_id}")
+    input_id = row.pop("turn_input_id")
+    return row, input_id
 
 
 async def get_session(conn: Connection, scope: Scope, session_id: uuid.UUID) -> Row:

@@ -4,7 +4,7 @@ Streaming a reply costs the ModelGateway several times the CPU of a plain call (
 handles every chunk) and a NOTIFY per burst of text. Text deltas are only a live view, so
 they are produced only while someone can see them: an API stream that asks for deltas
 marks its tree as watched until a time and refreshes the mark while it stays connected.
-A Run reads the mark at each model boundary; a watcher that arrives during a model call
+A Run reads the mark at each model boundary (queries/model_boundary.sql); a watcher that arrives during a model call
 sees the text from the next call on (the committed message arrives either way).
 """
 
@@ -18,24 +18,11 @@ _WATCH = """
 INSERT INTO stream_watchers (tree_id, watched_until) VALUES (%s, now() + make_interval(secs => %s))
 ON CONFLICT (tree_id) DO UPDATE SET watched_until = greatest(stream_watchers.watched_until, excluded.watched_until)
 """
-_TURN_STATUS_AND_WATCH = """
-SELECT t.status,
-       EXISTS (SELECT 1 FROM stream_watchers w WHERE w.tree_id = %s AND w.watched_until > now()) AS watched
-FROM turns t WHERE t.turn_id = %s
-"""
 
 
 async def watch(conn: Connection, tree_id: uuid.UUID, seconds: float) -> None:
     """Mark the tree as watched for ``seconds`` from now (never shortening an existing mark)."""
     await conn.execute(_WATCH, (tree_id, seconds))
-
-
-async def turn_status_and_watch(conn: Connection, turn_id: uuid.UUID, tree_id: uuid.UUID) -> tuple[str | None, bool]:
-    """What a Run reads at a model boundary, in one statement: its Turn's status, and whether
-    the Turn's tree is watched now."""
-    cur = await conn.execute(_TURN_STATUS_AND_WATCH, (tree_id, turn_id))
-    row = await cur.fetchone()
-    return (row["status"], row["watched"]) if row else (None, False)
 
 
 async def delete_expired(conn: Connection) -> None:

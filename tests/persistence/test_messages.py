@@ -32,8 +32,8 @@ async def test_a_message_creates_no_input_and_is_read_at_the_next_boundary(db: D
     assert (after["inputs"], after["turns"], after["runs"]) == (before["inputs"], before["turns"], before["runs"])
 
     async with db.tx() as conn:
-        taken = await messages.take_boundary_messages(conn, aaa_run)
-        assert await messages.take_boundary_messages(conn, aaa_run) == []  # processed once
+        taken = (await messages.take_boundary(conn, aaa_run)).taken
+        assert (await messages.take_boundary(conn, aaa_run)).taken == []  # processed once
         # The rows handed back are the history rows, as a later read finds them.
         assert taken == (await messages.history(conn, aaa_run.session_id))[-1:]
     assert taken[0]["role"] == "user" and "use the blue one" in taken[0]["content"]
@@ -92,6 +92,6 @@ async def test_steer_reaches_the_running_turn_at_its_boundary(db: Database, scop
                              (steered["message_id"],))
     assert stored == {"kind": "steer", "sender_session_id": None, "body": "go left"}
     async with db.tx() as conn:
-        assert len(await messages.take_boundary_messages(conn, run)) == 1
+        assert len((await messages.take_boundary(conn, run)).taken) == 1
         history = await messages.history(conn, tree.root_id)
     assert history[-1]["content"] == "<canopy:steer>\ngo left\n</canopy:steer>"

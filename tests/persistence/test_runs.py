@@ -189,13 +189,18 @@ async def test_acquire_needs_a_granted_unowned_run(db: Database, scope: Scope) -
     run_id = await latest_run_id(db, receipt["turn_id"])
     async with db.tx() as conn:
         assert await runs.acquire_run(conn, run_id, "early", LEASE_SECONDS) is None  # still pending
+        assert await runs.acquire_next_run(conn, tree.root_id, "early", LEASE_SECONDS) is None
+    assert (await run_row(db, run_id))["owner"] is None
     await grant(db, tree.tree_id)
     async with db.tx() as conn:
-        assert await runs.claimable_runs(conn, tree.root_id) == [run_id]
-    first = await acquire(db, run_id, "owner-a")
+        assert await runs.has_claimable_run(conn, tree.root_id)
+    async with db.tx() as conn:
+        first = await runs.acquire_next_run(conn, tree.root_id, "owner-a", LEASE_SECONDS)
+    assert first is not None and first.run_id == run_id
     async with db.tx() as conn:
         assert await runs.acquire_run(conn, run_id, "owner-b", LEASE_SECONDS) is None
-        assert await runs.claimable_runs(conn, tree.root_id) == []
+        assert await runs.acquire_next_run(conn, tree.root_id, "owner-b", LEASE_SECONDS) is None
+        assert not await runs.has_claimable_run(conn, tree.root_id)
     row = await run_row(db, run_id)
     assert row["owner"] == "owner-a" and first.owner == "owner-a"
     assert first.session_id == tree.root_id and first.turn_id == uuid.UUID(str(receipt["turn_id"]))
@@ -295,7 +300,7 @@ async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: S
         lambda conn: cooperation.submit_input(conn, run, "late-2", target="/root/aaa", text="hi"),
         lambda conn: cooperation.create_session(conn, run, "late-3", name="bbb", description="x", max_depth=2,
                                                 slot_limit=4),
-        lambda conn: messages.take_boundary_messages(conn, run),
+        lambda conn: messages.take_boundary(conn, run),
         lambda conn: runs.charge(conn, run, {"prompt_tokens": 5}, 0.1),
     ]
     for write in stale_writes:

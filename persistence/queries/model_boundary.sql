@@ -1,0 +1,20 @@
+-- What a Run reads at a model boundary, in one round trip: whether it still holds its lease
+-- (the Run row is locked if so, as runs.fence locks it), its Turn's status, whether the
+-- tree's live text is watched, and the unprocessed messages and steers (locked) to take in.
+WITH fence AS (
+    SELECT run_id FROM runs
+    WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
+    FOR NO KEY UPDATE
+), unprocessed AS (
+    SELECT c.message_id, c.kind, c.body, c.sender_session_id, c.received_at, s.path AS sender_path
+    FROM coop_messages c LEFT JOIN sessions s ON s.session_id = c.sender_session_id
+    WHERE c.receiver_session_id = %(session_id)s AND c.processed_at IS NULL
+    FOR UPDATE OF c
+)
+SELECT EXISTS (SELECT 1 FROM fence) AS fenced,
+       t.status AS turn_status,
+       EXISTS (SELECT 1 FROM stream_watchers w WHERE w.tree_id = %(tree_id)s AND w.watched_until > now()) AS watched,
+       m.message_id, m.kind, m.body, m.sender_session_id, m.sender_path
+FROM turns t LEFT JOIN unprocessed m ON true
+WHERE t.turn_id = %(turn_id)s
+ORDER BY m.received_at, m.message_id
