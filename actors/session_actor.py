@@ -255,15 +255,14 @@ class _HostedSession(SessionCore):
     def __init__(self, session_id: uuid.UUID, host: SessionHostImpl) -> None:
         super().__init__(session_id)
         self._host = host
-        self.started = False
+        self.loop: asyncio.Task[None] | None = None
 
     async def _database(self) -> Database:
         return await self._host.database()
 
     def _ensure_loop(self) -> None:
-        if not self.started:
-            self.started = True
-            self._host.start(self)
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop().create_task(self._host.run(self))
 
     def _exited(self) -> None:
         self._host.forget(self)
@@ -318,22 +317,26 @@ class SessionHostImpl:
             return True  # that incarnation is gone already
         return await session.passivate_if_idle(owner)
 
-    def start(self, session: _HostedSession) -> None:
-        """Run the session's loop as a task of this actor named ``session:<id>`` (the dashboard's view)."""
+    async def run(self, session: _HostedSession) -> None:
+        """A session's work loop, started at once by its first hint. The dashboard sees it as
+        this actor's task ``session:<id>``, which lasts as long as the loop; the loop does not
+        wait for that task to start (a round trip through Ray on every activation)."""
         me = ray.get_runtime_context().current_actor
         me.run_session.options(name=session_actor_name(session.session_id)).remote(
             str(session.session_id), session.owner)
-
-    async def run_session(self, session_id: str, owner: str) -> None:
-        session = self._sessions.get(uuid.UUID(session_id))
-        if session is None or session.owner != owner:
-            return
         try:
             await session._main()
         except Exception:
-            log.exception("session %s stopped; the next hint starts it again", session_id)
+            log.exception("session %s stopped; the next hint starts it again", session.session_id)
             if not session.exiting:
                 session._exit("crashed")
+
+    async def run_session(self, session_id: str, owner: str) -> None:
+        """The dashboard's view of a live session: ends when its work loop does."""
+        session = self._sessions.get(uuid.UUID(session_id))
+        if session is None or session.owner != owner or session.loop is None:
+            return
+        await asyncio.wait([session.loop])  # never cancels the loop, never raises its error
 
     def forget(self, session: _HostedSession) -> None:
         if self._sessions.get(session.session_id) is session:

@@ -76,7 +76,7 @@ async def open_pool(url: str, max_size: int | None = None, min_size: int = 1) ->
         url,
         min_size=min_size,
         max_size=max_size or get_settings().db_pool_max,
-        kwargs={"row_factory": dict_row, "autocommit": False},
+        kwargs={"row_factory": dict_row, "autocommit": False, "prepare_threshold": 0},
         open=False,
     )
     await pool.open(wait=True)
