@@ -12,7 +12,8 @@ replayed Run gets the same answers:
   ``assistant`` messages after it.
 * If the Input has a line ``#!script`` followed by a JSON list, element ``step`` is the reply:
   ``{"call": [{"name", "args"}, ...]}``, ``{"say": text}`` or ``{"fail": text}``, each with an
-  optional ``delay_ms`` (latency before the reply starts). A streamed reply may also take
+  optional ``delay_ms``: the latency from the request's arrival to the reply's start, this
+  model's own work included (as in a real provider's latency). A streamed reply may also take
   ``stream_ms``, spread evenly between its chunks, as a real model's text arrives over time
   (an extension of SPEC §13, which leaves streaming pace open). Past the end of the list the
   model says :data:`FINAL_TEXT`.
@@ -524,6 +525,16 @@ async def _read_body(request: Request) -> dict[str, Any]:
     return body
 
 
+def _response(body: dict[str, Any], model: str, reply: Reply, prompt_tokens: int) -> Response:
+    if reply.fail is not None:
+        return _error(400, reply.fail)
+    if not body.get("stream"):
+        return JSONResponse(completion_body(model, reply, prompt_tokens))
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    chunks = list(stream_chunks(model, reply, prompt_tokens, include_usage))
+    return StreamingResponse(_sse(chunks, reply.stream_ms / 1000), media_type="text/event-stream")
+
+
 def create_scripted_app(log_path: Path | None) -> FastAPI:
     """The scripted model as an ASGI app; every completion request is logged to ``log_path``."""
     app = FastAPI(title="Canopy scripted model", docs_url=None, redoc_url=None, openapi_url=None)
@@ -541,6 +552,9 @@ def create_scripted_app(log_path: Path | None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
+        # The simulated latency counts from the request's arrival, and this model's own work is
+        # part of it, as a real provider's is: the reply is ready before the wait, not after.
+        arrived = time.monotonic()
         try:
             body = await _read_body(request)
         except ScriptError as exc:
@@ -554,16 +568,11 @@ def create_scripted_app(log_path: Path | None) -> FastAPI:
             reply = plan_reply(messages, tools)
         except ScriptError as exc:
             return _error(400, str(exc))
-        if reply.delay_ms:
-            await _delay(request, reply.delay_ms / 1000)
-        if reply.fail is not None:
-            return _error(400, reply.fail)
-        prompt_tokens = _prompt_tokens(messages, tools)
-        if not body.get("stream"):
-            return JSONResponse(completion_body(model, reply, prompt_tokens))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        chunks = list(stream_chunks(model, reply, prompt_tokens, include_usage))
-        return StreamingResponse(_sse(chunks, reply.stream_ms / 1000), media_type="text/event-stream")
+        response = _response(body, model, reply, _prompt_tokens(messages, tools))
+        latency = reply.delay_ms / 1000 - (time.monotonic() - arrived)
+        if latency > 0:
+            await _delay(request, latency)
+        return response
 
     return app
 
