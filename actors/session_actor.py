@@ -137,7 +137,7 @@ class SessionCore:
     # -- the work loop ---------------------------------------------------------------------------------
 
     async def _main(self) -> None:
-        self._report()
+        asyncio.get_running_loop().call_soon(self._report)  # once the loop waits for its first read
         while not self.exiting:
             self._wake.clear()
             if await self._work():
@@ -192,7 +192,8 @@ class SessionCore:
             run = executor.run
             self._current_turn = run.turn_id
             self._current = asyncio.create_task(executor.execute())
-            self._report()  # busy
+            # Busy. Reported once the Run has sent its first request: a report costs a Ray call.
+            asyncio.get_running_loop().call_soon(self._report)
             try:
                 await self._current
             except asyncio.CancelledError:
@@ -321,15 +322,18 @@ class SessionHostImpl:
         """A session's work loop, started at once by its first hint. The dashboard sees it as
         this actor's task ``session:<id>``, which lasts as long as the loop; the loop does not
         wait for that task to start (a round trip through Ray on every activation)."""
-        me = ray.get_runtime_context().current_actor
-        me.run_session.options(name=session_actor_name(session.session_id)).remote(
-            str(session.session_id), session.owner)
+        asyncio.get_running_loop().call_soon(self._show, session)  # once the loop waits for its first read
         try:
             await session._main()
         except Exception:
             log.exception("session %s stopped; the next hint starts it again", session.session_id)
             if not session.exiting:
                 session._exit("crashed")
+
+    def _show(self, session: _HostedSession) -> None:
+        me = ray.get_runtime_context().current_actor
+        me.run_session.options(name=session_actor_name(session.session_id)).remote(
+            str(session.session_id), session.owner)
 
     async def run_session(self, session_id: str, owner: str) -> None:
         """The dashboard's view of a live session: ends when its work loop does."""

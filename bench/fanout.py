@@ -279,7 +279,9 @@ async def main() -> None:
         settings = Settings(data_dir=Path(data_dir))
         runtime = await Runtime.start(settings)
         slots = settings.tree_slots
-        await one(runtime, Path(data_dir), 2, 1, 0)  # warm up: actors, litellm, connections
+        # Warm up at full size and L=0: the session hosts' pooled connections, the statements
+        # they prepare, litellm, the actors. The figures below are the steady state's.
+        await one(runtime, Path(data_dir), args.children, args.steps, 0)
         measured = [await one(runtime, Path(data_dir), args.children, args.steps, args.latency_ms,
                               args.root_latency_ms) for _ in range(max(1, args.repeat))]
         makespans = [m[0] for m in measured]
