@@ -299,11 +299,12 @@ class RunExecutor:
         final = not message["tool_calls"]
         hints = signals.NO_HINTS
         async with self.db.tx() as conn:
-            if final:  # finish_turn's lock order: the session before the Run
-                await turns.lock_session(conn, self.run.scope, self.run.session_id)
+            # finish_turn's lock order: the session before the Run (which the reply's charge locks)
+            session = await turns.lock_session(conn, self.run.scope, self.run.session_id) if final else None
             await self._append_reply(conn, reply)
             if final:
-                await turns.finish_turn(conn, self.run, "completed", output=message["content"] or "")
+                await turns.finish_turn(conn, self.run, "completed", output=message["content"] or "",
+                                        locked_session=session)
                 hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
         await signals.send_hints(self.db, hints)  # the freed slot, the waiters on this answer
         return final

@@ -280,9 +280,7 @@ async def change_hints(conn: Connection, session_ids: Iterable[uuid.UUID], *,
     tree_ids: list[uuid.UUID] = []
     wait_ids: list[uuid.UUID] = []
     if ids:
-        cur = await conn.execute("SELECT DISTINCT tree_id FROM sessions WHERE session_id = ANY(%s)", (ids,))
-        tree_ids = [row["tree_id"] for row in await cur.fetchall()]
-        wait_ids = await waits.waits_watching(conn, ids)
+        tree_ids, wait_ids = await waits.change_targets(conn, ids)
     if hand_off_tree is None:
         return ChangeHints(tree_ids, wait_ids)
     granted = await run_repo.hand_off_slots(conn, hand_off_tree, get_settings().lease_seconds)

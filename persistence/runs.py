@@ -154,6 +154,19 @@ async def charge(conn: Connection, run: RunRef, usage: dict[str, int], cost_usd:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
 
 
+async def end_own_run(conn: Connection, run: RunRef, status: str, *, output: str | None = None,
+                      error: str | None = None) -> None:
+    """``end_run`` by the Run's own incarnation, fenced in the same statement (else LeaseLost)."""
+    cur = await conn.execute(
+        """UPDATE runs SET status = %s, output = %s, error = %s, ended_at = clock_timestamp(),
+                  lease_expires_at = NULL
+           WHERE run_id = %s AND owner = %s AND status = 'running' AND lease_expires_at > now()""",
+        (status, output, error, run.run_id, run.owner),
+    )
+    if cur.rowcount != 1:
+        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
+
+
 async def end_run(conn: Connection, run_id: uuid.UUID, status: str, *, output: str | None = None,
                   error: str | None = None) -> None:
     """Move a Run out of pending/running (releasing its slot in the same statement)."""

@@ -133,7 +133,14 @@ async def start_next_turn(conn: Connection, session: Row) -> Row | None:
 
     The caller holds the session row lock.
     """
-    if session["queue_paused"] or session["archived"] or await open_turn(conn, session["session_id"]):
+    if await open_turn(conn, session["session_id"]):
+        return None
+    return await _start_pending_input(conn, session)
+
+
+async def _start_pending_input(conn: Connection, session: Row) -> Row | None:
+    """``start_next_turn`` for a session known to have no open Turn (one just ended)."""
+    if session["queue_paused"] or session["archived"]:
         return None
     cur = await conn.execute(_NEXT_PENDING_INPUT, (session["session_id"],))
     pending = await cur.fetchone()
@@ -171,17 +178,17 @@ async def _end_turn(conn: Connection, session: Row, turn_id: uuid.UUID, result_r
                "output_preview": (output or "")[:_PREVIEW]}
     await append_event(conn, _scope_of(session), f"turn_{status}", session_id=session["session_id"],
                        tree_id=session["tree_id"], turn_id=turn_id, run_id=result_run_id, payload=payload)
-    return await start_next_turn(conn, session)
+    return await _start_pending_input(conn, session)  # a session has one open Turn: this one
 
 
 async def finish_turn(conn: Connection, run: RunRef, status: str, *, output: str | None = None,
-                      error: str | None = None) -> Row | None:
-    """The executing Run ends its Turn (completed, failed or cancelled); fenced by its lease."""
+                      error: str | None = None, locked_session: Row | None = None) -> Row | None:
+    """The executing Run ends its Turn (completed, failed or cancelled); fenced by its lease.
+    ``locked_session``: the session's row when the caller has taken ``lock_session`` already."""
     if status not in TERMINAL_TURN_STATUSES:
         raise ValueError(status)
-    session = await lock_session(conn, run.scope, run.session_id)
-    await run_repo.fence(conn, run)
-    await run_repo.end_run(conn, run.run_id, status, output=output, error=error)
+    session = locked_session or await lock_session(conn, run.scope, run.session_id)
+    await run_repo.end_own_run(conn, run, status, output=output, error=error)
     return await _end_turn(conn, session, run.turn_id, run.run_id, status, output, error)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from persistence import runs as run_repo
-from persistence.db import Connection
+from persistence.db import Connection, query
 from persistence.errors import Conflict
 from persistence.events import append_event, session_updates_after
 from persistence.records import Row, RunRef, Scope, new_id
@@ -121,14 +121,13 @@ async def try_resume(conn: Connection, wait_id: uuid.UUID) -> Row | None:
     return {"tree_id": wait["tree_id"], "session_id": wait["session_id"], "run_id": run_id}
 
 
-async def waits_watching(conn: Connection, session_ids: list[uuid.UUID]) -> list[uuid.UUID]:
-    """Open waits that watch any of these sessions (their waiters may now be due)."""
-    cur = await conn.execute(
-        """SELECT DISTINCT w.wait_id FROM wait_targets t JOIN waits w ON w.wait_id = t.wait_id
-           WHERE t.session_id = ANY(%s) AND w.status = 'open'""",
-        (session_ids,),
-    )
-    return [row["wait_id"] for row in await cur.fetchall()]
+async def change_targets(conn: Connection, session_ids: list[uuid.UUID]) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """Whom a change to these sessions concerns, in one statement: their trees, and the open
+    waits that watch any of them (their waiters may now be due)."""
+    cur = await conn.execute(query("change_targets"), {"ids": session_ids})
+    row = await cur.fetchone()
+    assert row is not None
+    return row["tree_ids"], row["wait_ids"]
 
 
 async def open_waits(conn: Connection, limit: int = 1000) -> list[uuid.UUID]:

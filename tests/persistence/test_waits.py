@@ -67,7 +67,7 @@ async def test_park_releases_the_slot_and_resumes_once(db: Database, scope: Scop
 
     await finish(db, aaa_run, output="aaa's answer")
     async with db.tx() as conn:
-        assert await waits.waits_watching(conn, [uuid.UUID(aaa["session_id"])]) == [wait_id]
+        assert await waits.change_targets(conn, [uuid.UUID(aaa["session_id"])]) == ([tree.tree_id], [wait_id])
     resumed = await try_resume(db, wait_id)
     assert resumed is not None and await try_resume(db, wait_id) is None
 
