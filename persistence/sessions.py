@@ -73,15 +73,18 @@ def _view(row: Row) -> Row:
     return view
 
 
-async def _insert_session(conn: Connection, values: dict[str, Any]) -> None:
-    await conn.execute(
+async def _insert_session(conn: Connection, values: dict[str, Any]) -> bool:
+    """Insert a session; False (nothing written) if its parent has a child of that name already."""
+    cur = await conn.execute(
         """INSERT INTO sessions (session_id, tree_id, user_id, app_id, project_id, parent_id, name, path,
                                  depth, title, agent_id, agent_config, created_by_run_id, origin)
            VALUES (%(session_id)s, %(tree_id)s, %(user_id)s, %(app_id)s, %(project_id)s, %(parent_id)s,
                    %(name)s, %(path)s, %(depth)s, %(title)s, %(agent_id)s, %(agent_config)s,
-                   %(created_by_run_id)s, %(origin)s)""",
+                   %(created_by_run_id)s, %(origin)s)
+           ON CONFLICT ON CONSTRAINT sessions_unique_sibling_name DO NOTHING""",
         {**values, "agent_config": Jsonb(values["agent_config"]), "origin": Jsonb(values["origin"])},
     )
+    return cur.rowcount == 1
 
 
 async def create_root(
@@ -136,20 +139,17 @@ async def create_child(
     path = f"{parent['path']}/{name}"
     if len(path) > MAX_PATH:
         raise InvalidArgument(f"path {path[:80]}... is longer than {MAX_PATH} characters")
-    cur = await conn.execute(
-        "SELECT 1 FROM sessions WHERE parent_id = %s AND name = %s", (parent["session_id"], name)
-    )
-    if await cur.fetchone():
-        raise Conflict(f"{parent['path']} already has a session named {name!r}")
     session_id = new_id()
     scope = Scope(parent["user_id"], parent["app_id"])
-    await _insert_session(conn, {
+    inserted = await _insert_session(conn, {
         "session_id": session_id, "tree_id": parent["tree_id"], "user_id": scope.user_id,
         "app_id": scope.app_id, "project_id": parent["project_id"], "parent_id": parent["session_id"],
         "name": name, "path": path, "depth": depth, "title": title or name, "agent_id": agent_id,
         "agent_config": agent_config, "created_by_run_id": created_by_run_id,
         "origin": {"kind": "session", "session_id": str(parent["session_id"]), "path": parent["path"]},
     })
+    if not inserted:
+        raise Conflict(f"{parent['path']} already has a session named {name!r}")
     await append_event(conn, scope, "session_created", session_id=session_id, tree_id=parent["tree_id"],
                        payload={"path": path, "parent_id": str(parent["session_id"])})
     return {"session_id": session_id, "name": name, "path": path, "parent_session_id": parent["session_id"],
