@@ -312,9 +312,9 @@ class RunExecutor:
     async def _append_reply(self, conn: Connection, reply: dict[str, Any]) -> None:
         """The reply joins the history with the call's usage (fenced)."""
         message = reply["message"]
-        await run_repo.charge(conn, self.run, reply["usage"], reply.get("cost_usd", 0.0))
-        self._history.append(await messages.append_message(
-            conn, self.run, "assistant", content=message["content"], tool_calls=message["tool_calls"] or None))
+        self._history.append(await messages.append_reply(
+            conn, self.run, content=message["content"], tool_calls=message["tool_calls"] or None,
+            usage=reply["usage"], cost_usd=reply.get("cost_usd", 0.0)))
 
     async def _run_tools(self, session: Row, input_id: uuid.UUID, calls: list[dict[str, Any]]
                          ) -> tuple[bool, _Boundary | None]:

@@ -49,6 +49,24 @@ async def append_message(
     return row
 
 
+async def append_reply(conn: Connection, run: RunRef, *, content: str | None,
+                       tool_calls: list[dict[str, Any]] | None, usage: dict[str, int], cost_usd: float) -> Row:
+    """Commit a model reply of the executing Run and count its call's tokens and cost on the Run,
+    in one fenced statement (LeaseLost, nothing written, if the lease is gone). Returns the
+    row as :func:`history` reads it."""
+    cur = await conn.execute(query("append_reply"), {
+        "prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
+        "cost_usd": cost_usd, "run_id": run.run_id, "owner": run.owner, "session_id": run.session_id,
+        "turn_id": run.turn_id, "content": content, "tool_calls": Jsonb(tool_calls) if tool_calls else None})
+    row = await cur.fetchone()
+    if row is None:
+        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
+    await append_event(conn, run.scope, "message", session_id=run.session_id, tree_id=run.tree_id,
+                       turn_id=run.turn_id, run_id=run.run_id,
+                       payload={"message_id": row["id"], "role": "assistant", "tool_call_id": None})
+    return row
+
+
 async def history(conn: Connection, session_id: uuid.UUID, *, after_id: int = 0, limit: int = 10_000
                   ) -> list[Row]:
     """A session's messages in order. The caller has checked the session's scope."""

@@ -141,19 +141,6 @@ async def fence(conn: Connection, run: RunRef) -> None:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
 
 
-async def charge(conn: Connection, run: RunRef, usage: dict[str, int], cost_usd: float) -> None:
-    """Count one model call's tokens and cost on its Run, fenced in the same statement: only
-    while this incarnation holds the lease (else LeaseLost), and the row stays locked like
-    ``fence`` leaves it."""
-    cur = await conn.execute(
-        """UPDATE runs SET prompt_tokens = prompt_tokens + %s, completion_tokens = completion_tokens + %s,
-                  cost_usd = cost_usd + %s
-           WHERE run_id = %s AND owner = %s AND status = 'running' AND lease_expires_at > now()""",
-        (usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cost_usd, run.run_id, run.owner))
-    if cur.rowcount != 1:
-        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
-
-
 async def end_own_run(conn: Connection, run: RunRef, status: str, *, output: str | None = None,
                       error: str | None = None) -> None:
     """``end_run`` by the Run's own incarnation, fenced in the same statement (else LeaseLost)."""

@@ -301,7 +301,8 @@ async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: S
         lambda conn: cooperation.create_session(conn, run, "late-3", name="bbb", description="x", max_depth=2,
                                                 slot_limit=4),
         lambda conn: messages.take_boundary(conn, run),
-        lambda conn: runs.charge(conn, run, {"prompt_tokens": 5}, 0.1),
+        lambda conn: messages.append_reply(conn, run, content="late", tool_calls=None, usage={"prompt_tokens": 5},
+                                           cost_usd=0.1),
     ]
     for write in stale_writes:
         with pytest.raises(LeaseLost):
