@@ -145,7 +145,7 @@ class Sampler:
                 self.peak_live = max(self.peak_live, live)
             except Exception:
                 pass
-            time.sleep(SAMPLE_SECONDS)
+            self._stop.wait(SAMPLE_SECONDS)
 
 
 def _kind(proc: psutil.Process) -> str:
