@@ -46,6 +46,9 @@ from persistence.settings import get_settings
 log = logging.getLogger(__name__)
 
 _gateway: Any = None
+# A new session's directory report and dashboard task (Ray calls) go out this long after its
+# loop starts: during its first model call rather than between its hint and that call.
+ANNOUNCE_DELAY_SECONDS = 0.05
 
 
 def _gateway_handle() -> Any:
@@ -121,6 +124,8 @@ class SessionCore:
         return self.exiting or self._working or self._wake.is_set()
 
     def _report(self) -> None:
+        if self.exiting:  # gone() is sent: a late report must not list this incarnation again
+            return
         directory.report(str(self.session_id), self.owner, ray.get_runtime_context().current_actor,
                          busy=self._current is not None)
 
@@ -137,7 +142,8 @@ class SessionCore:
     # -- the work loop ---------------------------------------------------------------------------------
 
     async def _main(self) -> None:
-        asyncio.get_running_loop().call_soon(self._report)  # once the loop waits for its first read
+        # Reported a little later, during the first model call, not in the way of its start.
+        asyncio.get_running_loop().call_later(ANNOUNCE_DELAY_SECONDS, self._report)
         while not self.exiting:
             self._wake.clear()
             if await self._work():
@@ -322,7 +328,7 @@ class SessionHostImpl:
         """A session's work loop, started at once by its first hint. The dashboard sees it as
         this actor's task ``session:<id>``, which lasts as long as the loop; the loop does not
         wait for that task to start (a round trip through Ray on every activation)."""
-        asyncio.get_running_loop().call_soon(self._show, session)  # once the loop waits for its first read
+        asyncio.get_running_loop().call_later(ANNOUNCE_DELAY_SECONDS, self._show, session)
         try:
             await session._main()
         except Exception:
