@@ -49,6 +49,32 @@ async def test_create_session_replay_returns_the_stored_result(db: Database, sco
     assert receipt == {"tool_name": "create_session", "result": first, "first_run_id": run.run_id}
 
 
+async def test_create_session_starts_the_childs_first_turn_at_once(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    before = await count_rows(db)
+    created = await create(db, run, "call-1", description="find the answer")
+    after = await count_rows(db)
+    assert {table: after[table] - before[table] for table in ("sessions", "inputs", "turns", "runs")} == {
+        "sessions": 1, "inputs": 1, "turns": 1, "runs": 1}
+    child = uuid.UUID(created["session_id"])
+    assert created["status"] == "started"
+    chain = await fetch_one(db, """
+        SELECT i.status AS input_status, i.text, i.origin, t.turn_id, t.status AS turn_status,
+               r.status AS run_status, r.kind, r.tree_id, r.owner
+        FROM inputs i JOIN turns t USING (input_id) JOIN runs r USING (turn_id)
+        WHERE i.input_id = %s AND i.session_id = %s""", (uuid.UUID(created["input_id"]), child))
+    assert chain == {"input_status": "consumed", "text": "find the answer", "origin": chain["origin"],
+                     "turn_id": uuid.UUID(created["turn_id"]), "turn_status": "running",
+                     "run_status": "pending", "kind": "start", "tree_id": run.tree_id, "owner": None}
+    assert chain["origin"]["kind"] == "session" and chain["origin"]["session_id"] == str(run.session_id)
+    first = await fetch_all(db, "SELECT role, content, turn_id, origin FROM thread_messages WHERE session_id = %s",
+                            (child,))
+    assert first == [{"role": "user", "content": "find the answer", "turn_id": chain["turn_id"],
+                      "origin": chain["origin"]}]
+    events = await fetch_all(db, "SELECT kind FROM events WHERE session_id = %s ORDER BY cursor", (child,))
+    assert [e["kind"] for e in events] == ["session_created", "input_received", "turn_started"]
+
+
 @pytest.mark.parametrize("changed", [{"name": "bbb"}, {"description": "another task"}, {"mode": "root"},
                                      {"agent_id": "reviewer"}])
 async def test_create_session_replay_with_changed_arguments_is_refused(db: Database, scope: Scope,

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from persistence import cooperation, messages
+from persistence import cooperation, messages, turns
 from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument
 from persistence.records import Scope
@@ -95,3 +95,18 @@ async def test_steer_reaches_the_running_turn_at_its_boundary(db: Database, scop
         assert len((await messages.take_boundary(conn, run)).taken) == 1
         history = await messages.history(conn, tree.root_id)
     assert history[-1]["content"] == "<canopy:steer>\ngo left\n</canopy:steer>"
+
+
+async def test_a_cancelling_turns_boundary_takes_no_message(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        steered = await messages.steer(conn, scope, tree.root_id, "go left")
+        assert await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id)  # the live Run must stop
+    before = await count_rows(db)
+    async with db.tx() as conn:
+        boundary = await messages.take_boundary(conn, run)
+    assert (boundary.turn_status, boundary.taken) == ("cancelling", [])
+    assert await count_rows(db) == before
+    row = await fetch_one(db, "SELECT processed_at FROM coop_messages WHERE message_id = %s",
+                          (uuid.UUID(str(steered["message_id"])),))
+    assert row["processed_at"] is None  # left for whoever reads the session next
