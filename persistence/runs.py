@@ -19,7 +19,7 @@ MAX_RECOVERIES_PER_TURN = 5
 LEASE_EXPIRED = "lease expired: the run's owner stopped heart-beating"
 
 _LOCK_TREE = "SELECT user_id, app_id, slot_limit, stopped FROM trees WHERE tree_id = %s FOR UPDATE"
-_COUNT_RUNNING = "SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status = 'running'"
+# The free slots are counted in the same statement, under the tree lock the caller holds.
 # UPDATE ... RETURNING yields rows in no particular order: re-sort so callers see the FIFO order.
 _GRANT = """
 WITH granted AS (
@@ -27,7 +27,10 @@ WITH granted AS (
            lease_expires_at = now() + make_interval(secs => %(lease)s)
     WHERE run_id IN (
         SELECT run_id FROM runs WHERE tree_id = %(tree_id)s AND status = 'pending'
-        ORDER BY queued_at, run_id LIMIT %(free)s FOR UPDATE)
+        ORDER BY queued_at, run_id
+        LIMIT greatest(0, %(slot_limit)s
+                          - (SELECT count(*) FROM runs WHERE tree_id = %(tree_id)s AND status = 'running'))
+        FOR UPDATE)
     RETURNING run_id, session_id, turn_id, queued_at)
 SELECT run_id, session_id, turn_id FROM granted ORDER BY queued_at, run_id
 """
@@ -88,12 +91,7 @@ async def hand_off_slots(conn: Connection, tree_id: uuid.UUID, lease_seconds: fl
 
 
 async def _grant_locked(conn: Connection, tree_id: uuid.UUID, tree: Row, lease_seconds: float) -> list[Row]:
-    cur = await conn.execute(_COUNT_RUNNING, (tree_id,))
-    running = await cur.fetchone()
-    free = tree["slot_limit"] - (running["n"] if running else 0)
-    if free <= 0:
-        return []
-    cur = await conn.execute(_GRANT, {"tree_id": tree_id, "free": free, "lease": lease_seconds})
+    cur = await conn.execute(_GRANT, {"tree_id": tree_id, "slot_limit": tree["slot_limit"], "lease": lease_seconds})
     granted = await cur.fetchall()
     scope = Scope(tree["user_id"], tree["app_id"])
     for run in granted:
