@@ -262,14 +262,14 @@ class _HostedSession(SessionCore):
     def __init__(self, session_id: uuid.UUID, host: SessionHostImpl) -> None:
         super().__init__(session_id)
         self._host = host
-        self.loop: asyncio.Task[None] | None = None
+        self.work_loop: asyncio.Task[None] | None = None
 
     async def _database(self) -> Database:
         return await self._host.database()
 
     def _ensure_loop(self) -> None:
-        if self.loop is None:
-            self.loop = asyncio.get_running_loop().create_task(self._host.run(self))
+        if self.work_loop is None:
+            self.work_loop = asyncio.get_running_loop().create_task(self._host.run(self))
 
     def _exited(self) -> None:
         self._host.forget(self)
@@ -344,9 +344,9 @@ class SessionHostImpl:
     async def run_session(self, session_id: str, owner: str) -> None:
         """The dashboard's view of a live session: ends when its work loop does."""
         session = self._sessions.get(uuid.UUID(session_id))
-        if session is None or session.owner != owner or session.loop is None:
+        if session is None or session.owner != owner or session.work_loop is None:
             return
-        await asyncio.wait([session.loop])  # never cancels the loop, never raises its error
+        await asyncio.wait([session.work_loop])  # never cancels the loop, never raises its error
 
     def forget(self, session: _HostedSession) -> None:
         if self._sessions.get(session.session_id) is session:
