@@ -4,8 +4,9 @@ Streaming a reply costs the ModelGateway several times the CPU of a plain call (
 handles every chunk) and a NOTIFY per burst of text. Text deltas are only a live view, so
 they are produced only while someone can see them: an API stream that asks for deltas
 marks its tree as watched until a time and refreshes the mark while it stays connected.
-A Run reads the mark at each model boundary (queries/model_boundary.sql); a watcher that arrives during a model call
-sees the text from the next call on (the committed message arrives either way).
+A Run reads the mark at each model boundary (queries/model_boundary.sql); a watcher that
+arrives during a model call sees the text from the next call on (the committed message
+arrives either way).
 """
 
 from __future__ import annotations

@@ -96,8 +96,7 @@ async def submit_input(
            VALUES (%s, %s, %s, %s, %s, %s)""",
         (input_id, session_id, scope.user_id, scope.app_id, text, Jsonb(origin)),
     )
-    await append_event(conn, scope, "input_received", session_id=session_id, tree_id=session["tree_id"],
-                       payload={"input_id": str(input_id), "origin": origin})
+    await _input_received(conn, scope, session_id, session["tree_id"], input_id, origin)
     started = await start_next_turn(conn, session)
     turn_id = started["turn_id"] if started and started["input_id"] == input_id else None
     return {
@@ -106,6 +105,18 @@ async def submit_input(
         "status": "started" if turn_id else "queued",
         "turn_id": turn_id,
     }
+
+
+async def _input_received(conn: Connection, scope: Scope, session_id: uuid.UUID, tree_id: uuid.UUID,
+                          input_id: uuid.UUID, origin: dict[str, Any]) -> None:
+    await append_event(conn, scope, "input_received", session_id=session_id, tree_id=tree_id,
+                       payload={"input_id": str(input_id), "origin": origin})
+
+
+async def _turn_started(conn: Connection, scope: Scope, session_id: uuid.UUID, tree_id: uuid.UUID,
+                        turn_id: uuid.UUID, run_id: uuid.UUID, input_id: uuid.UUID) -> None:
+    await append_event(conn, scope, "turn_started", session_id=session_id, tree_id=tree_id, turn_id=turn_id,
+                       run_id=run_id, payload={"input_id": str(input_id)})
 
 
 async def submit_first_input(conn: Connection, scope: Scope, session_id: uuid.UUID, tree_id: uuid.UUID,
@@ -121,10 +132,8 @@ async def submit_first_input(conn: Connection, scope: Scope, session_id: uuid.UU
     await conn.execute(query("start_first_turn"), {
         "input_id": input_id, "turn_id": turn_id, "run_id": run_id, "session_id": session_id, "tree_id": tree_id,
         "user_id": scope.user_id, "app_id": scope.app_id, "text": text, "origin": Jsonb(origin)})
-    await append_event(conn, scope, "input_received", session_id=session_id, tree_id=tree_id,
-                       payload={"input_id": str(input_id), "origin": origin})
-    await append_event(conn, scope, "turn_started", session_id=session_id, tree_id=tree_id, turn_id=turn_id,
-                       run_id=run_id, payload={"input_id": str(input_id)})
+    await _input_received(conn, scope, session_id, tree_id, input_id, origin)
+    await _turn_started(conn, scope, session_id, tree_id, turn_id, run_id, input_id)
     return {"input_id": input_id, "session_id": session_id, "status": "started", "turn_id": turn_id}
 
 
@@ -158,9 +167,8 @@ async def _start_pending_input(conn: Connection, session: Row) -> Row | None:
            VALUES (%s, %s, %s, 'user', %s, %s)""",
         (session["session_id"], turn_id, run_id, pending["text"], Jsonb(pending["origin"])),
     )
-    await append_event(conn, _scope_of(session), "turn_started", session_id=session["session_id"],
-                       tree_id=session["tree_id"], turn_id=turn_id, run_id=run_id,
-                       payload={"input_id": str(pending["input_id"])})
+    await _turn_started(conn, _scope_of(session), session["session_id"], session["tree_id"], turn_id, run_id,
+                        pending["input_id"])
     return {"turn_id": turn_id, "run_id": run_id, "input_id": pending["input_id"]}
 
 
