@@ -49,6 +49,8 @@ _WARM_CHECK_SECONDS = 2.0
 _WARM_START_SECONDS = 3.0
 # Demand for warm workers lasts this long after a supervisor announced queued Runs.
 _DEMAND_SECONDS = 10.0
+# A process's reports go out together this long after the first of them (see _Outbox).
+REPORT_DELAY_SECONDS = 0.05
 
 
 def warm_workers_setting() -> int:
@@ -103,6 +105,11 @@ class SessionDirectoryImpl:
         self._entries.move_to_end(session_id)
         self.peak_live = max(self.peak_live, len(self._entries))
         self._enforce()
+
+    async def report_many(self, reports: list[tuple[str, str, Any, bool]]) -> None:
+        """One process's reports, in the order they were made (see ``_Outbox``)."""
+        for session_id, owner, handle, busy in reports:
+            await self.report(session_id, owner, handle, busy)
 
     async def gone(self, session_id: str, owner: str) -> None:
         """A session actor exits (idle timeout, eviction)."""
@@ -358,16 +365,48 @@ def _forget() -> None:
     _handle = None
 
 
+class _Outbox:
+    """This process's reports, sent together a little later. A session reports when it starts,
+    when it picks up a Run and when it goes idle: a Ray call each was a sizeable share of a
+    session host's CPU, and the reports of sessions that start or finish together now share
+    one call (a session's later report replaces its earlier one, which it supersedes)."""
+
+    def __init__(self) -> None:
+        self._reports: dict[str, tuple[str, Any, bool]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, session_id: str, owner: str, handle: Any, busy: bool) -> None:
+        self._reports.pop(session_id, None)  # re-inserted: the batch keeps the order of use
+        self._reports[session_id] = (owner, handle, busy)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(REPORT_DELAY_SECONDS, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._reports:
+            return
+        batch = [(session_id, *entry) for session_id, entry in self._reports.items()]
+        self._reports.clear()
+        try:
+            _directory().report_many.remote(batch)
+        except Exception:
+            _forget()
+            log.debug("could not report %d session(s) to the directory", len(batch), exc_info=True)
+
+
+_outbox = _Outbox()
+
+
 def report(session_id: str, owner: str, handle: Any, busy: bool) -> None:
-    """Fire and forget: the directory is a hint."""
-    try:
-        _directory().report.remote(session_id, owner, handle, busy)
-    except Exception:
-        _forget()
-        log.debug("could not report session %s to the directory", session_id, exc_info=True)
+    """Fire and forget, batched (see ``_Outbox``): the directory is a hint."""
+    _outbox.add(session_id, owner, handle, busy)
 
 
 def gone(session_id: str, owner: str) -> None:
+    """Sent at once, after this process's pending reports (a departure must not precede them)."""
+    _outbox.flush()
     try:
         _directory().gone.remote(session_id, owner)
     except Exception:

@@ -27,6 +27,7 @@ directory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import uuid
@@ -46,9 +47,16 @@ from persistence.settings import get_settings
 log = logging.getLogger(__name__)
 
 _gateway: Any = None
-# A new session's directory report and dashboard task (Ray calls) go out this long after its
-# loop starts: during its first model call rather than between its hint and that call.
+# A hosted session's dashboard task (a Ray call) starts this long after its loop does: during
+# its first model call rather than between its hint and that call.
 ANNOUNCE_DELAY_SECONDS = 0.05
+
+
+@functools.cache
+def _this_actor() -> Any:
+    """The handle of the actor this process runs (one for the process's life; building it is a
+    lookup in Ray's runtime context, too slow for every report)."""
+    return ray.get_runtime_context().current_actor
 
 
 def _gateway_handle() -> Any:
@@ -126,8 +134,7 @@ class SessionCore:
     def _report(self) -> None:
         if self.exiting:  # gone() is sent: a late report must not list this incarnation again
             return
-        directory.report(str(self.session_id), self.owner, ray.get_runtime_context().current_actor,
-                         busy=self._current is not None)
+        directory.report(str(self.session_id), self.owner, _this_actor(), busy=self._current is not None)
 
     async def _cancel_if_requested(self) -> None:
         if self._current is None or self._current.done() or self._current_turn is None:
@@ -142,8 +149,7 @@ class SessionCore:
     # -- the work loop ---------------------------------------------------------------------------------
 
     async def _main(self) -> None:
-        # Reported a little later, during the first model call, not in the way of its start.
-        asyncio.get_running_loop().call_later(ANNOUNCE_DELAY_SECONDS, self._report)
+        self._report()  # sent a little later, with other reports (directory.REPORT_DELAY_SECONDS)
         while not self.exiting:
             self._wake.clear()
             if await self._work():
@@ -198,8 +204,7 @@ class SessionCore:
             run = executor.run
             self._current_turn = run.turn_id
             self._current = asyncio.create_task(executor.execute())
-            # Busy. Reported once the Run has sent its first request: a report costs a Ray call.
-            asyncio.get_running_loop().call_soon(self._report)
+            self._report()  # busy
             try:
                 await self._current
             except asyncio.CancelledError:
@@ -255,7 +260,7 @@ class SessionActorImpl(SessionCore):
                 await asyncio.wait_for(self._db.close(), timeout=5)
         except Exception:
             log.debug("closing the pool of session %s failed", self.session_id, exc_info=True)
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+        ray.kill(_this_actor(), no_restart=True)
 
 
 class _HostedSession(SessionCore):
@@ -337,8 +342,7 @@ class SessionHostImpl:
                 session._exit("crashed")
 
     def _show(self, session: _HostedSession) -> None:
-        me = ray.get_runtime_context().current_actor
-        me.run_session.options(name=session_actor_name(session.session_id)).remote(
+        _this_actor().run_session.options(name=session_actor_name(session.session_id)).remote(
             str(session.session_id), session.owner)
 
     async def run_session(self, session_id: str, owner: str) -> None:

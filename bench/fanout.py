@@ -12,7 +12,9 @@ makespan is their median, and each is printed (the first after start pays one-ti
 prepared statements, first code paths). ``--profile`` adds a timeline of the root and the
 children from the durable facts: how long a Run waited for its slot, how long from its
 grant to its first model call (activation), the overhead between model calls, how long a
-freed slot stayed empty, and the CPU each kind of process used. ``FANOUT_PS=1`` also lists every process of the runtime.
+freed slot stayed empty, the critical path (the chain of Runs that decided the makespan, each
+model call's start and end on it), and the CPU each kind of process used. ``FANOUT_PS=1``
+also lists every process of the runtime.
 The root's three steps take L each, as the ideal assumes (the first version of this
 benchmark ran them at 0 ms: ``--root-latency-ms 0`` reproduces that).
 
@@ -248,6 +250,7 @@ async def profile(runtime: Runtime, tree_id: uuid.UUID, model_steps: int) -> Non
                  if run["kind"] == "resume" and children_ended else "")
         print(f"  {run['kind']:6s} queued -> granted {ms(run['started_at'] - run['queued_at']):7.1f}  "
               f"granted -> 1st call {first:7.1f}  {since} ms")
+    critical_path(runs, root_runs, by_run)
     print("profile (children):")
     line("slot wait (queued -> granted)", slot_wait)
     line("activation (granted -> 1st call)", activation)
@@ -255,6 +258,35 @@ async def profile(runtime: Runtime, tree_id: uuid.UUID, model_steps: int) -> Non
     line("between model calls", between)
     line("tail (last call -> run ended)", tail)
     line("slot refill (run ended -> grant)", refill)
+
+
+def critical_path(children: list[dict[str, Any]], root_runs: list[dict[str, Any]],
+                  calls: dict[Any, list[dict[str, Any]]]) -> None:
+    """The chain of Runs that decided the makespan, in ms from the root's grant: the root's first
+    Run, then backwards from the child that ended last, each child whose end freed the next
+    one's slot. Per Run: its grant, each model call's start and end, its end."""
+    start, resume = root_runs[0], root_runs[-1]
+    finished = [r for r in children if r["ended_at"] is not None and r["started_at"] is not None]
+    chain = [max(finished, key=lambda r: r["ended_at"])]
+    while True:
+        before = [r for r in [*finished, start] if r["ended_at"] <= chain[-1]["started_at"]]
+        if not before:
+            break
+        chain.append(max(before, key=lambda r: r["ended_at"]))
+        if chain[-1] is start:
+            break
+    t0 = start["started_at"]
+
+    def at(moment: Any) -> str:
+        return f"{(moment - t0).total_seconds() * 1000:7.1f}"
+
+    print("critical path (ms from the root's grant; call start-end):")
+    for run in [*reversed(chain), resume]:
+        spans = " ".join(f"[{at(c['call_start'])}-{at(c['call_end'])}]"
+                         for c in sorted(calls.get(run["run_id"], []), key=lambda c: c["call_start"]))
+        name = run.get("path") or f"root {run['kind']}"
+        ended = at(run["ended_at"]) if run["ended_at"] is not None else "   open"
+        print(f"  {name:14s} granted {at(run['started_at'])} {spans} ended {ended}")
 
 
 async def main() -> None:
@@ -317,7 +349,7 @@ async def main() -> None:
                 f"peak RSS {s.peak_rss / 2**20:6.0f} MiB   CPU used {s.cpu_seconds:6.1f} s"
             )
             if args.profile:
-                print("  CPU by process:", ", ".join(f"{k} {v:.1f}" for k, v in s.cpu_by_kind().items() if v >= 0.05))
+                print("  CPU by process:", ", ".join(f"{k} {v:.2f}" for k, v in s.cpu_by_kind().items() if v >= 0.01))
         if os.environ.get("FANOUT_PS"):
             for proc in psutil.Process().children(recursive=True):
                 try:

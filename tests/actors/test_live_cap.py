@@ -13,11 +13,12 @@ import pytest
 import ray
 from ray.util.state import list_actors
 
+from actors import directory as directory_client
 from actors.directory import SessionDirectoryImpl, directory_handle
 from actors.runtime import Runtime
 from actors.sweeper import SweeperImpl
 from persistence.records import Scope
-from tests.actors.helpers import call, create, rows, say, script
+from tests.actors.helpers import call, create, eventually, rows, say, script
 
 
 async def _live_session_actors() -> int:
@@ -100,6 +101,30 @@ async def test_directory_passivates_least_recently_used_idle_first() -> None:
     finally:
         if directory._prune_task is not None:
             directory._prune_task.cancel()
+
+
+async def test_reports_keep_the_latest_per_session_and_precede_a_departure(runtime: Runtime) -> None:
+    """A process's reports are sent together, a little later: a session's later report replaces
+    its earlier one, and a departure is sent after the reports made before it."""
+    handle = directory_handle()
+    before = await handle.stats.remote()
+    ids = [f"outbox-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+
+    async def live_and_busy(live: int, busy: int) -> bool:
+        stats = await handle.stats.remote()
+        return (stats["live"], stats["busy"]) == (before["live"] + live, before["busy"] + busy)
+
+    try:
+        for session_id in ids:
+            directory_client.report(session_id, f"{session_id}-1", None, busy=True)
+        directory_client.report(ids[0], f"{ids[0]}-1", None, busy=False)  # idle again: replaces busy
+        assert await eventually(lambda: live_and_busy(3, 2), timeout=10)
+        directory_client.report(ids[1], f"{ids[1]}-1", None, busy=False)
+        directory_client.gone(ids[1], f"{ids[1]}-1")  # sent at once, after the pending report
+        assert await eventually(lambda: live_and_busy(2, 1), timeout=10)
+    finally:
+        for session_id in ids:
+            directory_client.gone(session_id, f"{session_id}-1")
 
 
 class _FakeSandboxes:
