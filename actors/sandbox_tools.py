@@ -79,8 +79,7 @@ async def _approval(ctx: ToolContext, call_id: str) -> str | None:
 async def run_command(ctx: ToolContext, call_id: str, args: RunCommandArgs) -> ToolResult:
     key = {"command": args.command, "timeout_seconds": args.timeout_seconds}
     async with ctx.db.tx() as conn:
-        await run_repo.fence(conn, ctx.run)
-        stored = await receipts.stored_result(conn, ctx.run, call_id, "run_command", key)
+        stored = await receipts.begin_call(conn, ctx.run, call_id, "run_command", key)
     if stored is not None:
         return stored
     if ctx.session["agent_config"].get("approval_mode") == "ask":

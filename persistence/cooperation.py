@@ -10,7 +10,6 @@ import uuid
 from typing import Any
 
 from persistence import agents, receipts
-from persistence import runs as run_repo
 from persistence.db import Connection
 from persistence.errors import InvalidArgument
 from persistence.events import append_event
@@ -27,11 +26,6 @@ CREATE_MODES = ("child", "root")
 def _origin(caller: Row, run: RunRef) -> dict[str, Any]:
     return {"kind": "session", "session_id": str(caller["session_id"]), "path": caller["path"],
             "tree_id": str(caller["tree_id"]), "run_id": str(run.run_id), "turn_id": str(run.turn_id)}
-
-
-async def _begin(conn: Connection, run: RunRef, call_id: str, tool: str, args: dict[str, Any]) -> Any | None:
-    await run_repo.fence(conn, run)
-    return await receipts.stored_result(conn, run, call_id, tool, args)
 
 
 async def _child_config(conn: Connection, scope: Scope, caller: Row, agent_id: str | None) -> dict[str, Any]:
@@ -51,7 +45,7 @@ async def create_session(
     mode: str = "child", max_depth: int, slot_limit: int,
 ) -> Row:
     args = {"name": name, "description": description, "agent_id": agent_id, "mode": mode}
-    if (stored := await _begin(conn, run, call_id, "create_session", args)) is not None:
+    if (stored := await receipts.begin_call(conn, run, call_id, "create_session", args)) is not None:
         return stored
     if mode not in CREATE_MODES:
         raise InvalidArgument(f"mode must be one of {', '.join(CREATE_MODES)}")
@@ -83,7 +77,7 @@ async def create_session(
 
 async def submit_input(conn: Connection, run: RunRef, call_id: str, *, target: str, text: str) -> Row:
     args = {"target": target, "text": text}
-    if (stored := await _begin(conn, run, call_id, "submit_input", args)) is not None:
+    if (stored := await receipts.begin_call(conn, run, call_id, "submit_input", args)) is not None:
         return stored
     caller = await get_session_row(conn, run.scope, run.session_id)
     session = await resolve_target(conn, run.scope, run.tree_id, target)
@@ -96,7 +90,7 @@ async def submit_input(conn: Connection, run: RunRef, call_id: str, *, target: s
 
 async def send_message(conn: Connection, run: RunRef, call_id: str, *, target: str, text: str) -> Row:
     args = {"target": target, "text": text}
-    if (stored := await _begin(conn, run, call_id, "send_message", args)) is not None:
+    if (stored := await receipts.begin_call(conn, run, call_id, "send_message", args)) is not None:
         return stored
     sender = await get_session_row(conn, run.scope, run.session_id)
     receiver = await resolve_target(conn, run.scope, run.tree_id, target)
@@ -111,7 +105,7 @@ async def send_message(conn: Connection, run: RunRef, call_id: str, *, target: s
 
 async def cancel_turn(conn: Connection, run: RunRef, call_id: str, *, target: str, turn_id: str) -> Row:
     args = {"target": target, "turn_id": turn_id}
-    if (stored := await _begin(conn, run, call_id, "cancel_turn", args)) is not None:
+    if (stored := await receipts.begin_call(conn, run, call_id, "cancel_turn", args)) is not None:
         return stored
     session = await resolve_target(conn, run.scope, run.tree_id, target)
     try:

@@ -11,8 +11,8 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from persistence.db import Connection
-from persistence.errors import IdempotencyConflict
+from persistence.db import Connection, query
+from persistence.errors import IdempotencyConflict, LeaseLost
 from persistence.records import RunRef
 
 
@@ -20,17 +20,17 @@ def _canonical(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-async def stored_result(
+async def begin_call(
     conn: Connection, run: RunRef, tool_call_id: str, tool_name: str, arguments: dict[str, Any]
 ) -> Any | None:
-    """The stored result of this call, or None when the call has not happened yet."""
-    cur = await conn.execute(
-        "SELECT tool_name, arguments, result FROM tool_receipts WHERE turn_id = %s AND tool_call_id = %s "
-        "FOR UPDATE",
-        (run.turn_id, tool_call_id),
-    )
+    """A side-effecting call begins (one statement): the Run is fenced (LeaseLost if its lease
+    is gone), and the stored result of the call is returned, or None when it has not happened."""
+    cur = await conn.execute(query("begin_call"), {
+        "run_id": run.run_id, "owner": run.owner, "turn_id": run.turn_id, "call_id": tool_call_id})
     row = await cur.fetchone()
-    if row is None:
+    if row is None or not row["fenced"]:
+        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
+    if row["tool_name"] is None:
         return None
     if row["tool_name"] != tool_name or row["arguments"] != _canonical(arguments):
         raise IdempotencyConflict(

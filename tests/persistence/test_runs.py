@@ -284,7 +284,7 @@ async def test_a_turn_whose_runs_keep_dying_fails(db: Database, scope: Scope) ->
 
 async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: Scope) -> None:
     _tree, run = await start_root_run(db, scope)
-    await create_child(db, run, "aaa")
+    await create_child(db, run, "aaa", call_id="made-aaa")
     await _expire(db, run)
 
     # Expired but not yet recovered: already refused.
@@ -300,6 +300,9 @@ async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: S
         lambda conn: cooperation.submit_input(conn, run, "late-2", target="/root/aaa", text="hi"),
         lambda conn: cooperation.create_session(conn, run, "late-3", name="bbb", description="x", max_depth=2,
                                                 slot_limit=4),
+        # A replay of a call that ran before is refused too, not answered from its receipt.
+        lambda conn: cooperation.create_session(conn, run, "made-aaa", name="aaa", description="do the child's task",
+                                                max_depth=2, slot_limit=4),
         lambda conn: messages.take_boundary(conn, run),
         lambda conn: messages.append_reply(conn, run, content="late", tool_calls=None, usage={"prompt_tokens": 5},
                                            cost_usd=0.1),

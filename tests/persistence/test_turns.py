@@ -8,7 +8,6 @@ import uuid
 import pytest
 
 from persistence import receipts, turns
-from persistence import runs as run_repo
 from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import Row, Scope
@@ -179,8 +178,7 @@ async def test_a_cancel_during_a_tool_call_does_not_deadlock(db: Database, scope
             return await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id)
 
     async with db.tx() as conn:
-        await run_repo.fence(conn, run)
-        assert await receipts.stored_result(conn, run, "call-1", "submit_input", args) is None
+        assert await receipts.begin_call(conn, run, "call-1", "submit_input", args) is None
         receipt = await turns.submit_input(conn, scope, target.root_id, "work", HUMAN)  # appends an event
         cancelling = asyncio.create_task(cancel())
         await asyncio.sleep(0.3)  # the cancel locks the Turn, then queues for the scope's event counter
