@@ -368,18 +368,21 @@ def _forget() -> None:
 class _Outbox:
     """This process's reports, sent together a little later. A session reports when it starts,
     when it picks up a Run and when it goes idle: a Ray call each was a sizeable share of a
-    session host's CPU, and the reports of sessions that start or finish together now share
-    one call (a session's later report replaces its earlier one, which it supersedes)."""
+    session host's CPU. Now the reports of sessions that start or finish together share one
+    call, and only a session's latest report is sent (it describes the session as it is now)."""
 
     def __init__(self) -> None:
         self._reports: dict[str, tuple[str, Any, bool]] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, session_id: str, owner: str, handle: Any, busy: bool) -> None:
         self._reports.pop(session_id, None)  # re-inserted: the batch keeps the order of use
         self._reports[session_id] = (owner, handle, busy)
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(REPORT_DELAY_SECONDS, self.flush)
+        loop = asyncio.get_running_loop()
+        # A process that ran another event loop before (a driver) may hold a timer that never fired.
+        if self._timer is None or self._timer_loop is not loop:
+            self._timer, self._timer_loop = loop.call_later(REPORT_DELAY_SECONDS, self.flush), loop
 
     def flush(self) -> None:
         if self._timer is not None:
