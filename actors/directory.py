@@ -137,6 +137,11 @@ class SessionDirectoryImpl:
             self._enforce()
         return previous
 
+    async def entry(self, session_id: str) -> dict[str, Any] | None:
+        """What this directory knows of one session (operators, tests): its incarnation and whether busy."""
+        entry = self._entries.get(session_id)
+        return None if entry is None else {"owner": entry.owner, "busy": entry.busy}
+
     async def stats(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "live": len(self._entries),
                 "busy": sum(1 for e in self._entries.values() if e.busy), "evicting": len(self._evicting),

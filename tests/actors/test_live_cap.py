@@ -107,24 +107,28 @@ async def test_reports_keep_the_latest_per_session_and_precede_a_departure(runti
     """A process's reports are sent together, a little later: a session's later report replaces
     its earlier one, and a departure is sent after the reports made before it."""
     handle = directory_handle()
-    before = await handle.stats.remote()
+    previous = await handle.configure.remote(max_live_sessions=10_000)  # no eviction meanwhile
     ids = [f"outbox-{uuid.uuid4().hex[:8]}" for _ in range(3)]
 
-    async def live_and_busy(live: int, busy: int) -> bool:
-        stats = await handle.stats.remote()
-        return (stats["live"], stats["busy"]) == (before["live"] + live, before["busy"] + busy)
+    async def known_as(expected: list[dict[str, Any] | None]) -> bool:
+        return [await handle.entry.remote(session_id) for session_id in ids] == expected
+
+    def busy(session_id: str, flag: bool) -> dict[str, Any]:
+        return {"owner": f"{session_id}-1", "busy": flag}
 
     try:
         for session_id in ids:
             directory_client.report(session_id, f"{session_id}-1", None, busy=True)
         directory_client.report(ids[0], f"{ids[0]}-1", None, busy=False)  # idle again: replaces busy
-        assert await eventually(lambda: live_and_busy(3, 2), timeout=10)
+        assert await eventually(lambda: known_as([busy(ids[0], False), busy(ids[1], True), busy(ids[2], True)]),
+                                timeout=10)
         directory_client.report(ids[1], f"{ids[1]}-1", None, busy=False)
         directory_client.gone(ids[1], f"{ids[1]}-1")  # sent at once, after the pending report
-        assert await eventually(lambda: live_and_busy(2, 1), timeout=10)
+        assert await eventually(lambda: known_as([busy(ids[0], False), None, busy(ids[2], True)]), timeout=10)
     finally:
         for session_id in ids:
             directory_client.gone(session_id, f"{session_id}-1")
+        await handle.configure.remote(**previous)
 
 
 class _FakeSandboxes:
