@@ -113,18 +113,18 @@ async def test_reports_keep_the_latest_per_session_and_precede_a_departure(runti
     async def known_as(expected: list[dict[str, Any] | None]) -> bool:
         return [await handle.entry.remote(session_id) for session_id in ids] == expected
 
-    def busy(session_id: str, flag: bool) -> dict[str, Any]:
-        return {"owner": f"{session_id}-1", "busy": flag}
+    def entry(session_id: str, busy: bool) -> dict[str, Any]:
+        return {"owner": f"{session_id}-1", "busy": busy}
 
     try:
         for session_id in ids:
             directory_client.report(session_id, f"{session_id}-1", None, busy=True)
         directory_client.report(ids[0], f"{ids[0]}-1", None, busy=False)  # idle again: replaces busy
-        assert await eventually(lambda: known_as([busy(ids[0], False), busy(ids[1], True), busy(ids[2], True)]),
+        assert await eventually(lambda: known_as([entry(ids[0], False), entry(ids[1], True), entry(ids[2], True)]),
                                 timeout=10)
         directory_client.report(ids[1], f"{ids[1]}-1", None, busy=False)
         directory_client.gone(ids[1], f"{ids[1]}-1")  # sent at once, after the pending report
-        assert await eventually(lambda: known_as([busy(ids[0], False), None, busy(ids[2], True)]), timeout=10)
+        assert await eventually(lambda: known_as([entry(ids[0], False), None, entry(ids[2], True)]), timeout=10)
     finally:
         for session_id in ids:
             directory_client.gone(session_id, f"{session_id}-1")
