@@ -17,9 +17,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-import ray
-
-from actors import failpoints, signals
+from actors import failpoints, model_channel, signals
 from actors.toolbox import parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
 from persistence import messages, turns, waits
@@ -279,15 +277,11 @@ class RunExecutor:
         request = [{"role": "system", "content": system}, *(to_model_message(row) for row in self._history)]
         watch = {"session_id": str(self.run.session_id), "tree_id": str(self.run.tree_id),
                  "turn_id": str(self.run.turn_id)}
-        ref = self.gateway.complete_for_run.remote(
-            run_id=str(self.run.run_id), model=config.get("model") or self.settings.default_model,
-            messages=request, tools=schemas(config.get("tools") or None), watch=watch if stream else None)
         try:
-            return await ref
-        except asyncio.CancelledError:
-            ray.cancel(ref)  # abort the in-flight provider call too
-            raise
-        except Exception as error:  # ModelError arrives wrapped by Ray; its text is the provider's
+            return await model_channel.complete_for_run(
+                self.gateway, run_id=str(self.run.run_id), model=config.get("model") or self.settings.default_model,
+                messages=request, tools=schemas(config.get("tools") or None), watch=watch if stream else None)
+        except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
             cause = getattr(error, "cause", None) or error
             await self._finish("failed", error=f"model call failed: {cause}")
             return None

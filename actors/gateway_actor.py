@@ -23,6 +23,7 @@ from typing import Any
 import ray
 
 from actors import metrics
+from actors.model_channel import ChannelServer
 from actors.model_gateway import ModelGateway
 from persistence.db import Database
 
@@ -44,13 +45,19 @@ class AccountedGateway(ModelGateway):
         super().__init__(*args, **kwargs)
         self._db: Database | None = None
         self._recorder = _CallRecorder(self._database)
+        self._channel = ChannelServer(self.complete_for_run)
 
     async def _database(self) -> Database:
         if self._db is None:
             self._db = await Database.connect(max_size=4)
         return self._db
 
+    async def channel_address(self) -> dict[str, str]:
+        """Where callers on this node send ``complete_for_run`` calls directly (see model_channel)."""
+        return await self._channel.address()
+
     async def close(self) -> None:
+        await self._channel.close()
         await self._recorder.flush()
         await super().close()
 

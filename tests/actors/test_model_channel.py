@@ -1,0 +1,161 @@
+"""Model calls over the gateway's Unix socket: a real gateway actor (real litellm, the real
+scripted model, records in the test database) called from a real Ray actor on the same node."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import struct
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import ray
+
+from actors.gateway_actor import GatewayActor
+from actors.runtime import Runtime
+from tests.actors.helpers import eventually, rows, say, script
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def _caller_class() -> Any:
+    """An async actor that makes model calls like a session does (defined here so Ray ships it by value)."""
+
+    @ray.remote(num_cpus=0)
+    class Caller:
+        def __init__(self, gateway: Any) -> None:
+            self.gateway = gateway
+            self.running: asyncio.Task[Any] | None = None
+
+        async def call(self, **request: Any) -> dict[str, Any]:
+            from actors import model_channel
+
+            return await model_channel.complete_for_run(self.gateway, **request)
+
+        async def start(self, **request: Any) -> None:
+            self.running = asyncio.create_task(self.call(**request))
+
+        async def cancel(self) -> None:
+            assert self.running is not None
+            self.running.cancel()
+
+        async def outcome(self) -> str:
+            assert self.running is not None
+            try:
+                return json.dumps(await self.running)
+            except BaseException as error:  # the outcome, cancellation included, is what the test reads
+                return f"{type(error).__name__}: {error}"
+
+        async def transport(self) -> str:
+            from actors import model_channel
+
+            return type(model_channel._channels.get(asyncio.get_running_loop())).__name__
+
+    return Caller
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gateway(runtime: Runtime) -> AsyncIterator[Any]:
+    actor = GatewayActor.options(max_concurrency=1000, num_cpus=0, max_restarts=-1).remote(
+        timeout_seconds=30, retries=0)
+    yield actor
+    ray.kill(actor, no_restart=True)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def caller(gateway: Any) -> AsyncIterator[Any]:
+    actor = _caller_class().remote(gateway)
+    yield actor
+    ray.kill(actor)
+
+
+def request(run_id: str, *steps: dict[str, Any]) -> dict[str, Any]:
+    return {"run_id": run_id, "model": "canopy/scripted", "tools": None, "watch": None,
+            "messages": [{"role": "user", "content": script(*steps)}]}
+
+
+async def recorded_calls(runtime: Runtime, run_id: str) -> list[dict[str, Any]]:
+    return await rows(runtime.db, "SELECT model, error FROM model_calls WHERE run_id = %s", uuid.UUID(run_id))
+
+
+async def in_flight(gateway: Any) -> int:
+    return await gateway.scripted_in_flight_requests.remote()
+
+
+async def nothing_in_flight(gateway: Any) -> bool:
+    return await in_flight(gateway) == 0
+
+
+async def test_a_call_goes_over_the_private_socket_and_is_accounted(runtime: Runtime, gateway: Any,
+                                                                   caller: Any) -> None:
+    run_id = str(uuid.uuid4())
+    reply = await caller.call.remote(**request(run_id, say("over the socket")))
+    assert reply["message"]["content"] == "over the socket"
+    assert await caller.transport.remote() == "_Channel"
+    assert await eventually(lambda: recorded_calls(runtime, run_id)) == [{"model": "canopy/scripted", "error": None}]
+    address = await gateway.channel_address.remote()
+    assert os.stat(Path(address["path"]).parent).st_mode & 0o077 == 0, "other users could reach the gateway"
+
+
+async def test_cancelling_a_call_aborts_the_provider_request(gateway: Any, caller: Any) -> None:
+    await caller.start.remote(**request(str(uuid.uuid4()), say("never", delay_ms=10_000)))
+    await eventually(lambda: in_flight(gateway), timeout=10)
+    await caller.cancel.remote()
+    assert (await caller.outcome.remote()).startswith("CancelledError")
+    assert await eventually(lambda: nothing_in_flight(gateway), timeout=2), "the provider call kept running"
+    reply = await caller.call.remote(**request(str(uuid.uuid4()), say("still here")))
+    assert reply["message"]["content"] == "still here"
+
+
+async def test_a_killed_gateway_fails_its_calls_and_the_restarted_one_is_reached_again(
+        runtime: Runtime, gateway: Any, caller: Any) -> None:
+    await caller.call.remote(**request(str(uuid.uuid4()), say("first")))
+    before = await gateway.channel_address.remote()
+    lost = str(uuid.uuid4())
+    await caller.start.remote(**request(lost, say("lost", delay_ms=10_000)))
+    await eventually(lambda: in_flight(gateway), timeout=10)
+    ray.kill(gateway, no_restart=False)
+    assert await caller.outcome.remote() == "ModelError: the model gateway's connection closed during the call"
+    reply = await caller.call.remote(**request(str(uuid.uuid4()), say("after the restart")))
+    assert reply["message"]["content"] == "after the restart"
+    assert await caller.transport.remote() == "_Channel"
+    assert (await gateway.channel_address.remote())["path"] != before["path"]
+    assert await recorded_calls(runtime, lost) == []  # the dead gateway never answered it
+
+
+async def test_a_socket_that_cannot_be_reached_leaves_calls_to_ray(gateway: Any, caller: Any) -> None:
+    address = await gateway.channel_address.remote()
+    os.remove(address["path"])  # as if the caller could not see the gateway's files
+    reply = await caller.call.remote(**request(str(uuid.uuid4()), say("through Ray")))
+    assert reply["message"]["content"] == "through Ray"
+    assert await caller.transport.remote() == "_Unreachable"
+
+
+async def test_malformed_frames_close_their_connection_and_a_bad_request_fails_alone(runtime: Runtime, gateway: Any,
+                                                                        caller: Any) -> None:
+    path = (await gateway.channel_address.remote())["path"]
+    for frame in (struct.pack("!I", 9) + b"not json!", struct.pack("!I", 2**31)):
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(frame)
+        assert await asyncio.wait_for(reader.read(), timeout=5) == b"", "the connection stayed open"
+        writer.close()
+
+    run_id = str(uuid.uuid4())
+    reader, writer = await asyncio.open_unix_connection(path)
+    body = json.dumps({"id": 7, "request": {**request(run_id, say("x")), "unknown": 1}}).encode()
+    writer.write(struct.pack("!I", len(body)) + body)
+    (length,) = struct.unpack("!I", await asyncio.wait_for(reader.readexactly(4), timeout=10))
+    answer = json.loads(await reader.readexactly(length))
+    assert answer["id"] == 7 and "unexpected keyword argument 'unknown'" in answer["error"]
+    writer.close()
+
+    reply = await caller.call.remote(**request(str(uuid.uuid4()), say("unharmed")))
+    assert reply["message"]["content"] == "unharmed"
+    # Accounted like any failed call (an actor call with the same arguments is too).
+    assert await eventually(lambda: recorded_calls(runtime, run_id)) == [
+        {"model": "canopy/scripted", "error": "ModelGateway.complete() got an unexpected keyword argument 'unknown'"}]
