@@ -349,6 +349,8 @@ class RunExecutor:
                 await self._append_reply(conn, reply)
             else:
                 await run_repo.fence(conn, self.run)
+            results: list[tuple[str, str]] = []
+            park: tuple[str, Park] | None = None
             for item in batch:
                 if isinstance(item.tool, Tool):
                     outcome = await _guarded(item.call, _in_savepoint(conn, item.tool, ctx, item.call["id"], item.args))
@@ -356,10 +358,12 @@ class RunExecutor:
                     outcome = item.error
                 assert outcome is not None
                 if isinstance(outcome, Park):
-                    parked, wait_id = True, await self._park(conn, item.call["id"], outcome)
+                    park = item.call["id"], outcome
                     break
-                self._history.append(await messages.append_message(
-                    conn, self.run, "tool", content=json.dumps(outcome, default=str), tool_call_id=item.call["id"]))
+                results.append((item.call["id"], json.dumps(outcome, default=str)))
+            self._history.extend(await messages.append_tool_results(conn, self.run, results))
+            if park is not None:
+                parked, wait_id = True, await self._park(conn, *park)
             if model_is_next and not parked:
                 boundary = await self._take_boundary(conn)
             # A park released this Run's slot: hand it on in the same commit.
@@ -403,8 +407,7 @@ class RunExecutor:
         if wait["kind"] == "approval":
             return  # the call runs again and reads the decision (sandbox_tools.run_command)
         outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id)
-        await messages.append_message(conn, self.run, "tool", content=json.dumps(outcome, default=str),
-                                      tool_call_id=wait["tool_call_id"])
+        await messages.append_tool_results(conn, self.run, [(wait["tool_call_id"], json.dumps(outcome, default=str))])
 
     async def _finish(self, status: str, *, output: str | None = None, error: str | None = None) -> None:
         async with self.db.tx() as conn:

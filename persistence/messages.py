@@ -49,6 +49,30 @@ async def append_message(
     return row
 
 
+async def append_tool_results(conn: Connection, run: RunRef, results: list[tuple[str, str]]) -> list[Row]:
+    """Commit tool results of the executing Run, ``(tool_call_id, content)`` in call order, in one
+    statement (a step that creates twelve sessions writes twelve results: one round trip, not
+    twelve). The caller fences the Run in this transaction. Returns the rows as :func:`history`
+    reads them, in order."""
+    if not results:
+        return []
+    cur = await conn.execute(
+        """INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, tool_call_id)
+           SELECT %s, %s, %s, 'tool', r.content, r.tool_call_id
+           FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r (tool_call_id, content, position)
+           ORDER BY r.position
+           RETURNING id, role, content, tool_calls, tool_call_id, turn_id, run_id, origin, created_at""",
+        (run.session_id, run.turn_id, run.run_id, [call_id for call_id, _ in results],
+         [content for _, content in results]),
+    )
+    rows = sorted(await cur.fetchall(), key=lambda row: row["id"])  # identities follow the insert order
+    for row in rows:
+        await append_event(conn, run.scope, "message", session_id=run.session_id, tree_id=run.tree_id,
+                           turn_id=run.turn_id, run_id=run.run_id,
+                           payload={"message_id": row["id"], "role": "tool", "tool_call_id": row["tool_call_id"]})
+    return rows
+
+
 async def append_reply(conn: Connection, run: RunRef, *, content: str | None,
                        tool_calls: list[dict[str, Any]] | None, usage: dict[str, int], cost_usd: float) -> Row:
     """Commit a model reply of the executing Run and count its call's tokens and cost on the Run,

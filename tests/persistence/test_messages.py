@@ -110,3 +110,17 @@ async def test_a_cancelling_turns_boundary_takes_no_message(db: Database, scope:
     row = await fetch_one(db, "SELECT processed_at FROM coop_messages WHERE message_id = %s",
                           (uuid.UUID(str(steered["message_id"])),))
     assert row["processed_at"] is None  # left for whoever reads the session next
+
+
+async def test_tool_results_are_written_together_in_call_order(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    results = [(f"call-{i}", f'{{"n": {i}}}') for i in (3, 1, 2)]
+    async with db.tx() as conn:
+        rows = await messages.append_tool_results(conn, run, results)
+        assert await messages.append_tool_results(conn, run, []) == []
+        # The rows handed back are the history rows, as a later read finds them, in call order.
+        assert rows == (await messages.history(conn, run.session_id))[-3:]
+    assert [(r["role"], r["tool_call_id"], r["content"]) for r in rows] == [("tool", c, t) for c, t in results]
+    events = await fetch_all(db, "SELECT payload FROM events WHERE run_id = %s AND kind = 'message' ORDER BY cursor",
+                             (run.run_id,))
+    assert [e["payload"]["tool_call_id"] for e in events][-3:] == ["call-3", "call-1", "call-2"]
