@@ -109,7 +109,7 @@ class ChannelServer:
             if not isinstance(error, asyncio.IncompleteReadError) or error.partial:
                 log.warning("closing a model channel connection: %s", error)
         finally:
-            for task in running.values():  # the caller is gone: its calls stop too
+            for task in list(running.values()):  # the caller is gone: its calls stop too
                 task.cancel()
             writer.close()
 
