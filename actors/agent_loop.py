@@ -199,13 +199,17 @@ class RunExecutor:
                 main.cancel()  # a stale incarnation must stop acting at once
                 return
 
-    async def begin(self, conn: Connection) -> None:
-        """The Run's first reads, in the caller's transaction (the one that acquired the Run): a
-        resumed wait's outcome is committed, the session, the Turn's input and the history are
-        read, and when the model is called next its boundary is taken too."""
+    async def begin(self, conn: Connection, acquired: run_repo.AcquiredRun | None = None) -> None:
+        """The Run's first reads, in the caller's transaction (the one that acquired the Run, whose
+        statement read the session and the Turn's input too): a resumed wait's outcome is
+        committed, the session, the Turn's input and the history are read, and when the model
+        is called next its boundary is taken too."""
         if self.run.kind == "resume":  # only a resume Run can continue a wait
             await self._deliver_wait_outcome(conn)
-        session, input_id = await session_and_turn_input(conn, self.run)
+        if acquired is not None:
+            session, input_id = acquired.session, acquired.input_id
+        else:
+            session, input_id = await session_and_turn_input(conn, self.run)
         self._history = await messages.history(conn, self.run.session_id)
         boundary = await self._take_boundary(conn) if self._model_is_next() else None
         self._begun = _Begun(session, input_id, boundary)

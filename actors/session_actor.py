@@ -41,7 +41,6 @@ from actors.naming import GATEWAY_NAME, NAMESPACE, session_actor_name
 from actors.tree_supervisor import HostedSupervisor
 from persistence import runs as run_repo
 from persistence.db import Connection, Database
-from persistence.records import RunRef
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -174,7 +173,7 @@ class SessionCore:
         finally:
             self._working = False
 
-    async def _acquire(self, conn: Connection) -> RunRef | None:
+    async def _acquire(self, conn: Connection) -> run_repo.AcquiredRun | None:
         """Take the lease of the oldest Run granted to this session and owned by nobody."""
         return await run_repo.acquire_next_run(conn, self.session_id, self.owner, self.settings.lease_seconds)
 
@@ -184,17 +183,17 @@ class SessionCore:
         executor, whose failure handling (lease expiry, recovery, give up after 5) applies."""
         try:
             async with db.tx() as conn:
-                run = await self._acquire(conn)
-                if run is None:
+                acquired = await self._acquire(conn)
+                if acquired is None:
                     return None
-                executor = RunExecutor(db, self.settings, _gateway_handle(), run)
-                await executor.begin(conn)
+                executor = RunExecutor(db, self.settings, _gateway_handle(), acquired.run)
+                await executor.begin(conn, acquired)
                 return executor
         except Exception:
             log.exception("beginning a run of session %s failed; acquiring it alone", self.session_id)
         async with db.tx() as conn:
-            run = await self._acquire(conn)
-        return RunExecutor(db, self.settings, _gateway_handle(), run) if run is not None else None
+            acquired = await self._acquire(conn)
+        return RunExecutor(db, self.settings, _gateway_handle(), acquired.run) if acquired is not None else None
 
     async def _run_claimable(self) -> bool:
         db = await self._database()

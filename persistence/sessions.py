@@ -23,7 +23,7 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_PATH = 1024
 ROOT_PATH = "/root"
 
-_SESSION_COLUMNS = """
+SESSION_COLUMNS = """
 s.session_id, s.tree_id, s.parent_id, s.name, s.path, s.depth, s.title, s.agent_id, s.agent_config,
 s.project_id, s.created_by_run_id, s.origin, s.queue_paused, s.archived, s.created_at, s.updated_at
 """
@@ -159,7 +159,7 @@ async def create_child(
 async def get_session_row(conn: Connection, scope: Scope, session_id: uuid.UUID, *, lock: bool = False) -> Row:
     """The session's row; with ``lock`` it is locked like ``turns.lock_session`` locks it."""
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, s.user_id, s.app_id FROM sessions s
+        f"""SELECT {SESSION_COLUMNS}, s.user_id, s.app_id FROM sessions s
             WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s
             {"FOR NO KEY UPDATE" if lock else ""}""",
         (session_id, scope.user_id, scope.app_id),
@@ -173,7 +173,7 @@ async def get_session_row(conn: Connection, scope: Scope, session_id: uuid.UUID,
 async def session_and_turn_input(conn: Connection, run: RunRef) -> tuple[Row, uuid.UUID]:
     """What a Run reads first, in one statement: its session's row and its Turn's input."""
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, s.user_id, s.app_id, t.input_id AS turn_input_id
+        f"""SELECT {SESSION_COLUMNS}, s.user_id, s.app_id, t.input_id AS turn_input_id
             FROM sessions s JOIN turns t ON t.session_id = s.session_id
             WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s AND t.turn_id = %s""",
         (run.session_id, run.scope.user_id, run.scope.app_id, run.turn_id),
@@ -188,7 +188,7 @@ async def session_and_turn_input(conn: Connection, run: RunRef) -> tuple[Row, uu
 async def get_session(conn: Connection, scope: Scope, session_id: uuid.UUID) -> Row:
     """A session with its activity, current Turn and queue state."""
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
+        f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s""",
         (session_id, scope.user_id, scope.app_id),
     )
@@ -210,7 +210,7 @@ async def resolve_target(conn: Connection, scope: Scope, tree_id: uuid.UUID, tar
                 f"target {target!r} is neither a session_id nor a path starting with /root"
             ) from None
         cur = await conn.execute(
-            f"""SELECT {_SESSION_COLUMNS}, s.user_id, s.app_id FROM sessions s
+            f"""SELECT {SESSION_COLUMNS}, s.user_id, s.app_id FROM sessions s
                 WHERE s.tree_id = %s AND s.path = %s AND s.user_id = %s AND s.app_id = %s""",
             (tree_id, target, scope.user_id, scope.app_id),
         )
@@ -224,7 +224,7 @@ async def resolve_target(conn: Connection, scope: Scope, tree_id: uuid.UUID, tar
 async def list_roots(conn: Connection, scope: Scope, *, project_id: uuid.UUID | None, offset: int,
                      limit: int, include_archived: bool = False) -> list[Row]:
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
+        f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s AND s.parent_id IS NULL
               AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
               AND (%(archived)s OR NOT s.archived)
@@ -240,7 +240,7 @@ async def list_project_sessions(conn: Connection, scope: Scope, project_id: uuid
                                 ) -> list[Row]:
     order = "s.created_at DESC, s.session_id" if newest_first else "s.tree_id, s.path"
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
+        f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s
               AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
             ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s""",
@@ -253,7 +253,7 @@ async def list_project_sessions(conn: Connection, scope: Scope, project_id: uuid
 async def tree_members(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> list[Row]:
     """Every member of a tree with its state, in one statement, no outputs."""
     cur = await conn.execute(
-        f"""SELECT {_SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
+        f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.tree_id = %s AND s.user_id = %s AND s.app_id = %s
             ORDER BY s.depth, s.path""",
         (tree_id, scope.user_id, scope.app_id),

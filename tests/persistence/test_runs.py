@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from persistence import cooperation, messages, runs, turns
+from persistence import cooperation, messages, runs, sessions, turns
 from persistence.db import Database
 from persistence.errors import LeaseLost
 from persistence.records import RunRef, Scope
@@ -195,15 +195,19 @@ async def test_acquire_needs_a_granted_unowned_run(db: Database, scope: Scope) -
     async with db.tx() as conn:
         assert await runs.has_claimable_run(conn, tree.root_id)
     async with db.tx() as conn:
-        first = await runs.acquire_next_run(conn, tree.root_id, "owner-a", LEASE_SECONDS)
-    assert first is not None and first.run_id == run_id
+        acquired = await runs.acquire_next_run(conn, tree.root_id, "owner-a", LEASE_SECONDS)
+    assert acquired is not None and acquired.run.run_id == run_id
+    first = acquired.run
     async with db.tx() as conn:
         assert await runs.acquire_run(conn, run_id, "owner-b", LEASE_SECONDS) is None
         assert await runs.acquire_next_run(conn, tree.root_id, "owner-b", LEASE_SECONDS) is None
         assert not await runs.has_claimable_run(conn, tree.root_id)
+        # The acquisition read what the Run reads first, as the separate read finds it.
+        assert (acquired.session, acquired.input_id) == await sessions.session_and_turn_input(conn, first)
     row = await run_row(db, run_id)
     assert row["owner"] == "owner-a" and first.owner == "owner-a"
     assert first.session_id == tree.root_id and first.turn_id == uuid.UUID(str(receipt["turn_id"]))
+    assert acquired.input_id == uuid.UUID(str(receipt["input_id"]))
 
 
 async def test_heartbeat_extends_the_lease_only_for_its_owner(db: Database, scope: Scope) -> None:
