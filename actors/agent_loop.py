@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-from actors import failpoints, model_channel, signals
+from actors import failpoints, local_channel, signals
+from actors.naming import GATEWAY_NAME
 from actors.toolbox import parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
 from persistence import messages, turns, waits
@@ -282,9 +283,10 @@ class RunExecutor:
         watch = {"session_id": str(self.run.session_id), "tree_id": str(self.run.tree_id),
                  "turn_id": str(self.run.turn_id)}
         try:
-            return await model_channel.complete_for_run(
-                self.gateway, run_id=str(self.run.run_id), model=config.get("model") or self.settings.default_model,
-                messages=request, tools=schemas(config.get("tools") or None), watch=watch if stream else None)
+            return await local_channel.call(
+                self.gateway, GATEWAY_NAME, "complete_for_run", run_id=str(self.run.run_id),
+                model=config.get("model") or self.settings.default_model, messages=request,
+                tools=schemas(config.get("tools") or None), watch=watch if stream else None)
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
             cause = getattr(error, "cause", None) or error
             await self._finish("failed", error=f"model call failed: {cause}")

@@ -23,7 +23,7 @@ from typing import Any
 import ray
 
 from actors import metrics
-from actors.model_channel import ChannelServer
+from actors.local_channel import ChannelServer
 from actors.model_gateway import ModelGateway
 from persistence.db import Database
 
@@ -45,7 +45,7 @@ class AccountedGateway(ModelGateway):
         super().__init__(*args, **kwargs)
         self._db: Database | None = None
         self._recorder = _CallRecorder(self._database)
-        self._channel = ChannelServer(self.complete_for_run)
+        self._channel = ChannelServer({"complete_for_run": self.complete_for_run})
 
     async def _database(self) -> Database:
         if self._db is None:
@@ -53,7 +53,7 @@ class AccountedGateway(ModelGateway):
         return self._db
 
     async def channel_address(self) -> dict[str, str]:
-        """Where callers on this node send ``complete_for_run`` calls directly (see model_channel)."""
+        """Where callers on this node send ``complete_for_run`` calls directly (see local_channel)."""
         return await self._channel.address()
 
     async def close(self) -> None:

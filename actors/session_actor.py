@@ -37,6 +37,7 @@ import ray
 
 from actors import directory
 from actors.agent_loop import RunExecutor
+from actors.local_channel import ChannelServer
 from actors.naming import GATEWAY_NAME, NAMESPACE, session_actor_name
 from actors.tree_supervisor import HostedSupervisor
 from persistence import runs as run_repo
@@ -289,6 +290,8 @@ class SessionHostImpl:
         self._db_lock = asyncio.Lock()
         self._sessions: dict[uuid.UUID, _HostedSession] = {}
         self._supervisors: dict[uuid.UUID, HostedSupervisor] = {}
+        # Activation hints from this node arrive here without a Ray call (see local_channel).
+        self._channel = ChannelServer({"signal": self.signal})
 
     async def database(self) -> Database:
         if self._db is None:
@@ -313,6 +316,9 @@ class SessionHostImpl:
 
     async def signal(self, session_id: str) -> bool:
         return await self._session(session_id).signal()
+
+    async def channel_address(self) -> dict[str, str]:
+        return await self._channel.address()
 
     async def status(self, session_id: str | None = None) -> dict[str, Any]:
         if session_id is None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import ray
 
+from actors import local_channel
 from actors.naming import (
     host_actor_name,
     host_index,
@@ -139,7 +140,7 @@ async def activate_session(session_id: uuid.UUID) -> None:
         if hosts:
             cache, key = _hosts, host_index(session_id, hosts)
             handle = cache.get(key, fresh=attempt > 0)
-            call = handle.signal.remote(str(session_id))
+            call = local_channel.call(handle, host_actor_name(key), "signal", session_id=str(session_id))
         else:
             cache, key = _sessions, session_id
             handle = cache.get(key, fresh=attempt > 0)
@@ -147,7 +148,7 @@ async def activate_session(session_id: uuid.UUID) -> None:
         try:
             if await asyncio.wait_for(call, _HINT_TIMEOUT_SECONDS) is not False:
                 return
-        except ray.exceptions.RayActorError:
+        except (ray.exceptions.RayActorError, local_channel.ChannelClosed):
             pass
         except TimeoutError:
             log.warning("session %s did not answer its activation in %.0f s; the sweep will retry",

@@ -21,6 +21,7 @@ from typing import Any
 import ray
 from ray.util.state import list_actors, list_tasks
 
+from actors import local_channel
 from actors.naming import NAMESPACE, host_actor_name, host_index, session_hosts_setting
 from actors.runtime import Runtime
 from persistence.records import Scope
@@ -60,7 +61,11 @@ async def fan_out(runtime: Runtime, scope: Scope) -> dict[str, Any]:
             "tree_actors": sorted(a.name for a in alive if (a.name or "").startswith("tree:")),
             "peak_runs": await peak_concurrent_runs(runtime.db, tree_id),
             "session_tasks_seen": len(tasks_seen & {f"session:{m['session_id']}" for m in members}),
-            "members": len(members)}
+            "members": len(members),
+            # This process activated the root: through the root's host's socket, not a Ray call.
+            "hint_channels": sorted(name for name, channel
+                                    in local_channel._channels[asyncio.get_running_loop()].items()
+                                    if type(channel).__name__ == "_Channel")}
 
 
 async def idle_and_back(runtime: Runtime, scope: Scope, tree_id: str) -> dict[str, Any]:

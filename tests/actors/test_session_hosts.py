@@ -45,6 +45,7 @@ async def test_hosted_sessions_fan_out_and_survive_a_killed_host(database_url: s
     assert fan["session_tasks_seen"] >= 1  # the dashboard shows the sessions as tasks named session:<id>
     assert fan["tree_actors"] == []  # the tree's supervisor ran in a host too...
     assert fan["peak_runs"] == 4  # ...and held the tree to its 4 slots (6 children, the root waiting)
+    assert len(fan["hint_channels"]) == 1 and fan["hint_channels"][0] in fan["hosts"]  # hints over the socket
 
     idle = findings["idle"]  # idle sessions and supervisors leave their hosts; a new input brings them back
     assert idle == {"emptied": True, "status": "completed", "output": "back again"}

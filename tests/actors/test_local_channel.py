@@ -1,5 +1,6 @@
-"""Model calls over the gateway's Unix socket: a real gateway actor (real litellm, the real
-scripted model, records in the test database) called from a real Ray actor on the same node."""
+"""Calls over an actor's Unix socket, as model calls use it: a real gateway actor (real litellm,
+the real scripted model, records in the test database) called from a real Ray actor on the same
+node. The session hosts' hints use the same channel (tests/actors/test_session_hosts.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from tests.actors.helpers import eventually, rows, say, script
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
+GATEWAY = "test-gateway"  # the name a caller keeps its connection under
+
 
 def _caller_class() -> Any:
     """An async actor that makes model calls like a session does (defined here so Ray ships it by value)."""
@@ -33,9 +36,9 @@ def _caller_class() -> Any:
             self.running: asyncio.Task[Any] | None = None
 
         async def call(self, **request: Any) -> dict[str, Any]:
-            from actors import model_channel
+            from actors import local_channel
 
-            return await model_channel.complete_for_run(self.gateway, **request)
+            return await local_channel.call(self.gateway, GATEWAY, "complete_for_run", **request)
 
         async def start(self, **request: Any) -> None:
             self.running = asyncio.create_task(self.call(**request))
@@ -52,9 +55,9 @@ def _caller_class() -> Any:
                 return f"{type(error).__name__}: {error}"
 
         async def transport(self) -> str:
-            from actors import model_channel
+            from actors import local_channel
 
-            return type(model_channel._channels.get(asyncio.get_running_loop())).__name__
+            return type(local_channel._channels[asyncio.get_running_loop()].get(GATEWAY)).__name__
 
     return Caller
 
@@ -120,7 +123,7 @@ async def test_a_killed_gateway_fails_its_calls_and_the_restarted_one_is_reached
     await caller.start.remote(**request(lost, say("lost", delay_ms=10_000)))
     await eventually(lambda: in_flight(gateway), timeout=10)
     ray.kill(gateway, no_restart=False)
-    assert await caller.outcome.remote() == "ModelError: the model gateway's connection closed during the call"
+    assert await caller.outcome.remote() == f"ChannelClosed: the connection to {GATEWAY} closed during the call"
     reply = await caller.call.remote(**request(str(uuid.uuid4()), say("after the restart")))
     assert reply["message"]["content"] == "after the restart"
     assert await caller.transport.remote() == "_Channel"
@@ -136,8 +139,8 @@ async def test_a_socket_that_cannot_be_reached_leaves_calls_to_ray(gateway: Any,
     assert await caller.transport.remote() == "_Unreachable"
 
 
-async def test_malformed_frames_close_their_connection_and_a_bad_request_fails_alone(runtime: Runtime, gateway: Any,
-                                                                        caller: Any) -> None:
+async def test_malformed_frames_close_their_connection_and_a_bad_request_fails_alone(
+        runtime: Runtime, gateway: Any, caller: Any) -> None:
     path = (await gateway.channel_address.remote())["path"]
     for frame in (struct.pack("!I", 9) + b"not json!", struct.pack("!I", 2**31)):
         reader, writer = await asyncio.open_unix_connection(path)
@@ -147,11 +150,17 @@ async def test_malformed_frames_close_their_connection_and_a_bad_request_fails_a
 
     run_id = str(uuid.uuid4())
     reader, writer = await asyncio.open_unix_connection(path)
-    body = json.dumps({"id": 7, "request": {**request(run_id, say("x")), "unknown": 1}}).encode()
-    writer.write(struct.pack("!I", len(body)) + body)
-    (length,) = struct.unpack("!I", await asyncio.wait_for(reader.readexactly(4), timeout=10))
-    answer = json.loads(await reader.readexactly(length))
-    assert answer["id"] == 7 and "unexpected keyword argument 'unknown'" in answer["error"]
+    for message in ({"id": 7, "method": "complete_for_run", "args": {**request(run_id, say("x")), "unknown": 1}},
+                    {"id": 8, "method": "close", "args": {}}):
+        body = json.dumps(message).encode()
+        writer.write(struct.pack("!I", len(body)) + body)
+    answers = {}
+    for _ in range(2):
+        (length,) = struct.unpack("!I", await asyncio.wait_for(reader.readexactly(4), timeout=10))
+        answer = json.loads(await reader.readexactly(length))
+        answers[answer["id"]] = answer["error"]
+    assert "unexpected keyword argument 'unknown'" in answers[7]
+    assert answers[8] == "no method 'close' on this channel"  # only what the actor serves on it
     writer.close()
 
     reply = await caller.call.remote(**request(str(uuid.uuid4()), say("unharmed")))
