@@ -216,8 +216,14 @@ async def _address(handle: Any) -> dict[str, str]:
 async def _channel(handle: Any, name: str) -> _Channel | None:
     """This event loop's connection to the actor ``name``; None when calls must go through Ray."""
     loop = asyncio.get_running_loop()
-    async with _connecting.setdefault(loop, {}).setdefault(name, asyncio.Lock()):
-        channels = _channels.setdefault(loop, {})
+    channels = _channels.setdefault(loop, {})
+    channel = channels.get(name)
+    if isinstance(channel, _Channel) and channel.open:  # every call but the first: no lock
+        return channel
+    locks = _connecting.setdefault(loop, {})
+    if name not in locks:
+        locks[name] = asyncio.Lock()
+    async with locks[name]:
         channel = channels.get(name)
         if isinstance(channel, _Unreachable):
             return None

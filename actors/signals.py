@@ -4,7 +4,8 @@ Every hint is sent only after the facts it points at are committed, and losing o
 only delays work: the sweeper re-derives the same hints from the durable facts.
 
 Hints are on the critical path of every grant, so they are cheap: actor handles are
-cached per process (a lookup by name is a blocking round trip to Ray's GCS), a poke is
+cached per process (a lookup by name is a blocking round trip to Ray's GCS), a hint to a
+shared session host on this node goes over the host's socket (see local_channel), a poke is
 sent at once and awaited in the background (a dead supervisor is re-created at once,
 not at the next sweep), and pokes to one tree coalesce: while one is in flight, any
 number of further pokes from this process become a single follow-up poke.
