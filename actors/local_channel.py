@@ -26,7 +26,9 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import shutil
+import socket
 import struct
 import tempfile
 import time
@@ -72,6 +74,39 @@ def _frame(message: dict[str, Any]) -> bytes:
 # The called actor's side
 # ---------------------------------------------------------------------------
 
+_DIRECTORY_PREFIX = "canopy-channel-"
+_SOCKET_NAME = "calls.sock"
+
+
+def remove_dead_channels(min_age_seconds: float = 60.0) -> list[Path]:
+    """Remove the socket directories of actors that died without closing them (killed or
+    crashed processes), so restarts do not pile them up: a directory of this user whose
+    socket no longer accepts connections. One younger than ``min_age_seconds`` is left alone:
+    another actor may be between creating it and listening in it. Returns what was removed."""
+    removed = []
+    for directory in Path(tempfile.gettempdir()).glob(_DIRECTORY_PREFIX + "*"):
+        with contextlib.suppress(OSError):
+            info = directory.stat()
+            if info.st_uid != os.getuid() or time.time() - info.st_mtime < min_age_seconds:
+                continue
+            if _accepts(directory / _SOCKET_NAME):
+                continue
+            shutil.rmtree(directory)
+            removed.append(directory)
+    return removed
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True  # not provably dead (busy, or not ours to judge): leave it
+    return True
+
 
 class ChannelServer:
     """An actor's socket: each request runs ``handlers[method](**args)`` as a task of its own."""
@@ -86,9 +121,10 @@ class ChannelServer:
         """Where to connect (started on first use): this node's Ray id and the socket's path."""
         async with self._lock:
             if self._server is None:
-                self._directory = Path(tempfile.mkdtemp(prefix="canopy-channel-"))  # mode 0700
-                self._server = await asyncio.start_unix_server(self._serve, self._directory / "calls.sock")
-            return {"node_id": ray.get_runtime_context().get_node_id(), "path": str(self._directory / "calls.sock")}
+                remove_dead_channels()
+                self._directory = Path(tempfile.mkdtemp(prefix=_DIRECTORY_PREFIX))  # mode 0700
+                self._server = await asyncio.start_unix_server(self._serve, self._directory / _SOCKET_NAME)
+            return {"node_id": ray.get_runtime_context().get_node_id(), "path": str(self._directory / _SOCKET_NAME)}
 
     async def close(self) -> None:
         if self._server is not None:

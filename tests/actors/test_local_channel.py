@@ -7,7 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import socket
 import struct
+import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +21,7 @@ import pytest
 import pytest_asyncio
 import ray
 
+from actors import local_channel
 from actors.gateway_actor import GatewayActor
 from actors.runtime import Runtime
 from tests.actors.helpers import eventually, rows, say, script
@@ -168,3 +173,25 @@ async def test_malformed_frames_close_their_connection_and_a_bad_request_fails_a
     # Accounted like any failed call (an actor call with the same arguments is too).
     assert await eventually(lambda: recorded_calls(runtime, run_id)) == [
         {"model": "canopy/scripted", "error": "ModelGateway.complete() got an unexpected keyword argument 'unknown'"}]
+
+
+async def test_dead_actors_socket_directories_are_removed_and_live_or_new_ones_kept() -> None:
+    def channel_directory(age_seconds: float) -> Path:
+        directory = Path(tempfile.mkdtemp(prefix="canopy-channel-"))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+            dead.bind(str(directory / "calls.sock"))  # bound, then closed: no one listens
+        os.utime(directory, (time.time() - age_seconds,) * 2)
+        return directory
+
+    dead_old, dead_new = channel_directory(120), channel_directory(0)
+    live = Path(tempfile.mkdtemp(prefix="canopy-channel-"))
+    server = await asyncio.start_unix_server(lambda r, w: w.close(), live / "calls.sock")
+    os.utime(live, (time.time() - 120,) * 2)
+    try:
+        removed = local_channel.remove_dead_channels()
+        assert dead_old in removed and not dead_old.exists()
+        assert dead_new.exists() and live.exists()  # too young to judge; still listening
+    finally:
+        server.close()
+        for directory in (dead_new, live):
+            shutil.rmtree(directory, ignore_errors=True)
