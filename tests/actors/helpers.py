@@ -8,6 +8,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import ray
+
 from persistence.db import Database
 
 
@@ -62,3 +64,50 @@ async def peak_concurrent_runs(db: Database, tree_id: uuid.UUID) -> int:
 async def session_id_at(db: Database, tree_id: uuid.UUID, path: str) -> uuid.UUID:
     found = await rows(db, "SELECT session_id FROM sessions WHERE tree_id = %s AND path = %s", tree_id, path)
     return found[0]["session_id"]
+
+
+# The name a channel caller keeps its connection to the gateway under.
+GATEWAY = "test-gateway"
+
+
+def model_request(run_id: str, *steps: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of ``complete_for_run`` for a scripted reply."""
+    return {"run_id": run_id, "model": "canopy/scripted", "tools": None, "watch": None,
+            "messages": [{"role": "user", "content": script(*steps)}]}
+
+
+def channel_caller() -> Any:
+    """An async actor that makes model calls like a session does, through ``local_channel`` to the
+    gateway it is given (defined in a function so that Ray ships the class by value)."""
+
+    @ray.remote(num_cpus=0)
+    class Caller:
+        def __init__(self, gateway: Any) -> None:
+            self.gateway = gateway
+            self.running: asyncio.Task[Any] | None = None
+
+        async def call(self, **request: Any) -> dict[str, Any]:
+            from actors import local_channel
+
+            return await local_channel.call(self.gateway, GATEWAY, "complete_for_run", **request)
+
+        async def start(self, **request: Any) -> None:
+            self.running = asyncio.create_task(self.call(**request))
+
+        async def cancel(self) -> None:
+            assert self.running is not None
+            self.running.cancel()
+
+        async def outcome(self) -> str:
+            assert self.running is not None
+            try:
+                return json.dumps(await self.running)
+            except BaseException as error:  # the outcome, cancellation included, is what the test reads
+                return f"{type(error).__name__}: {error}"
+
+        async def transport(self) -> str:
+            from actors import local_channel
+
+            return type(local_channel._channels[asyncio.get_running_loop()].get(GATEWAY)).__name__
+
+    return Caller

@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 import time
 import uuid
@@ -24,48 +25,11 @@ import ray
 from actors import local_channel
 from actors.gateway_actor import GatewayActor
 from actors.runtime import Runtime
-from tests.actors.helpers import eventually, rows, say, script
+from tests.actors.helpers import GATEWAY, channel_caller, eventually, model_request, rows, say
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-GATEWAY = "test-gateway"  # the name a caller keeps its connection under
-
-
-def _caller_class() -> Any:
-    """An async actor that makes model calls like a session does (defined here so Ray ships it by value)."""
-
-    @ray.remote(num_cpus=0)
-    class Caller:
-        def __init__(self, gateway: Any) -> None:
-            self.gateway = gateway
-            self.running: asyncio.Task[Any] | None = None
-
-        async def call(self, **request: Any) -> dict[str, Any]:
-            from actors import local_channel
-
-            return await local_channel.call(self.gateway, GATEWAY, "complete_for_run", **request)
-
-        async def start(self, **request: Any) -> None:
-            self.running = asyncio.create_task(self.call(**request))
-
-        async def cancel(self) -> None:
-            assert self.running is not None
-            self.running.cancel()
-
-        async def outcome(self) -> str:
-            assert self.running is not None
-            try:
-                return json.dumps(await self.running)
-            except BaseException as error:  # the outcome, cancellation included, is what the test reads
-                return f"{type(error).__name__}: {error}"
-
-        async def transport(self) -> str:
-            from actors import local_channel
-
-            return type(local_channel._channels[asyncio.get_running_loop()].get(GATEWAY)).__name__
-
-    return Caller
-
+REPO = Path(__file__).resolve().parents[2]
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def gateway(runtime: Runtime) -> AsyncIterator[Any]:
@@ -77,14 +41,9 @@ async def gateway(runtime: Runtime) -> AsyncIterator[Any]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def caller(gateway: Any) -> AsyncIterator[Any]:
-    actor = _caller_class().remote(gateway)
+    actor = channel_caller().remote(gateway)
     yield actor
     ray.kill(actor)
-
-
-def request(run_id: str, *steps: dict[str, Any]) -> dict[str, Any]:
-    return {"run_id": run_id, "model": "canopy/scripted", "tools": None, "watch": None,
-            "messages": [{"role": "user", "content": script(*steps)}]}
 
 
 async def recorded_calls(runtime: Runtime, run_id: str) -> list[dict[str, Any]]:
@@ -102,7 +61,7 @@ async def nothing_in_flight(gateway: Any) -> bool:
 async def test_a_call_goes_over_the_private_socket_and_is_accounted(runtime: Runtime, gateway: Any,
                                                                    caller: Any) -> None:
     run_id = str(uuid.uuid4())
-    reply = await caller.call.remote(**request(run_id, say("over the socket")))
+    reply = await caller.call.remote(**model_request(run_id, say("over the socket")))
     assert reply["message"]["content"] == "over the socket"
     assert await caller.transport.remote() == "_Channel"
     assert await eventually(lambda: recorded_calls(runtime, run_id)) == [{"model": "canopy/scripted", "error": None}]
@@ -111,25 +70,25 @@ async def test_a_call_goes_over_the_private_socket_and_is_accounted(runtime: Run
 
 
 async def test_cancelling_a_call_aborts_the_provider_request(gateway: Any, caller: Any) -> None:
-    await caller.start.remote(**request(str(uuid.uuid4()), say("never", delay_ms=10_000)))
+    await caller.start.remote(**model_request(str(uuid.uuid4()), say("never", delay_ms=10_000)))
     await eventually(lambda: in_flight(gateway), timeout=10)
     await caller.cancel.remote()
     assert (await caller.outcome.remote()).startswith("CancelledError")
     assert await eventually(lambda: nothing_in_flight(gateway), timeout=2), "the provider call kept running"
-    reply = await caller.call.remote(**request(str(uuid.uuid4()), say("still here")))
+    reply = await caller.call.remote(**model_request(str(uuid.uuid4()), say("still here")))
     assert reply["message"]["content"] == "still here"
 
 
 async def test_a_killed_gateway_fails_its_calls_and_the_restarted_one_is_reached_again(
         runtime: Runtime, gateway: Any, caller: Any) -> None:
-    await caller.call.remote(**request(str(uuid.uuid4()), say("first")))
+    await caller.call.remote(**model_request(str(uuid.uuid4()), say("first")))
     before = await gateway.channel_address.remote()
     lost = str(uuid.uuid4())
-    await caller.start.remote(**request(lost, say("lost", delay_ms=10_000)))
+    await caller.start.remote(**model_request(lost, say("lost", delay_ms=10_000)))
     await eventually(lambda: in_flight(gateway), timeout=10)
     ray.kill(gateway, no_restart=False)
     assert await caller.outcome.remote() == f"ChannelClosed: the connection to {GATEWAY} closed during the call"
-    reply = await caller.call.remote(**request(str(uuid.uuid4()), say("after the restart")))
+    reply = await caller.call.remote(**model_request(str(uuid.uuid4()), say("after the restart")))
     assert reply["message"]["content"] == "after the restart"
     assert await caller.transport.remote() == "_Channel"
     assert (await gateway.channel_address.remote())["path"] != before["path"]
@@ -139,7 +98,7 @@ async def test_a_killed_gateway_fails_its_calls_and_the_restarted_one_is_reached
 async def test_a_socket_that_cannot_be_reached_leaves_calls_to_ray(gateway: Any, caller: Any) -> None:
     address = await gateway.channel_address.remote()
     os.remove(address["path"])  # as if the caller could not see the gateway's files
-    reply = await caller.call.remote(**request(str(uuid.uuid4()), say("through Ray")))
+    reply = await caller.call.remote(**model_request(str(uuid.uuid4()), say("through Ray")))
     assert reply["message"]["content"] == "through Ray"
     assert await caller.transport.remote() == "_Unreachable"
 
@@ -155,7 +114,7 @@ async def test_malformed_frames_close_their_connection_and_a_bad_request_fails_a
 
     run_id = str(uuid.uuid4())
     reader, writer = await asyncio.open_unix_connection(path)
-    for message in ({"id": 7, "method": "complete_for_run", "args": {**request(run_id, say("x")), "unknown": 1}},
+    for message in ({"id": 7, "method": "complete_for_run", "args": {**model_request(run_id, say("x")), "unknown": 1}},
                     {"id": 8, "method": "close", "args": {}}):
         body = json.dumps(message).encode()
         writer.write(struct.pack("!I", len(body)) + body)
@@ -168,7 +127,7 @@ async def test_malformed_frames_close_their_connection_and_a_bad_request_fails_a
     assert answers[8] == "no method 'close' on this channel"  # only what the actor serves on it
     writer.close()
 
-    reply = await caller.call.remote(**request(str(uuid.uuid4()), say("unharmed")))
+    reply = await caller.call.remote(**model_request(str(uuid.uuid4()), say("unharmed")))
     assert reply["message"]["content"] == "unharmed"
     # Accounted like any failed call (an actor call with the same arguments is too).
     assert await eventually(lambda: recorded_calls(runtime, run_id)) == [
@@ -195,3 +154,23 @@ async def test_dead_actors_socket_directories_are_removed_and_live_or_new_ones_k
         server.close()
         for directory in (dead_new, live):
             shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_a_caller_on_another_node_makes_actor_calls(database_url: str) -> None:
+    env = {**os.environ, "CANOPY_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)  # a cluster of its own, not the test session's
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.actors.multinode_scenario", env=env,
+                                                cwd=REPO, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=240)
+    except TimeoutError:
+        proc.kill()
+        raise
+    text = out.decode(errors="replace")
+    found = [line for line in text.splitlines() if line.startswith("FINDINGS ")]
+    assert found, text[-4000:]
+    assert json.loads(found[-1].removeprefix("FINDINGS ")) == {
+        "gateway_node": {"reply": "from gateway_node", "transport": "_Channel"},
+        "other_node": {"reply": "from other_node", "transport": "_Unreachable"},  # no socket across nodes
+    }
