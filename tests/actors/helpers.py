@@ -1,4 +1,5 @@
-"""Helpers for the actor tests: scripts for the scripted model and reads of durable facts."""
+"""Helpers for the actor tests: scripts for the scripted model, reads of durable facts, and a test
+actor that calls the gateway as a session does."""
 
 from __future__ import annotations
 
