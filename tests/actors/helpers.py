@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -112,3 +115,24 @@ def channel_caller() -> Any:
             return type(local_channel._channels[asyncio.get_running_loop()].get(GATEWAY)).__name__
 
     return Caller
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def scenario_findings(module: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Run a scenario script (``python -m module``) in a Ray cluster of its own, not the test
+    session's, and return the findings it prints as its last ``FINDINGS {json}`` line."""
+    env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, env=env, cwd=REPO,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    except TimeoutError:
+        proc.kill()
+        raise
+    text = out.decode(errors="replace")
+    found = [line for line in text.splitlines() if line.startswith("FINDINGS ")]
+    assert found, text[-4000:]
+    return json.loads(found[-1].removeprefix("FINDINGS "))

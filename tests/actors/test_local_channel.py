@@ -10,7 +10,6 @@ import os
 import shutil
 import socket
 import struct
-import sys
 import tempfile
 import time
 import uuid
@@ -25,11 +24,9 @@ import ray
 from actors import local_channel
 from actors.gateway_actor import GatewayActor
 from actors.runtime import Runtime
-from tests.actors.helpers import GATEWAY, channel_caller, eventually, model_request, rows, say
+from tests.actors.helpers import GATEWAY, channel_caller, eventually, model_request, rows, say, scenario_findings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-REPO = Path(__file__).resolve().parents[2]
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def gateway(runtime: Runtime) -> AsyncIterator[Any]:
@@ -157,20 +154,9 @@ async def test_dead_actors_socket_directories_are_removed_and_live_or_new_ones_k
 
 
 async def test_a_caller_on_another_node_makes_actor_calls(database_url: str) -> None:
-    env = {**os.environ, "CANOPY_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
-    env.pop("RAY_ADDRESS", None)  # a cluster of its own, not the test session's
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.actors.multinode_scenario", env=env,
-                                                cwd=REPO, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=240)
-    except TimeoutError:
-        proc.kill()
-        raise
-    text = out.decode(errors="replace")
-    found = [line for line in text.splitlines() if line.startswith("FINDINGS ")]
-    assert found, text[-4000:]
-    assert json.loads(found[-1].removeprefix("FINDINGS ")) == {
+    findings = await scenario_findings("tests.actors.multinode_scenario", {"CANOPY_DATABASE_URL": database_url},
+                                       timeout=240)
+    assert findings == {
         "gateway_node": {"reply": "from gateway_node", "transport": "_Channel"},
         "other_node": {"reply": "from other_node", "transport": "_Unreachable"},  # no socket across nodes
     }

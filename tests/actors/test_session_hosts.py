@@ -9,34 +9,16 @@ Ray cluster of its own (a subprocess on the same database): see hosted_scenario.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import sys
 from pathlib import Path
 
+from tests.actors.helpers import scenario_findings
 from tests.conftest import RUNTIME_ENV
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 async def test_hosted_sessions_fan_out_and_survive_a_killed_host(database_url: str, tmp_path: Path) -> None:
-    env = {**os.environ, **RUNTIME_ENV, "CANOPY_SESSION_HOSTS": "2", "CANOPY_ACTOR_IDLE_SECONDS": "3",
-           "CANOPY_DATABASE_URL": database_url,
-           "CANOPY_DATA_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    env.pop("RAY_ADDRESS", None)  # a cluster of its own, not the test session's
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.actors.hosted_scenario", env=env,
-                                                cwd=REPO, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=480)
-    except TimeoutError:
-        proc.kill()
-        raise
-    text = out.decode(errors="replace")
-    found = [line for line in text.splitlines() if line.startswith("FINDINGS ")]
-    assert found, text[-4000:]
-    findings = json.loads(found[-1].removeprefix("FINDINGS "))
+    findings = await scenario_findings("tests.actors.hosted_scenario", {
+        **RUNTIME_ENV, "CANOPY_SESSION_HOSTS": "2", "CANOPY_ACTOR_IDLE_SECONDS": "3",
+        "CANOPY_DATABASE_URL": database_url, "CANOPY_DATA_DIR": str(tmp_path)}, timeout=480)
 
     fan = findings["fan_out"]
     assert (fan["status"], fan["output"]) == ("completed", "fan-out done")
