@@ -24,8 +24,9 @@ from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options
 from actors.sweeper import Sweeper
 from persistence import agents, projects, scopes, sessions, stream_watchers, trees, turns, views
 from persistence.cooperation import record_intervention
-from persistence.db import Connection, Database, ensure_schema, resolve_database_url
+from persistence.db import Connection, Database, resolve_database_url
 from persistence.messages import steer
+from persistence.migrations import ensure_schema
 from persistence.records import TERMINAL_TURN_STATUSES, Row, Scope
 from persistence.settings import Settings, get_settings
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from persistence.db import ensure_schema, resolve_database_url
+from persistence.db import resolve_database_url
 from persistence.errors import CanopyError
+from persistence.migrations import ensure_schema
 from persistence.records import Scope
 
 DEFAULT_SCOPE = Scope("local", "canopy")

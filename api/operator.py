@@ -10,7 +10,8 @@ from rich.console import Console
 
 from api.views import agents_table, sessions_table, tree_table
 from persistence import agents, scopes, sessions, trees
-from persistence.db import Connection, Database, ensure_schema, resolve_database_url
+from persistence.db import Connection, Database, resolve_database_url
+from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from persistence.settings import get_settings
 

@@ -29,8 +29,9 @@ from ray import serve
 
 from actors.runtime import Runtime, init_ray, worker_env
 from api.serve_app import APP_NAME, application
-from persistence.db import ensure_schema, resolve_database_url
+from persistence.db import resolve_database_url
 from persistence.embedded import stop_embedded
+from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from persistence.settings import Settings, get_settings
 

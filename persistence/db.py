@@ -1,4 +1,4 @@
-"""Connection pool, schema bootstrap and the named-query loader."""
+"""Connection pool and the named-query loader."""
 
 from __future__ import annotations
 
@@ -16,10 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from persistence.embedded import embedded_url
 from persistence.settings import Settings, get_settings
 
-SCHEMA_VERSION = 2
 _HERE = Path(__file__).parent
-# Serialises schema creation between processes that start at the same time.
-_SCHEMA_LOCK_KEY = 0x43414E4F5059  # "CANOPY"
 
 Connection = psycopg.AsyncConnection[dict[str, Any]]
 Statement = Callable[[Connection], Awaitable[None]]
@@ -43,32 +40,9 @@ def resolve_database_url(settings: Settings | None = None) -> str:
 
 
 @functools.cache
-@functools.cache
 def query(name: str) -> LiteralString:
     """A named query from ``persistence/queries/<name>.sql`` (read once)."""
     return cast(LiteralString, (_HERE / "queries" / f"{name}.sql").read_text())
-
-
-def ensure_schema(url: str) -> bool:
-    """Create the schema in an empty database; return True if it was created now."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (_SCHEMA_LOCK_KEY,))
-        try:
-            exists = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
-            if exists and exists[0]:
-                row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-                version = row[0] if row else None
-                if version != SCHEMA_VERSION:
-                    raise RuntimeError(
-                        f"database has schema version {version}, this Canopy needs {SCHEMA_VERSION}; "
-                        "the schema is fresh-only: use a new database"
-                    )
-                return False
-            with conn.transaction():
-                conn.execute(cast(LiteralString, (_HERE / "schema.sql").read_text()))
-            return True
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_SCHEMA_LOCK_KEY,))
 
 
 async def open_pool(url: str, max_size: int | None = None, min_size: int = 1) -> AsyncConnectionPool:

@@ -1,4 +1,6 @@
--- Canopy schema. Fresh-only: applied to an empty database, never migrated.
+-- Canopy schema: what a new database gets, at the latest version. An existing database is
+-- brought to the same schema by persistence/migrations/ (tests/persistence/test_migrations.py
+-- checks that the two agree).
 -- Every object is owned by a scope (user_id, app_id); composite foreign keys make
 -- the database itself refuse rows that would cross a scope, a project or a tree.
 
@@ -345,4 +347,3 @@ CREATE TABLE stream_watchers (
     watched_until   timestamptz NOT NULL
 );
 
-INSERT INTO schema_version (version) VALUES (2);

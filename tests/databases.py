@@ -7,16 +7,18 @@ import uuid
 import psycopg
 from psycopg import sql
 
-from persistence.db import ensure_schema
+from persistence.migrations import ensure_schema
 
 
-def create_database(server_url: str, prefix: str) -> str:
-    """A new database named ``<prefix>_<random>`` on ``server_url``'s server, schema applied; its URL."""
+def create_database(server_url: str, prefix: str, *, schema: bool = True) -> str:
+    """A new database named ``<prefix>_<random>`` on ``server_url``'s server, Canopy's schema applied
+    unless ``schema`` is False; its URL."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
-    ensure_schema(url)
+    if schema:
+        ensure_schema(url)
     return url
 
 

@@ -10,7 +10,8 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
-from persistence.db import SCHEMA_VERSION, Database, ensure_schema
+from persistence.db import Database
+from persistence.migrations import ensure_schema, latest_version
 from persistence.records import RunRef, Scope
 from tests.persistence.helpers import Tree, count_rows, fetch_one, make_tree, start_run, submit
 
@@ -55,9 +56,9 @@ async def _refused(db: Database, query: LiteralString, params: dict[str, Any]) -
     return caught.value
 
 
-async def test_schema_version_and_fresh_only(db: Database, database_url: str) -> None:
+async def test_schema_version_and_applied_once(db: Database, database_url: str) -> None:
     row = await fetch_one(db, "SELECT max(version) AS v FROM schema_version")
-    assert row["v"] == SCHEMA_VERSION
+    assert row["v"] == latest_version()
     assert ensure_schema(database_url) is False  # already there: not applied twice
 
 

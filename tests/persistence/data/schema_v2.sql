@@ -1,0 +1,348 @@
+-- Canopy schema. Fresh-only: applied to an empty database, never migrated.
+-- Every object is owned by a scope (user_id, app_id); composite foreign keys make
+-- the database itself refuse rows that would cross a scope, a project or a tree.
+
+CREATE TABLE schema_version (
+    version     integer PRIMARY KEY,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE api_keys (
+    key_hash    text PRIMARY KEY,            -- sha256 of the key; the key itself is never stored
+    user_id     text NOT NULL,
+    app_id      text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per scope: the event cursor is a counter locked by its appender until commit,
+-- so a reader at cursor N can never later see a smaller cursor commit.
+CREATE TABLE scopes (
+    user_id      text NOT NULL,
+    app_id       text NOT NULL,
+    last_cursor  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (user_id, app_id)
+);
+
+CREATE TABLE agents (
+    app_id          text NOT NULL,
+    agent_id        text NOT NULL CHECK (agent_id ~ '^[a-z0-9][a-z0-9_-]{0,63}$'),
+    owner_user_id   text NOT NULL,
+    name            text NOT NULL,
+    description     text NOT NULL DEFAULT '',
+    model           text NOT NULL,
+    instructions    text NOT NULL DEFAULT '',
+    tools           jsonb NOT NULL DEFAULT '[]',
+    approval_mode   text NOT NULL DEFAULT 'auto' CHECK (approval_mode IN ('auto', 'ask')),
+    shared          boolean NOT NULL DEFAULT false,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (app_id, agent_id)
+);
+
+CREATE TABLE projects (
+    project_id  uuid PRIMARY KEY,
+    user_id     text NOT NULL,
+    app_id      text NOT NULL,
+    name        text NOT NULL,
+    workdir     text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (project_id, user_id, app_id),
+    FOREIGN KEY (user_id, app_id) REFERENCES scopes (user_id, app_id)
+);
+
+-- A tree's id is its root session's id. It owns the slot limit and the stop state.
+CREATE TABLE trees (
+    tree_id     uuid PRIMARY KEY,
+    user_id     text NOT NULL,
+    app_id      text NOT NULL,
+    project_id  uuid NOT NULL,
+    slot_limit  integer NOT NULL CHECK (slot_limit > 0),
+    stopped     boolean NOT NULL DEFAULT false,
+    stopped_at  timestamptz,
+    archived    boolean NOT NULL DEFAULT false,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (tree_id, user_id, app_id, project_id),
+    FOREIGN KEY (project_id, user_id, app_id) REFERENCES projects (project_id, user_id, app_id)
+);
+
+CREATE TABLE sessions (
+    session_id          uuid PRIMARY KEY,
+    tree_id             uuid NOT NULL,
+    user_id             text NOT NULL,
+    app_id              text NOT NULL,
+    project_id          uuid NOT NULL,
+    parent_id           uuid,
+    name                text NOT NULL CHECK (name ~ '^[A-Za-z0-9_-]{1,64}$'),
+    path                text NOT NULL CHECK (length(path) <= 1024),
+    depth               integer NOT NULL CHECK (depth >= 0),
+    title               text NOT NULL DEFAULT '',
+    agent_id            text,
+    agent_config        jsonb NOT NULL,      -- frozen at creation: model, instructions, tools, approval_mode
+    created_by_run_id   uuid,                -- the Run whose create_session made it (children and root mode)
+    origin              jsonb NOT NULL DEFAULT '{"kind": "api"}',
+    queue_paused        boolean NOT NULL DEFAULT false,
+    archived            boolean NOT NULL DEFAULT false,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (session_id, tree_id),
+    UNIQUE (session_id, user_id, app_id),
+    CONSTRAINT sessions_tree_shape CHECK (
+        (parent_id IS NULL AND session_id = tree_id AND path = '/root' AND depth = 0 AND name = 'root')
+        OR (parent_id IS NOT NULL AND session_id <> tree_id AND depth > 0 AND path LIKE '/root/%')
+    ),
+    CONSTRAINT sessions_tree_scope_fk FOREIGN KEY (tree_id, user_id, app_id, project_id)
+        REFERENCES trees (tree_id, user_id, app_id, project_id),
+    CONSTRAINT sessions_parent_same_tree_fk FOREIGN KEY (parent_id, tree_id)
+        REFERENCES sessions (session_id, tree_id),
+    CONSTRAINT sessions_unique_sibling_name UNIQUE (parent_id, name),
+    CONSTRAINT sessions_unique_path UNIQUE (tree_id, path)
+);
+CREATE INDEX sessions_scope_roots ON sessions (user_id, app_id, created_at DESC) WHERE parent_id IS NULL;
+CREATE INDEX sessions_project ON sessions (project_id, created_at);
+
+CREATE TABLE inputs (
+    input_id            uuid PRIMARY KEY,
+    session_id          uuid NOT NULL,
+    user_id             text NOT NULL,
+    app_id              text NOT NULL,
+    seq                 bigint GENERATED ALWAYS AS IDENTITY,
+    text                text NOT NULL,
+    status              text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'consumed', 'cancelled')),
+    origin              jsonb NOT NULL,      -- {"kind": human|session|api|schedule, "session_id", "path", "run_id"}
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    ended_at            timestamptz,
+    UNIQUE (input_id, session_id),
+    FOREIGN KEY (session_id, user_id, app_id) REFERENCES sessions (session_id, user_id, app_id)
+);
+CREATE INDEX inputs_pending ON inputs (session_id, seq) WHERE status = 'pending';
+
+CREATE TABLE turns (
+    turn_id         uuid PRIMARY KEY,
+    session_id      uuid NOT NULL,
+    input_id        uuid NOT NULL UNIQUE,
+    status          text NOT NULL DEFAULT 'running'
+                    CHECK (status IN ('running', 'waiting', 'cancelling', 'completed', 'failed', 'cancelled')),
+    waiting_for     text CHECK (waiting_for IN ('cooperation', 'approval', 'answer')),
+    result_run_id   uuid,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    ended_at        timestamptz,
+    CONSTRAINT turns_waiting_for_only_when_waiting CHECK ((status = 'waiting') = (waiting_for IS NOT NULL)),
+    UNIQUE (turn_id, session_id),
+    FOREIGN KEY (input_id, session_id) REFERENCES inputs (input_id, session_id)
+);
+-- At most one non-terminal Turn per session.
+CREATE UNIQUE INDEX turns_one_open_per_session ON turns (session_id)
+    WHERE status IN ('running', 'waiting', 'cancelling');
+-- A session's latest Turn (summaries, lists): without it every member scans all turns.
+CREATE INDEX turns_session ON turns (session_id, created_at DESC);
+
+CREATE TABLE runs (
+    run_id              uuid PRIMARY KEY,
+    turn_id             uuid NOT NULL,
+    session_id          uuid NOT NULL,
+    tree_id             uuid NOT NULL,
+    kind                text NOT NULL CHECK (kind IN ('start', 'resume')),
+    resumes_run_id      uuid UNIQUE,         -- a Run is resumed at most once
+    -- pending: waiting in the tree's FIFO for a slot; running: holds a slot.
+    status              text NOT NULL DEFAULT 'pending'
+                        CHECK (status IN ('pending', 'running', 'interrupted', 'completed', 'failed', 'cancelled')),
+    queued_at           timestamptz NOT NULL DEFAULT clock_timestamp(),
+    owner               text,                -- lease owner: one actor incarnation
+    lease_expires_at    timestamptz,
+    started_at          timestamptz,
+    ended_at            timestamptz,
+    output              text,
+    error               text,
+    prompt_tokens       bigint NOT NULL DEFAULT 0,
+    completion_tokens   bigint NOT NULL DEFAULT 0,
+    cost_usd            double precision NOT NULL DEFAULT 0,
+    UNIQUE (run_id, turn_id),
+    CONSTRAINT runs_turn_fk FOREIGN KEY (turn_id, session_id) REFERENCES turns (turn_id, session_id),
+    CONSTRAINT runs_session_tree_fk FOREIGN KEY (session_id, tree_id) REFERENCES sessions (session_id, tree_id),
+    CONSTRAINT runs_resume_same_turn_fk FOREIGN KEY (resumes_run_id, turn_id) REFERENCES runs (run_id, turn_id),
+    CONSTRAINT runs_resume_shape CHECK ((kind = 'resume') = (resumes_run_id IS NOT NULL))
+);
+CREATE INDEX runs_tree_running ON runs (tree_id) WHERE status = 'running';
+CREATE INDEX runs_tree_pending ON runs (tree_id, queued_at) WHERE status = 'pending';
+CREATE INDEX runs_turn ON runs (turn_id);
+
+ALTER TABLE turns ADD CONSTRAINT turns_result_run_fk
+    FOREIGN KEY (result_run_id, turn_id) REFERENCES runs (run_id, turn_id);
+
+-- The conversation history the model sees, one row per message.
+CREATE TABLE thread_messages (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_id      uuid NOT NULL REFERENCES sessions (session_id),
+    turn_id         uuid,
+    run_id          uuid,
+    role            text NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+    content         text,
+    tool_calls      jsonb,
+    tool_call_id    text,
+    origin          jsonb NOT NULL DEFAULT '{}',
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    FOREIGN KEY (run_id, turn_id) REFERENCES runs (run_id, turn_id)
+);
+CREATE INDEX thread_messages_session ON thread_messages (session_id, id);
+CREATE UNIQUE INDEX thread_messages_one_result_per_call ON thread_messages (turn_id, tool_call_id)
+    WHERE role = 'tool';
+
+-- Cooperation messages and steers: read by a running receiver at its next model boundary.
+CREATE TABLE coop_messages (
+    message_id          uuid PRIMARY KEY,
+    user_id             text NOT NULL,
+    app_id              text NOT NULL,
+    kind                text NOT NULL CHECK (kind IN ('message', 'steer')),
+    sender_session_id   uuid,
+    receiver_session_id uuid NOT NULL,
+    source_run_id       uuid,
+    source_turn_id      uuid,
+    tool_call_id        text,
+    body                text NOT NULL CHECK (length(body) <= 100000),
+    received_at         timestamptz NOT NULL DEFAULT now(),
+    processed_at        timestamptz,
+    processed_run_id    uuid,
+    FOREIGN KEY (receiver_session_id, user_id, app_id) REFERENCES sessions (session_id, user_id, app_id),
+    FOREIGN KEY (sender_session_id, user_id, app_id) REFERENCES sessions (session_id, user_id, app_id)
+);
+CREATE INDEX coop_messages_unprocessed ON coop_messages (receiver_session_id, received_at)
+    WHERE processed_at IS NULL;
+
+CREATE TABLE events (
+    user_id     text NOT NULL,
+    app_id      text NOT NULL,
+    cursor      bigint NOT NULL,
+    kind        text NOT NULL,
+    session_id  uuid,
+    tree_id     uuid,
+    turn_id     uuid,
+    run_id      uuid,
+    payload     jsonb NOT NULL DEFAULT '{}',
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (user_id, app_id, cursor),
+    FOREIGN KEY (user_id, app_id) REFERENCES scopes (user_id, app_id)
+);
+CREATE INDEX events_session ON events (session_id, cursor);
+CREATE INDEX events_tree ON events (tree_id, cursor);
+-- Live streams: every committed event wakes the API replicas that LISTEN on canopy_events.
+-- The payload names only where to look (scope, session, tree); readers always re-read the
+-- committed rows, so a lost or folded notification delays a stream but never loses an event.
+CREATE FUNCTION canopy_notify_event() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    payload text := json_build_array(NEW.user_id, NEW.app_id, NEW.session_id, NEW.tree_id)::text;
+BEGIN
+    -- A NOTIFY payload must stay under 8000 bytes: an oversized one wakes every reader instead.
+    IF octet_length(payload) > 4000 THEN
+        payload := '[]';
+    END IF;
+    PERFORM pg_notify('canopy_events', payload);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER events_notify AFTER INSERT ON events FOR EACH ROW EXECUTE FUNCTION canopy_notify_event();
+
+-- A parked Turn: what it waits for, until when, and the Run that resumed it.
+CREATE TABLE waits (
+    wait_id         uuid PRIMARY KEY,
+    session_id      uuid NOT NULL,
+    tree_id         uuid NOT NULL,
+    turn_id         uuid NOT NULL,
+    run_id          uuid NOT NULL UNIQUE,    -- the interrupted Run
+    tool_call_id    text NOT NULL,
+    kind            text NOT NULL CHECK (kind IN ('inputs', 'sessions', 'approval', 'answer')),
+    condition       jsonb NOT NULL,
+    deadline        timestamptz,
+    status          text NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'resumed', 'cancelled')),
+    resumed_run_id  uuid,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    FOREIGN KEY (run_id, turn_id) REFERENCES runs (run_id, turn_id),
+    FOREIGN KEY (turn_id, session_id) REFERENCES turns (turn_id, session_id)
+);
+CREATE INDEX waits_open ON waits (deadline) WHERE status = 'open';
+-- The sessions an open wait watches, so a finishing target finds its waiters by index.
+CREATE TABLE wait_targets (
+    wait_id     uuid NOT NULL REFERENCES waits (wait_id),
+    session_id  uuid NOT NULL REFERENCES sessions (session_id),
+    PRIMARY KEY (wait_id, session_id)
+);
+CREATE INDEX wait_targets_session ON wait_targets (session_id);
+
+-- Side-effecting tool calls, keyed by (source Turn, tool call id): replay returns the stored result.
+CREATE TABLE tool_receipts (
+    turn_id         uuid NOT NULL REFERENCES turns (turn_id),
+    tool_call_id    text NOT NULL,
+    tool_name       text NOT NULL,
+    arguments       jsonb NOT NULL,
+    result          jsonb NOT NULL,
+    first_run_id    uuid NOT NULL REFERENCES runs (run_id),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT tool_receipts_unique_call PRIMARY KEY (turn_id, tool_call_id)
+);
+
+-- HTTP writes with an Idempotency-Key header.
+CREATE TABLE http_idempotency (
+    user_id         text NOT NULL,
+    app_id          text NOT NULL,
+    idempotency_key text NOT NULL,
+    request_hash    text NOT NULL,
+    status_code     integer NOT NULL,
+    response        jsonb NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (user_id, app_id, idempotency_key)
+);
+
+-- Human in the loop: approvals of sandbox commands and ask_user questions.
+CREATE TABLE requests (
+    request_id      uuid PRIMARY KEY,
+    user_id         text NOT NULL,
+    app_id          text NOT NULL,
+    tree_id         uuid NOT NULL,
+    session_id      uuid NOT NULL,
+    turn_id         uuid NOT NULL,
+    run_id          uuid NOT NULL,
+    wait_id         uuid NOT NULL UNIQUE REFERENCES waits (wait_id),
+    kind            text NOT NULL CHECK (kind IN ('approval', 'question')),
+    payload         jsonb NOT NULL,
+    status          text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'answered', 'cancelled')),
+    response        jsonb,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    answered_at     timestamptz,
+    FOREIGN KEY (session_id, user_id, app_id) REFERENCES sessions (session_id, user_id, app_id),
+    FOREIGN KEY (session_id, tree_id) REFERENCES sessions (session_id, tree_id)
+);
+CREATE INDEX requests_tree_pending ON requests (tree_id, created_at) WHERE status = 'pending';
+
+-- Model calls, counted each time (at-least-once), whether or not the reply was committed.
+CREATE TABLE model_calls (
+    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id              uuid NOT NULL,
+    model               text NOT NULL,
+    prompt_tokens       bigint NOT NULL DEFAULT 0,
+    completion_tokens   bigint NOT NULL DEFAULT 0,
+    cost_usd            double precision NOT NULL DEFAULT 0,
+    latency_ms          double precision NOT NULL,
+    error               text,
+    created_at          timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX model_calls_run ON model_calls (run_id);
+
+-- The per-tree shared sandbox. A release and a new claim serialise on this row.
+CREATE TABLE sandbox_leases (
+    tree_id         uuid PRIMARY KEY REFERENCES trees (tree_id),
+    backend         text NOT NULL,
+    handle          text,                    -- container id or local sandbox dir
+    state           text NOT NULL CHECK (state IN ('active', 'releasing', 'released')),
+    last_used_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+
+-- Trees whose live model text someone watches (an API stream that asked for deltas). The
+-- ModelGateway streams a model call only while its tree is watched here: an unwatched call
+-- is not streamed at all. Watchers refresh their row while connected; a row past its time is
+-- ignored, and the sweeper deletes it.
+CREATE TABLE stream_watchers (
+    tree_id         uuid PRIMARY KEY REFERENCES trees (tree_id),
+    watched_until   timestamptz NOT NULL
+);
+
+INSERT INTO schema_version (version) VALUES (2);
