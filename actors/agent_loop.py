@@ -19,12 +19,14 @@ from typing import Any
 
 from actors import failpoints, local_channel, signals
 from actors.naming import GATEWAY_NAME
-from actors.toolbox import parse_args, schemas
+from actors.toolbox import effective_tools, parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
 from persistence import messages, turns, waits
 from persistence import runs as run_repo
+from persistence.cooperation import Dispatcher
 from persistence.db import Connection, Database
-from persistence.errors import CanopyError, Conflict, LeaseLost
+from persistence.errors import CanopyError, Conflict, LeaseLost, TurnCancelled
+from persistence.messages import escape_wrappers
 from persistence.records import Row, RunRef
 from persistence.sessions import session_and_turn_input
 from persistence.settings import Settings
@@ -54,12 +56,20 @@ def identity_block(session: Row, run: RunRef, input_id: uuid.UUID) -> str:
     return "\n".join(lines)
 
 
+# History rows whose text Canopy wrote itself (the wrappers of messages and steers; their bodies
+# are escaped when rendered): every other text reaches the model with wrappers escaped.
+_WRAPPED_ORIGINS = ("message", "steer")
+
+
 def to_model_message(row: Row) -> dict[str, Any]:
     if row["role"] == "assistant":
         return {"role": "assistant", "content": row["content"], "tool_calls": row["tool_calls"] or []}
     if row["role"] == "tool":
-        return {"role": "tool", "tool_call_id": row["tool_call_id"], "content": row["content"]}
-    return {"role": "user", "content": row["content"]}
+        return {"role": "tool", "tool_call_id": row["tool_call_id"], "content": escape_wrappers(row["content"] or "")}
+    content = row["content"] or ""
+    if (row["origin"] or {}).get("kind") not in _WRAPPED_ORIGINS:
+        content = escape_wrappers(content)
+    return {"role": "user", "content": content}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,12 +82,22 @@ class _Call:
     error: dict[str, Any] | None = None
 
 
-def _parse(call: dict[str, Any]) -> _Call:
+def _parse(call: dict[str, Any], allowed: frozenset[str]) -> _Call:
     try:
-        tool, args = parse_args(call["name"], call.get("arguments") or {})
+        tool, args = parse_args(call["name"], call.get("arguments") or {}, allowed)
     except CanopyError as error:
         return _Call(call, None, None, {"error": str(error)})
     return _Call(call, tool, args)
+
+
+def _parse_reply(calls: list[dict[str, Any]], allowed: frozenset[str], limit: int) -> list[_Call]:
+    """A reply's calls, parsed. A reply with more than ``limit`` calls runs none of them: each is
+    answered with the same error (a model that floods tool calls is refused, not half-obeyed)."""
+    if len(calls) > limit:
+        error = {"error": f"this reply made {len(calls)} tool calls; the limit is {limit} per reply "
+                          f"(setting CANOPY_MAX_TOOL_CALLS_PER_REPLY), so none of them ran: make at most {limit}"}
+        return [_Call(call, None, None, error) for call in calls]
+    return [_parse(call, allowed) for call in calls]
 
 
 def _acts(item: _Call) -> bool:
@@ -102,7 +122,7 @@ async def _guarded(call: dict[str, Any], running: Awaitable[ToolResult]) -> Tool
     """A tool's outcome, with its refusal (or an unexpected failure) as an error for the model."""
     try:
         return await running
-    except (LeaseLost, asyncio.CancelledError):
+    except (LeaseLost, TurnCancelled, asyncio.CancelledError):
         raise
     except CanopyError as error:
         return {"error": str(error)}
@@ -122,13 +142,16 @@ async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id:
         return await tool.handler(ctx, conn, call_id, args)
 
 
+def _last_reply(history: list[Row], turn_id: uuid.UUID) -> Row | None:
+    return next((row for row in reversed(history) if row["turn_id"] == turn_id and row["role"] == "assistant"), None)
+
+
 def unanswered_calls(history: list[Row], turn_id: uuid.UUID) -> list[dict[str, Any]]:
     """Tool calls of the Turn's last assistant message that have no committed result yet."""
-    turn_rows = [row for row in history if row["turn_id"] == turn_id]
-    last_assistant = next((row for row in reversed(turn_rows) if row["role"] == "assistant"), None)
+    last_assistant = _last_reply(history, turn_id)
     if last_assistant is None:
         return []
-    answered = {row["tool_call_id"] for row in turn_rows if row["role"] == "tool"}
+    answered = {row["tool_call_id"] for row in history if row["turn_id"] == turn_id and row["role"] == "tool"}
     return [call for call in last_assistant["tool_calls"] or [] if call["id"] not in answered]
 
 
@@ -174,6 +197,7 @@ class RunExecutor:
         self.run = run
         self._history: list[Row] = []
         self._begun: _Begun | None = None
+        self._tools: frozenset[str] = frozenset()
 
     async def execute(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(asyncio.current_task()))
@@ -184,6 +208,8 @@ class RunExecutor:
             raise
         except LeaseLost:
             log.info("run %s lost its lease; stopping without further writes", self.run.run_id)
+        except TurnCancelled:
+            await self._finish("cancelled", error="cancelled")
         finally:
             heartbeat.cancel()
 
@@ -231,6 +257,7 @@ class RunExecutor:
                 await self.begin(conn)
         assert self._begun is not None
         session, input_id, boundary = self._begun.session, self._begun.input_id, self._begun.boundary
+        self._tools = effective_tools(session["agent_config"].get("tools"))
         while True:
             pending = unanswered_calls(self._history, self.run.turn_id)
             if pending:
@@ -249,12 +276,16 @@ class RunExecutor:
             if boundary.cancelling:
                 await self._finish("cancelled", error="cancelled")
                 return
+            if self._model_calls() >= self.settings.max_model_calls_per_turn:
+                await self._finish("failed", error=f"the turn made {self._model_calls()} model calls, the limit per "
+                                   "turn (setting CANOPY_MAX_MODEL_CALLS_PER_TURN); it was stopped")
+                return
             await failpoints.pause("before_model_call", session["name"])
             reply = await self._call_model(session, input_id, stream=boundary.watched)
             boundary = None
             if reply is None:
                 return  # the call failed for good: the Turn has failed
-            calls = [_parse(call) for call in reply["message"]["tool_calls"]]
+            calls = _parse_reply(reply["message"]["tool_calls"], self._tools, self.settings.max_tool_calls_per_reply)
             if calls and not any(_acts(call) for call in calls):
                 # Only reads and waits: the reply is committed with their results (see _run_batch).
                 parked, boundary = await self._run_batch(session, input_id, calls, model_is_next=True, reply=reply)
@@ -264,6 +295,11 @@ class RunExecutor:
             if await self._commit_reply(reply):
                 return  # the reply was the answer: the Turn has ended
             await failpoints.pause("after_model_commit", session["name"])
+
+    def _model_calls(self) -> int:
+        """The Turn's model calls so far: its committed replies, read from the history (durable,
+        so a Run that resumes after a crash counts the calls of the Runs before it)."""
+        return sum(1 for row in self._history if row["turn_id"] == self.run.turn_id and row["role"] == "assistant")
 
     async def _take_boundary(self, conn: Connection) -> _Boundary:
         """Take messages and steers into the history, unless the Turn is being cancelled (or
@@ -286,7 +322,7 @@ class RunExecutor:
             return await local_channel.call(
                 self.gateway, GATEWAY_NAME, "complete_for_run", run_id=str(self.run.run_id),
                 model=config.get("model") or self.settings.default_model, messages=request,
-                tools=schemas(config.get("tools") or None), watch=watch if stream else None)
+                tools=schemas(self._tools), watch=watch if stream else None)
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
             cause = getattr(error, "cause", None) or error
             await self._finish("failed", error=f"model call failed: {cause}")
@@ -320,7 +356,12 @@ class RunExecutor:
                          ) -> tuple[bool, _Boundary | None]:
         """Execute unanswered calls in order: (True, None) when one of them parked the Turn, else
         (False, the model boundary taken with the last result's commit)."""
-        batches = _batches([_parse(call) for call in calls])
+        last = _last_reply(self._history, self.run.turn_id)
+        assert last is not None
+        every_call = last["tool_calls"] or []
+        parsed = {item.call["id"]: item for item in
+                  _parse_reply(every_call, self._tools, self.settings.max_tool_calls_per_reply)}
+        batches = _batches([parsed[call["id"]] for call in calls])
         boundary = None
         for position, batch in enumerate(batches):
             parked, boundary = await self._run_batch(session, input_id, batch,
@@ -345,16 +386,15 @@ class RunExecutor:
         outcome: ToolResult | None = None
         sandbox = batch[0].tool
         if isinstance(sandbox, SandboxTool):
-            async with self.db.tx() as conn:  # no command starts under a lost lease
-                await run_repo.fence(conn, self.run)
+            async with self.db.tx() as conn:  # no command starts under a lost lease or for a cancelled Turn
+                ctx.dispatcher = await self._dispatcher(conn)
             outcome = await _guarded(batch[0].call, sandbox.handler(ctx, batch[0].call["id"], batch[0].args))
         boundary = wait_id = None
         parked = False
         async with self.db.tx() as conn:
             if reply is not None:
                 await self._append_reply(conn, reply)
-            else:
-                await run_repo.fence(conn, self.run)
+            ctx.dispatcher = await self._dispatcher(conn)
             results: list[tuple[str, str]] = []
             park: tuple[str, Park] | None = None
             for item in batch:
@@ -382,6 +422,11 @@ class RunExecutor:
         if parked:
             await self._after_park(wait_id)
         return parked, boundary
+
+    async def _dispatcher(self, conn: Connection) -> Dispatcher:
+        """A tool step begins (``turns.begin_tool_step``: fenced, serialised with a cancel of the
+        Turn, TurnCancelled if one came first); what the step's calls pass on to the work they cause."""
+        return Dispatcher(await turns.begin_tool_step(conn, self.run), self._tools)
 
     async def _park(self, conn: Connection, call_id: str, park: Park) -> uuid.UUID | None:
         """Interrupt the Run into a wait; None when the Turn is being cancelled instead."""
@@ -425,7 +470,6 @@ class RunExecutor:
         """The Run's task was cancelled: if its Turn is being cancelled, record the end."""
         with contextlib.suppress(LeaseLost):
             async with self.db.tx() as conn:
-                cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s", (self.run.turn_id,))
-                turn = await cur.fetchone()
-            if turn is not None and turn["status"] == "cancelling":
+                status = await turns.turn_status(conn, self.run.turn_id)
+            if status == "cancelling":
                 await self._finish("cancelled", error="cancelled")

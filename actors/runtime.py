@@ -22,6 +22,7 @@ from actors.agent_loop import DEFAULT_INSTRUCTIONS
 from actors.gateway_actor import GatewayActor
 from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options
 from actors.sweeper import Sweeper
+from actors.toolbox import check_tool_names
 from persistence import agents, projects, scopes, sessions, stream_watchers, trees, turns, views
 from persistence.cooperation import record_intervention
 from persistence.db import Connection, Database, resolve_database_url
@@ -247,6 +248,7 @@ class Runtime:
         return project
 
     async def create_agent(self, scope: Scope, fields: dict[str, Any], in_tx: TxHook | None = None) -> Row:
+        check_tool_names(fields.get("tools") or [])
         async with self.db.tx() as conn:
             agent = await agents.create_agent(conn, scope, fields)
             await _run_hook(in_tx, conn, agent)
@@ -255,6 +257,7 @@ class Runtime:
     async def update_agent(self, scope: Scope, agent_id: str, changes: dict[str, Any],
                            in_tx: TxHook | None = None) -> Row:
         """Only the owner edits; sessions created from the agent keep their frozen copy."""
+        check_tool_names(changes.get("tools") or [])
         async with self.db.tx() as conn:
             agent = await agents.update_agent(conn, scope, agent_id, changes)
             await _run_hook(in_tx, conn, agent)

@@ -16,11 +16,10 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import ray
 
-from actors import directory, metrics, signals
+from actors import directory, metrics, sandbox_tools, signals
 from persistence import runs as run_repo
 from persistence import stream_watchers, turns, waits
 from persistence.db import Database
@@ -50,7 +49,6 @@ class SweeperImpl:
         self._db: Database | None = None
         self._task: asyncio.Task[None] | None = None
         self._warm_up: asyncio.Task[None] | None = None
-        self._sandboxes: Any = None  # sandbox.manager.SandboxManager, built on first use
         self._sandbox_task: asyncio.Task[None] | None = None
         self.rounds = 0
         self.recoveries = 0
@@ -134,15 +132,11 @@ class SweeperImpl:
         """Per-tree sandbox idle release, and now and then orphan reaping; each sandbox is
         isolated inside the manager's ``release_idle`` and ``reap_orphans``."""
         try:
-            if self._sandboxes is None:
-                from sandbox.manager import SandboxManager
-
-                # Choosing the backend pings Docker (blocking, up to seconds): not on the event loop.
-                self._sandboxes = await asyncio.to_thread(SandboxManager.from_settings, db)
-            released = await self._sandboxes.release_idle()
+            sandboxes = await sandbox_tools.sandbox_manager(db)
+            released = await sandboxes.release_idle()
             self.sandboxes_released += len(released)
             if self._due("orphans", _ORPHANS_EVERY_SECONDS):
-                self.sandboxes_reaped += len(await self._sandboxes.reap_orphans())
+                self.sandboxes_reaped += len(await sandboxes.reap_orphans())
         except Exception:
             log.exception("sandbox idle release failed; the next round retries")
 
@@ -168,6 +162,9 @@ class SweeperImpl:
         return True
 
     async def _recover(self, db: Database, run_id: uuid.UUID) -> None:
+        # A command the dead Run started may still run in the sandbox: it is stopped before the Turn
+        # may resume (a sandbox that cannot be asked now fails this record; the next sweep retries).
+        await sandbox_tools.stop_started_commands(db, run_id)
         async with db.tx() as conn:
             recovered = await turns.recover_expired_run(conn, run_id)
         if recovered:

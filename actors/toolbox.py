@@ -14,23 +14,40 @@ from persistence.errors import InvalidArgument
 TOOLS: dict[str, Tool | SandboxTool] = {tool.name: tool for tool in [*COOPERATION_TOOLS, *SANDBOX_TOOLS]}
 
 
-def schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
-    """OpenAI function-tool definitions: the agent's tools, or all of them (not to be mutated)."""
-    return _schemas(tuple(names) if names else None)
+def effective_tools(configured: list[str] | None) -> frozenset[str]:
+    """A session's tools: those its frozen agent config names, or every tool when it names none
+    (the SPEC's default). What the model is offered and what the executor accepts are this set."""
+    return frozenset(configured or ()) & TOOLS.keys() if configured else frozenset(TOOLS)
+
+
+def check_tool_names(names: list[str]) -> None:
+    """Refuse an agent config naming a tool Canopy does not have (InvalidArgument)."""
+    unknown = sorted(set(names) - TOOLS.keys())
+    if unknown:
+        raise InvalidArgument(f"unknown tool(s) {', '.join(map(repr, unknown))}; the tools are: {', '.join(TOOLS)}")
+
+
+def schemas(names: frozenset[str]) -> list[dict[str, Any]]:
+    """OpenAI function-tool definitions of these tools, in a stable order (not to be mutated)."""
+    return _schemas(tuple(name for name in TOOLS if name in names))
 
 
 @functools.cache
-def _schemas(names: tuple[str, ...] | None) -> list[dict[str, Any]]:
+def _schemas(names: tuple[str, ...]) -> list[dict[str, Any]]:
     # Built once per tool set: pydantic's JSON schema costs ~2 ms, and every model call sends it.
-    chosen = [TOOLS[n] for n in names if n in TOOLS] if names else list(TOOLS.values())
-    return [{"type": "function", "function": {"name": tool.name, "description": tool.description,
-                                              "parameters": tool.args.model_json_schema()}} for tool in chosen]
+    return [{"type": "function", "function": {"name": TOOLS[name].name, "description": TOOLS[name].description,
+                                              "parameters": TOOLS[name].args.model_json_schema()}}
+            for name in names]
 
 
-def parse_args(name: str, raw: dict[str, Any]) -> tuple[Tool | SandboxTool, ToolArgs]:
-    tool = TOOLS.get(name)
+def parse_args(name: str, raw: dict[str, Any], allowed: frozenset[str]) -> tuple[Tool | SandboxTool, ToolArgs]:
+    """The tool and its validated arguments; InvalidArgument for a tool outside ``allowed`` (the
+    session's tools: a call the model was not offered is refused here, where it would run)."""
+    tool = TOOLS.get(name) if name in allowed else None
     if tool is None:
-        raise InvalidArgument(f"unknown tool {name!r}")
+        what = "unknown tool" if name not in TOOLS else "tool"
+        raise InvalidArgument(f"{what} {name!r} is not available to this session; its tools are: "
+                              f"{', '.join(n for n in TOOLS if n in allowed) or 'none'}")
     try:
         return tool, tool.args.model_validate(raw)
     except ValidationError as error:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from persistence import agents as agent_repo
 from persistence import cooperation, sessions, turns
+from persistence.cooperation import Dispatcher
 from persistence.db import Connection, Database
 from persistence.errors import InvalidArgument, NotFound
 from persistence.events import session_updates_after
@@ -107,6 +108,8 @@ class ToolContext:
     run: RunRef
     session: Row  # the calling session's row
     input_id: uuid.UUID  # the calling Turn's own input
+    # What this step's calls pass on (approval mode, tools); set when the step begins, under its guard.
+    dispatcher: Dispatcher | None = None
     touched_sessions: set[uuid.UUID] = dataclasses.field(default_factory=set)
     # Sessions whose live Run must re-read its Turn now (a cancel), not at its next boundary.
     signalled_sessions: set[uuid.UUID] = dataclasses.field(default_factory=set)
@@ -130,16 +133,25 @@ def _jsonable(row: Row) -> dict[str, Any]:
     return {key: (str(value) if isinstance(value, uuid.UUID) else value) for key, value in row.items()}
 
 
+def _dispatcher(ctx: ToolContext) -> Dispatcher:
+    assert ctx.dispatcher is not None, "a tool step sets its dispatcher before its calls run"
+    return ctx.dispatcher
+
+
 async def create_session(ctx: ToolContext, conn: Connection, call_id: str, args: CreateSessionArgs) -> ToolResult:
+    settings = ctx.settings
+    limits = cooperation.CreateLimits(max_depth=settings.max_depth, max_members=settings.max_sessions_per_tree,
+                                      max_spawned_trees=settings.max_spawned_trees, slot_limit=settings.tree_slots)
     result = await cooperation.create_session(
         conn, ctx.run, call_id, name=args.name, description=args.description, agent_id=args.agent_id,
-        mode=args.mode, max_depth=ctx.settings.max_depth, slot_limit=ctx.settings.tree_slots)
+        mode=args.mode, limits=limits, dispatcher=_dispatcher(ctx))
     ctx.touched_sessions.add(uuid.UUID(result["session_id"]))
     return result
 
 
 async def submit_input(ctx: ToolContext, conn: Connection, call_id: str, args: SubmitInputArgs) -> ToolResult:
-    result = await cooperation.submit_input(conn, ctx.run, call_id, target=args.target, text=args.text)
+    result = await cooperation.submit_input(conn, ctx.run, call_id, target=args.target, text=args.text,
+                                            dispatcher=_dispatcher(ctx))
     ctx.touched_sessions.add(uuid.UUID(result["session_id"]))
     return result
 

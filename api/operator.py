@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
+from actors.toolbox import check_tool_names
 from api.views import agents_table, sessions_table, tree_table
 from persistence import agents, scopes, sessions, trees
 from persistence.db import Connection, Database, resolve_database_url
@@ -40,6 +41,7 @@ async def list_agents(scope: Scope, console: Console) -> None:
 
 
 async def create_agent(scope: Scope, fields: dict[str, Any], console: Console) -> None:
+    check_tool_names(fields.get("tools") or [])
     fields = {**fields, "model": fields.get("model") or get_settings().default_model}
     agent = await in_database(lambda conn: agents.create_agent(conn, scope, fields))
     console.print(agents_table([agent]))

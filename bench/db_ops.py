@@ -112,7 +112,7 @@ async def build_tree(db: Database, scope: Scope, project_id: uuid.UUID, members:
         for i in range(members - 1):
             parent = root if i < children else parents[i % len(parents)]
             child = await sessions.create_child(conn, parent, name=f"m{i}", agent_id=None, agent_config=AGENT_CONFIG,
-                                                max_depth=2, created_by_run_id=creator)
+                                                max_depth=2, max_members=10_000, created_by_run_id=creator)
             if i < children:
                 parents.append(await sessions.get_session_row(conn, scope, child["session_id"]))
             made.append(child["session_id"])

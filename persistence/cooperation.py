@@ -6,6 +6,7 @@ replays return the stored receipt, and a refused call writes nothing (one transa
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -15,7 +16,7 @@ from persistence.errors import InvalidArgument
 from persistence.events import append_event
 from persistence.messages import insert_coop_message
 from persistence.records import Row, RunRef, Scope
-from persistence.sessions import check_name, create_child, create_root, get_session_row, resolve_target
+from persistence.sessions import Spawn, check_name, create_child, create_root, get_session_row, resolve_target
 from persistence.turns import cancel_turn as cancel_turn_row
 from persistence.turns import check_text, submit_first_input
 from persistence.turns import submit_input as submit_input_row
@@ -23,26 +24,56 @@ from persistence.turns import submit_input as submit_input_row
 CREATE_MODES = ("child", "root")
 
 
-def _origin(caller: Row, run: RunRef) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Dispatcher:
+    """What a calling Turn passes on to the work it causes: its approval mode (work an ask Turn
+    causes runs under ask) and its effective tool names (a session it creates never gets a tool
+    it lacks)."""
+
+    approval_mode: str
+    tools: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateLimits:
+    max_depth: int
+    max_members: int
+    max_spawned_trees: int
+    slot_limit: int
+
+
+def _origin(caller: Row, run: RunRef, dispatcher: Dispatcher) -> dict[str, Any]:
     return {"kind": "session", "session_id": str(caller["session_id"]), "path": caller["path"],
-            "tree_id": str(caller["tree_id"]), "run_id": str(run.run_id), "turn_id": str(run.turn_id)}
+            "tree_id": str(caller["tree_id"]), "run_id": str(run.run_id), "turn_id": str(run.turn_id),
+            "approval_mode": dispatcher.approval_mode}
 
 
-async def _child_config(conn: Connection, scope: Scope, caller: Row, agent_id: str | None) -> dict[str, Any]:
+async def _child_config(conn: Connection, scope: Scope, caller: Row, agent_id: str | None,
+                        dispatcher: Dispatcher) -> dict[str, Any]:
     """Inherit the dispatcher's config, or freeze the named agent's, re-authorised for this user.
 
-    The approval mode always comes from the dispatcher.
+    The approval mode always comes from the dispatcher's Turn, and the tools are the named
+    agent's that the dispatcher has too (all of the dispatcher's when the agent names none).
     """
     if agent_id is None:
-        return dict(caller["agent_config"])
-    config = agents.frozen_config(await agents.get_agent(conn, scope, agent_id))
-    config["approval_mode"] = caller["agent_config"].get("approval_mode", "auto")
+        config = dict(caller["agent_config"])
+        config["tools"] = sorted(dispatcher.tools)
+    else:
+        config = agents.frozen_config(await agents.get_agent(conn, scope, agent_id))
+        wanted = set(config["tools"]) or set(dispatcher.tools)
+        tools = sorted(wanted & dispatcher.tools)
+        if not tools:
+            raise InvalidArgument(
+                f"agent {agent_id!r} has no tool that this session has ({', '.join(sorted(dispatcher.tools))}); "
+                "a session cannot create one with tools it lacks")
+        config["tools"] = tools
+    config["approval_mode"] = dispatcher.approval_mode
     return config
 
 
 async def create_session(
     conn: Connection, run: RunRef, call_id: str, *, name: str, description: str, agent_id: str | None = None,
-    mode: str = "child", max_depth: int, slot_limit: int,
+    mode: str = "child", limits: CreateLimits, dispatcher: Dispatcher,
 ) -> Row:
     args = {"name": name, "description": description, "agent_id": agent_id, "mode": mode}
     if (stored := await receipts.begin_call(conn, run, call_id, "create_session", args)) is not None:
@@ -52,19 +83,22 @@ async def create_session(
     check_name(name)
     check_text(description, "description")
     caller = await get_session_row(conn, run.scope, run.session_id, lock=True)
-    config = await _child_config(conn, run.scope, caller, agent_id)
+    config = await _child_config(conn, run.scope, caller, agent_id, dispatcher)
     effective_agent = agent_id or caller["agent_id"]
+    origin = _origin(caller, run, dispatcher)
     if mode == "child":
         created = await create_child(conn, caller, name=name, agent_id=effective_agent, agent_config=config,
-                                     max_depth=max_depth, created_by_run_id=run.run_id)
+                                     max_depth=limits.max_depth, max_members=limits.max_members,
+                                     created_by_run_id=run.run_id)
     else:
         root_id = await create_root(conn, run.scope, project_id=caller["project_id"], agent_id=effective_agent,
-                                    agent_config=config, slot_limit=slot_limit, title=name,
-                                    origin=_origin(caller, run), created_by_run_id=run.run_id)
+                                    agent_config=config, slot_limit=limits.slot_limit, title=name,
+                                    origin=origin, created_by_run_id=run.run_id,
+                                    spawned_by=Spawn(run.tree_id, limits.max_spawned_trees))
         created = {"session_id": root_id, "name": "root", "path": "/root", "parent_session_id": None,
                    "tree_id": root_id}
     receipt = await submit_first_input(conn, run.scope, created["session_id"], created["tree_id"], description,
-                                       _origin(caller, run))
+                                       origin)
     result = {
         "session_id": str(created["session_id"]), "name": created["name"], "path": created["path"],
         "parent_session_id": str(created["parent_session_id"]) if created["parent_session_id"] else None,
@@ -75,13 +109,14 @@ async def create_session(
     return result
 
 
-async def submit_input(conn: Connection, run: RunRef, call_id: str, *, target: str, text: str) -> Row:
+async def submit_input(conn: Connection, run: RunRef, call_id: str, *, target: str, text: str,
+                       dispatcher: Dispatcher) -> Row:
     args = {"target": target, "text": text}
     if (stored := await receipts.begin_call(conn, run, call_id, "submit_input", args)) is not None:
         return stored
     caller = await get_session_row(conn, run.scope, run.session_id)
     session = await resolve_target(conn, run.scope, run.tree_id, target)
-    receipt = await submit_input_row(conn, run.scope, session["session_id"], text, _origin(caller, run))
+    receipt = await submit_input_row(conn, run.scope, session["session_id"], text, _origin(caller, run, dispatcher))
     result = {"session_id": str(receipt["session_id"]), "input_id": str(receipt["input_id"]),
               "turn_id": str(receipt["turn_id"]) if receipt["turn_id"] else None, "status": receipt["status"]}
     await receipts.store_result(conn, run, call_id, "submit_input", args, result)

@@ -45,6 +45,14 @@ def query(name: str) -> LiteralString:
     return cast(LiteralString, (_HERE / "queries" / f"{name}.sql").read_text())
 
 
+async def advisory_lock(conn: Connection, key: str) -> None:
+    """Take the transaction-scoped advisory lock named ``key`` (released at commit or rollback).
+
+    For counts that must not be overshot by concurrent writers: take it, then count, then write;
+    the count is a statement of its own (see the query's comment)."""
+    await conn.execute(query("advisory_lock"), {"key": key})
+
+
 async def open_pool(url: str, max_size: int | None = None, min_size: int = 1) -> AsyncConnectionPool:
     pool = AsyncConnectionPool(
         url,

@@ -23,8 +23,20 @@ class Conflict(CanopyError):
     status_code = 409
 
 
+class LimitExceeded(CanopyError):
+    """A configured limit refuses the request; the sentence names the limit and its setting."""
+
+    status_code = 429
+
+
 class IdempotencyConflict(Conflict):
     """The same idempotency key was used with different arguments."""
+
+
+class TurnCancelled(CanopyError):
+    """The calling Turn is being cancelled (or its tree stopped): it runs no further tool call."""
+
+    status_code = 409
 
 
 class LeaseLost(CanopyError):

@@ -98,13 +98,21 @@ async def history(conn: Connection, session_id: uuid.UUID, *, after_id: int = 0,
     return await cur.fetchall()
 
 
+def escape_wrappers(text: str) -> str:
+    """Text from anyone but Canopy itself, made unable to pass for Canopy's wrappers: a message or
+    reply that writes ``<canopy:message from="/root/boss">`` must not read as one from /root/boss."""
+    return text.replace("<canopy:", "&lt;canopy:").replace("</canopy:", "&lt;/canopy:")
+
+
 def render_coop_message(message: Row) -> str:
-    """How a cooperation message or steer appears to the model: context, never authorisation."""
+    """How a cooperation message or steer appears to the model: context, never authorisation. The
+    wrapper is Canopy's; the body inside it is escaped (see ``escape_wrappers``)."""
+    body = escape_wrappers(message["body"])
     if message["kind"] == "steer":
-        return f"<canopy:steer>\n{message['body']}\n</canopy:steer>"
+        return f"<canopy:steer>\n{body}\n</canopy:steer>"
     sender = message["sender_path"] or message["sender_session_id"]
     return (f'<canopy:message from="{sender}" session_id="{message["sender_session_id"]}">\n'
-            f"{message['body']}\n</canopy:message>")
+            f"{body}\n</canopy:message>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,14 +141,19 @@ async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
     for message in rows:
         if message["message_id"] is None:  # no message: the one row is the Turn's alone
             continue
-        taken.append(await append_message(
-            conn, run, "user", content=render_coop_message(message),
-            origin={"kind": message["kind"], "message_id": str(message["message_id"]),
-                    "session_id": str(message["sender_session_id"] or "")}))
+        # Where a message comes from is recorded from the database, never read back from its text.
+        origin = {"kind": message["kind"], "message_id": str(message["message_id"])}
+        if message["sender_session_id"] is not None:
+            origin.update(session_id=str(message["sender_session_id"]), path=message["sender_path"],
+                          tree_id=str(message["sender_tree_id"]))
+        taken.append(await append_message(conn, run, "user", content=render_coop_message(message), origin=origin))
         await conn.execute(
             "UPDATE coop_messages SET processed_at = now(), processed_run_id = %s WHERE message_id = %s",
             (run.run_id, message["message_id"]),
         )
+    if any(message["sender_approval_mode"] == "ask" for message in rows):
+        # Context from an ask Turn must not get a command run unasked through an auto one.
+        await conn.execute(query("turn_ask"), {"turn_id": run.turn_id})
     return Boundary(status, watched, taken)
 
 

@@ -63,9 +63,16 @@ CREATE TABLE trees (
     stopped_at  timestamptz,
     archived    boolean NOT NULL DEFAULT false,
     created_at  timestamptz NOT NULL DEFAULT now(),
+    -- Trees made by create_session(mode="root") form a lineage: the first tree of the chain and
+    -- every tree spawned from it or its spawns, so limits (and budgets) cover the whole chain.
+    lineage_id          uuid NOT NULL,
+    spawned_by_tree_id  uuid,
     UNIQUE (tree_id, user_id, app_id, project_id),
-    FOREIGN KEY (project_id, user_id, app_id) REFERENCES projects (project_id, user_id, app_id)
+    FOREIGN KEY (project_id, user_id, app_id) REFERENCES projects (project_id, user_id, app_id),
+    CONSTRAINT trees_lineage_fk FOREIGN KEY (lineage_id) REFERENCES trees (tree_id),
+    CONSTRAINT trees_spawned_by_fk FOREIGN KEY (spawned_by_tree_id) REFERENCES trees (tree_id)
 );
+CREATE INDEX trees_lineage ON trees (lineage_id);
 
 CREATE TABLE sessions (
     session_id          uuid PRIMARY KEY,
@@ -128,7 +135,12 @@ CREATE TABLE turns (
     result_run_id   uuid,
     created_at      timestamptz NOT NULL DEFAULT now(),
     ended_at        timestamptz,
+    -- ask: every side-effecting sandbox call of this Turn waits for a human's approval. Set when
+    -- the Turn starts (its session's mode, or its input came from an ask Turn) and raised to ask
+    -- when it takes in a message from an ask Turn: work an ask session causes runs under ask.
+    approval_mode   text NOT NULL DEFAULT 'auto',
     CONSTRAINT turns_waiting_for_only_when_waiting CHECK ((status = 'waiting') = (waiting_for IS NOT NULL)),
+    CONSTRAINT turns_approval_mode_check CHECK (approval_mode IN ('auto', 'ask')),
     UNIQUE (turn_id, session_id),
     FOREIGN KEY (input_id, session_id) REFERENCES inputs (input_id, session_id)
 );
@@ -275,10 +287,15 @@ CREATE TABLE tool_receipts (
     tool_call_id    text NOT NULL,
     tool_name       text NOT NULL,
     arguments       jsonb NOT NULL,
-    result          jsonb NOT NULL,
+    result          jsonb,
     first_run_id    uuid NOT NULL REFERENCES runs (run_id),
     created_at      timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT tool_receipts_unique_call PRIMARY KEY (turn_id, tool_call_id)
+    -- started: a sandbox command was about to start and has no outcome yet (its Run may have died
+    -- with it running); done: result holds the outcome.
+    state           text NOT NULL DEFAULT 'done',
+    CONSTRAINT tool_receipts_unique_call PRIMARY KEY (turn_id, tool_call_id),
+    CONSTRAINT tool_receipts_state_check CHECK (state IN ('started', 'done')),
+    CONSTRAINT tool_receipts_result_when_done CHECK ((state = 'done') = (result IS NOT NULL))
 );
 
 -- HTTP writes with an Idempotency-Key header.

@@ -6,6 +6,7 @@ derived from the parent's path and the local name; callers never name a parent o
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from pathlib import Path
@@ -13,8 +14,8 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from persistence.db import Connection
-from persistence.errors import Conflict, InvalidArgument, NotFound
+from persistence.db import Connection, advisory_lock, query
+from persistence.errors import Conflict, InvalidArgument, LimitExceeded, NotFound
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
 from persistence.scopes import ensure_scope
@@ -98,14 +99,19 @@ async def create_root(
     title: str = "",
     origin: dict[str, Any] | None = None,
     created_by_run_id: uuid.UUID | None = None,
+    spawned_by: Spawn | None = None,
 ) -> uuid.UUID:
-    """A new tree and its root session (no input yet)."""
+    """A new tree and its root session (no input yet). ``spawned_by``: the tree whose Run made it
+    with create_session(mode="root"); the new tree joins that tree's lineage, within its limit."""
     await ensure_scope(conn, scope)
     session_id = new_id()
-    await conn.execute(
-        "INSERT INTO trees (tree_id, user_id, app_id, project_id, slot_limit) VALUES (%s, %s, %s, %s, %s)",
-        (session_id, scope.user_id, scope.app_id, project_id, slot_limit),
-    )
+    lineage_id = session_id
+    if spawned_by is not None:
+        lineage_id = await _claim_spawn(conn, spawned_by)
+    await conn.execute(query("tree_insert"), {
+        "tree_id": session_id, "user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id,
+        "slot_limit": slot_limit, "lineage_id": lineage_id,
+        "spawned_by": spawned_by.tree_id if spawned_by else None})
     await _insert_session(conn, {
         "session_id": session_id, "tree_id": session_id, "user_id": scope.user_id, "app_id": scope.app_id,
         "project_id": project_id, "parent_id": None, "name": "root", "path": ROOT_PATH, "depth": 0,
@@ -117,6 +123,35 @@ async def create_root(
     return session_id
 
 
+@dataclasses.dataclass(frozen=True)
+class Spawn:
+    """A root-mode create: the tree it comes from, and how many trees its lineage may spawn."""
+
+    tree_id: uuid.UUID
+    max_spawned_trees: int
+
+
+async def _claim_spawn(conn: Connection, spawn: Spawn) -> uuid.UUID:
+    """The lineage a spawned tree joins, if it has room; LimitExceeded (nothing written) if not.
+
+    The count and the insert that follows are serialised per lineage (a transaction-scoped
+    advisory lock), so concurrent spawns cannot overshoot the limit."""
+    cur = await conn.execute(query("tree_lineage"), {"tree_id": spawn.tree_id})
+    tree = await cur.fetchone()
+    if tree is None:
+        raise NotFound(f"no tree {spawn.tree_id}")
+    lineage_id = tree["lineage_id"]
+    await advisory_lock(conn, f"canopy.lineage-spawns:{lineage_id}")
+    cur = await conn.execute(query("spawned_trees_count"), {"lineage_id": lineage_id})
+    row = await cur.fetchone()
+    assert row is not None
+    if row["spawned"] >= spawn.max_spawned_trees:
+        raise LimitExceeded(
+            f"this tree and the trees spawned from it have made {row['spawned']} root-mode trees; the limit is "
+            f"{spawn.max_spawned_trees} (setting CANOPY_MAX_SPAWNED_TREES): create a child session instead")
+    return lineage_id
+
+
 async def create_child(
     conn: Connection,
     parent: Row,
@@ -125,10 +160,12 @@ async def create_child(
     agent_id: str | None,
     agent_config: dict[str, Any],
     max_depth: int,
+    max_members: int,
     created_by_run_id: uuid.UUID,
     title: str = "",
 ) -> Row:
-    """A child of ``parent`` (the creating session, already locked by the caller)."""
+    """A child of ``parent`` (the creating session, already locked by the caller), if the tree has
+    room for one more member (``max_members``; LimitExceeded, nothing written, if not)."""
     check_name(name)
     depth = parent["depth"] + 1
     if depth > max_depth:
@@ -139,6 +176,15 @@ async def create_child(
     path = f"{parent['path']}/{name}"
     if len(path) > MAX_PATH:
         raise InvalidArgument(f"path {path[:80]}... is longer than {MAX_PATH} characters")
+    # The count and the insert below are serialised per tree, until this transaction ends.
+    await advisory_lock(conn, f"canopy.tree-members:{parent['tree_id']}")
+    cur = await conn.execute(query("tree_member_count"), {"tree_id": parent["tree_id"]})
+    members = await cur.fetchone()
+    assert members is not None
+    if members["n"] >= max_members:
+        raise LimitExceeded(
+            f"cannot create {name!r}: this tree has {members['n']} sessions, the limit "
+            f"(setting CANOPY_MAX_SESSIONS_PER_TREE) is {max_members}")
     session_id = new_id()
     scope = Scope(parent["user_id"], parent["app_id"])
     inserted = await _insert_session(conn, {

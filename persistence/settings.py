@@ -24,6 +24,18 @@ class Settings(BaseSettings):
 
     tree_slots: int = Field(default=4, ge=1)
     max_depth: int = Field(default=2, ge=0)
+
+    # Limits on what a model can make Canopy do (its output is untrusted input). Each refusal is
+    # a clear tool error that names the limit and its setting, and changes nothing else.
+    max_tool_calls_per_reply: int = Field(
+        default=32, ge=1, description="A model reply with more tool calls runs none of them; each gets an error.")
+    max_model_calls_per_turn: int = Field(
+        default=100, ge=1, description="A Turn that needs more model calls fails with that reason.")
+    max_sessions_per_tree: int = Field(
+        default=1000, ge=1, description="Sessions in one tree (root included); create_session refuses more.")
+    max_spawned_trees: int = Field(
+        default=8, ge=0, description="Trees made by mode='root' creates from one tree and from the trees it "
+        "spawned, counted together so that a chain of spawns cannot escape the limit.")
     actor_idle_seconds: float = Field(default=60.0, gt=0)
     max_live_sessions: int = Field(default=32, ge=1)
     lease_seconds: float = Field(default=30.0, gt=0)

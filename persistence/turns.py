@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 
 from persistence import runs as run_repo
 from persistence.db import Connection, query
-from persistence.errors import Conflict, InvalidArgument, NotFound
+from persistence.errors import Conflict, InvalidArgument, LeaseLost, NotFound, TurnCancelled
 from persistence.events import append_event
 from persistence.records import TERMINAL_TURN_STATUSES, Row, RunRef, Scope, new_id
 
@@ -157,10 +157,8 @@ async def _start_pending_input(conn: Connection, session: Row) -> Row | None:
         return None
     turn_id = new_id()
     await conn.execute("UPDATE inputs SET status = 'consumed' WHERE input_id = %s", (pending["input_id"],))
-    await conn.execute(
-        "INSERT INTO turns (turn_id, session_id, input_id) VALUES (%s, %s, %s)",
-        (turn_id, session["session_id"], pending["input_id"]),
-    )
+    await conn.execute(query("turn_insert"),
+                       {"turn_id": turn_id, "session_id": session["session_id"], "input_id": pending["input_id"]})
     run_id = await run_repo.insert_run(conn, turn_id, session["session_id"], session["tree_id"])
     await conn.execute(
         """INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, origin)
@@ -198,6 +196,28 @@ async def finish_turn(conn: Connection, run: RunRef, status: str, *, output: str
     session = locked_session or await lock_session(conn, run.scope, run.session_id)
     await run_repo.end_own_run(conn, run, status, output=output, error=error)
     return await _end_turn(conn, session, run.turn_id, run.run_id, status, output, error)
+
+
+async def begin_tool_step(conn: Connection, run: RunRef) -> str:
+    """The first statements of a step that runs tool calls (see tool_step_lock.sql): the Run is
+    fenced (LeaseLost) and its session locked until the step commits; a Turn that is being
+    cancelled runs nothing more (TurnCancelled). Returns the Turn's approval mode."""
+    cur = await conn.execute(query("tool_step_lock"), {"run_id": run.run_id, "owner": run.owner,
+                                                      "session_id": run.session_id})
+    lock = await cur.fetchone()
+    if lock is None or not lock["fenced"]:
+        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
+    cur = await conn.execute(query("turn_state"), {"turn_id": run.turn_id})
+    turn = await cur.fetchone()
+    if turn is None or turn["status"] != "running":
+        raise TurnCancelled(f"turn {run.turn_id} is being cancelled; no further tool call runs")
+    return str(turn["approval_mode"])
+
+
+async def turn_status(conn: Connection, turn_id: uuid.UUID) -> str | None:
+    cur = await conn.execute(query("turn_state"), {"turn_id": turn_id})
+    turn = await cur.fetchone()
+    return None if turn is None else str(turn["status"])
 
 
 async def cancel_open_turn(conn: Connection, session: Row, turn: Row, reason: str) -> bool:

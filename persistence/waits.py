@@ -164,3 +164,14 @@ async def wait_outcome(conn: Connection, scope: Scope, wait: Row, waiter: uuid.U
     request = await cur.fetchone()
     answer = ((request or {}).get("response") or {}).get("answer")
     return {"answer": answer} if answer is not None else {"error": "no answer was given"}
+
+
+async def approval_decision(conn: Connection, turn_id: uuid.UUID, tool_call_id: str) -> str | None:
+    """What a human decided about one tool call: None (never asked), 'pending', 'approve' or 'deny'."""
+    cur = await conn.execute(query("approval_state"), {"turn_id": turn_id, "call_id": tool_call_id})
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    if row["request_status"] != "answered":
+        return "pending"
+    return str((row["response"] or {}).get("decision", "deny"))

@@ -294,27 +294,28 @@ function describeFailure(call, resolve) {
 }
 
 const STEER = /^<canopy:steer>\n?([\s\S]*?)\n?<\/canopy:steer>$/;
-const MESSAGE = /^<canopy:message from="([^"]*)"(?: session_id="([^"]*)")?>\n?([\s\S]*?)\n?<\/canopy:message>$/;
+const MESSAGE = /^<canopy:message [^>\n]*>\n?([\s\S]*?)\n?<\/canopy:message>$/;
+
+/** Text Canopy escaped so that it cannot pass for its wrappers (persistence/messages.py), as written. */
+function unescapeWrappers(text) {
+  return text.replaceAll("&lt;/canopy:", "</canopy:").replaceAll("&lt;canopy:", "<canopy:");
+}
 
 /**
- * Where a user-role message came from, and its text without Canopy's wrappers:
- * {text, source: {kind, label, sessionId?, treeId?, path?}}.
+ * Who a user message comes from and its text. The source is the message's origin, recorded by
+ * the server; a text that looks like one of Canopy's wrappers proves nothing and is shown as is.
  */
 export function describeUserMessage(message, treeId) {
   const origin = message.origin ?? {};
-  let text = message.content ?? "";
+  const text = message.content ?? "";
   const kind = origin.kind ?? "human";
-  if (kind === "steer" || STEER.test(text)) {
-    const match = text.match(STEER);
-    if (match) text = match[1];
-    return { text, source: { kind: "steer", label: "steer" } };
+  if (kind === "steer") {
+    return { text: unescapeWrappers(text.match(STEER)?.[1] ?? text), source: { kind: "steer", label: "steer" } };
   }
-  const wrapped = text.match(MESSAGE);
-  if (kind === "message" || wrapped) {
-    const from = wrapped?.[1] ?? origin.path ?? "";
-    const sessionId = origin.session_id || wrapped?.[2] || null;
-    if (wrapped) text = wrapped[3];
-    return { text, source: { kind: "message", label: `message from ${from || "a session"}`, sessionId,
+  if (kind === "message") {
+    const from = origin.path ?? "";
+    return { text: unescapeWrappers(text.match(MESSAGE)?.[1] ?? text), source: { kind: "message",
+      label: `message from ${from || "a session"}`, sessionId: origin.session_id || null,
       treeId: origin.tree_id ?? null, path: from } };
   }
   if (kind === "session") {

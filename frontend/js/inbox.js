@@ -3,12 +3,13 @@
 // several open a list. A failed refresh keeps the last known items and offers a retry.
 
 import { h, plural } from "./dom.js";
+import { approvalAction } from "./requestCard.js";
 
 function describe(request) {
   const payload = request.payload ?? {};
-  return request.kind === "approval"
-    ? `wants to run: ${payload.command ?? ""}`
-    : `asks: ${payload.question ?? ""}`;
+  if (request.kind !== "approval") return `asks: ${payload.question ?? ""}`;
+  const action = approvalAction(payload);
+  return `${action.verb}: ${action.subject}`;
 }
 
 export class Inbox {

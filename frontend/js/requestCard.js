@@ -4,6 +4,14 @@
 
 import { h, newKey } from "./dom.js";
 
+/** What an approval asks for: a command to run, or a file to write (with its size). */
+export function approvalAction(payload) {
+  if (payload.tool === "write_file") {
+    return { verb: "wants to write", subject: `${payload.path ?? ""} (${payload.bytes ?? 0} bytes)` };
+  }
+  return { verb: "wants to run", subject: String(payload.command ?? "") };
+}
+
 export class RequestCard {
   #choice = null;
   #busy = false;
@@ -26,9 +34,10 @@ export class RequestCard {
       this.denyButton = h("button", { class: "btn danger", type: "button", text: "Deny", "aria-pressed": "false",
         onClick: () => this.#submit({ decision: "deny" }) });
       this.buttons = [this.approveButton, this.denyButton];
+      const action = approvalAction(payload);
       this.body = h("div", { class: "request-body" },
-        h("p", { text: "wants to run:" }),
-        h("pre", { class: "request-command" }, h("code", { text: String(payload.command ?? "") })));
+        h("p", { text: `${action.verb}:` }),
+        h("pre", { class: "request-command" }, h("code", { text: action.subject })));
     } else {
       this.answer = h("textarea", { class: "request-answer", rows: 2, "aria-label": "Your answer",
         placeholder: "Your answer…" });

@@ -6,9 +6,9 @@ WITH fence AS (
     WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
     FOR NO KEY UPDATE
 ), receipt AS (
-    SELECT tool_name, arguments, result FROM tool_receipts
+    SELECT tool_name, arguments, result, state FROM tool_receipts
     WHERE turn_id = %(turn_id)s AND tool_call_id = %(call_id)s AND EXISTS (SELECT 1 FROM fence)
     FOR UPDATE
 )
-SELECT EXISTS (SELECT 1 FROM fence) AS fenced, r.tool_name, r.arguments, r.result
+SELECT EXISTS (SELECT 1 FROM fence) AS fenced, r.tool_name, r.arguments, r.result, r.state
 FROM (SELECT) AS one LEFT JOIN receipt r ON true

@@ -6,15 +6,18 @@ WITH fence AS (
     WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
     FOR NO KEY UPDATE
 ), unprocessed AS (
-    SELECT c.message_id, c.kind, c.body, c.sender_session_id, c.received_at, s.path AS sender_path
-    FROM coop_messages c LEFT JOIN sessions s ON s.session_id = c.sender_session_id
+    SELECT c.message_id, c.kind, c.body, c.sender_session_id, c.received_at, s.path AS sender_path,
+           s.tree_id AS sender_tree_id, st.approval_mode AS sender_approval_mode
+    FROM coop_messages c
+    LEFT JOIN sessions s ON s.session_id = c.sender_session_id
+    LEFT JOIN turns st ON st.turn_id = c.source_turn_id
     WHERE c.receiver_session_id = %(session_id)s AND c.processed_at IS NULL
     FOR UPDATE OF c
 )
 SELECT EXISTS (SELECT 1 FROM fence) AS fenced,
        t.status AS turn_status,
        EXISTS (SELECT 1 FROM stream_watchers w WHERE w.tree_id = %(tree_id)s AND w.watched_until > now()) AS watched,
-       m.message_id, m.kind, m.body, m.sender_session_id, m.sender_path
+       m.message_id, m.kind, m.body, m.sender_session_id, m.sender_path, m.sender_tree_id, m.sender_approval_mode
 FROM turns t LEFT JOIN unprocessed m ON true
 WHERE t.turn_id = %(turn_id)s
 ORDER BY m.received_at, m.message_id

@@ -105,12 +105,23 @@ async def start_root_run(db: Database, scope: Scope, *, slot_limit: int = 4) -> 
     return tree, run
 
 
+# A dispatcher Turn as tools see it: auto approvals and these tools (persistence knows no tool names).
+DISPATCHER = cooperation.Dispatcher("auto", frozenset({"create_session", "submit_input", "send_message"}))
+
+
+def limits(*, max_depth: int = 2, max_members: int = 1000, max_spawned_trees: int = 8,
+           slot_limit: int = 4) -> cooperation.CreateLimits:
+    return cooperation.CreateLimits(max_depth=max_depth, max_members=max_members,
+                                    max_spawned_trees=max_spawned_trees, slot_limit=slot_limit)
+
+
 async def create_child(db: Database, run: RunRef, name: str, *, call_id: str | None = None,
                        description: str = "do the child's task", max_depth: int = 2) -> Row:
     """``create_session`` as the Run's tool call, in its own transaction."""
     async with db.tx() as conn:
         return await cooperation.create_session(conn, run, call_id or f"call-{uuid.uuid4().hex[:8]}", name=name,
-                                                description=description, max_depth=max_depth, slot_limit=4)
+                                                description=description, limits=limits(max_depth=max_depth),
+                                                dispatcher=DISPATCHER)
 
 
 async def child_run(db: Database, run: RunRef, name: str, *, max_depth: int = 2) -> tuple[Row, RunRef]:

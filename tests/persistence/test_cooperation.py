@@ -13,6 +13,7 @@ from persistence.db import Database
 from persistence.errors import IdempotencyConflict, InvalidArgument, NotFound
 from persistence.records import Row, RunRef, Scope
 from tests.persistence.helpers import (
+    DISPATCHER,
     child_run,
     claim_turn,
     count_rows,
@@ -20,6 +21,7 @@ from tests.persistence.helpers import (
     fetch_all,
     fetch_one,
     finish,
+    limits,
     start_root_run,
     submit,
     turn_row,
@@ -34,8 +36,13 @@ async def call(db: Database, tool: Tool, run: RunRef, call_id: str, **args: Any)
 
 
 async def create(db: Database, run: RunRef, call_id: str, **args: Any) -> Row:
-    fields = {"name": "aaa", "description": "the task", "max_depth": 2, "slot_limit": 4, **args}
+    fields = {"name": "aaa", "description": "the task", "limits": limits(max_depth=args.pop("max_depth", 2)),
+              "dispatcher": DISPATCHER, **args}
     return await call(db, cooperation.create_session, run, call_id, **fields)
+
+
+async def submit_as(db: Database, run: RunRef, call_id: str, **args: Any) -> Row:
+    return await call(db, cooperation.submit_input, run, call_id, dispatcher=DISPATCHER, **args)
 
 
 async def test_create_session_replay_returns_the_stored_result(db: Database, scope: Scope) -> None:
@@ -90,14 +97,14 @@ async def test_create_session_replay_with_changed_arguments_is_refused(db: Datab
 async def test_submit_input_replay_and_conflict(db: Database, scope: Scope) -> None:
     _, run = await start_root_run(db, scope)
     aaa = await create_child(db, run, "aaa")
-    first = await call(db, cooperation.submit_input, run, "call-2", target="/root/aaa", text="more work")
+    first = await submit_as(db, run, "call-2", target="/root/aaa", text="more work")
     assert first["status"] == "queued" and first["session_id"] == aaa["session_id"]
     before = await count_rows(db)
-    assert await call(db, cooperation.submit_input, run, "call-2", target="/root/aaa", text="more work") == first
+    assert await submit_as(db, run, "call-2", target="/root/aaa", text="more work") == first
     assert await count_rows(db) == before
     for changed in ({"target": aaa["session_id"], "text": "more work"}, {"target": "/root/aaa", "text": "other"}):
         with pytest.raises(IdempotencyConflict):
-            await call(db, cooperation.submit_input, run, "call-2", **changed)
+            await submit_as(db, run, "call-2", **changed)
     assert await count_rows(db) == before
 
 
@@ -138,14 +145,14 @@ async def test_cancel_turn_replay_and_conflict(db: Database, scope: Scope) -> No
 async def test_a_new_turn_may_reuse_a_call_id_and_gets_new_work(db: Database, scope: Scope) -> None:
     tree, run = await start_root_run(db, scope)
     first = await create(db, run, "call-1")
-    sent = await call(db, cooperation.submit_input, run, "call-2", target="/root/aaa", text="more")
+    sent = await submit_as(db, run, "call-2", target="/root/aaa", text="more")
     await finish(db, run, output="done")
 
     receipt = await submit(db, scope, tree.root_id, "next task")
     next_run = await claim_turn(db, tree.tree_id, receipt["turn_id"])
     assert next_run.turn_id != run.turn_id
     second = await create(db, next_run, "call-1", name="bbb")
-    resent = await call(db, cooperation.submit_input, next_run, "call-2", target="/root/aaa", text="more")
+    resent = await submit_as(db, next_run, "call-2", target="/root/aaa", text="more")
     assert second["session_id"] != first["session_id"] and second["path"] == "/root/bbb"
     assert resent["input_id"] != sent["input_id"]
     receipts = await fetch_all(db, "SELECT turn_id, first_run_id FROM tool_receipts WHERE tool_call_id = 'call-1' "
@@ -179,7 +186,7 @@ async def test_refused_calls_store_no_receipt(db: Database, scope: Scope) -> Non
     with pytest.raises(InvalidArgument):
         await call(db, cooperation.cancel_turn, run, "call-6", target="/root", turn_id=str(run.turn_id))
     with pytest.raises(NotFound):
-        await call(db, cooperation.submit_input, run, "call-7", target="/root/nobody", text="x")
+        await submit_as(db, run, "call-7", target="/root/nobody", text="x")
     with pytest.raises(InvalidArgument):
         await create(db, run, "call-8", mode="sideways")
     assert await count_rows(db) == before
@@ -229,7 +236,7 @@ async def test_cross_scope_targets_are_not_found_and_nothing_is_written(
 
     before = await count_rows(db)
     attempts: list[Callable[[], Awaitable[Any]]] = [
-        lambda: call(db, cooperation.submit_input, caller_run, "x1", target=target, text="hi"),
+        lambda: submit_as(db, caller_run, "x1", target=target, text="hi"),
         lambda: call(db, cooperation.send_message, caller_run, "x2", target=target, text="hi"),
         lambda: call(db, cooperation.cancel_turn, caller_run, "x3", target=target,
                      turn_id=str(victim_run.turn_id)),
@@ -257,7 +264,7 @@ async def test_a_member_of_another_tree_of_the_same_scope_works_by_session_id(db
     _, run = await start_root_run(db, scope)
     other_tree, _ = await start_root_run(db, scope)
     sent = await call(db, cooperation.send_message, run, "m1", target=str(other_tree.root_id), text="hello")
-    queued = await call(db, cooperation.submit_input, run, "s1", target=str(other_tree.root_id), text="work")
+    queued = await submit_as(db, run, "s1", target=str(other_tree.root_id), text="work")
     assert sent["session_id"] == queued["session_id"] == str(other_tree.root_id)
     assert queued["status"] == "queued"
     origin = await fetch_one(db, "SELECT origin FROM inputs WHERE input_id = %s", (uuid.UUID(queued["input_id"]),))

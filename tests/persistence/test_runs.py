@@ -14,6 +14,7 @@ from persistence.db import Database
 from persistence.errors import LeaseLost
 from persistence.records import RunRef, Scope
 from tests.persistence.helpers import (
+    DISPATCHER,
     LEASE_SECONDS,
     acquire,
     child_run,
@@ -24,6 +25,7 @@ from tests.persistence.helpers import (
     finish,
     grant,
     latest_run_id,
+    limits,
     make_tree,
     new_owner,
     run_row,
@@ -134,7 +136,7 @@ async def test_concurrent_grants_never_exceed_the_limit(db: Database, scope: Sco
         for n in range(inputs_each - 1):
             async with db.tx() as conn:
                 await cooperation.submit_input(conn, root_run, f"more-{name}-{n}", target=f"/root/{name}",
-                                               text=f"task {n}")
+                                               text=f"task {n}", dispatcher=DISPATCHER)
     await finish(db, root_run)
     total_turns = members * inputs_each
     observed_max = 0
@@ -301,12 +303,13 @@ async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: S
     stale_writes = [
         lambda conn: turns.finish_turn(conn, run, "completed", output="too late"),
         lambda conn: cooperation.send_message(conn, run, "late-1", target="/root/aaa", text="hi"),
-        lambda conn: cooperation.submit_input(conn, run, "late-2", target="/root/aaa", text="hi"),
-        lambda conn: cooperation.create_session(conn, run, "late-3", name="bbb", description="x", max_depth=2,
-                                                slot_limit=4),
+        lambda conn: cooperation.submit_input(conn, run, "late-2", target="/root/aaa", text="hi",
+                                                dispatcher=DISPATCHER),
+        lambda conn: cooperation.create_session(conn, run, "late-3", name="bbb", description="x", limits=limits(),
+                                                dispatcher=DISPATCHER),
         # A replay of a call that ran before is refused too, not answered from its receipt.
         lambda conn: cooperation.create_session(conn, run, "made-aaa", name="aaa", description="do the child's task",
-                                                max_depth=2, slot_limit=4),
+                                                limits=limits(), dispatcher=DISPATCHER),
         lambda conn: messages.take_boundary(conn, run),
         lambda conn: messages.append_reply(conn, run, content="late", tool_calls=None, usage={"prompt_tokens": 5},
                                            cost_usd=0.1),

@@ -11,11 +11,13 @@ from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import Scope
 from tests.persistence.helpers import (
+    DISPATCHER,
     child_run,
     count_rows,
     create_child,
     fetch_all,
     fetch_one,
+    limits,
     session_row,
     start_root_run,
 )
@@ -123,14 +125,15 @@ async def test_root_mode_makes_an_independent_tree_that_records_its_origin(db: D
     tree, run = await start_root_run(db, scope)
     async with db.tx() as conn:
         made = await cooperation.create_session(conn, run, "call-root", name="side", description="independent",
-                                                mode="root", max_depth=2, slot_limit=3)
+                                                mode="root", limits=limits(slot_limit=3), dispatcher=DISPATCHER)
     row = await session_row(db, made["session_id"])
     assert made["path"] == "/root" and made["parent_session_id"] is None
     assert row["parent_id"] is None and row["tree_id"] == row["session_id"] != tree.tree_id
     assert row["created_by_run_id"] == run.run_id and row["project_id"] == tree.project_id
     assert row["origin"]["run_id"] == str(run.run_id)
-    slots = await fetch_one(db, "SELECT slot_limit FROM trees WHERE tree_id = %s", (row["tree_id"],))
-    assert slots["slot_limit"] == 3
+    made_tree = await fetch_one(db, "SELECT slot_limit, lineage_id, spawned_by_tree_id FROM trees WHERE tree_id = %s",
+                                (row["tree_id"],))
+    assert made_tree == {"slot_limit": 3, "lineage_id": tree.tree_id, "spawned_by_tree_id": tree.tree_id}
 
 
 async def test_paths_resolve_only_inside_the_callers_tree(db: Database, scope: Scope) -> None:

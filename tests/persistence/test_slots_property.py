@@ -42,7 +42,7 @@ async def test_slot_limit_and_fifo_hold_under_any_sequence(db: Database, slot_li
         members = [tree.root_id]
         for name in ("a", "b", "c"):
             child = await sessions.create_child(conn, root, name=name, agent_id=None, agent_config=AGENT_CONFIG,
-                                                max_depth=2, created_by_run_id=creator_run)
+                                                max_depth=2, max_members=10, created_by_run_id=creator_run)
             members.append(child["session_id"])
     live: list[RunRef] = []
     open_waits: list[uuid.UUID] = []

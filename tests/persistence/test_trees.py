@@ -62,7 +62,7 @@ async def build_tree(db: Database, scope: Scope, levels: list[int]) -> tuple[Tre
                 parent = parents[i % len(parents)]
                 child = await sessions.create_child(
                     conn, parent, name=f"m{level}-{i}", agent_id=None, agent_config=AGENT_CONFIG,
-                    max_depth=len(levels), created_by_run_id=root_run.run_id)
+                    max_depth=len(levels), max_members=10_000, created_by_run_id=root_run.run_id)
                 made.append(await sessions.get_session_row(conn, scope, child["session_id"]))
             parents = made
             members.extend(row["session_id"] for row in made)

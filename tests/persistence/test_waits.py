@@ -13,6 +13,7 @@ from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument
 from persistence.records import Row, RunRef, Scope
 from tests.persistence.helpers import (
+    DISPATCHER,
     HUMAN,
     child_run,
     claim_turn,
@@ -169,7 +170,8 @@ async def test_ask_user_blocks_new_input_until_answered(db: Database, scope: Sco
             await turns.submit_input(conn, scope, tree.root_id, "new work", HUMAN)
     with pytest.raises(Conflict):
         async with db.tx() as conn:
-            await cooperation.submit_input(conn, other_run, "s1", target=str(tree.root_id), text="new work")
+            await cooperation.submit_input(conn, other_run, "s1", target=str(tree.root_id), text="new work",
+                                           dispatcher=DISPATCHER)
     with pytest.raises(InvalidArgument):
         async with db.tx() as conn:
             await trees.answer_request(conn, scope, request["id"], {"decision": "approve"})

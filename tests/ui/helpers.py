@@ -186,7 +186,7 @@ async def seed_tree(runtime: Runtime, scope: Scope, *, children: int, grandchild
             title = (f"Child {i:02d}: investigate a deliberately long and winding task description that never "
                      "seems to end so the title must be cut" if long_titles else f"child {i}")
             child = await sessions.create_child(conn, root, name=f"child-{i:02d}", agent_id=None, agent_config=config,
-                                                max_depth=2, created_by_run_id=run, title=title)
+                                                max_depth=2, max_members=10_000, created_by_run_id=run, title=title)
             made.append(str(child["session_id"]))
             parent = await sessions.get_session_row(conn, scope, child["session_id"])
             share = -(-remaining // (children - i))  # spread the grandchildren evenly
