@@ -24,7 +24,7 @@ from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
 from persistence import messages, turns, waits
 from persistence import runs as run_repo
 from persistence.cooperation import Dispatcher
-from persistence.db import Connection, Database
+from persistence.db import Connection, Database, savepoint
 from persistence.errors import CanopyError, Conflict, LeaseLost, TurnCancelled
 from persistence.messages import escape_wrappers
 from persistence.records import Row, RunRef
@@ -138,7 +138,7 @@ async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id:
     transaction, and the Run, which recovery resumes)."""
     if not tool.acts:
         return await tool.handler(ctx, conn, call_id, args)
-    async with conn.transaction():
+    async with savepoint(conn):
         return await tool.handler(ctx, conn, call_id, args)
 
 

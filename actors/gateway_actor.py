@@ -25,7 +25,7 @@ import ray
 from actors import metrics
 from actors.local_channel import ChannelServer
 from actors.model_gateway import ModelGateway
-from persistence.db import Database
+from persistence.db import Database, LazyDatabase
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +43,12 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 class AccountedGateway(ModelGateway):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._db: Database | None = None
+        self._db = LazyDatabase(max_size=4)
         self._recorder = _CallRecorder(self._database)
         self._channel = ChannelServer({"complete_for_run": self.complete_for_run})
 
     async def _database(self) -> Database:
-        if self._db is None:
-            self._db = await Database.connect(max_size=4)
-        return self._db
+        return await self._db.get()
 
     async def channel_address(self) -> dict[str, str]:
         """Where callers on this node send ``complete_for_run`` calls directly (see local_channel)."""
@@ -59,6 +57,7 @@ class AccountedGateway(ModelGateway):
     async def close(self) -> None:
         await self._channel.close()
         await self._recorder.flush()
+        await self._db.close()
         await super().close()
 
     async def complete_for_run(self, *, run_id: str, watch: dict[str, str] | None = None,

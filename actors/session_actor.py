@@ -41,7 +41,7 @@ from actors.local_channel import ChannelServer
 from actors.naming import GATEWAY_NAME, NAMESPACE, session_actor_name
 from actors.tree_supervisor import HostedSupervisor
 from persistence import runs as run_repo
-from persistence.db import Connection, Database
+from persistence.db import Connection, Database, LazyDatabase
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,18 @@ def _gateway_handle() -> Any:
     if _gateway is None:
         _gateway = ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE)
     return _gateway
+
+
+async def wait_for_run(run: asyncio.Task[None], *, exiting: bool = False) -> None:
+    """Wait for a Run's task. The Run's own cancellation (its Turn was cancelled) ends it and the
+    session's loop goes on; a cancellation of the waiting loop itself (a shutdown, a passivation)
+    propagates, so the loop ends instead of swallowing it."""
+    try:
+        await run
+    except asyncio.CancelledError:
+        waiting = asyncio.current_task()
+        if exiting or (waiting is not None and waiting.cancelling()):
+            raise
 
 
 class SessionCore:
@@ -206,10 +218,7 @@ class SessionCore:
             self._current = asyncio.create_task(executor.execute())
             self._report()  # busy
             try:
-                await self._current
-            except asyncio.CancelledError:
-                if self.exiting:
-                    raise
+                await wait_for_run(self._current, exiting=self.exiting)
             except Exception:
                 log.exception("run %s crashed; its lease will expire and it will be resumed", run.run_id)
             finally:
@@ -232,17 +241,12 @@ class SessionActorImpl(SessionCore):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(uuid.UUID(session_id))
-        self._db: Database | None = None
-        self._db_lock = asyncio.Lock()
+        self._db = LazyDatabase(max_size=2)
         self._loop_task: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
 
     async def _database(self) -> Database:
-        if self._db is None:
-            async with self._db_lock:  # a signal and the work loop must not open two pools
-                if self._db is None:
-                    self._db = await Database.connect(max_size=2)
-        return self._db
+        return await self._db.get()
 
     async def status(self) -> dict[str, str | int | None]:  # type: ignore[override]
         return SessionCore.status(self)
@@ -256,8 +260,7 @@ class SessionActorImpl(SessionCore):
 
     async def _close_and_exit(self) -> None:
         try:
-            if self._db is not None:
-                await asyncio.wait_for(self._db.close(), timeout=5)
+            await asyncio.wait_for(self._db.close(), timeout=5)
         except Exception:
             log.debug("closing the pool of session %s failed", self.session_id, exc_info=True)
         ray.kill(_this_actor(), no_restart=True)
@@ -286,22 +289,17 @@ class SessionHostImpl:
     def __init__(self, index: int) -> None:
         self.index = index
         self.settings = get_settings()
-        self._db: Database | None = None
-        self._db_lock = asyncio.Lock()
+        # A host lives as long as the runtime and serves many sessions at once: its connections
+        # are opened up front, not while the first wide tree waits.
+        size = max(4, 2 * self.settings.db_pool_max)
+        self._db = LazyDatabase(max_size=size, min_size=size)
         self._sessions: dict[uuid.UUID, _HostedSession] = {}
         self._supervisors: dict[uuid.UUID, HostedSupervisor] = {}
         # Activation hints from this node arrive here without a Ray call (see local_channel).
         self._channel = ChannelServer({"signal": self.signal})
 
     async def database(self) -> Database:
-        if self._db is None:
-            async with self._db_lock:
-                if self._db is None:
-                    # A host lives as long as the runtime and serves many sessions at once: its
-                    # connections are opened up front, not while the first wide tree waits.
-                    size = max(4, 2 * self.settings.db_pool_max)
-                    self._db = await Database.connect(max_size=size, min_size=size)
-        return self._db
+        return await self._db.get()
 
     async def ready(self) -> int:
         await self.database()

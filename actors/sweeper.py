@@ -22,7 +22,7 @@ import ray
 from actors import directory, metrics, sandbox_tools, signals
 from persistence import runs as run_repo
 from persistence import stream_watchers, turns, waits
-from persistence.db import Database
+from persistence.db import Database, LazyDatabase
 from persistence.metrics import runtime_metrics
 from persistence.settings import get_settings
 
@@ -46,7 +46,7 @@ WHERE status = 'running' AND owner IS NULL AND started_at < now() - make_interva
 class SweeperImpl:
     def __init__(self) -> None:
         self.settings = get_settings()
-        self._db: Database | None = None
+        self._db = LazyDatabase(max_size=2)
         self._task: asyncio.Task[None] | None = None
         self._warm_up: asyncio.Task[None] | None = None
         self._sandbox_task: asyncio.Task[None] | None = None
@@ -80,7 +80,6 @@ class SweeperImpl:
                 "sandboxes_released": self.sandboxes_released, "sandboxes_reaped": self.sandboxes_reaped}
 
     async def _loop(self) -> None:
-        self._db = await Database.connect(max_size=2)
         while True:
             try:
                 await self.sweep_once()
@@ -89,8 +88,7 @@ class SweeperImpl:
             await asyncio.sleep(self.settings.sweep_seconds)
 
     async def sweep_once(self) -> None:
-        db = self._db or await Database.connect(max_size=2)
-        self._db = db
+        db = await self._db.get()
         # Each step is isolated too: a failing step (say, a query) never stops the others.
         for step in (self._recover_expired, self._resume_due_waits, self._poke_queued,
                      self._release_idle_sandboxes, self._publish_gauges, self._delete_expired_watchers):

@@ -29,7 +29,7 @@ import ray
 from actors import directory, signals
 from actors.naming import session_hosts_setting
 from persistence import runs as run_repo
-from persistence.db import Database
+from persistence.db import Database, LazyDatabase
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -121,15 +121,10 @@ class TreeSupervisorImpl(SupervisorCore):
 
     def __init__(self, tree_id: str) -> None:
         super().__init__(uuid.UUID(tree_id))
-        self._db: Database | None = None
-        self._db_lock = asyncio.Lock()
+        self._db = LazyDatabase(max_size=2)
 
     async def _database(self) -> Database:
-        if self._db is None:
-            async with self._db_lock:  # concurrent first pokes must not open two pools
-                if self._db is None:
-                    self._db = await Database.connect(max_size=2)
-        return self._db
+        return await self._db.get()
 
     async def _exited(self, db: Database) -> None:
         try:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, LiteralString, cast
+from typing import Any, LiteralString, Protocol, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -19,18 +20,50 @@ from persistence.settings import Settings, get_settings
 _HERE = Path(__file__).parent
 
 Connection = psycopg.AsyncConnection[dict[str, Any]]
-Statement = Callable[[Connection], Awaitable[None]]
-
-# Statements a ``Database.tx`` block queued to run last, just before its commit.
-_last_statements: weakref.WeakKeyDictionary[Connection, list[Statement]] = weakref.WeakKeyDictionary()
 
 
-def queued_last(conn: Connection) -> list[Statement] | None:
-    """The statements the ``Database.tx`` block ``conn`` is in runs at its end, right before
-    the commit, in order (callers append to it); None when ``conn`` is in no such block (then
-    the caller writes at once). For writes that take a hot lock (the event cursor): taken
-    last, the lock is held only for the commit, not for the whole transaction."""
+class Deferred(Protocol):
+    """Writes a ``Database.tx`` block runs last, just before its commit, gathered as it goes."""
+
+    async def run(self, conn: Connection) -> None: ...
+
+    def mark(self) -> int:
+        """How much it holds now (for ``undo``)."""
+        ...
+
+    def undo(self, mark: int) -> None:
+        """Forget what was added after ``mark`` (a savepoint that held it rolled back)."""
+        ...
+
+
+# What each ``Database.tx`` block queued to run last, just before its commit.
+_last_statements: weakref.WeakKeyDictionary[Connection, list[Deferred]] = weakref.WeakKeyDictionary()
+
+
+def queued_last(conn: Connection) -> list[Deferred] | None:
+    """The writes the ``Database.tx`` block ``conn`` is in runs at its end, right before the
+    commit, in order (callers append to it); None when ``conn`` is in no such block (then the
+    caller writes at once). For writes that take a hot lock (the event cursor): taken last, the
+    lock is held only for the commit, not for the whole transaction."""
     return _last_statements.get(conn)
+
+
+@contextlib.asynccontextmanager
+async def savepoint(conn: Connection) -> AsyncIterator[None]:
+    """A savepoint inside a ``Database.tx`` block: if the block raises, everything it did is undone,
+    including what it queued to run at the commit (see ``queued_last``)."""
+    queued = _last_statements.get(conn)
+    count = len(queued) if queued is not None else 0
+    marks = [(item, item.mark()) for item in queued] if queued is not None else []
+    try:
+        async with conn.transaction():
+            yield
+    except BaseException:
+        if queued is not None:
+            del queued[count:]
+            for item, mark in marks:
+                item.undo(mark)
+        raise
 
 
 def resolve_database_url(settings: Settings | None = None) -> str:
@@ -84,8 +117,33 @@ class Database:
                 yield connection
             finally:
                 del _last_statements[connection]
-            for statement in queued:  # only when the block succeeded: a failed one rolls back
-                await statement(connection)
+            for deferred in queued:  # only when the block succeeded: a failed one rolls back
+                await deferred.run(connection)
 
     async def close(self) -> None:
         await self.pool.close()
+
+
+class LazyDatabase:
+    """A pool opened on first use — once, however many callers ask for it at the same time (an
+    actor's first calls arrive together) — and closed with ``close``."""
+
+    def __init__(self, url: str | None = None, *, max_size: int | None = None, min_size: int = 1) -> None:
+        self._options = {"url": url, "max_size": max_size, "min_size": min_size}
+        self._db: Database | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Database:
+        if self._db is None:
+            async with self._lock:
+                if self._db is None:
+                    self._db = await Database.connect(**self._options)  # type: ignore[arg-type]
+        return self._db
+
+    @property
+    def opened(self) -> Database | None:
+        return self._db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._db.close()

@@ -85,8 +85,15 @@ class _ScopeEvents:
         self.scope = scope
         self.events: list[_Event] = []
 
-    async def __call__(self, conn: Connection) -> None:
-        await _write_events(conn, self.scope, self.events)
+    async def run(self, conn: Connection) -> None:
+        if self.events:
+            await _write_events(conn, self.scope, self.events)
+
+    def mark(self) -> int:
+        return len(self.events)
+
+    def undo(self, mark: int) -> None:
+        del self.events[mark:]
 
 
 async def _write_events(conn: Connection, scope: Scope, events: list[_Event]) -> None:

@@ -91,11 +91,24 @@ async def append_reply(conn: Connection, run: RunRef, *, content: str | None,
     return row
 
 
-async def history(conn: Connection, session_id: uuid.UUID, *, after_id: int = 0, limit: int = 10_000
+_HISTORY_PAGE = 10_000
+
+
+async def history(conn: Connection, session_id: uuid.UUID, *, after_id: int = 0, limit: int | None = None
                   ) -> list[Row]:
-    """A session's messages in order. The caller has checked the session's scope."""
-    cur = await conn.execute(_HISTORY, (session_id, after_id, limit))
-    return await cur.fetchall()
+    """A session's messages in order, all of them after ``after_id`` unless ``limit`` says how many
+    (read in pages, so a long history costs bounded statements, not one unbounded one). The caller
+    has checked the session's scope."""
+    rows: list[Row] = []
+    while limit is None or len(rows) < limit:
+        page = min(_HISTORY_PAGE, limit - len(rows)) if limit is not None else _HISTORY_PAGE
+        cur = await conn.execute(_HISTORY, (session_id, after_id, page))
+        found = await cur.fetchall()
+        rows.extend(found)
+        if len(found) < page:
+            break
+        after_id = found[-1]["id"]
+    return rows
 
 
 def escape_wrappers(text: str) -> str:

@@ -116,7 +116,8 @@ async def test_finished_command_is_not_rerun_after_a_crash(runtime: Runtime, sco
     runner = await eventually(lambda: _session(runtime, tree_id, "/root/fp-runner"))
     # The receipt is committed; the 3 s failpoint holds the tool message back: kill now.
     await eventually(lambda: rows(runtime.db, "SELECT 1 FROM tool_receipts r JOIN turns t USING (turn_id) "
-                                  "WHERE t.session_id = %s AND r.tool_name = 'run_command'", runner))
+                                  "WHERE t.session_id = %s AND r.tool_name = 'run_command' AND r.state = 'done'",
+                                  runner))
     await _kill_session_actor(runner, how)
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"] == "0"

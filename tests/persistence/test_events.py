@@ -7,7 +7,7 @@ import contextlib
 import random
 
 from persistence import events
-from persistence.db import Database
+from persistence.db import Database, savepoint
 from persistence.records import Scope
 from persistence.scopes import ensure_scope
 from tests.persistence.helpers import fetch_all, start_root_run
@@ -131,3 +131,18 @@ async def test_one_transactions_events_are_written_together_in_order_per_scope(d
     assert [(e["cursor"], e["kind"], e["payload"]) for e in mine] == [
         (1, "mine-0", {"n": 0}), (2, "mine-1", {"n": 1}), (3, "mine-2", {"n": 2})]
     assert [(e["cursor"], e["kind"]) for e in theirs] == [(1, "theirs-0"), (2, "theirs-1"), (3, "theirs-2")]
+
+
+async def test_events_of_a_rolled_back_savepoint_are_not_written(db: Database, scope: Scope) -> None:
+    async with db.tx() as conn:
+        await ensure_scope(conn, scope)
+    async with db.tx() as conn:
+        await events.append_event(conn, scope, "kept-before")
+        with contextlib.suppress(RuntimeError):
+            async with savepoint(conn):
+                await events.append_event(conn, scope, "undone")
+                raise RuntimeError("the savepoint's work is refused")
+        await events.append_event(conn, scope, "kept-after")
+    async with db.tx() as conn:
+        kinds = [row["kind"] for row in await events.events_after(conn, scope, 0)]
+    assert kinds == ["kept-before", "kept-after"]

@@ -124,3 +124,18 @@ async def test_tool_results_are_written_together_in_call_order(db: Database, sco
     events = await fetch_all(db, "SELECT payload FROM events WHERE run_id = %s AND kind = 'message' ORDER BY cursor",
                              (run.run_id,))
     assert [e["payload"]["tool_call_id"] for e in events][-3:] == ["call-3", "call-1", "call-2"]
+
+
+async def test_history_reads_every_message_of_a_long_session(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:  # 10,050 more messages: past one page of the history read
+        await conn.execute(
+            "INSERT INTO thread_messages (session_id, turn_id, run_id, role, content) "
+            "SELECT %s, %s, %s, 'assistant', 'm' || n FROM generate_series(1, 10050) AS n",
+            (tree.root_id, run.turn_id, run.run_id))
+        read = await messages.history(conn, tree.root_id)
+        limited = await messages.history(conn, tree.root_id, limit=3)
+    assert len(read) == 10051  # the input and every reply
+    assert read[-1]["content"] == "m10050"
+    assert [row["id"] for row in read] == sorted(row["id"] for row in read)
+    assert limited == read[:3]

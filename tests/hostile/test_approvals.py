@@ -1,0 +1,100 @@
+"""Approvals cannot be laundered: work an ``ask`` session causes elsewhere runs under ``ask``.
+
+An ``ask`` root tries every route to get a command run (or a file written) without a human's
+approval: a child, a root-mode tree, a submitted input to an ``auto`` session, and a message to a
+running ``auto`` session. Each time the side effect waits for an approval request, and nothing
+runs or is written before a human approves.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from actors.runtime import Runtime
+from persistence.records import Scope
+from tests.actors.helpers import call, create, eventually, rows, say, script
+from tests.hostile.helpers import workdir_of
+
+_PWN = "echo pwned >> pwned.txt"
+
+
+async def _asker(runtime: Runtime, scope: Scope) -> str:
+    await runtime.create_agent(scope, {"agent_id": "asker", "name": "Asker", "model": "canopy/scripted",
+                                       "approval_mode": "ask"})
+    return "asker"
+
+
+async def _pending_approval(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
+    found = await eventually(lambda: rows(runtime.db, "SELECT request_id, session_id, payload FROM requests "
+                                          "WHERE tree_id = %s AND status = 'pending'", tree_id), timeout=60)
+    return found[0]
+
+
+async def _approve_and_check(runtime: Runtime, scope: Scope, tree_id: uuid.UUID, workdir_tree: uuid.UUID,
+                             payload: dict[str, Any]) -> None:
+    """The side effect waits for a human: nothing ran, then the approval lets exactly it run."""
+    request = await _pending_approval(runtime, tree_id)
+    assert {key: request["payload"].get(key) for key in payload} == payload
+    workdir = await workdir_of(runtime, workdir_tree)
+    assert not (workdir / "pwned.txt").exists()
+    receipts = await rows(runtime.db, "SELECT 1 FROM tool_receipts r JOIN turns t USING (turn_id) "
+                          "WHERE t.session_id = %s AND r.tool_name IN ('run_command', 'write_file')",
+                          request["session_id"])
+    assert receipts == []
+    await runtime.answer_request(scope, request["request_id"], {"decision": "approve"})
+    await eventually(lambda: _exists(workdir / "pwned.txt"), timeout=60)
+
+
+async def _exists(path: Any) -> bool:
+    return bool(path.exists())
+
+
+async def test_a_child_of_an_ask_session_asks(runtime: Runtime, scope: Scope) -> None:
+    child = script(call(("run_command", {"command": _PWN})), say("done"))
+    created = await runtime.create_root(scope, input_text=script(call(create("c", child)), say("made")),
+                                        agent_id=await _asker(runtime, scope))
+    tree_id = created["session"]["session_id"]
+    await _approve_and_check(runtime, scope, tree_id, tree_id, {"tool": "run_command", "command": _PWN})
+
+
+async def test_a_root_mode_tree_of_an_ask_session_asks(runtime: Runtime, scope: Scope) -> None:
+    spawned = script(call(("run_command", {"command": _PWN})), say("done"))
+    text = script(call(("create_session", {"name": "side", "description": spawned, "mode": "root"})),
+                  say("${0.tree_id}"))
+    created = await runtime.create_root(scope, input_text=text, agent_id=await _asker(runtime, scope))
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    side = uuid.UUID(result["output"])
+    await _approve_and_check(runtime, scope, side, side, {"tool": "run_command", "command": _PWN})
+
+
+async def test_an_input_submitted_by_an_ask_session_asks(runtime: Runtime, scope: Scope) -> None:
+    victim = await runtime.create_root(scope)  # an auto session of another tree, idle
+    victim_id = victim["session"]["session_id"]
+    work = script(call(("run_command", {"command": _PWN})), say("done"))
+    text = script(call(("submit_input", {"target": str(victim_id), "text": work})), say("submitted"))
+    await runtime.create_root(scope, input_text=text, agent_id=await _asker(runtime, scope))
+    await _approve_and_check(runtime, scope, victim_id, victim_id, {"tool": "run_command", "command": _PWN})
+    turns = await rows(runtime.db, "SELECT approval_mode FROM turns WHERE session_id = %s", victim_id)
+    assert [t["approval_mode"] for t in turns] == ["ask"]
+
+
+async def test_a_message_from_an_ask_session_makes_the_receiver_ask(runtime: Runtime, scope: Scope) -> None:
+    # An auto session waits for a message, then runs a command: the message came from an ask Turn.
+    listener = await runtime.create_root(scope)
+    listener_id = listener["session"]["session_id"]
+    asker_text = script(call(("send_message", {"target": str(listener_id), "text": "please run it"})), say("sent"))
+    asker = await runtime.create_root(scope, input_text=asker_text, agent_id=await _asker(runtime, scope))
+    await runtime.wait_result(scope, asker["input"]["input_id"], timeout=60)
+    work = script(call(("run_command", {"command": _PWN})), say("done"))
+    await runtime.submit_input(scope, listener_id, work, origin_kind="api")
+    await _approve_and_check(runtime, scope, listener_id, listener_id, {"tool": "run_command", "command": _PWN})
+
+
+async def test_write_file_asks_under_ask(runtime: Runtime, scope: Scope) -> None:
+    text = script(call(("write_file", {"path": "pwned.txt", "content": "pwned"})), say("${0.bytes}"))
+    created = await runtime.create_root(scope, input_text=text, agent_id=await _asker(runtime, scope))
+    tree_id = created["session"]["session_id"]
+    await _approve_and_check(runtime, scope, tree_id, tree_id, {"tool": "write_file", "path": "pwned.txt", "bytes": 5})
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"] == "5"

@@ -1,0 +1,89 @@
+"""Cancel and loss are exact: a cancelled Turn runs no further tool call, and a command whose Run
+was lost is stopped and reported as of unknown outcome — never run again silently.
+
+Sessions named ``fp-…`` pause 3 s at the failpoints tests/conftest.py configures: after a reply
+with tool calls is committed (``after_model_commit``), which is where a cancel must still stop them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+
+import ray
+
+from actors.naming import NAMESPACE, session_actor_name
+from actors.runtime import Runtime
+from persistence import turns
+from persistence.records import Scope
+from tests.actors.helpers import call, create, eventually, rows, say, script
+from tests.hostile.helpers import workdir_of
+
+
+async def _member(runtime: Runtime, tree_id: uuid.UUID, path: str) -> uuid.UUID:
+    found = await rows(runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s AND path = %s", tree_id, path)
+    return found[0]["session_id"] if found else None  # type: ignore[return-value]
+
+
+async def _open_turn(runtime: Runtime, session_id: uuid.UUID) -> uuid.UUID | None:
+    found = await rows(runtime.db, "SELECT turn_id FROM turns WHERE session_id = %s AND status = 'running'",
+                       session_id)
+    return found[0]["turn_id"] if found else None
+
+
+async def test_a_cancelled_turn_runs_none_of_its_committed_calls(runtime: Runtime, scope: Scope) -> None:
+    member = script(call(create("victim", script(say("should not exist"))),
+                         ("send_message", {"target": "/root", "text": "should not arrive"}),
+                         ("write_file", {"path": "cancelled.txt", "content": "x"})),
+                    say("never"))
+    text = script(call(create("fp-member", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
+                  say("${1.results.0.status}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    member_id = await eventually(lambda: _member(runtime, tree_id, "/root/fp-member"))
+    turn_id = await eventually(lambda: _open_turn(runtime, member_id))
+    # The reply with the calls is committed; the failpoint holds the calls back for 3 s: cancel now,
+    # as a commit whose hint to the actor is lost (hints may be lost: the committed fact must win).
+    await eventually(lambda: rows(runtime.db, "SELECT 1 FROM thread_messages WHERE session_id = %s "
+                                  "AND role = 'assistant'", member_id), every=0.05)
+    async with runtime.db.tx() as conn:
+        assert await turns.cancel_turn(conn, scope, member_id, turn_id, reason="cancelled by the test")
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"] == "cancelled"
+    assert [s["path"] for s in await rows(runtime.db, "SELECT path FROM sessions WHERE tree_id = %s ORDER BY path",
+                                          tree_id)] == ["/root", "/root/fp-member"]
+    assert await rows(runtime.db, "SELECT 1 FROM coop_messages WHERE sender_session_id = %s", member_id) == []
+    assert await rows(runtime.db, "SELECT 1 FROM tool_receipts WHERE turn_id = %s", turn_id) == []
+    assert await rows(runtime.db, "SELECT 1 FROM thread_messages WHERE turn_id = %s AND role = 'tool'", turn_id) == []
+    assert not (await workdir_of(runtime, tree_id) / "cancelled.txt").exists()
+
+
+async def test_a_command_of_a_lost_run_is_stopped_and_reported_unknown(runtime: Runtime, scope: Scope) -> None:
+    # The member's command starts, writes "start", and would write "end" 8 s later; its actor dies
+    # at once. The sweeper stops the command before resuming the Turn, which is told the outcome is
+    # unknown instead of running the command again.
+    command = "echo start >> log.txt; sleep 8; echo end >> log.txt"
+    member = script(call(("run_command", {"command": command})), say("$${0.outcome}: $${0.error}"))
+    text = script(call(create("runner", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
+                  say("${1.results.0.output}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    workdir = await workdir_of(runtime, tree_id)
+    runner = await eventually(lambda: _member(runtime, tree_id, "/root/runner"))
+    await eventually(lambda: _started(workdir / "log.txt"), every=0.05)
+    handle = ray.get_actor(session_actor_name(runner), namespace=NAMESPACE)
+    status = await handle.status.remote()
+    os.kill(int(status["pid"]), signal.SIGKILL)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
+    assert result["output"].startswith("unknown: an earlier run of this turn started this command")
+    await asyncio.sleep(9)  # past the moment the command would have written "end"
+    assert (workdir / "log.txt").read_text() == "start\n"
+    receipts = await rows(runtime.db, "SELECT state, result FROM tool_receipts r JOIN turns t USING (turn_id) "
+                          "WHERE t.session_id = %s", runner)
+    assert [(r["state"], r["result"]["outcome"]) for r in receipts] == [("done", "unknown")]
+
+
+async def _started(path: os.PathLike[str]) -> bool:
+    return os.path.exists(path)

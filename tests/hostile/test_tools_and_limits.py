@@ -1,0 +1,125 @@
+"""A hostile model cannot use tools its session lacks, nor grow a tree without bound.
+
+Every test drives the real runtime (Ray, PostgreSQL, the scripted model through litellm) with
+the replies a hostile model would give, then reads back what the tree left behind.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.runtime import Runtime
+from persistence.errors import InvalidArgument
+from persistence.records import Scope
+from tests.actors.helpers import call, create, eventually, rows, say, script
+from tests.hostile.helpers import footprint, model_requests
+
+_NOTHING_ELSE = {"receipts": [], "requests": [], "sandbox_leases": [], "files": []}
+
+
+async def test_a_session_runs_only_its_agents_tools(runtime: Runtime, scope: Scope) -> None:
+    await runtime.create_agent(scope, {"agent_id": "lister", "name": "Lister", "model": "canopy/scripted",
+                                       "tools": ["list_agents"]})
+    text = script(call(create("spawned", script(say("hi"))),
+                       ("run_command", {"command": "echo pwned > pwned.txt"}),
+                       ("write_file", {"path": "pwned2.txt", "content": "x"}),
+                       ("list_agents", {})),
+                  say("${0.error}|${1.error}|${2.error}|${3.agents.0.id}"))
+    created = await runtime.create_root(scope, input_text=text, agent_id="lister")
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    *errors, listed = result["output"].split("|")
+    for name, error in zip(("create_session", "run_command", "write_file"), errors, strict=True):
+        assert f"tool '{name}' is not available to this session; its tools are: list_agents" in error
+    assert listed == "lister"  # the allowed tool ran
+    assert await footprint(runtime, tree_id) == {"sessions": ["/root"], "spawned_trees": 0, **_NOTHING_ELSE}
+    offered = [{tool["function"]["name"] for tool in request["tools"]} for request in model_requests(runtime, tree_id)]
+    assert offered and all(names == {"list_agents"} for names in offered)
+
+
+async def test_a_child_never_gets_a_tool_its_creator_lacks(runtime: Runtime, scope: Scope) -> None:
+    await runtime.create_agent(scope, {"agent_id": "boss", "name": "Boss", "model": "canopy/scripted",
+                                       "tools": ["create_session", "wait_inputs"]})
+    await runtime.create_agent(scope, {"agent_id": "anything", "name": "Anything", "model": "canopy/scripted"})
+    worker = script(call(("run_command", {"command": "echo pwned > pwned.txt"})), say("$${0.error}"))
+    text = script(call(("create_session", {"name": "w", "description": worker, "agent_id": "anything"})),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("${1.results.0.output}"))
+    created = await runtime.create_root(scope, input_text=text, agent_id="boss")
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert "tool 'run_command' is not available to this session; its tools are: create_session, wait_inputs" \
+        in result["output"]
+    child = await rows(runtime.db, "SELECT agent_config FROM sessions WHERE tree_id = %s AND path = '/root/w'",
+                       tree_id)
+    assert child[0]["agent_config"]["tools"] == ["create_session", "wait_inputs"]
+    assert await footprint(runtime, tree_id) == {"sessions": ["/root", "/root/w"], "spawned_trees": 0,
+                                                 **_NOTHING_ELSE, "receipts": [("create_session", "done")]}
+
+
+async def test_an_agent_naming_an_unknown_tool_is_refused(runtime: Runtime, scope: Scope) -> None:
+    with pytest.raises(InvalidArgument, match="unknown tool"):
+        await runtime.create_agent(scope, {"agent_id": "odd", "name": "Odd", "model": "canopy/scripted",
+                                           "tools": ["list_agents", "rm_rf"]})
+    assert await rows(runtime.db, "SELECT 1 FROM agents WHERE app_id = %s", scope.app_id) == []
+
+
+async def test_a_reply_with_500_creates_runs_none_of_them(runtime: Runtime, scope: Scope) -> None:
+    bomb = [create(f"b{i}", script(say("boom"))) for i in range(500)]
+    text = script(call(*bomb), say("${0.error}|${499.error}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
+    first, last = result["output"].split("|")
+    assert first == last
+    assert "this reply made 500 tool calls; the limit is 32 per reply (setting CANOPY_MAX_TOOL_CALLS_PER_REPLY)" \
+        in first
+    assert await footprint(runtime, tree_id) == {"sessions": ["/root"], "spawned_trees": 0, **_NOTHING_ELSE}
+    results = await rows(runtime.db, "SELECT count(*) AS n FROM thread_messages WHERE session_id = %s "
+                         "AND role = 'tool'", tree_id)
+    assert results[0]["n"] == 500  # each call got its answer
+
+
+def _spawn_chain(creates: int) -> str:
+    """A root whose task makes a root-mode tree whose task does the same, ``creates`` times down;
+    each level says back the error its create got, if any. A level's text passes through the
+    scripted model of every level above it first, and each pass unescapes one ``$``."""
+    text = script(say("the last one"))
+    for level in reversed(range(creates)):
+        text = script(call(("create_session", {"name": f"s{level}", "description": text, "mode": "root"})),
+                      say("$" * level + "${0.error}"), task=f"level {level}")
+    return text
+
+
+async def test_a_chain_of_root_mode_spawns_stops_at_the_limit(runtime: Runtime, scope: Scope) -> None:
+    limit = runtime.settings.max_spawned_trees
+    created = await runtime.create_root(scope, input_text=_spawn_chain(limit + 1))
+    tree_id = created["session"]["session_id"]
+
+    async def settled() -> list[dict[str, object]] | None:
+        trees = await rows(runtime.db, "SELECT tree_id, spawned_by_tree_id FROM trees WHERE lineage_id = %s", tree_id)
+        done = await rows(runtime.db, "SELECT count(*) AS n FROM turns t JOIN trees r ON r.tree_id = t.session_id "
+                          "WHERE r.lineage_id = %s AND t.status IN ('completed', 'failed', 'cancelled')", tree_id)
+        return trees if len(trees) == limit + 1 and done[0]["n"] == limit + 1 else None
+
+    trees = await eventually(settled, timeout=120)
+    spawners = {tree["spawned_by_tree_id"] for tree in trees}
+    last = [tree["tree_id"] for tree in trees if tree["tree_id"] not in spawners]
+    outputs = await rows(runtime.db, "SELECT r.output FROM turns t JOIN runs r ON r.run_id = t.result_run_id "
+                         "WHERE t.session_id = %s", last[0])
+    assert f"the limit is {limit} (setting CANOPY_MAX_SPAWNED_TREES)" in outputs[0]["output"]
+    assert (await footprint(runtime, tree_id))["spawned_trees"] == limit  # the first tree's lineage, no more
+
+
+async def test_a_turn_stops_after_its_model_call_limit(runtime: Runtime, scope: Scope) -> None:
+    limit = runtime.settings.max_model_calls_per_turn
+    text = script(*[call(("list_agents", {})) for _ in range(limit + 5)], say("never"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=120)
+    assert result["status"] == "failed"
+    assert f"the turn made {limit} model calls, the limit per turn (setting CANOPY_MAX_MODEL_CALLS_PER_TURN)" \
+        in result["error"]
+    replies = await rows(runtime.db, "SELECT count(*) AS n FROM thread_messages WHERE session_id = %s "
+                         "AND role = 'assistant'", tree_id)
+    assert replies[0]["n"] == limit
+    assert len(model_requests(runtime, tree_id)) == limit
