@@ -74,27 +74,34 @@ class SandboxKit:
 
     async def new_tree(self, workdir: Path | None = None) -> tuple[uuid.UUID, Path]:
         """A scope, project and tree row (the lease's foreign key), and the project workdir."""
-        tree_id = uuid.uuid4()
-        workdir = workdir or self.root / f"project-{tree_id.hex[:8]}"
-        workdir.mkdir(parents=True, exist_ok=True)
-        user, app, project_id = f"user-{tree_id.hex[:8]}", "sandbox-tests", uuid.uuid4()
-        async with self.db.tx() as conn:
-            await conn.execute("INSERT INTO scopes (user_id, app_id) VALUES (%s, %s)", (user, app))
-            await conn.execute(
-                "INSERT INTO projects (project_id, user_id, app_id, name, workdir) "
-                "VALUES (%s, %s, %s, %s, %s)",
-                (project_id, user, app, "p", str(workdir)),
-            )
-            await conn.execute(
-                "INSERT INTO trees (tree_id, user_id, app_id, project_id, slot_limit) "
-                "VALUES (%s, %s, %s, %s, 4)",
-                (tree_id, user, app, project_id),
-            )
+        tree_id, workdir = await new_tree(self.db, self.root, workdir)
         self.trees.append(tree_id)
         return tree_id, workdir
 
 
-def _sandbox_options() -> SandboxOptions:
+async def new_tree(db: Database, root: Path, workdir: Path | None = None) -> tuple[uuid.UUID, Path]:
+    """A scope, project and tree row of this database (a lease needs its tree), and a project workdir
+    under ``root`` unless one is given."""
+    tree_id = uuid.uuid4()
+    workdir = workdir or root / f"project-{tree_id.hex[:8]}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    user, app, project_id = f"user-{tree_id.hex[:8]}", "sandbox-tests", uuid.uuid4()
+    async with db.tx() as conn:
+        await conn.execute("INSERT INTO scopes (user_id, app_id) VALUES (%s, %s)", (user, app))
+        await conn.execute(
+            "INSERT INTO projects (project_id, user_id, app_id, name, workdir) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (project_id, user, app, "p", str(workdir)),
+        )
+        await conn.execute(
+            "INSERT INTO trees (tree_id, user_id, app_id, project_id, slot_limit) "
+            "VALUES (%s, %s, %s, %s, 4)",
+            (tree_id, user, app, project_id),
+        )
+    return tree_id, workdir
+
+
+def sandbox_options() -> SandboxOptions:
     image = os.environ.get("CANOPY_SANDBOX_IMAGE", "canopy-sandbox:latest")
     return SandboxOptions(image=image, memory="256m", cpus=1.0, pids=256)
 
@@ -111,22 +118,22 @@ async def sandbox(
         if docker_backend_or_skip is None:
             pytest.skip("no Docker engine answers (start one with: bash .ci/docker-up.sh)")
         docker_backend = docker_backend_or_skip
-        kit = SandboxKit(kind, docker_backend, DockerBackend, _sandbox_options(), sandbox_db, tmp_path)
+        kit = SandboxKit(kind, docker_backend, DockerBackend, sandbox_options(), sandbox_db, tmp_path)
     else:
         state_root = tmp_path / "local-sandboxes"
         kit = SandboxKit(
             kind,
             LocalBackend(state_root),
             lambda: LocalBackend(state_root),
-            _sandbox_options(),
+            sandbox_options(),
             sandbox_db,
             tmp_path,
         )
     yield kit
-    await _cleanup(kit)
+    await cleanup_kit(kit)
 
 
-async def _cleanup(kit: SandboxKit) -> None:
+async def cleanup_kit(kit: SandboxKit) -> None:
     # Whatever a test left behind: containers by label, local sandbox dirs by tree id, and
     # active leases (the sweep is global: the next test's sweep must not see this test's trees).
     async with kit.db.tx() as conn:
