@@ -8,6 +8,7 @@ tree's scratch dir (``/tmp`` in Docker, a per-tree dir locally).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import subprocess
 import time
@@ -303,8 +304,11 @@ class _GatedRelease:
     async def ensure(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> str:
         return await self.inner.ensure(tree_id, workdir, options)
 
-    async def run(self, handle: str, command: str, timeout_seconds: float = 120.0) -> CommandResult:
-        return await self.inner.run(handle, command, timeout_seconds)
+    async def run(self, handle: str, command: str, timeout_seconds: float, command_id: str) -> CommandResult:
+        return await self.inner.run(handle, command, timeout_seconds, command_id)
+
+    async def kill(self, handle: str, command_id: str) -> bool:
+        return await self.inner.kill(handle, command_id)
 
     async def exists(self, handle: str) -> bool:
         return await self.inner.exists(handle)
@@ -462,7 +466,7 @@ async def test_orphan_sandboxes_are_reaped_and_nothing_else(sandbox: SandboxKit)
         await sandbox.backend.release(foreign)
 
 
-async def test_a_stopped_container_is_restarted_with_its_tmp(sandbox: SandboxKit) -> None:
+async def test_a_stopped_container_is_restarted_with_a_fresh_tmp(sandbox: SandboxKit) -> None:
     if sandbox.kind == "local":
         pytest.skip("only a container can be stopped and started again")
     assert isinstance(sandbox.backend, DockerBackend)
@@ -474,9 +478,9 @@ async def test_a_stopped_container_is_restarted_with_its_tmp(sandbox: SandboxKit
     await asyncio.to_thread(sandbox.backend.client.containers.get(handle).stop, timeout=1)  # engine restart
     assert not await sandbox.backend.exists(handle)
 
-    result = await _run(manager, tree, workdir, 'cat "$CANOPY_TMP/marker"')
+    result = await _run(manager, tree, workdir, 'test -e "$CANOPY_TMP/marker" && echo kept || echo fresh')
 
-    assert result.stdout == "t\n"
+    assert result.stdout == "fresh\n"  # /tmp is a tmpfs: it goes with the container's processes
     assert (await _lease(sandbox, tree)).handle == handle
     assert sandbox.backend.containers_for(tree) == [handle]
 
@@ -496,9 +500,7 @@ async def test_network_is_off_unless_allowed(sandbox: SandboxKit) -> None:
     mounts = {m["Destination"]: m["Source"] for m in container.attrs["Mounts"]}
     assert mounts == {"/workspace": str(workdir)}
     open_tree, open_workdir = await sandbox.new_tree()
-    networked = SandboxManager(
-        sandbox.db, sandbox.backend, 300, SandboxOptions(sandbox.options.image, network=True)
-    )
+    networked = SandboxManager(sandbox.db, sandbox.backend, 300, dataclasses.replace(sandbox.options, network="host"))
     open_handle = await networked.claim(open_tree, open_workdir)
     assert sandbox.backend.client.containers.get(open_handle).attrs["HostConfig"]["NetworkMode"] == "host"
 
@@ -508,7 +510,7 @@ async def test_commands_run_as_the_configured_user(sandbox: SandboxKit) -> None:
         pytest.skip("the local backend runs commands as the runtime's own user (documented)")
     tree, workdir = await sandbox.new_tree()
     workdir.chmod(0o777)
-    options = SandboxOptions(sandbox.options.image, memory="256m", cpus=1.0, user="65534:65534")
+    options = dataclasses.replace(sandbox.options, user="65534:65534")
     manager = SandboxManager(sandbox.db, sandbox.backend, 300, options)
 
     result = await _run(
@@ -532,4 +534,4 @@ async def test_run_on_a_dead_handle_raises_sandbox_gone(sandbox: SandboxKit, gon
 
     assert not await sandbox.backend.exists(handle)
     with pytest.raises(SandboxGone):
-        await sandbox.backend.run(handle, "echo never")
+        await sandbox.backend.run(handle, "echo never", 30, "never")
