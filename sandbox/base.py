@@ -257,6 +257,11 @@ class SandboxBackend(Protocol):
         """True when the handle names a live, usable sandbox."""
         ...
 
+    async def fits(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        """True when the handle names a live sandbox that ``ensure(tree_id, workdir, options)`` would
+        keep as it is (same tree, workdir and settings); a claim rebuilds one that does not fit."""
+        ...
+
     async def sandboxes(self) -> dict[str, uuid.UUID]:
         """Every sandbox this backend made that still exists (live or not): handle -> tree id."""
         ...

@@ -338,6 +338,16 @@ class DockerBackend:
         container = await asyncio.to_thread(self._find_managed, handle)
         return container is not None and container.status == "running"
 
+    async def fits(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        return await asyncio.to_thread(self._fits_sync, handle, tree_id, workdir, options)
+
+    def _fits_sync(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        container = self._find_managed(handle)
+        if container is None or container.status != "running":
+            return False
+        spec = self._container_spec(tree_id, workdir.resolve(), options)
+        return container.labels == {**container.labels, **spec["labels"]}
+
     async def release(self, handle: str) -> None:
         container = await asyncio.to_thread(self._find_managed, handle)
         if container is not None:

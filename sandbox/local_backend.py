@@ -100,6 +100,16 @@ class LocalBackend:
         tree_dir = Path(handle)
         return (tree_dir / "tmp").is_dir() and (tree_dir / _WORKDIR_FILE).is_file()
 
+    async def fits(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        return await asyncio.to_thread(self._fits_sync, Path(handle), tree_id, workdir)
+
+    def _fits_sync(self, tree_dir: Path, tree_id: uuid.UUID, workdir: Path) -> bool:
+        try:
+            recorded = (tree_dir / _WORKDIR_FILE).read_text()
+        except OSError:
+            return False
+        return tree_dir.name == str(tree_id) and (tree_dir / "tmp").is_dir() and recorded == str(workdir.resolve())
+
     async def sandboxes(self) -> dict[str, uuid.UUID]:
         if not self.state_root.is_dir():
             return {}

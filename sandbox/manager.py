@@ -116,10 +116,11 @@ class SandboxManager:
                 await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))
             elif step == "reuse":
                 assert lease.handle is not None
-                if await self.backend.exists(lease.handle):
+                if await self.backend.fits(lease.handle, tree_id, workdir, self.options):
                     return lease.handle
-                # Gone behind our back (docker rm, reboot): forget it; the next round builds one.
-                log.warning("sandbox of tree %s vanished; making a new one", tree_id)
+                # Gone behind our back (docker rm, reboot), or built from other settings (an
+                # upgrade, a moved project): forget it; the next round builds (or adopts) one.
+                log.warning("sandbox of tree %s vanished or no longer fits its settings; making a new one", tree_id)
                 async with self.db.tx() as conn:
                     await leases.settle(conn, tree_id, "active", lease.handle, "released", None)
             elif (handle := await self._create(tree_id, workdir, inserted)) is not None:

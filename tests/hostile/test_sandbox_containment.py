@@ -15,7 +15,6 @@ import stat
 import subprocess
 import threading
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,28 +25,14 @@ from sandbox.base import PathRejected, SandboxError, SandboxOptions
 from sandbox.docker_backend import DockerBackend, container_name
 from sandbox.files import read_file, write_file
 from sandbox.manager import SandboxManager
-from tests.sandbox.conftest import (  # noqa: F401 - fixtures, used by name
-    SandboxKit,
-    cleanup_kit,
-    docker_backend_or_skip,
-    new_tree,
-    sandbox_database_url,
-    sandbox_db,
-    sandbox_options,
-)
+from tests.sandbox import conftest as sandbox_suite
+from tests.sandbox.conftest import SandboxKit, new_tree
 
-
-@pytest.fixture
-async def docker_kit(
-    sandbox_db: Database,  # noqa: F811
-    docker_backend_or_skip: DockerBackend | None,  # noqa: F811
-    tmp_path: Path,
-) -> AsyncIterator[SandboxKit]:
-    if docker_backend_or_skip is None:
-        pytest.skip("no Docker engine answers (start one with: bash .ci/docker-up.sh)")
-    kit = SandboxKit("docker", docker_backend_or_skip, DockerBackend, sandbox_options(), sandbox_db, tmp_path)
-    yield kit
-    await cleanup_kit(kit)
+# The sandbox suite's fixtures, for these tests too (pytest finds fixtures among module globals).
+sandbox_database_url = sandbox_suite.sandbox_database_url
+sandbox_db = sandbox_suite.sandbox_db
+docker_backend_or_skip = sandbox_suite.docker_backend_or_skip
+docker_kit = sandbox_suite.docker_kit
 
 
 async def _lease_rows(db: Database, tree_id: uuid.UUID) -> list[dict[str, object]]:
@@ -65,7 +50,7 @@ def _labelled_containers(tree_id: uuid.UUID) -> list[str]:
 
 
 async def test_no_docker_engine_runs_nothing_on_the_host(
-    sandbox_db: Database,  # noqa: F811
+    sandbox_db: Database,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:

@@ -8,9 +8,12 @@ never release another suite's sandboxes.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
 import os
 import shutil
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from persistence.db import Database
-from sandbox.base import SandboxBackend, SandboxOptions, SandboxUnavailable
+from sandbox.base import CommandResult, SandboxBackend, SandboxOptions, SandboxUnavailable
 from sandbox.docker_backend import DockerBackend, connect
 from sandbox.local_backend import LocalBackend
 from sandbox.manager import SandboxManager
@@ -137,6 +140,18 @@ async def sandbox(
     await cleanup_kit(kit)
 
 
+@pytest.fixture
+async def docker_kit(
+    sandbox_db: Database, docker_backend_or_skip: DockerBackend | None, tmp_path: Path
+) -> AsyncIterator[SandboxKit]:
+    """The Docker backend alone, for tests of what only a container does."""
+    if docker_backend_or_skip is None:
+        pytest.skip("no Docker engine answers (start one with: bash .ci/docker-up.sh)")
+    kit = SandboxKit("docker", docker_backend_or_skip, DockerBackend, sandbox_options(), sandbox_db, tmp_path)
+    yield kit
+    await cleanup_kit(kit)
+
+
 async def cleanup_kit(kit: SandboxKit) -> None:
     # Whatever a test left behind: containers by label, local sandbox dirs by tree id, and
     # active leases (the sweep is global: the next test's sweep must not see this test's trees).
@@ -155,3 +170,64 @@ async def cleanup_kit(kit: SandboxKit) -> None:
         shutil.rmtree(kit.backend.state_root, ignore_errors=True)
     for backend in kit.extra_backends:
         backend.close()
+
+
+class GatedBackend:
+    """The real backend, with ``ensure`` (after it built the sandbox, before the manager records it)
+    or ``release`` (before it removes anything) held at a gate, so that a test can act mid-way."""
+
+    def __init__(self, inner: SandboxBackend, gated: str) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.gated = gated
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.finished_at: float | None = None
+
+    async def _hold(self, step: str) -> None:
+        self.calls[step] += 1
+        if step == self.gated:
+            self.entered.set()
+            await self.gate.wait()
+
+    async def ensure(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> str:
+        handle = await self.inner.ensure(tree_id, workdir, options)
+        await self._hold("ensure")
+        return handle
+
+    async def release(self, handle: str) -> None:
+        await self._hold("release")
+        await self.inner.release(handle)
+        self.finished_at = time.monotonic()
+
+    async def run(self, handle: str, command: str, timeout_seconds: float, command_id: str) -> CommandResult:
+        return await self.inner.run(handle, command, timeout_seconds, command_id)
+
+    async def kill(self, handle: str, command_id: str) -> bool:
+        return await self.inner.kill(handle, command_id)
+
+    async def exists(self, handle: str) -> bool:
+        return await self.inner.exists(handle)
+
+    async def fits(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        return await self.inner.fits(handle, tree_id, workdir, options)
+
+    async def sandboxes(self) -> dict[str, uuid.UUID]:
+        return await self.inner.sandboxes()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def open_transactions(db: Database) -> list[dict[str, object]]:
+    """Every other session of the database that is inside a transaction or holds a lock on
+    ``sandbox_leases`` (a row lock keeps a lock on its table until the transaction ends)."""
+    async with db.tx() as conn:
+        cur = await conn.execute(
+            "SELECT a.pid, a.state, a.query FROM pg_stat_activity a "
+            "WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
+            "AND (a.xact_start IS NOT NULL OR EXISTS (SELECT 1 FROM pg_locks l "
+            "WHERE l.pid = a.pid AND l.relation = 'sandbox_leases'::regclass))"
+        )
+        return list(await cur.fetchall())
