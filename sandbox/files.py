@@ -80,7 +80,7 @@ def read_file(workdir: Path, path: str, max_bytes: int = READ_LIMIT_BYTES) -> st
     target = resolve_inside(workdir, path)
     try:
         seen = os.lstat(target)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise FileMissing(f"no file {path!r} in the project workdir") from None
     if stat.S_ISDIR(seen.st_mode):
         raise FileMissing(f"{path!r} is a directory, not a file")
@@ -135,8 +135,13 @@ def write_file(workdir: Path, path: str, content: str, settings: Settings | None
         )
     root = Path(os.path.realpath(workdir))
     target = resolve_inside(workdir, path)
-    with contextlib.suppress(FileNotFoundError):
+    try:
         existing = os.lstat(target)
+    except FileNotFoundError:
+        pass
+    except NotADirectoryError:
+        raise PathRejected(f"{path!r}: a parent of it is a file, not a directory") from None
+    else:
         if stat.S_ISDIR(existing.st_mode):
             raise PathRejected(f"{path!r} is a directory")
         _require_regular(existing, path)
