@@ -9,6 +9,7 @@ no file.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 import stat
@@ -21,7 +22,7 @@ import pytest
 
 from persistence.db import Database
 from persistence.settings import Settings
-from sandbox.base import PathRejected, SandboxError, SandboxOptions
+from sandbox.base import PathRejected, SandboxError
 from sandbox.docker_backend import DockerBackend, container_name
 from sandbox.files import read_file, write_file
 from sandbox.manager import SandboxManager
@@ -198,7 +199,7 @@ async def test_live_container_limit_refuses_and_creates_nothing(docker_kit: Sand
     first_tree, first_workdir = await docker_kit.new_tree()
     await roomy.claim(first_tree, first_workdir)  # at least one managed container runs now
     limited = SandboxManager(
-        docker_kit.db, docker_kit.backend, 300, SandboxOptions(**{**vars(docker_kit.options), "max_containers": 1})
+        docker_kit.db, docker_kit.backend, 300, dataclasses.replace(docker_kit.options, max_containers=1)
     )
     tree, workdir = await docker_kit.new_tree()
 
