@@ -193,13 +193,14 @@ class DockerBackend:
     def _ensure_sync(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> str:
         workdir = workdir.resolve()
         spec = self._container_spec(tree_id, workdir, options)  # asks the engine first: no engine, no change
-        workdir.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            os.chown(workdir, *parse_user(options.user))
         name = container_name(tree_id)
         container = self._find(name)
         if container is not None:
             _check_ours(container, tree_id)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(workdir, *parse_user(options.user))
+        if container is not None:
             if container.labels.get(LABEL_SPEC) != spec["labels"][LABEL_SPEC]:
                 log.warning("sandbox %s was built from other settings or for another workdir; recreating it", name)
                 self._remove(container)

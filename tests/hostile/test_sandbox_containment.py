@@ -122,6 +122,7 @@ async def test_a_container_canopy_did_not_make_for_the_tree_is_not_adopted(
     assert isinstance(docker_kit.backend, DockerBackend)
     client = docker_kit.backend.client
     tree, workdir = await docker_kit.new_tree()
+    workdir_owner = (workdir.stat().st_uid, workdir.stat().st_gid)
     squatter_labels = {} if labels == "none" else {"canopy.managed": "true", "canopy.tree_id": str(uuid.uuid4())}
     squatter = client.containers.run(
         docker_kit.options.image, ["sleep", "infinity"], name=container_name(tree), labels=squatter_labels,
@@ -139,7 +140,7 @@ async def test_a_container_canopy_did_not_make_for_the_tree_is_not_adopted(
         assert [c.id for c in named] == [squatter.id]
         assert _labelled_containers(tree) == []
         assert await _lease_rows(docker_kit.db, tree) == []
-        assert not (workdir / "adopted.txt").exists()
+        assert list(workdir.iterdir()) == [] and (workdir.stat().st_uid, workdir.stat().st_gid) == workdir_owner
         top = squatter.top()["Processes"]
         assert len(top) == 1 and "sleep" in top[0][-1]  # nothing was executed in it
     finally:

@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from persistence import sandbox_leases as leases
 from sandbox.base import SandboxError, parse_user
 from sandbox.docker_backend import LABEL_MANAGED, DockerBackend
 from sandbox.manager import SandboxManager
@@ -77,3 +78,17 @@ async def test_a_root_runtime_hands_the_workdir_to_the_sandbox_user(docker_kit: 
         assert result.stdout.split()[1] == "canopy"  # the image (.ci/docker-up.sh) names the default user
     assert (workdir.stat().st_uid, workdir.stat().st_gid) == (uid, gid)
     assert (workdir / "made.txt").stat().st_uid == uid
+
+
+async def test_a_root_user_is_refused_and_nothing_is_made(docker_kit: SandboxKit) -> None:
+    assert isinstance(docker_kit.backend, DockerBackend)
+    tree, workdir = await docker_kit.new_tree()
+    root_options = dataclasses.replace(docker_kit.options, user="0:0")
+    as_root = SandboxManager(docker_kit.db, docker_kit.backend, 300, root_options)
+
+    with pytest.raises(SandboxError, match="never run as root"):
+        await as_root.run_command(tree, workdir, "touch made.txt", 30)
+
+    assert docker_kit.backend.containers_for(tree) == [] and not (workdir / "made.txt").exists()
+    async with docker_kit.db.tx() as conn:
+        assert await leases.get(conn, tree) is None
