@@ -220,14 +220,16 @@ class GatedBackend:
         self.inner.close()
 
 
-async def open_transactions(db: Database) -> list[dict[str, object]]:
-    """Every other session of the database that is inside a transaction or holds a lock on
-    ``sandbox_leases`` (a row lock keeps a lock on its table until the transaction ends)."""
+async def open_transactions(db: Database, older_than: float = 0.25) -> list[dict[str, object]]:
+    """Every other session of the database inside a transaction that began more than ``older_than``
+    seconds ago (held, not a claim's brief look at its lease), with whether it holds a lock on
+    ``sandbox_leases`` (a row lock keeps one on its table until the transaction ends)."""
     async with db.tx() as conn:
         cur = await conn.execute(
-            "SELECT a.pid, a.state, a.query FROM pg_stat_activity a "
-            "WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
-            "AND (a.xact_start IS NOT NULL OR EXISTS (SELECT 1 FROM pg_locks l "
-            "WHERE l.pid = a.pid AND l.relation = 'sandbox_leases'::regclass))"
+            "SELECT a.pid, a.state, a.query, EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid "
+            "AND l.relation = 'sandbox_leases'::regclass) AS holds_lease_lock "
+            "FROM pg_stat_activity a WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
+            "AND a.xact_start < clock_timestamp() - make_interval(secs => %s)",
+            (older_than,),
         )
         return list(await cur.fetchall())

@@ -305,6 +305,7 @@ async def test_release_in_flight_defers_a_claim_but_not_other_writes(sandbox: Sa
 
     sweep = asyncio.create_task(sweeper.release_idle())
     await asyncio.wait_for(gated.entered.wait(), 10)
+    await asyncio.sleep(0.5)  # a transaction held across release would be this old by now
     # The container removal runs with no transaction open and the lease row unlocked.
     assert await open_transactions(sandbox.db) == []
     assert (await _lease(sandbox, tree)).state == "releasing"

@@ -44,6 +44,7 @@ async def test_no_transaction_is_open_while_a_sandbox_is_built(sandbox: SandboxK
 
     claim = asyncio.create_task(first.claim(tree, workdir))
     await asyncio.wait_for(gated.entered.wait(), 30)
+    await asyncio.sleep(0.5)  # a transaction held across ensure would be this old by now
     during = await open_transactions(sandbox.db)
     lease = await _lease(sandbox, tree)
     # Another claim meanwhile waits for the one in progress, holding no transaction either.
