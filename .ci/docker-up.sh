@@ -17,7 +17,7 @@ IMAGE="${CANOPY_SANDBOX_IMAGE:-canopy-sandbox:latest}"
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/canopy-dockerd.log}"
 WAIT_SECONDS=60
 # Bump when the rootfs recipe changes: an image with another version is rebuilt.
-IMAGE_VERSION=2
+IMAGE_VERSION=3
 
 say() { echo "docker-up: $*"; }
 
@@ -81,9 +81,12 @@ make_rootfs() {
     ln -sfn bin "$rootfs/sbin"
     ln -sfn ../bin "$rootfs/usr/bin"
     ln -sfn ../bin "$rootfs/usr/sbin"
-    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' \
-        >"$rootfs/etc/passwd"
-    printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
+    # canopy (10001) is the default CANOPY_SANDBOX_USER of a root runtime: commands never run as
+    # root, and a named user keeps tools that look themselves up (id, whoami) happy. Its home is
+    # /tmp, the one writable place besides /workspace on the read-only root filesystem.
+    printf '%s\n' 'root:x:0:0:root:/root:/bin/sh' 'canopy:x:10001:10001:canopy sandbox:/tmp:/bin/sh' \
+        'nobody:x:65534:65534:nobody:/nonexistent:/bin/false' >"$rootfs/etc/passwd"
+    printf '%s\n' 'root:x:0:' 'canopy:x:10001:' 'nogroup:x:65534:' >"$rootfs/etc/group"
 }
 
 build_image() {

@@ -1,15 +1,19 @@
 """The per-tree sandbox lease: which sandbox a tree has, its state, and when it was last used.
 
-One row per tree (``sandbox_leases``). A claim and a release of the same tree serialise on
-the row lock: the releaser holds ``FOR UPDATE`` for the whole release, so a claim that
-arrives meanwhile blocks in ``lock`` until the release has committed. Only that row is
-locked, so every other write of the tree (messages, runs, the ``trees`` row) commits
-freely during a release.
+One row per tree (``sandbox_leases``). States:
 
-States: ``active`` (a sandbox exists, ``handle`` names it), ``released`` (none). The
-schema also allows ``releasing``; this module never commits it, because a release runs
-inside the locking transaction — a releaser that dies aborts and leaves the lease
-``active``, which is always safe (the next claim re-checks the handle).
+- ``released``: no sandbox (``handle`` is NULL);
+- ``creating``: a claim is building the sandbox, outside any transaction;
+- ``active``: a sandbox exists and ``handle`` names it;
+- ``releasing``: a release is removing the sandbox ``handle`` names, outside any transaction.
+
+The row lock is held only while deciding (``lock``): the slow sandbox work (an image pull,
+creating, starting or removing a container) is announced by committing ``creating`` or
+``releasing`` (``begin``) and runs with no transaction open; it ends with a compare-and-set
+(``settle``) that changes nothing when another process took the work over meanwhile. A
+``creating`` or ``releasing`` row older than ``TRANSITION_STALE_SECONDS`` (``stale``) belongs to
+a process that died, or hangs: the next claim takes the work over. Both kinds of work are
+idempotent per tree, so a takeover of a merely slow process is harmless.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import uuid
 from persistence.db import Connection, query
 from persistence.records import Row
 
+# Longer than an image pull or a container removal takes; the bound after which work is taken over.
+TRANSITION_STALE_SECONDS = 120.0
+
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLease:
@@ -30,31 +37,62 @@ class SandboxLease:
     state: str
     last_used_at: datetime.datetime
     updated_at: datetime.datetime
+    stale: bool  # creating/releasing for longer than TRANSITION_STALE_SECONDS
 
     @classmethod
     def from_row(cls, row: Row) -> SandboxLease:
         return cls(**{field.name: row[field.name] for field in dataclasses.fields(cls)})
 
 
-async def lock(conn: Connection, tree_id: uuid.UUID, backend: str) -> SandboxLease:
-    """The tree's lease row, created (released) if missing, locked until the transaction ends."""
-    await conn.execute(query("sandbox_lease_insert"), {"tree_id": tree_id, "backend": backend})
-    cur = await conn.execute(query("sandbox_lease_lock"), {"tree_id": tree_id})
+async def lock(conn: Connection, tree_id: uuid.UUID, backend: str) -> tuple[SandboxLease, bool]:
+    """The tree's lease row, locked until the transaction ends, and whether this call inserted it
+    (a new row is ``released``)."""
+    cur = await conn.execute(query("sandbox_lease_insert"), {"tree_id": tree_id, "backend": backend})
+    inserted = await cur.fetchone() is not None
+    params = {"tree_id": tree_id, "stale_seconds": TRANSITION_STALE_SECONDS}
+    cur = await conn.execute(query("sandbox_lease_lock"), params)
     row = await cur.fetchone()
     assert row is not None, "the lease row was inserted above"
-    return SandboxLease.from_row(row)
+    return SandboxLease.from_row(row), inserted
 
 
 async def get(conn: Connection, tree_id: uuid.UUID) -> SandboxLease | None:
-    cur = await conn.execute(query("sandbox_lease_get"), {"tree_id": tree_id})
+    params = {"tree_id": tree_id, "stale_seconds": TRANSITION_STALE_SECONDS}
+    cur = await conn.execute(query("sandbox_lease_get"), params)
     row = await cur.fetchone()
     return SandboxLease.from_row(row) if row else None
 
 
-async def activate(conn: Connection, tree_id: uuid.UUID, backend: str, handle: str) -> None:
-    await conn.execute(
-        query("sandbox_lease_activate"), {"tree_id": tree_id, "backend": backend, "handle": handle}
-    )
+async def begin(conn: Connection, tree_id: uuid.UUID, state: str, backend: str, handle: str | None) -> None:
+    """Announce ``creating`` (handle None) or ``releasing`` (the handle to remove); call under ``lock``."""
+    params = {"tree_id": tree_id, "state": state, "backend": backend, "handle": handle}
+    await conn.execute(query("sandbox_lease_begin"), params)
+
+
+async def settle(
+    conn: Connection,
+    tree_id: uuid.UUID,
+    from_state: str,
+    from_handle: str | None,
+    state: str,
+    handle: str | None,
+) -> bool:
+    """Move the lease from (``from_state``, ``from_handle``) to (``state``, ``handle``); False, and
+    nothing changed, if it is no longer in the former."""
+    params = {
+        "tree_id": tree_id,
+        "from_state": from_state,
+        "from_handle": from_handle,
+        "state": state,
+        "handle": handle,
+    }
+    cur = await conn.execute(query("sandbox_lease_settle"), params)
+    return await cur.fetchone() is not None
+
+
+async def forget_creating(conn: Connection, tree_id: uuid.UUID) -> None:
+    """Delete the row of a first claim that failed (still ``creating``, no handle)."""
+    await conn.execute(query("sandbox_lease_forget_creating"), {"tree_id": tree_id})
 
 
 async def touch(conn: Connection, tree_id: uuid.UUID) -> bool:
@@ -72,6 +110,13 @@ async def idle_trees(
     return [row["tree_id"] for row in await cur.fetchall()]
 
 
+async def stale_releases(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
+    """Trees whose release was announced more than ``TRANSITION_STALE_SECONDS`` ago and never settled."""
+    params = {"stale_seconds": TRANSITION_STALE_SECONDS, "limit": limit}
+    cur = await conn.execute(query("sandbox_lease_stale"), params)
+    return [row["tree_id"] for row in await cur.fetchall()]
+
+
 async def lock_if_idle(
     conn: Connection, tree_id: uuid.UUID, idle_seconds: float, now: datetime.datetime | None = None
 ) -> SandboxLease | None:
@@ -80,11 +125,6 @@ async def lock_if_idle(
     cur = await conn.execute(query("sandbox_lease_lock_idle"), params)
     row = await cur.fetchone()
     return SandboxLease.from_row(row) if row else None
-
-
-async def mark_released(conn: Connection, tree_id: uuid.UUID) -> None:
-    params = {"tree_id": tree_id, "state": "released", "handle": None}
-    await conn.execute(query("sandbox_lease_set_state"), params)
 
 
 async def tree_has_running_run(conn: Connection, tree_id: uuid.UUID) -> bool:

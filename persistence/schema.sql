@@ -345,14 +345,15 @@ CREATE TABLE model_calls (
 );
 CREATE INDEX model_calls_run ON model_calls (run_id);
 
--- The per-tree shared sandbox. A release and a new claim serialise on this row.
+-- The per-tree shared sandbox. Claims and releases decide under this row's lock, then build
+-- (creating) or remove (releasing) the sandbox with no transaction open (sandbox_leases.py).
 CREATE TABLE sandbox_leases (
     tree_id         uuid PRIMARY KEY REFERENCES trees (tree_id),
     backend         text NOT NULL,
     handle          text,                    -- container id or local sandbox dir
-    state           text NOT NULL CHECK (state IN ('active', 'releasing', 'released')),
+    state           text NOT NULL CHECK (state IN ('active', 'creating', 'releasing', 'released')),
     last_used_at    timestamptz NOT NULL DEFAULT now(),
-    updated_at      timestamptz NOT NULL DEFAULT now()
+    updated_at      timestamptz NOT NULL DEFAULT now()  -- when the state began
 );
 
 -- Trees whose live model text someone watches (an API stream that asked for deltas). The

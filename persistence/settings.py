@@ -42,8 +42,37 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     sweep_seconds: float = Field(default=2.0, gt=0)
     sandbox_idle_seconds: float = Field(default=300.0, gt=0)
-    sandbox_backend: str = Field(default="auto", pattern="^(auto|docker|local)$")
-    sandbox_image: str = "canopy-sandbox:latest"
+    sandbox_backend: str = Field(
+        default="docker",
+        pattern="^(docker|local)$",
+        description="docker: a hardened container per tree; without a reachable engine, sandbox use fails. "
+        "local: commands run on this host as the Canopy user, NOT isolated; only when chosen explicitly.",
+    )
+    sandbox_image: str = Field(default="canopy-sandbox:latest", description="Image of the Docker sandbox.")
+    sandbox_user: str = Field(
+        default="10001:10001",
+        pattern=r"^[1-9][0-9]*:[0-9]+$",
+        description="uid:gid (never root) that runs sandbox commands when Canopy itself runs as root; a "
+        "non-root Canopy runs them as its own uid:gid, so project files stay its own.",
+    )
+    sandbox_memory: str = Field(default="2g", description="Memory limit of a sandbox container (Docker syntax).")
+    sandbox_cpus: float = Field(default=2.0, gt=0, description="CPU limit of a sandbox container.")
+    sandbox_pids: int = Field(default=1024, ge=16, description="Process limit of a sandbox container.")
+    sandbox_tmp_size: str = Field(
+        default="512m", description="Size of a sandbox container's /tmp (a tmpfs; the root filesystem is read-only)."
+    )
+    sandbox_network: str = Field(
+        default="none",
+        pattern="^(none|host)$",
+        description="none: no network in the sandbox. host: the host's network (the only other mode an "
+        "engine started with --bridge=none offers).",
+    )
+    sandbox_max_containers: int = Field(
+        default=32, ge=1, description="Most sandbox containers running at once on one Docker engine."
+    )
+    sandbox_write_max_bytes: int = Field(
+        default=10 * 1024 * 1024, ge=1, description="Largest content write_file accepts, in UTF-8 bytes."
+    )
 
     default_model: str = "canopy/scripted"
     scripted_model_port: int = 0

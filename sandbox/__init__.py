@@ -13,9 +13,10 @@ from sandbox.base import (
     SandboxError,
     SandboxGone,
     SandboxOptions,
+    SandboxUnavailable,
 )
 from sandbox.files import read_file, write_file
-from sandbox.manager import SandboxManager, choose_backend
+from sandbox.manager import SandboxManager, backend_warning, choose_backend
 
 __all__ = [
     "OUTPUT_LIMIT_BYTES",
@@ -28,6 +29,8 @@ __all__ = [
     "SandboxGone",
     "SandboxManager",
     "SandboxOptions",
+    "SandboxUnavailable",
+    "backend_warning",
     "choose_backend",
     "read_file",
     "write_file",

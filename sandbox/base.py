@@ -3,12 +3,15 @@
 A *sandbox* is the shared execution environment of one cooperation tree (SPEC §12): every
 member of the tree runs its commands in it and sees the same workdir files, ``/tmp``,
 installed software and background processes. A backend creates or re-adopts it
-(``ensure``), runs commands in it (``run``), and releases it (``release``: processes and
-``/tmp`` go, the project workdir stays).
+(``ensure``), runs commands in it (``run``), kills one command by its id (``kill``), and
+releases it (``release``: processes and ``/tmp`` go, the project workdir stays).
 
 Cancellation is the asyncio kind: cancelling the task that awaits ``run`` kills that
 command's process group (and only that one) before the ``CancelledError`` propagates.
-Every command is started in a process group of its own for exactly that reason.
+Every command is started in a process group of its own for exactly that reason. Every
+command also carries ``CANOPY_COMMAND_ID=<its id>`` in its environment, so ``kill`` finds
+it — and children that left its group — from any process, even after the one that
+started it died.
 
 Both backends export ``CANOPY_TMP`` (the tree's scratch dir: ``/tmp`` in Docker, a per-tree
 dir for the local backend, which also sets ``TMPDIR``) and ``CANOPY_TREE_ID``, so a portable
@@ -18,17 +21,22 @@ command writes ``"$CANOPY_TMP/x"`` rather than ``/tmp/x``.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import uuid
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from persistence.errors import CanopyError, InvalidArgument, NotFound
+from persistence.settings import Settings
 
 OUTPUT_LIMIT_BYTES = 64 * 1024
 DEFAULT_TIMEOUT_SECONDS = 120.0
 # Exit code reported for a command killed by a signal, as a shell reports it (128 + signo).
 SIGNAL_EXIT_BASE = 128
 TRUNCATION_MARKER = "[canopy: output truncated"
+# A command id names a pid file and is matched in /proc environments: no '/', no spaces, no quotes.
+_COMMAND_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 class SandboxError(CanopyError):
@@ -37,37 +45,99 @@ class SandboxError(CanopyError):
     status_code = 503
 
 
+class SandboxUnavailable(SandboxError):
+    """No sandbox can be made here (no Docker engine answers); nothing ran."""
+
+
 class SandboxGone(SandboxError):
     """The handle no longer names a live sandbox; claim the tree again."""
 
 
 class PathRejected(InvalidArgument):
-    """A read_file/write_file path that is absolute, climbs out with ``..`` or escapes by symlink."""
+    """A read_file/write_file path that is absolute, climbs out with ``..``, escapes by symlink,
+    or names something other than a regular file (a FIFO, a device, a socket)."""
 
 
 class FileMissing(NotFound):
-    """read_file of a path that does not exist (or is not a regular file)."""
+    """read_file of a path that does not exist (or is a directory)."""
+
+
+def _setting_default(name: str) -> Any:
+    return Settings.model_fields[f"sandbox_{name}"].default
+
+
+def parse_user(user: str) -> tuple[int, int]:
+    """``"uid:gid"`` as two numbers."""
+    uid, _, gid = user.partition(":")
+    return int(uid), int(gid)
+
+
+def sandbox_user(root_user: str) -> str:
+    """The uid:gid that runs sandbox commands: the runtime's own, or ``root_user`` when the runtime
+    is root (a non-root runtime must keep owning its files; the Docker backend refuses uid 0)."""
+    if os.geteuid() != 0:
+        return f"{os.geteuid()}:{os.getegid()}"
+    return root_user
 
 
 @dataclasses.dataclass(frozen=True)
 class SandboxOptions:
-    """How a tree's sandbox is built. Limits apply to the Docker backend only.
+    """How a tree's sandbox is built; the defaults are the settings' defaults. Limits, ``tmp_size``,
+    ``network`` and ``max_containers`` apply to the Docker backend only.
 
-    ``network=False`` means no network at all (Docker ``network_mode="none"``); ``True``
-    shares the host's network (``"host"``), the only other mode an engine started with
-    ``--bridge=none`` offers.
-
-    ``user`` is the Docker ``user`` of every command. ``None`` picks the runtime's own
-    ``uid:gid`` when the runtime is not root — so files the sandbox writes into the
-    project workdir stay editable by their owner — and the image's user (root) otherwise.
+    ``network`` is a Docker network mode: ``"none"`` (no network) or ``"host"`` (the host's),
+    the only other mode an engine started with ``--bridge=none`` offers.
+    ``user`` is the ``uid:gid`` of every command (see ``sandbox_user``).
     """
 
-    image: str = "canopy-sandbox:latest"
-    memory: str = "2g"
-    cpus: float = 2.0
-    pids: int = 1024
-    network: bool = False
-    user: str | None = None
+    image: str = _setting_default("image")
+    memory: str = _setting_default("memory")
+    cpus: float = _setting_default("cpus")
+    pids: int = _setting_default("pids")
+    tmp_size: str = _setting_default("tmp_size")
+    network: str = _setting_default("network")
+    max_containers: int = _setting_default("max_containers")
+    user: str = dataclasses.field(default_factory=lambda: sandbox_user(_setting_default("user")))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SandboxOptions:
+        return cls(
+            image=settings.sandbox_image,
+            memory=settings.sandbox_memory,
+            cpus=settings.sandbox_cpus,
+            pids=settings.sandbox_pids,
+            tmp_size=settings.sandbox_tmp_size,
+            network=settings.sandbox_network,
+            max_containers=settings.sandbox_max_containers,
+            user=sandbox_user(settings.sandbox_user),
+        )
+
+
+def sandbox_file_owner(settings: Settings) -> tuple[int, int] | None:
+    """Who must own what Canopy writes into a project workdir so that sandbox commands can edit it:
+    the Docker sandbox user when the runtime is root (its files would be root's otherwise), else
+    nobody (files are the runtime's own, and so are the commands')."""
+    if os.geteuid() != 0 or settings.sandbox_backend != "docker":
+        return None
+    return parse_user(sandbox_user(settings.sandbox_user))
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only this user can use (made 0700 if missing).
+
+    Such dirs live in the shared temp dir: a dir another user planted there is refused."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.lstat().st_uid != os.geteuid() or not path.is_dir() or path.is_symlink():
+        raise SandboxError(f"sandbox directory {path} belongs to another user; refusing to use it")
+    return path
+
+
+def check_command_id(command_id: str) -> str:
+    if not _COMMAND_ID.fullmatch(command_id):
+        raise InvalidArgument(
+            f"command id {command_id!r} must be 1-128 characters of letters, digits, '_', '.', ':' or '-'"
+        )
+    return command_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,19 +223,28 @@ class SandboxBackend(Protocol):
         ...
 
     async def run(
-        self, handle: str, command: str, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+        self, handle: str, command: str, timeout_seconds: float, command_id: str
     ) -> CommandResult:
         """Run ``command`` with ``sh -c`` in the workdir, in a process group of its own.
 
         Like ``subprocess.run``, a command is done when it exited *and* its stdout/stderr
         reached EOF: a background server must redirect its output (``nohup srv >log 2>&1 &``)
         or it holds the command open. Background processes outlive their command (other
-        members see them) until the sandbox is released.
+        members see them) until the sandbox is released or ``kill`` names their command.
+
+        ``command_id`` (see ``check_command_id``) is the caller's; it must not name another
+        command running in the same sandbox.
 
         A timeout kills the group and returns what was read with ``timed_out=True``.
         Cancelling the awaiting task kills the group, then re-raises ``CancelledError``.
         Raises ``SandboxGone`` when the handle names no live sandbox (nothing was started).
         """
+        ...
+
+    async def kill(self, handle: str, command_id: str) -> bool:
+        """SIGKILL every process of that command still running (its group, and processes that
+        left it but carry its ``CANOPY_COMMAND_ID``). True if one was found; idempotent, and it
+        works from any process. An unknown or finished id changes nothing and gives False."""
         ...
 
     async def release(self, handle: str) -> None:
@@ -174,6 +253,11 @@ class SandboxBackend(Protocol):
 
     async def exists(self, handle: str) -> bool:
         """True when the handle names a live, usable sandbox."""
+        ...
+
+    async def fits(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        """True when the handle names a live sandbox that ``ensure(tree_id, workdir, options)`` would
+        keep as it is (same tree, workdir and settings); a claim rebuilds one that does not fit."""
         ...
 
     async def sandboxes(self) -> dict[str, uuid.UUID]:

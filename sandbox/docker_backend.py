@@ -1,21 +1,35 @@
-"""The Docker sandbox: one long-lived container per tree.
+"""The Docker sandbox: one long-lived, hardened container per tree.
 
-- Named ``canopy-tree-<tree_id>`` and labelled ``canopy.tree_id=<tree_id>``: ``ensure`` finds
-  an existing container by that name and re-adopts it (same container id), so a restarted
-  runtime never makes a second one; a create that loses a race to another process adopts
-  the winner's container.
-- The project workdir is bind-mounted at ``/workspace`` (the working directory), so it
-  survives release; ``/tmp``, ``/root`` and every process live in the container and go
-  with it.
-- ``network_mode="none"`` unless the options allow network (then ``"host"``); memory,
-  CPU and pids limits; ``init=True`` so orphaned background processes are reaped.
+- Named ``canopy-tree-<tree_id>`` and labelled ``canopy.managed=true``,
+  ``canopy.tree_id=<tree_id>``: ``ensure`` re-adopts the container of that name (same
+  container id), so a restarted runtime never makes a second one; a create that loses a
+  race to another process adopts the winner's container. A container of that name without
+  both labels (someone else's) is never adopted, used or removed: ``ensure`` refuses.
+  A container built from other settings (label ``canopy.spec``, a digest of its spec: image,
+  limits, user, mounts) is recreated, so changed settings and hardening reach old trees.
+- Hardened: every capability dropped, ``no-new-privileges``, a read-only root filesystem,
+  a non-root user (``SandboxOptions.user``), memory, CPU and pids limits, and no network
+  unless the options allow the host's. ``/tmp`` is a size-limited tmpfs, so it is lost when
+  the container stops; the project workdir is bind-mounted read-write at ``/workspace`` (the
+  working directory) and survives release. When the runtime is root, the workdir is handed
+  to the sandbox user (``chown``), or the sandbox could not write it.
+- At most ``SandboxOptions.max_containers`` managed containers run on one engine. Counting
+  the running ones and creating/starting one happen under an exclusive ``flock`` on a file
+  named after the engine's id in a private dir of the host's temp dir, so two claims on the
+  host cannot both see room for one more (``flock`` locks belong to an open file, so two
+  backend objects of one process exclude each other too). Runtimes of other Unix users, or
+  on other hosts sharing a remote engine, hold other locks: their race may overshoot by one.
 - Commands run through ``docker exec`` wrapped in ``sh``: the wrapper starts the command
-  with ``setsid`` (its own process group) and records the group id in
-  ``/tmp/.canopy/<command id>.pid``, so a cancellation can ``kill -KILL -<pgid>`` inside
-  the container — that command's group and nothing else.
+  with ``setsid`` (its own process group) and ``CANOPY_COMMAND_ID`` in its environment, and
+  records the group id in ``/tmp/.canopy/<command id>.pid``. Killing a command (a
+  cancellation here, or ``kill`` from any process) kills that group inside the container,
+  then every process whose environment carries that command id: that command and nothing
+  else. An exec outlives the client that started it, so ``kill`` works after that died.
 
-The image needs ``sh``, ``setsid``, ``kill``, ``cat``, ``mkdir``, ``sleep`` (busybox or
-coreutils + util-linux). ``.ci/docker-up.sh`` builds a busybox image offline.
+The image needs ``sh``, ``setsid``, ``kill``, ``cat``, ``mkdir``, ``sleep``, ``tr``, ``grep``
+(busybox or coreutils + util-linux + grep). ``.ci/docker-up.sh`` builds a busybox image offline.
+Without an engine answering, every call raises ``SandboxUnavailable`` (the client connects on
+first use, so a runtime starts and says so only when a sandbox is needed).
 
 Blocking SDK calls run in threads. Output streams get a dedicated thread pool because
 each one occupies a thread for the whole command; the loop's default executor (a few
@@ -27,11 +41,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
+import hashlib
+import json
 import logging
 import os
+import re
 import socket
+import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,13 +63,16 @@ from docker.models.containers import Container
 from docker.utils.socket import STDERR, STDOUT, frames_iter
 
 from sandbox.base import (
-    DEFAULT_TIMEOUT_SECONDS,
     SIGNAL_EXIT_BASE,
     CappedOutput,
     CommandResult,
     SandboxError,
     SandboxGone,
     SandboxOptions,
+    SandboxUnavailable,
+    check_command_id,
+    parse_user,
+    private_dir,
     tree_id_or_none,
 )
 
@@ -56,32 +80,70 @@ log = logging.getLogger(__name__)
 
 LABEL_TREE = "canopy.tree_id"
 LABEL_MANAGED = "canopy.managed"
+LABEL_SPEC = "canopy.spec"
 WORKSPACE = "/workspace"
+NETWORK_MODES = ("none", "host")
 _STATE_DIR = "/tmp/.canopy"
 _KILLED_EXIT_CODE = SIGNAL_EXIT_BASE + 9
 # After a kill, how long to keep reading an exec stream an escaped process may hold open.
 _DRAIN_SECONDS = 2.0
+_PING_TIMEOUT_SECONDS = 3
+_LIVE_STATES = ["running", "restarting", "paused"]
 
 # $1 = command id, $2 = the command. The inner shell is a session leader (setsid), so its pid
 # is the group id it writes down; it then checks for a cancellation that came before the
-# pid file existed, and becomes the command (exec). The outer shell stays to clean up.
+# pid file existed, and becomes the command (exec). The outer shell stays to clean up and
+# does not carry the command id, so a kill leaves it to report the exit.
 # `; rc=$?` keeps the outer shell from exec-ing setsid itself: an exec'd process leads its
 # group, and setsid would then fork and exit at once, losing the exit code.
 _WRAPPER = f"""d={_STATE_DIR}; mkdir -p "$d"
-setsid sh -c 'echo $$ > "$0.pid"; [ -e "$0.cancel" ] && exit {_KILLED_EXIT_CODE}; exec sh -c "$1"' \\
-    "$d/$1" "$2"
+CANOPY_COMMAND_ID="$1" setsid sh -c \\
+    'echo $$ > "$0.pid"; [ -e "$0.cancel" ] && exit {_KILLED_EXIT_CODE}; exec sh -c "$1"' "$d/$1" "$2"
 rc=$?; rm -f "$d/$1.pid" "$d/$1.cancel"; exit $rc"""
 
-# $1 = command id. Mark the command cancelled first (so a wrapper that has not written its
-# pid yet exits instead of starting), then kill the group once the pid file shows up. The
-# wrapper deletes the mark when it ends, so a wrapper that already finished stops the wait.
-_KILLER = f"""d={_STATE_DIR}; mkdir -p "$d"; touch "$d/$1.cancel"; i=0
-while [ ! -s "$d/$1.pid" ] && [ -e "$d/$1.cancel" ] && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done
-[ -s "$d/$1.pid" ] && kill -KILL -"$(cat "$d/$1.pid")" 2>/dev/null; exit 0"""
+# $1 = command id, $2 = "cancel" or "kill". A cancellation (by the process that started the
+# command, which may not have started yet) first leaves a mark, so a wrapper that has not
+# written its pid exits instead of starting, and waits briefly for the pid file; the wrapper
+# deletes the mark when it ends. A kill (from anywhere, after the fact) leaves nothing behind.
+# Then: kill the group, and every process whose environment carries the command id (children
+# that left the group), in rounds, since a dying shell may still fork. Exit 0 iff one was found.
+_KILLER = f"""d={_STATE_DIR}; rc=1; i=0
+if [ "$2" = cancel ]; then
+    mkdir -p "$d"; touch "$d/$1.cancel"
+    while [ ! -s "$d/$1.pid" ] && [ -e "$d/$1.cancel" ] && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done
+fi
+[ -s "$d/$1.pid" ] && kill -KILL -"$(cat "$d/$1.pid")" 2>/dev/null && rc=0
+i=0
+while [ $i -lt 20 ]; do
+    found=
+    for e in /proc/[0-9]*/environ; do
+        tr '\\0' '\\n' <"$e" 2>/dev/null | grep -qxF "CANOPY_COMMAND_ID=$1" || continue
+        p=${{e#/proc/}}; kill -KILL "${{p%/environ}}" 2>/dev/null && found=1
+    done
+    [ -z "$found" ] && break
+    rc=0; i=$((i+1)); sleep 0.05
+done
+exit $rc"""
 
 
 def container_name(tree_id: uuid.UUID) -> str:
     return f"canopy-tree-{tree_id}"
+
+
+def connect(max_pool_size: int = 64) -> docker.DockerClient:
+    """A client of the engine ``DOCKER_HOST`` (or the default socket) names, once it answers a ping."""
+    try:
+        probe = docker.from_env(timeout=_PING_TIMEOUT_SECONDS)
+        try:
+            probe.ping()
+        finally:
+            probe.close()
+        return docker.from_env(timeout=60, max_pool_size=max_pool_size)
+    except (docker.errors.DockerException, OSError) as error:
+        raise SandboxUnavailable(
+            f"no Docker engine answers ({error}): start Docker or point DOCKER_HOST at one, or set "
+            "CANOPY_SANDBOX_BACKEND=local to run commands on this host as the Canopy user, WITHOUT isolation"
+        ) from error
 
 
 @dataclasses.dataclass
@@ -98,13 +160,30 @@ class DockerBackend:
     name = "docker"
 
     def __init__(self, client: docker.DockerClient | None = None, *, max_commands: int = 64) -> None:
-        self.client = client or docker.from_env(timeout=60, max_pool_size=max_commands)
+        self._client = client
+        self._client_lock = threading.Lock()
+        self._max_commands = max_commands
         self._streams = ThreadPoolExecutor(max_workers=max_commands, thread_name_prefix="canopy-exec")
-        self._engine_cpus: float | None = None
+        self._engine: dict[str, Any] | None = None
+
+    @property
+    def client(self) -> docker.DockerClient:
+        """The engine's client, connected on first use; raises ``SandboxUnavailable`` without an engine."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = connect(self._max_commands)
+            return self._client
 
     def close(self) -> None:
         self._streams.shutdown(wait=False, cancel_futures=True)
-        self.client.close()
+        with self._client_lock:
+            if self._client is not None:
+                self._client.close()
+
+    def _engine_info(self) -> dict[str, Any]:
+        if self._engine is None:
+            self._engine = self.client.info()
+        return self._engine
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -113,19 +192,37 @@ class DockerBackend:
 
     def _ensure_sync(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> str:
         workdir = workdir.resolve()
+        spec = self._container_spec(tree_id, workdir, options)  # asks the engine first: no engine, no change
+        name = container_name(tree_id)
+        container = self._find(name)
+        if container is not None:
+            _check_ours(container, tree_id)
         workdir.mkdir(parents=True, exist_ok=True)
-        container = self._find(container_name(tree_id))
-        if container is not None and _workspace_source(container) != str(workdir):
-            # The project moved: a sandbox must mount the workdir the tree uses now.
-            log.warning("sandbox %s mounts another workdir; recreating it", container.name)
-            self._remove(container)
-            container = None
+        if os.geteuid() == 0:
+            os.chown(workdir, *parse_user(options.user))
+        if container is not None:
+            if container.labels.get(LABEL_SPEC) != spec["labels"][LABEL_SPEC]:
+                log.warning("sandbox %s was built from other settings or for another workdir; recreating it", name)
+                self._remove(container)
+                container = None
+        if container is not None and container.status == "running":
+            return str(container.id)
         if container is None:
-            container = self._create(tree_id, workdir, options)
-        if container.status != "running":
-            # Exited, e.g. after an engine restart: start it again, same id, /tmp was kept.
-            container.start()
-        return str(container.id)
+            self._pull_if_missing(options.image)
+        with self._host_lock():
+            # Looked up again: another claim may have made or started it while we waited.
+            container = self._find(name)
+            if container is not None:
+                _check_ours(container, tree_id)
+                if container.status == "running":
+                    return str(container.id)
+            self._check_room(options.max_containers)
+            created = container is None
+            if container is None:
+                container = self._create(tree_id, options.image, spec)
+            # Exited, e.g. after an engine restart: start it again (same id; /tmp starts empty).
+            self._start(container, remove_on_failure=created)
+            return str(container.id)
 
     def _find(self, name_or_id: str) -> Container | None:
         try:
@@ -133,64 +230,103 @@ class DockerBackend:
         except docker.errors.NotFound:
             return None
 
-    def _create(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> Container:
-        name = container_name(tree_id)
-        spec = self._container_spec(tree_id, workdir, options)
+    @contextlib.contextmanager
+    def _host_lock(self) -> Iterator[None]:
+        directory = private_dir(Path(tempfile.gettempdir()) / f"canopy-sandbox-locks-{os.geteuid()}")
+        engine = re.sub(r"[^A-Za-z0-9_-]", "_", str(self._engine_info().get("ID") or "engine"))
+        fd = os.open(directory / f"containers-{engine}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            return self._create_pulling(options.image, name, spec)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # drops the lock
+
+    def _check_room(self, limit: int) -> None:
+        live = self.client.api.containers(
+            quiet=True, filters={"label": f"{LABEL_MANAGED}=true", "status": _LIVE_STATES}
+        )
+        if len(live) >= limit:
+            raise SandboxError(
+                f"{len(live)} sandbox containers already run on this Docker engine, the limit of {limit} "
+                "(CANOPY_SANDBOX_MAX_CONTAINERS); wait until idle sandboxes are released, or raise the limit"
+            )
+
+    def _pull_if_missing(self, image: str) -> None:
+        try:
+            self.client.images.get(image)
+            return
+        except docker.errors.ImageNotFound:
+            log.info("sandbox image %s missing; pulling it", image)
+        try:
+            self.client.images.pull(image)
+        except docker.errors.APIError as error:
+            raise SandboxError(
+                f"sandbox image {image} is not present and cannot be pulled ({error.explanation}); "
+                "build it with .ci/docker-up.sh or set CANOPY_SANDBOX_IMAGE"
+            ) from error
+
+    def _create(self, tree_id: uuid.UUID, image: str, spec: dict[str, Any]) -> Container:
+        name = container_name(tree_id)
+        try:
+            return self.client.containers.create(image, name=name, **spec)
+        except docker.errors.ImageNotFound as error:
+            raise SandboxError(f"sandbox image {image} vanished while creating {name}; try again") from error
         except docker.errors.APIError as error:
             if error.status_code != 409:
                 raise SandboxError(
                     f"could not create the sandbox container {name}: {error.explanation}"
                 ) from error
-            # Another process created it between our lookup and our create: adopt theirs.
+            # Made by a process that holds another lock (another user, another host): adopt it if ours.
             adopted = self._find(name)
             if adopted is None:
                 raise SandboxError(f"sandbox container {name} conflicts but cannot be found") from error
+            _check_ours(adopted, tree_id)
             return adopted
 
-    def _create_pulling(self, image: str, name: str, spec: dict[str, Any]) -> Container:
+    def _start(self, container: Container, remove_on_failure: bool) -> None:
         try:
-            return self.client.containers.create(image, name=name, **spec)
-        except docker.errors.ImageNotFound:
-            log.info("sandbox image %s missing; pulling it", image)
-            try:
-                self.client.images.pull(image)
-            except docker.errors.APIError as error:
-                raise SandboxError(
-                    f"sandbox image {image} is not present and cannot be pulled ({error.explanation}); "
-                    "build it with .ci/docker-up.sh or set CANOPY_SANDBOX_IMAGE"
-                ) from error
-            return self.client.containers.create(image, name=name, **spec)
+            container.start()
+        except docker.errors.APIError as error:
+            if remove_on_failure:
+                self._remove(container)
+            raise SandboxError(
+                f"could not start the sandbox container {container.name}: {error.explanation}"
+            ) from error
 
     def _container_spec(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> dict[str, Any]:
-        user = _container_user(options)
-        return {
+        if parse_user(options.user)[0] == 0:
+            raise SandboxError("sandbox commands never run as root; set CANOPY_SANDBOX_USER to a non-root uid:gid")
+        if options.network not in NETWORK_MODES:
+            raise SandboxError(f"sandbox network {options.network!r} is not one of {', '.join(NETWORK_MODES)}")
+        spec: dict[str, Any] = {
             "command": ["sleep", "infinity"],
             "init": True,
-            "labels": {LABEL_TREE: str(tree_id), LABEL_MANAGED: "true"},
             "working_dir": WORKSPACE,
             "volumes": {str(workdir): {"bind": WORKSPACE, "mode": "rw"}},
             "environment": {
                 "CANOPY_TMP": "/tmp",
                 "CANOPY_TREE_ID": str(tree_id),
                 "CANOPY_SANDBOX": "docker",
-                # A non-root user has no home in the image: /tmp is writable and as disposable.
-                "HOME": "/tmp" if user else "/root",
+                # The root filesystem is read-only: /tmp is the one writable place besides /workspace.
+                "HOME": "/tmp",
             },
-            "user": user or "",
-            "network_mode": "host" if options.network else "none",
+            "user": options.user,
+            "network_mode": options.network,
             "mem_limit": options.memory,
             "nano_cpus": int(min(options.cpus, self._cpu_ceiling()) * 1e9),
             "pids_limit": options.pids,
+            "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
+            "read_only": True,
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={options.tmp_size},mode=1777"},
         }
+        digest = hashlib.sha256(json.dumps([options.image, spec], sort_keys=True).encode()).hexdigest()[:16]
+        spec["labels"] = {LABEL_TREE: str(tree_id), LABEL_MANAGED: "true", LABEL_SPEC: digest}
+        return spec
 
     def _cpu_ceiling(self) -> float:
         # The engine refuses a CPU quota above its own CPU count.
-        if self._engine_cpus is None:
-            self._engine_cpus = float(self.client.info().get("NCPU") or 1)
-        return self._engine_cpus
+        return float(self._engine_info().get("NCPU") or 1)
 
     def _find_managed(self, handle: str) -> Container | None:
         # A handle comes from the database: never act on a container Canopy did not make.
@@ -202,6 +338,16 @@ class DockerBackend:
     async def exists(self, handle: str) -> bool:
         container = await asyncio.to_thread(self._find_managed, handle)
         return container is not None and container.status == "running"
+
+    async def fits(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        return await asyncio.to_thread(self._fits_sync, handle, tree_id, workdir, options)
+
+    def _fits_sync(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        container = self._find_managed(handle)
+        if container is None or container.status != "running":
+            return False
+        spec = self._container_spec(tree_id, workdir.resolve(), options)
+        return container.labels == {**container.labels, **spec["labels"]}
 
     async def release(self, handle: str) -> None:
         container = await asyncio.to_thread(self._find_managed, handle)
@@ -241,22 +387,20 @@ class DockerBackend:
 
     # -- commands --------------------------------------------------------------------
 
-    async def run(
-        self, handle: str, command: str, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    ) -> CommandResult:
-        command_id = uuid.uuid4().hex
+    async def run(self, handle: str, command: str, timeout_seconds: float, command_id: str) -> CommandResult:
+        check_command_id(command_id)
         execution = _Exec(await asyncio.to_thread(self._exec_create, handle, command_id, command))
         stream = asyncio.get_running_loop().run_in_executor(self._streams, self._pump, execution)
         try:
             await asyncio.wait_for(asyncio.shield(stream), timeout_seconds)
         except TimeoutError:
-            await self._kill(handle, execution.exec_id, command_id)
+            await self._cancel(handle, execution.exec_id, command_id)
             await self._drain(stream, execution)
             return await self._result(execution, timed_out=True)
         except asyncio.CancelledError:
             # Kill that command's group before the cancellation goes on; shielded so that a
             # second cancel cannot leave it running.
-            await asyncio.shield(self._kill(handle, execution.exec_id, command_id))
+            await asyncio.shield(self._cancel(handle, execution.exec_id, command_id))
             raise
         return await self._result(execution, timed_out=False)
 
@@ -315,31 +459,46 @@ class DockerBackend:
                 return _KILLED_EXIT_CODE
             time.sleep(0.02)
 
-    async def _kill(self, handle: str, exec_id: str, command_id: str) -> None:
+    async def _cancel(self, handle: str, exec_id: str, command_id: str) -> None:
         try:
-            await asyncio.to_thread(self._kill_sync, handle, exec_id, command_id)
+            await asyncio.to_thread(self._cancel_sync, handle, exec_id, command_id)
         except docker.errors.APIError as error:
             # The container is gone or stopped: its processes are gone with it.
             log.info("sandbox %s: kill of command %s skipped: %s", handle, command_id, error.explanation)
 
-    def _kill_sync(self, handle: str, exec_id: str, command_id: str) -> None:
+    def _cancel_sync(self, handle: str, exec_id: str, command_id: str) -> None:
         if self.client.api.exec_inspect(exec_id).get("ExitCode") is not None:
             return  # it finished on its own just now: nothing to kill, no mark to leave behind
-        killer = self.client.api.exec_create(handle, ["sh", "-c", _KILLER, "canopy-kill", command_id])
+        self._run_killer(handle, command_id, "cancel")
+
+    async def kill(self, handle: str, command_id: str) -> bool:
+        check_command_id(command_id)
+        try:
+            return await asyncio.to_thread(self._kill_sync, handle, command_id)
+        except docker.errors.APIError as error:
+            log.info("sandbox %s: nothing to kill for command %s: %s", handle, command_id, error.explanation)
+            return False  # the container is gone or stopped, and its processes with it
+
+    def _kill_sync(self, handle: str, command_id: str) -> bool:
+        if self._find_managed(handle) is None:
+            return False
+        return self._run_killer(handle, command_id, "kill")
+
+    def _run_killer(self, handle: str, command_id: str, mode: str) -> bool:
+        killer = self.client.api.exec_create(handle, ["sh", "-c", _KILLER, "canopy-kill", command_id, mode])
         self.client.api.exec_start(killer["Id"])
+        return self._exit_code(killer["Id"]) == 0
 
 
-def _container_user(options: SandboxOptions) -> str | None:
-    if options.user is not None:
-        return options.user
-    return None if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
-
-
-def _workspace_source(container: Container) -> str | None:
-    for mount in container.attrs.get("Mounts", []):
-        if mount.get("Destination") == WORKSPACE:
-            return str(mount.get("Source"))
-    return None
+def _check_ours(container: Container, tree_id: uuid.UUID) -> None:
+    """Refuse a container Canopy did not make for this tree (it only squats on the name)."""
+    labels = container.labels
+    if labels.get(LABEL_MANAGED) != "true" or labels.get(LABEL_TREE) != str(tree_id):
+        raise SandboxError(
+            f"a container named {container.name} exists, but Canopy did not make it for tree {tree_id} "
+            f"(labels {LABEL_MANAGED}=true and {LABEL_TREE}={tree_id} missing); it was left untouched: "
+            "remove or rename it, then try again"
+        )
 
 
 def _shutdown(sock: Any) -> None:

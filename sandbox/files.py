@@ -1,15 +1,24 @@
 """``read_file`` / ``write_file`` for the model tools, confined to the project workdir.
 
 Rejected, with a clear sentence and nothing written: empty paths, absolute paths, any
-``..`` component, NUL bytes, and paths that resolve (through symlinks, including
-dangling ones) outside the workdir. A symlink inside the workdir that points elsewhere
-inside the workdir is followed: it is the project's own layout.
+``..`` component, NUL bytes, paths that resolve (through symlinks, including dangling
+ones) outside the workdir, and anything but a regular file — a FIFO, a device node or a
+socket a sandboxed command planted is neither opened nor replaced (opening a FIFO would
+wake its writer; opening a device can act on the device). A symlink inside the workdir
+that points elsewhere inside the workdir is followed: it is the project's own layout.
+``write_file`` content is capped at ``CANOPY_SANDBOX_WRITE_MAX_BYTES``.
 
 These run on the host against the workdir the sandbox mounts, so a sandboxed command
-could plant a symlink to a host path and race the check. Hence the write goes through a
-directory file descriptor that is verified *after* opening (``/proc/self/fd``), into a
-temp file created with ``O_EXCL | O_NOFOLLOW``, renamed into place relative to that same
-descriptor. Readers of the file never see half a write.
+could plant a symlink or a FIFO and race the checks. Hence a read ``lstat``s first, opens
+with ``O_NOFOLLOW | O_NONBLOCK`` and checks the descriptor (``fstat``: the same regular
+file; ``/proc/self/fd``: inside the workdir) before reading a byte. A write walks down to
+the parent directory one ``O_NOFOLLOW`` directory descriptor at a time (creating what is
+missing), writes a temp file created with ``O_EXCL | O_NOFOLLOW`` and renames it into
+place relative to that descriptor: a rename replaces a name, it never writes through it,
+and readers never see half a write.
+
+When the runtime is root, what a write creates is handed to the Docker sandbox user
+(``sandbox_file_owner``), so commands in the container can edit it.
 """
 
 from __future__ import annotations
@@ -20,9 +29,21 @@ import stat
 import uuid
 from pathlib import Path, PurePosixPath
 
-from sandbox.base import OUTPUT_LIMIT_BYTES, TRUNCATION_MARKER, FileMissing, PathRejected
+from persistence.errors import InvalidArgument
+from persistence.settings import Settings, get_settings
+from sandbox.base import OUTPUT_LIMIT_BYTES, TRUNCATION_MARKER, FileMissing, PathRejected, sandbox_file_owner
 
 READ_LIMIT_BYTES = 4 * OUTPUT_LIMIT_BYTES
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFLNK: "a symlink",
+    stat.S_IFDIR: "a directory",
+}
 
 
 def resolve_inside(workdir: Path, path: str) -> Path:
@@ -58,15 +79,24 @@ def read_file(workdir: Path, path: str, max_bytes: int = READ_LIMIT_BYTES) -> st
     root = Path(os.path.realpath(workdir))
     target = resolve_inside(workdir, path)
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        seen = os.lstat(target)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileMissing(f"no file {path!r} in the project workdir") from None
+    if stat.S_ISDIR(seen.st_mode):
+        raise FileMissing(f"{path!r} is a directory, not a file")
+    _require_regular(seen, path)
+    try:
+        fd = os.open(target, _READ_FLAGS)
     except FileNotFoundError:
         raise FileMissing(f"no file {path!r} in the project workdir") from None
     except OSError as error:
         raise PathRejected(f"cannot open {path!r}: {error.strerror}") from None
     try:
+        opened = os.fstat(fd)
+        _require_regular(opened, path)
+        if (opened.st_dev, opened.st_ino) != (seen.st_dev, seen.st_ino):
+            raise PathRejected(f"{path!r} was replaced while being opened; try again")
         _check_fd_inside(fd, root, path)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise FileMissing(f"{path!r} is not a regular file")
         data = _read_up_to(fd, max_bytes + 1)
     finally:
         os.close(fd)
@@ -74,6 +104,14 @@ def read_file(workdir: Path, path: str, max_bytes: int = READ_LIMIT_BYTES) -> st
     if len(data) > max_bytes:
         text += f"\n{TRUNCATION_MARKER}: file is larger than {max_bytes} bytes]\n"
     return text
+
+
+def _require_regular(info: os.stat_result, path: str) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(info.st_mode), "a special file")
+        raise PathRejected(
+            f"{path!r} is {kind}, not a regular file; read_file and write_file handle regular files only"
+        )
 
 
 def _read_up_to(fd: int, limit: int) -> bytes:
@@ -84,45 +122,82 @@ def _read_up_to(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def write_file(workdir: Path, path: str, content: str) -> int:
-    """Write ``content`` (UTF-8) to a file in the workdir, creating parent dirs; return bytes written."""
+def write_file(workdir: Path, path: str, content: str, settings: Settings | None = None) -> int:
+    """Write ``content`` (UTF-8) to a file in the workdir, creating parent dirs; return bytes written.
+
+    ``settings`` (default: the runtime's) give the size cap and, for a root runtime, the sandbox user."""
+    settings = settings or get_settings()
+    data = content.encode("utf-8")
+    if len(data) > settings.sandbox_write_max_bytes:
+        raise InvalidArgument(
+            f"content is {len(data)} bytes; write_file writes at most {settings.sandbox_write_max_bytes} bytes "
+            "(CANOPY_SANDBOX_WRITE_MAX_BYTES): write it in parts, or generate it with run_command"
+        )
     root = Path(os.path.realpath(workdir))
     target = resolve_inside(workdir, path)
-    if target.is_dir():
-        raise PathRejected(f"{path!r} is a directory")
-    data = content.encode("utf-8")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        existing = os.lstat(target)
+    except FileNotFoundError:
+        pass
+    except NotADirectoryError:
+        raise PathRejected(f"{path!r}: a parent of it is a file, not a directory") from None
+    else:
+        if stat.S_ISDIR(existing.st_mode):
+            raise PathRejected(f"{path!r} is a directory")
+        _require_regular(existing, path)
+    owner = sandbox_file_owner(settings)
+    dir_fd = _open_parent(root, target.parent, owner, path)
     try:
         _check_fd_inside(dir_fd, root, path)
-        _replace_in_dir(dir_fd, target.name, data)
+        _replace_in_dir(dir_fd, target.name, data, owner, path)
     finally:
         os.close(dir_fd)
     return len(data)
 
 
-def _replace_in_dir(dir_fd: int, name: str, data: bytes) -> None:
-    mode = _existing_mode(dir_fd, name)
+def _open_parent(root: Path, parent: Path, owner: tuple[int, int] | None, path: str) -> int:
+    """A descriptor of ``parent``, reached from ``root`` one real directory at a time, creating
+    the missing ones: a symlink swapped in on the way is refused, never followed."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in parent.relative_to(root).parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+                if owner is not None:
+                    os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as error:
+                raise PathRejected(f"{path!r}: {part!r} is not a directory of the project workdir "
+                                   f"({error.strerror})") from None
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _replace_in_dir(dir_fd: int, name: str, data: bytes, owner: tuple[int, int] | None, path: str) -> None:
+    mode = 0o644
+    with contextlib.suppress(FileNotFoundError):
+        existing = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        _require_regular(existing, path)  # again, on the descriptor: a FIFO may have been planted since
+        mode = stat.S_IMODE(existing.st_mode)  # keep an executable script executable
     temp = f".{name}.canopy-{uuid.uuid4().hex[:8]}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            os.fchmod(handle.fileno(), mode)  # keep an executable script executable
+            os.fchmod(handle.fileno(), mode)
+            if owner is not None:
+                os.fchown(handle.fileno(), *owner)
         # rename() replaces the name itself: a symlink planted there is replaced, never followed.
         os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp, dir_fd=dir_fd)
         raise
-
-
-def _existing_mode(dir_fd: int, name: str) -> int:
-    try:
-        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return 0o644
-    return stat.S_IMODE(info.st_mode) if stat.S_ISREG(info.st_mode) else 0o644
 
 
 def _check_fd_inside(fd: int, root: Path, path: str) -> None:

@@ -11,13 +11,18 @@ the Docker sandbox, so cooperation works the same way:
 - ``HOME`` is a per-tree dir too (Docker: ``/root`` in the container), dropped on release;
 - every command runs in its own process group (``start_new_session``); cancelling it
   kills that group;
-- release kills every process still carrying the tree's ``CANOPY_TMP`` in its
-  environment (found via ``/proc``, so background processes that left their group die
-  too, unless they scrubbed their environment; on systems without ``/proc`` only the
-  groups of commands this process started are killed) and deletes the scratch dir.
+- ``kill`` of a command id kills every process carrying both the tree's ``CANOPY_TMP`` and
+  that ``CANOPY_COMMAND_ID`` in its environment (found via ``/proc``: from any process,
+  after the one that started the command died, and including children that left its
+  group, unless they scrubbed their environment);
+- release kills every process still carrying the tree's ``CANOPY_TMP`` the same way and
+  deletes the scratch dir. On systems without ``/proc`` both only reach the groups of
+  commands this process started.
 
 The environment of a command is minimal on purpose (``PATH``, locale, ``HOME``, ``TMPDIR``,
 ``CANOPY_*``): the runtime's own variables hold database URLs and model keys.
+
+Use it only when chosen explicitly (``CANOPY_SANDBOX_BACKEND=local``); ``canopy up`` says so.
 
 Sandbox state lives under ``<state_root>/<tree_id>/`` (default: the system temp dir),
 which is also the handle, so a restarted runtime re-adopts it by path.
@@ -37,12 +42,13 @@ import uuid
 from pathlib import Path
 
 from sandbox.base import (
-    DEFAULT_TIMEOUT_SECONDS,
     CappedOutput,
     CommandResult,
     SandboxError,
     SandboxGone,
     SandboxOptions,
+    check_command_id,
+    private_dir,
     signal_exit_code,
     tree_id_or_none,
 )
@@ -50,6 +56,7 @@ from sandbox.base import (
 log = logging.getLogger(__name__)
 
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+_PROC = Path("/proc")
 _WORKDIR_FILE = "workdir"
 _READ_CHUNK = 65536
 # After a kill, how long to keep reading pipes that an escaped process may still hold open.
@@ -57,7 +64,7 @@ _DRAIN_SECONDS = 2.0
 
 
 def _default_state_root() -> Path:
-    return Path(tempfile.gettempdir()) / f"canopy-sandboxes-{os.getuid()}"
+    return Path(tempfile.gettempdir()) / f"canopy-sandboxes-{os.geteuid()}"
 
 
 class LocalBackend:
@@ -67,9 +74,9 @@ class LocalBackend:
 
     def __init__(self, state_root: Path | None = None) -> None:
         self.state_root = state_root or _default_state_root()
-        # Process groups of commands in flight, per handle: killed on release even where
-        # /proc is unavailable. Safe to signal because their leaders are not reaped yet.
-        self._running: dict[str, set[int]] = {}
+        # Process groups of commands in flight, per handle and command id: killed on release
+        # and kill even where /proc is unavailable. Safe to signal: their leaders are not reaped yet.
+        self._running: dict[str, dict[str, int]] = {}
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -77,21 +84,14 @@ class LocalBackend:
         return await asyncio.to_thread(self._ensure_sync, tree_id, workdir)
 
     def _ensure_sync(self, tree_id: uuid.UUID, workdir: Path) -> str:
-        self._make_private_dir(self.state_root)
+        private_dir(self.state_root)
         tree_dir = self.state_root / str(tree_id)
         workdir = workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         for sub in (tree_dir, tree_dir / "tmp", tree_dir / "home"):
-            self._make_private_dir(sub)
+            private_dir(sub)
         (tree_dir / _WORKDIR_FILE).write_text(str(workdir))
         return str(tree_dir)
-
-    @staticmethod
-    def _make_private_dir(path: Path) -> None:
-        # The default root is in the shared temp dir: refuse a dir another user planted there.
-        path.mkdir(mode=0o700, exist_ok=True)
-        if path.stat().st_uid != os.getuid():
-            raise SandboxError(f"sandbox directory {path} belongs to another user; refusing to use it")
 
     def close(self) -> None:
         """Nothing to free: the local backend holds no connections."""
@@ -99,6 +99,16 @@ class LocalBackend:
     async def exists(self, handle: str) -> bool:
         tree_dir = Path(handle)
         return (tree_dir / "tmp").is_dir() and (tree_dir / _WORKDIR_FILE).is_file()
+
+    async def fits(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        return await asyncio.to_thread(self._fits_sync, Path(handle), tree_id, workdir)
+
+    def _fits_sync(self, tree_dir: Path, tree_id: uuid.UUID, workdir: Path) -> bool:
+        try:
+            recorded = (tree_dir / _WORKDIR_FILE).read_text()
+        except OSError:
+            return False
+        return tree_dir.name == str(tree_id) and (tree_dir / "tmp").is_dir() and recorded == str(workdir.resolve())
 
     async def sandboxes(self) -> dict[str, uuid.UUID]:
         if not self.state_root.is_dir():
@@ -112,30 +122,41 @@ class LocalBackend:
         await asyncio.to_thread(self._release_sync, tree_dir)
 
     def _release_sync(self, tree_dir: Path) -> None:
-        for pgid in self._running.pop(str(tree_dir), set()):
+        for pgid in self._running.pop(str(tree_dir), {}).values():
             _kill_group(pgid)
-        _kill_marked_processes(_tmp_marker(tree_dir))
+        _kill_marked_processes([_tmp_marker(tree_dir)])
         shutil.rmtree(tree_dir, ignore_errors=True)
 
     # -- commands --------------------------------------------------------------------
 
-    async def run(
-        self, handle: str, command: str, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    ) -> CommandResult:
+    async def run(self, handle: str, command: str, timeout_seconds: float, command_id: str) -> CommandResult:
+        check_command_id(command_id)
         tree_dir = Path(handle)
         if not await self.exists(handle):
             raise SandboxGone(f"the local sandbox {handle} was released")
-        proc = await self._spawn(tree_dir, command)
-        running = self._running.setdefault(handle, set())
-        running.add(proc.pid)
+        proc = await self._spawn(tree_dir, command, command_id)
+        running = self._running.setdefault(handle, {})
+        running[command_id] = proc.pid
         try:
             return await self._supervise(proc, timeout_seconds)
         finally:
-            running.discard(proc.pid)
+            running.pop(command_id, None)
             if not running:
                 self._running.pop(handle, None)
 
-    async def _spawn(self, tree_dir: Path, command: str) -> asyncio.subprocess.Process:
+    async def kill(self, handle: str, command_id: str) -> bool:
+        check_command_id(command_id)
+        return await asyncio.to_thread(self._kill_sync, Path(handle), command_id)
+
+    def _kill_sync(self, tree_dir: Path, command_id: str) -> bool:
+        pgid = self._running.get(str(tree_dir), {}).get(command_id)
+        if not _PROC.is_dir():
+            return pgid is not None and _kill_group(pgid)
+        if pgid is not None:
+            _kill_group(pgid)
+        return _kill_marked_processes([_tmp_marker(tree_dir), _command_marker(command_id)])
+
+    async def _spawn(self, tree_dir: Path, command: str, command_id: str) -> asyncio.subprocess.Process:
         workdir = Path((tree_dir / _WORKDIR_FILE).read_text())
         try:
             return await asyncio.create_subprocess_exec(
@@ -143,7 +164,7 @@ class LocalBackend:
                 "-c",
                 command,
                 cwd=workdir,
-                env=self._environment(tree_dir),
+                env=self._environment(tree_dir, command_id),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -153,7 +174,7 @@ class LocalBackend:
             raise SandboxError(f"cannot start a command in {workdir}: {error.strerror}") from error
 
     @staticmethod
-    def _environment(tree_dir: Path) -> dict[str, str]:
+    def _environment(tree_dir: Path, command_id: str) -> dict[str, str]:
         env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         tmp = str(tree_dir / "tmp")  # keep in step with _tmp_marker
@@ -163,6 +184,7 @@ class LocalBackend:
             HOME=str(tree_dir / "home"),
             CANOPY_TREE_ID=tree_dir.name,
             CANOPY_SANDBOX="local",
+            CANOPY_COMMAND_ID=command_id,  # keep in step with _command_marker
         )
         return env
 
@@ -210,9 +232,12 @@ async def _drain(readers: list[asyncio.Task[None]]) -> None:
         reader.cancel()
 
 
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+def _kill_group(pgid: int) -> bool:
+    try:
         os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _tmp_marker(tree_dir: Path) -> bytes:
@@ -221,35 +246,40 @@ def _tmp_marker(tree_dir: Path) -> bytes:
     return f"CANOPY_TMP={tree_dir / 'tmp'}".encode()
 
 
-def _kill_marked_processes(marker: bytes, rounds: int = 20) -> None:
-    """SIGKILL every process whose environment carries ``marker`` (Linux /proc).
+def _command_marker(command_id: str) -> bytes:
+    return f"CANOPY_COMMAND_ID={command_id}".encode()
+
+
+def _kill_marked_processes(markers: list[bytes], rounds: int = 20) -> bool:
+    """SIGKILL every process whose environment carries all ``markers`` (Linux /proc); True if
+    there was one.
 
     Repeated until none is left, because a dying shell may still fork one more child.
     """
-    proc_root = Path("/proc")
-    if not proc_root.is_dir():
-        return
+    if not _PROC.is_dir():
+        return False
+    found = False
     for _ in range(rounds):
-        pids = [pid for pid in _pids(proc_root) if _has_marker(proc_root / str(pid), marker)]
+        pids = [pid for pid in _pids() if _has_markers(_PROC / str(pid), markers)]
         if not pids:
-            return
+            return found
+        found = True
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
-    log.warning("local sandbox: processes with %s survived release", marker.decode())
+    log.warning("local sandbox: processes with %s survived", b" ".join(markers).decode())
+    return found
 
 
-def _pids(proc_root: Path) -> list[int]:
+def _pids() -> list[int]:
     own = os.getpid()
-    return [
-        int(entry.name) for entry in proc_root.iterdir() if entry.name.isdigit() and int(entry.name) != own
-    ]
+    return [int(entry.name) for entry in _PROC.iterdir() if entry.name.isdigit() and int(entry.name) != own]
 
 
-def _has_marker(proc_dir: Path, marker: bytes) -> bool:
+def _has_markers(proc_dir: Path, markers: list[bytes]) -> bool:
     try:
-        environ = (proc_dir / "environ").read_bytes()
+        environ = set((proc_dir / "environ").read_bytes().split(b"\0"))
     except OSError:  # exited meanwhile, or not ours to read
         return False
-    return marker in environ.split(b"\0")
+    return all(marker in environ for marker in markers)

@@ -1,21 +1,41 @@
-"""Per-tree sandbox lifecycle: claim, use, idle release — with the lease in PostgreSQL.
+"""Per-tree sandbox lifecycle: claim, use, kill, idle release — with the lease in PostgreSQL.
+
+Backend choice (``choose_backend``): ``CANOPY_SANDBOX_BACKEND`` is ``docker`` (the default)
+or ``local``; nothing is chosen automatically. ``docker`` never falls back: with no engine
+answering, every sandbox use raises ``SandboxUnavailable`` and nothing runs. ``local`` runs
+commands on the host as the Canopy user, without isolation, only because the operator said
+so; ``backend_warning`` is the line ``canopy up`` prints then.
+
+No transaction is open while a backend builds or removes a sandbox (an image pull, a
+container create, start or removal can take seconds to minutes): the lease row lock is held
+only to decide, the work is announced by committing ``creating`` or ``releasing``, done, and
+settled by a compare-and-set (see ``persistence.sandbox_leases``). On that:
 
 - ``claim`` returns the tree's sandbox handle, creating the sandbox on first use and
-  re-adopting it after a restart (the lease row names it and the backend finds it). It
-  runs under the lease row lock, so two claims never create two sandboxes, and a claim
-  that arrives during a release waits until the release has committed, then builds a
-  fresh sandbox.
+  re-adopting it after a restart (the lease row names it and the backend finds it). Two
+  claims never make two sandboxes: the second sees ``creating`` and waits, then uses what
+  the first made (and a backend's ``ensure`` is idempotent per tree besides). A claim that
+  arrives during a release sees ``releasing``, waits until the release settled, then
+  builds a fresh sandbox. A claim that fails leaves the lease as it was (no row for a
+  first claim).
 - ``release_idle`` is the sweep: a tree whose sandbox is unused for ``idle_seconds`` and
-  that has no Run in ``running`` is released — processes and ``/tmp`` go, the workdir
-  stays. Each tree is handled in its own transaction; one failure is logged and skipped.
-- A Run ending never releases anything; only the sweep (or an explicit ``release``) does.
-- ``reap_orphans`` removes sandboxes no lease names: made by a claim whose transaction
-  never committed (its process died between creating the container and the commit) for a
-  tree that never claimed again. Only trees of this database are touched: an engine may
-  serve several deployments, and another's sandboxes are not ours to judge.
+  that has no Run in ``running`` (checked under the row lock that commits ``releasing``)
+  and no command in flight in this process is released — processes and ``/tmp`` go, the
+  workdir stays. Each tree is handled on its own; one failure is logged and skipped. A Run
+  ending never releases anything; only the sweep (or an explicit ``release``) does.
+- A process that dies mid-work leaves ``creating`` or ``releasing`` behind. Once older than
+  ``TRANSITION_STALE_SECONDS`` the next claim takes it over: it removes the named sandbox
+  (idempotently) or builds the sandbox itself. The sweep also finishes stale releases, so
+  a tree nobody claims does not stay ``releasing`` (which holds up archiving it).
+- ``reap_orphans`` removes sandboxes no lease names: made by a claim that died before its
+  lease said ``active``, for a tree that never claimed again. A sandbox being born (a fresh
+  ``creating``) is never taken for an orphan. Only trees of this database are touched: an
+  engine may serve several deployments, and another's sandboxes are not ours to judge.
+- ``kill_command`` kills one command by the id its caller gave ``run_command``, from any
+  process, even after the one that started it died.
 
-Only the lease row is locked while a release is in flight, so every other write of the
-tree — messages, runs, the ``trees`` row — keeps committing (SPEC §12).
+Only the lease row is ever locked, and briefly, so every other write of the tree —
+messages, runs, the ``trees`` row — keeps committing during a release (SPEC §12).
 """
 
 from __future__ import annotations
@@ -29,29 +49,27 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import docker
-import docker.errors
-
 from persistence import sandbox_leases as leases
-from persistence.db import Connection, Database
+from persistence.db import Database
 from persistence.sandbox_leases import SandboxLease
 from persistence.settings import Settings, get_settings
 from sandbox.base import (
     DEFAULT_TIMEOUT_SECONDS,
     CommandResult,
     SandboxBackend,
-    SandboxError,
     SandboxGone,
     SandboxOptions,
+    check_command_id,
 )
 from sandbox.docker_backend import DockerBackend
 from sandbox.local_backend import LocalBackend
 
 log = logging.getLogger(__name__)
 
-_PING_TIMEOUT_SECONDS = 3
-# A release holds the lease row lock (claims of the tree wait): it must not hang forever.
+# Removing a sandbox must not hang forever: after this, the lease goes back to what it was.
 _RELEASE_TIMEOUT_SECONDS = 120.0
+# How often a claim that waits for another process's creating/releasing looks again.
+_WAIT_POLL_SECONDS = 0.1
 
 
 class SandboxManager:
@@ -65,7 +83,7 @@ class SandboxManager:
         self.db = db
         self.backend = backend
         self.idle_seconds = idle_seconds if idle_seconds is not None else get_settings().sandbox_idle_seconds
-        self.options = options or options_from_settings(get_settings())
+        self.options = options or SandboxOptions.from_settings(get_settings())
         # Commands this process is running, per tree: the sweep never releases under them,
         # even for callers that have no Run (the runs table is the cross-process guard).
         self._in_flight: collections.Counter[uuid.UUID] = collections.Counter()
@@ -74,35 +92,75 @@ class SandboxManager:
     def from_settings(cls, db: Database, settings: Settings | None = None) -> SandboxManager:
         settings = settings or get_settings()
         return cls(
-            db, choose_backend(settings), settings.sandbox_idle_seconds, options_from_settings(settings)
+            db, choose_backend(settings), settings.sandbox_idle_seconds, SandboxOptions.from_settings(settings)
         )
 
     # -- use -------------------------------------------------------------------------
 
     async def claim(self, tree_id: uuid.UUID, workdir: Path) -> str:
-        """The tree's sandbox handle: existing, re-adopted, or new. Waits out an in-flight release."""
-        async with self.db.tx() as conn:
-            lease = await leases.lock(conn, tree_id, self.backend.name)
-            if await self._reusable(lease):
-                await leases.touch(conn, tree_id)
+        """The tree's sandbox handle: existing, re-adopted, or new. Waits out a creation or release in flight."""
+        while True:
+            async with self.db.tx() as conn:
+                lease, inserted = await leases.lock(conn, tree_id, self.backend.name)
+                step = self._claim_step(lease)
+                if step == "reuse":
+                    await leases.touch(conn, tree_id)
+                elif step == "create":
+                    await leases.begin(conn, tree_id, "creating", self.backend.name, None)
+                elif step == "take over release":
+                    await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
+            if step == "wait":
+                await asyncio.sleep(_WAIT_POLL_SECONDS)
+            elif step == "take over release":
+                log.warning("tree %s: a release stalled; finishing it", tree_id)
+                await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))
+            elif step == "reuse":
                 assert lease.handle is not None
-                return lease.handle
-            handle = await self.backend.ensure(tree_id, workdir, self.options)
-            await leases.activate(conn, tree_id, self.backend.name, handle)
-            return handle
+                if await self.backend.fits(lease.handle, tree_id, workdir, self.options):
+                    return lease.handle
+                # Gone behind our back (docker rm, reboot), or built from other settings (an
+                # upgrade, a moved project): forget it; the next round builds (or adopts) one.
+                log.warning("sandbox of tree %s vanished or no longer fits its settings; making a new one", tree_id)
+                async with self.db.tx() as conn:
+                    await leases.settle(conn, tree_id, "active", lease.handle, "released", None)
+            elif (handle := await self._create(tree_id, workdir, inserted)) is not None:
+                return handle
 
-    async def _reusable(self, lease: SandboxLease) -> bool:
-        if lease.state != "active" or lease.handle is None:
-            return False
-        if lease.backend != self.backend.name:
+    def _claim_step(self, lease: SandboxLease) -> str:
+        if lease.state == "active" and lease.handle is not None:
+            if lease.backend == self.backend.name:
+                return "reuse"
             log.warning(
                 "tree %s has a %s sandbox but this runtime uses %s; making a new one",
                 lease.tree_id,
                 lease.backend,
                 self.backend.name,
             )
-            return False
-        return await self.backend.exists(lease.handle)
+            return "create"
+        if lease.state in ("creating", "releasing") and not lease.stale:
+            return "wait"
+        return "take over release" if lease.state == "releasing" else "create"
+
+    async def _create(self, tree_id: uuid.UUID, workdir: Path, inserted: bool) -> str | None:
+        """Build the sandbox a committed ``creating`` announced; None if another claim took over."""
+        try:
+            handle = await self.backend.ensure(tree_id, workdir, self.options)
+        except BaseException:
+            await asyncio.shield(self._undo_creating(tree_id, inserted))
+            raise
+        async with self.db.tx() as conn:
+            if await leases.settle(conn, tree_id, "creating", None, "active", handle):
+                return handle
+        return None
+
+    async def _undo_creating(self, tree_id: uuid.UUID, inserted: bool) -> None:
+        # Leave the lease as this claim found it. A sandbox the backend made anyway (a
+        # cancelled claim's thread runs on) is an orphan for reap_orphans.
+        async with self.db.tx() as conn:
+            if inserted:
+                await leases.forget_creating(conn, tree_id)
+            else:
+                await leases.settle(conn, tree_id, "creating", None, "released", None)
 
     async def touch(self, tree_id: uuid.UUID) -> bool:
         """Mark the tree's sandbox as used now; False if the tree has no active sandbox."""
@@ -115,19 +173,39 @@ class SandboxManager:
         workdir: Path,
         command: str,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        command_id: str | None = None,
     ) -> CommandResult:
-        """Claim the tree's sandbox and run one command in it (cancel the task to kill it)."""
+        """Claim the tree's sandbox and run one command in it (cancel the task to kill it).
+
+        ``command_id`` (default: a fresh one) names the command for ``kill_command``; the
+        caller keeps it unique among the tree's running commands."""
+        command_id = check_command_id(command_id or uuid.uuid4().hex)
         with self._using(tree_id):
             handle = await self.claim(tree_id, workdir)
             try:
-                result = await self.backend.run(handle, command, timeout_seconds)
+                result = await self.backend.run(handle, command, timeout_seconds, command_id)
             except SandboxGone:
                 # It vanished between claim and start (nothing ran): claim builds a new one.
                 log.warning("sandbox of tree %s vanished; claiming it again", tree_id)
                 handle = await self.claim(tree_id, workdir)
-                result = await self.backend.run(handle, command, timeout_seconds)
+                result = await self.backend.run(handle, command, timeout_seconds, command_id)
             await self.touch(tree_id)
             return result
+
+    async def kill_command(self, tree_id: uuid.UUID, command_id: str) -> bool:
+        """Kill the tree's command ``command_id`` if it still runs, wherever it was started; True if
+        it did. Never creates a sandbox; an unknown or finished id changes nothing."""
+        check_command_id(command_id)
+        async with self.db.tx() as conn:
+            lease = await leases.get(conn, tree_id)
+        if (
+            lease is None
+            or lease.handle is None
+            or lease.state not in ("active", "releasing")
+            or lease.backend != self.backend.name
+        ):
+            return False
+        return await self.backend.kill(lease.handle, command_id)
 
     @contextlib.contextmanager
     def _using(self, tree_id: uuid.UUID) -> Iterator[None]:
@@ -142,13 +220,15 @@ class SandboxManager:
     # -- release ---------------------------------------------------------------------
 
     async def release_idle(self, now: datetime.datetime | None = None) -> list[uuid.UUID]:
-        """Release every sandbox idle for ``idle_seconds`` before ``now`` (DB clock if None).
+        """Release every sandbox idle for ``idle_seconds`` before ``now`` (DB clock if None), and
+        finish releases whose releaser died.
 
-        Returns the trees released. Trees with a running Run, a command in flight here,
-        or a claim in progress are skipped; a failing tree is logged and skipped.
+        Returns the trees released for idleness. Trees with a running Run, a command in flight
+        here, or a claim in progress are skipped; a failing tree is logged and skipped.
         """
         async with self.db.tx() as conn:
             candidates = await leases.idle_trees(conn, self.idle_seconds, now)
+            stalled = await leases.stale_releases(conn)
         released = []
         for tree_id in candidates:
             if self._in_flight[tree_id]:
@@ -158,6 +238,11 @@ class SandboxManager:
                     released.append(tree_id)
             except Exception:
                 log.exception("idle release of the sandbox of tree %s failed; skipped", tree_id)
+        for tree_id in stalled:
+            try:
+                await self._finish_stalled_release(tree_id)
+            except Exception:
+                log.exception("finishing the stalled release of tree %s failed; skipped", tree_id)
         return released
 
     async def _release_if_idle(self, tree_id: uuid.UUID, now: datetime.datetime | None) -> bool:
@@ -165,38 +250,58 @@ class SandboxManager:
             lease = await leases.lock_if_idle(conn, tree_id, self.idle_seconds, now)
             if lease is None or await leases.tree_has_running_run(conn, tree_id):
                 return False
-            await self._release_locked(conn, lease)
-            return True
+            await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
+        await self._remove(tree_id, lease.backend, lease.handle, restore=("active", lease.handle))
+        return True
 
     async def release(self, tree_id: uuid.UUID) -> bool:
         """Release the tree's sandbox now, unless a Run of the tree is running. True if released."""
         async with self.db.tx() as conn:
-            lease = await leases.lock(conn, tree_id, self.backend.name)
+            lease, _ = await leases.lock(conn, tree_id, self.backend.name)
             if lease.state != "active" or await leases.tree_has_running_run(conn, tree_id):
                 return False
-            await self._release_locked(conn, lease)
-            return True
+            await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
+        await self._remove(tree_id, lease.backend, lease.handle, restore=("active", lease.handle))
+        return True
 
-    async def _release_locked(self, conn: Connection, lease: SandboxLease) -> None:
-        # Runs inside the transaction that holds the lease row lock: claims wait for it.
-        if lease.handle is not None and lease.backend == self.backend.name:
-            await asyncio.wait_for(self.backend.release(lease.handle), _RELEASE_TIMEOUT_SECONDS)
-        elif lease.handle is not None:
-            log.warning(
-                "tree %s: cannot release a %s sandbox from a %s runtime; forgetting it",
-                lease.tree_id,
-                lease.backend,
-                self.backend.name,
-            )
-        await leases.mark_released(conn, lease.tree_id)
-        log.info("released the sandbox of tree %s", lease.tree_id)
+    async def _finish_stalled_release(self, tree_id: uuid.UUID) -> None:
+        async with self.db.tx() as conn:
+            lease, _ = await leases.lock(conn, tree_id, self.backend.name)
+            if lease.state != "releasing" or not lease.stale:
+                return  # someone finished or took it over meanwhile
+            await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
+        log.warning("tree %s: a release stalled; finishing it", tree_id)
+        await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))
+
+    async def _remove(
+        self, tree_id: uuid.UUID, backend: str, handle: str | None, restore: tuple[str, str | None]
+    ) -> None:
+        """Remove the sandbox a committed ``releasing`` names, with no transaction open, then settle
+        the lease: ``released``, or back to ``restore`` if the removal failed."""
+        try:
+            if handle is not None and backend == self.backend.name:
+                await asyncio.wait_for(self.backend.release(handle), _RELEASE_TIMEOUT_SECONDS)
+            elif handle is not None:
+                log.warning(
+                    "tree %s: cannot release a %s sandbox from a %s runtime; forgetting it",
+                    tree_id,
+                    backend,
+                    self.backend.name,
+                )
+        except Exception:
+            async with self.db.tx() as conn:
+                await leases.settle(conn, tree_id, "releasing", handle, *restore)
+            raise
+        async with self.db.tx() as conn:
+            await leases.settle(conn, tree_id, "releasing", handle, "released", None)
+        log.info("released the sandbox of tree %s", tree_id)
 
     async def reap_orphans(self) -> list[str]:
         """Release every sandbox of this database's trees that no active lease names.
 
-        Each sandbox is judged under its tree's lease row lock: a claim creating a sandbox
-        holds that lock until its lease commits, so a sandbox being born is never taken
-        for an orphan. Returns the handles released; a failing one is logged and skipped.
+        Each sandbox is judged under its tree's lease row lock and removed after ``releasing``
+        is committed, so a claim meanwhile waits instead of adopting it. Returns the handles
+        released; a failing one is logged and skipped.
         """
         reaped = []
         for handle, tree_id in (await self.backend.sandboxes()).items():
@@ -211,10 +316,13 @@ class SandboxManager:
         async with self.db.tx() as conn:
             if not await leases.tree_known(conn, tree_id):
                 return False
-            lease = await leases.lock(conn, tree_id, self.backend.name)
+            lease, _ = await leases.lock(conn, tree_id, self.backend.name)
             if lease.state == "active" and lease.handle == handle:
                 return False
-            await asyncio.wait_for(self.backend.release(handle), _RELEASE_TIMEOUT_SECONDS)
+            if lease.state in ("creating", "releasing") and not lease.stale:
+                return False  # being born, or being removed by its releaser
+            await leases.begin(conn, tree_id, "releasing", self.backend.name, handle)
+        await self._remove(tree_id, self.backend.name, handle, restore=(lease.state, lease.handle))
         log.warning("reaped orphan sandbox %s of tree %s", handle, tree_id)
         return True
 
@@ -232,33 +340,21 @@ class SandboxManager:
             await asyncio.sleep(interval_seconds)
 
 
-def options_from_settings(settings: Settings) -> SandboxOptions:
-    return SandboxOptions(image=settings.sandbox_image)
-
-
 def choose_backend(settings: Settings | None = None) -> SandboxBackend:
-    """Docker when configured, or in ``auto`` mode when an engine answers; else the local backend."""
+    """The backend ``CANOPY_SANDBOX_BACKEND`` names. Docker connects on first use: without an
+    engine, using it raises ``SandboxUnavailable`` — never a silent switch to the local backend."""
     settings = settings or get_settings()
     if settings.sandbox_backend == "local":
         return LocalBackend()
-    client = docker_client_if_answering()
-    if client is not None:
-        return DockerBackend(client)
-    if settings.sandbox_backend == "docker":
-        raise SandboxError("CANOPY_SANDBOX_BACKEND is 'docker' but no Docker engine answers")
-    log.warning("no Docker engine answers: using the local process sandbox, which does NOT isolate commands")
-    return LocalBackend()
+    return DockerBackend()
 
 
-def docker_client_if_answering(timeout: float = _PING_TIMEOUT_SECONDS) -> docker.DockerClient | None:
-    """A Docker client if an engine answers a ping within ``timeout`` seconds, else None."""
-    try:
-        probe = docker.from_env(timeout=timeout)
-        try:
-            probe.ping()
-        finally:
-            probe.close()
-        return docker.from_env(timeout=60, max_pool_size=64)
-    except (docker.errors.DockerException, OSError) as error:
-        log.info("no Docker engine answers: %s", error)
+def backend_warning(settings: Settings | None = None) -> str | None:
+    """One line for an operator when the configured backend does not isolate commands; else None."""
+    settings = settings or get_settings()
+    if settings.sandbox_backend != "local":
         return None
+    return (
+        "WARNING: CANOPY_SANDBOX_BACKEND=local: model commands run on this host as the Canopy user, "
+        "NOT isolated (unset it to use Docker)"
+    )

@@ -8,9 +8,12 @@ never release another suite's sandboxes.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
 import os
 import shutil
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -18,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from persistence.db import Database
-from sandbox.base import SandboxBackend, SandboxOptions
-from sandbox.docker_backend import DockerBackend
+from sandbox.base import CommandResult, SandboxBackend, SandboxOptions, SandboxUnavailable
+from sandbox.docker_backend import DockerBackend, connect
 from sandbox.local_backend import LocalBackend
-from sandbox.manager import SandboxManager, docker_client_if_answering
+from sandbox.manager import SandboxManager
 from tests.databases import create_database, drop_database
 
 BACKENDS = ["local", "docker"]
@@ -43,8 +46,10 @@ async def sandbox_db(sandbox_database_url: str) -> AsyncIterator[Database]:
 
 @pytest.fixture(scope="session")
 def docker_backend_or_skip() -> Iterator[DockerBackend | None]:
-    client = docker_client_if_answering()
-    backend = DockerBackend(client) if client is not None else None
+    try:
+        backend: DockerBackend | None = DockerBackend(connect())
+    except SandboxUnavailable:
+        backend = None
     yield backend
     if backend is not None:
         backend.close()
@@ -74,29 +79,38 @@ class SandboxKit:
 
     async def new_tree(self, workdir: Path | None = None) -> tuple[uuid.UUID, Path]:
         """A scope, project and tree row (the lease's foreign key), and the project workdir."""
-        tree_id = uuid.uuid4()
-        workdir = workdir or self.root / f"project-{tree_id.hex[:8]}"
-        workdir.mkdir(parents=True, exist_ok=True)
-        user, app, project_id = f"user-{tree_id.hex[:8]}", "sandbox-tests", uuid.uuid4()
-        async with self.db.tx() as conn:
-            await conn.execute("INSERT INTO scopes (user_id, app_id) VALUES (%s, %s)", (user, app))
-            await conn.execute(
-                "INSERT INTO projects (project_id, user_id, app_id, name, workdir) "
-                "VALUES (%s, %s, %s, %s, %s)",
-                (project_id, user, app, "p", str(workdir)),
-            )
-            await conn.execute(
-                "INSERT INTO trees (tree_id, user_id, app_id, project_id, slot_limit) "
-                "VALUES (%s, %s, %s, %s, 4)",
-                (tree_id, user, app, project_id),
-            )
+        tree_id, workdir = await new_tree(self.db, self.root, workdir)
         self.trees.append(tree_id)
         return tree_id, workdir
 
 
-def _sandbox_options() -> SandboxOptions:
+async def new_tree(db: Database, root: Path, workdir: Path | None = None) -> tuple[uuid.UUID, Path]:
+    """A scope, project and tree row of this database (a lease needs its tree), and a project workdir
+    under ``root`` unless one is given."""
+    tree_id = uuid.uuid4()
+    workdir = workdir or root / f"project-{tree_id.hex[:8]}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    user, app, project_id = f"user-{tree_id.hex[:8]}", "sandbox-tests", uuid.uuid4()
+    async with db.tx() as conn:
+        await conn.execute("INSERT INTO scopes (user_id, app_id) VALUES (%s, %s)", (user, app))
+        await conn.execute(
+            "INSERT INTO projects (project_id, user_id, app_id, name, workdir) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (project_id, user, app, "p", str(workdir)),
+        )
+        await conn.execute(
+            "INSERT INTO trees (tree_id, user_id, app_id, project_id, slot_limit) "
+            "VALUES (%s, %s, %s, %s, 4)",
+            (tree_id, user, app, project_id),
+        )
+    return tree_id, workdir
+
+
+def sandbox_options() -> SandboxOptions:
+    """Small limits; a container limit no other engineer's or suite's containers on a shared engine reach
+    (the limit has tests of its own)."""
     image = os.environ.get("CANOPY_SANDBOX_IMAGE", "canopy-sandbox:latest")
-    return SandboxOptions(image=image, memory="256m", cpus=1.0, pids=256)
+    return SandboxOptions(image=image, memory="256m", cpus=1.0, pids=256, tmp_size="64m", max_containers=100_000)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -111,22 +125,34 @@ async def sandbox(
         if docker_backend_or_skip is None:
             pytest.skip("no Docker engine answers (start one with: bash .ci/docker-up.sh)")
         docker_backend = docker_backend_or_skip
-        kit = SandboxKit(kind, docker_backend, DockerBackend, _sandbox_options(), sandbox_db, tmp_path)
+        kit = SandboxKit(kind, docker_backend, DockerBackend, sandbox_options(), sandbox_db, tmp_path)
     else:
         state_root = tmp_path / "local-sandboxes"
         kit = SandboxKit(
             kind,
             LocalBackend(state_root),
             lambda: LocalBackend(state_root),
-            _sandbox_options(),
+            sandbox_options(),
             sandbox_db,
             tmp_path,
         )
     yield kit
-    await _cleanup(kit)
+    await cleanup_kit(kit)
 
 
-async def _cleanup(kit: SandboxKit) -> None:
+@pytest.fixture
+async def docker_kit(
+    sandbox_db: Database, docker_backend_or_skip: DockerBackend | None, tmp_path: Path
+) -> AsyncIterator[SandboxKit]:
+    """The Docker backend alone, for tests of what only a container does."""
+    if docker_backend_or_skip is None:
+        pytest.skip("no Docker engine answers (start one with: bash .ci/docker-up.sh)")
+    kit = SandboxKit("docker", docker_backend_or_skip, DockerBackend, sandbox_options(), sandbox_db, tmp_path)
+    yield kit
+    await cleanup_kit(kit)
+
+
+async def cleanup_kit(kit: SandboxKit) -> None:
     # Whatever a test left behind: containers by label, local sandbox dirs by tree id, and
     # active leases (the sweep is global: the next test's sweep must not see this test's trees).
     async with kit.db.tx() as conn:
@@ -144,3 +170,66 @@ async def _cleanup(kit: SandboxKit) -> None:
         shutil.rmtree(kit.backend.state_root, ignore_errors=True)
     for backend in kit.extra_backends:
         backend.close()
+
+
+class GatedBackend:
+    """The real backend, with ``ensure`` (after it built the sandbox, before the manager records it)
+    or ``release`` (before it removes anything) held at a gate, so that a test can act mid-way."""
+
+    def __init__(self, inner: SandboxBackend, gated: str) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.gated = gated
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.finished_at: float | None = None
+
+    async def _hold(self, step: str) -> None:
+        self.calls[step] += 1
+        if step == self.gated:
+            self.entered.set()
+            await self.gate.wait()
+
+    async def ensure(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> str:
+        handle = await self.inner.ensure(tree_id, workdir, options)
+        await self._hold("ensure")
+        return handle
+
+    async def release(self, handle: str) -> None:
+        await self._hold("release")
+        await self.inner.release(handle)
+        self.finished_at = time.monotonic()
+
+    async def run(self, handle: str, command: str, timeout_seconds: float, command_id: str) -> CommandResult:
+        return await self.inner.run(handle, command, timeout_seconds, command_id)
+
+    async def kill(self, handle: str, command_id: str) -> bool:
+        return await self.inner.kill(handle, command_id)
+
+    async def exists(self, handle: str) -> bool:
+        return await self.inner.exists(handle)
+
+    async def fits(self, handle: str, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> bool:
+        return await self.inner.fits(handle, tree_id, workdir, options)
+
+    async def sandboxes(self) -> dict[str, uuid.UUID]:
+        return await self.inner.sandboxes()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def open_transactions(db: Database, older_than: float = 0.25) -> list[dict[str, object]]:
+    """Every other session of the database inside a transaction that began more than ``older_than``
+    seconds ago (held, not a claim's brief look at its lease), with whether it holds a lock on
+    ``sandbox_leases`` (a row lock keeps one on its table until the transaction ends)."""
+    async with db.tx() as conn:
+        cur = await conn.execute(
+            "SELECT a.pid, a.state, a.query, EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid "
+            "AND l.relation = 'sandbox_leases'::regclass) AS holds_lease_lock "
+            "FROM pg_stat_activity a WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
+            "AND a.xact_start < clock_timestamp() - make_interval(secs => %s)",
+            (older_than,),
+        )
+        return list(await cur.fetchall())

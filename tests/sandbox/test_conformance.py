@@ -8,12 +8,17 @@ tree's scratch dir (``/tmp`` in Docker, a per-tree dir locally).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import datetime
+import os
+import random
+import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -25,13 +30,12 @@ from sandbox.base import (
     CommandResult,
     SandboxBackend,
     SandboxGone,
-    SandboxOptions,
 )
 from sandbox.docker_backend import DockerBackend, container_name
+from sandbox.files import read_file, write_file
+from sandbox.local_backend import LocalBackend
 from sandbox.manager import SandboxManager
-
-if TYPE_CHECKING:
-    from tests.sandbox.conftest import SandboxKit
+from tests.sandbox.conftest import GatedBackend, SandboxKit, open_transactions
 
 # Prints "alive" or "dead" for the pid stored in a file; a zombie counts as dead.
 _PID_STATE = (
@@ -290,40 +294,8 @@ async def _insert_running_run(kit: SandboxKit, tree: uuid.UUID) -> uuid.UUID:
     return run_id
 
 
-class _GatedRelease:
-    """The real backend, with ``release`` held at a gate so that a test can act mid-release."""
-
-    def __init__(self, inner: SandboxBackend) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.started = asyncio.Event()
-        self.gate = asyncio.Event()
-        self.finished_at: float | None = None
-
-    async def ensure(self, tree_id: uuid.UUID, workdir: Path, options: SandboxOptions) -> str:
-        return await self.inner.ensure(tree_id, workdir, options)
-
-    async def run(self, handle: str, command: str, timeout_seconds: float = 120.0) -> CommandResult:
-        return await self.inner.run(handle, command, timeout_seconds)
-
-    async def exists(self, handle: str) -> bool:
-        return await self.inner.exists(handle)
-
-    async def sandboxes(self) -> dict[str, uuid.UUID]:
-        return await self.inner.sandboxes()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    async def release(self, handle: str) -> None:
-        self.started.set()
-        await self.gate.wait()
-        await self.inner.release(handle)
-        self.finished_at = time.monotonic()
-
-
 async def test_release_in_flight_defers_a_claim_but_not_other_writes(sandbox: SandboxKit) -> None:
-    gated = _GatedRelease(sandbox.backend)
+    gated = GatedBackend(sandbox.backend, "release")
     assert isinstance(gated, SandboxBackend)
     sweeper = SandboxManager(sandbox.db, gated, 0.1, sandbox.options)
     claimer = sandbox.manager()
@@ -332,7 +304,11 @@ async def test_release_in_flight_defers_a_claim_but_not_other_writes(sandbox: Sa
     await asyncio.sleep(0.3)
 
     sweep = asyncio.create_task(sweeper.release_idle())
-    await asyncio.wait_for(gated.started.wait(), 10)
+    await asyncio.wait_for(gated.entered.wait(), 10)
+    await asyncio.sleep(0.5)  # a transaction held across release would be this old by now
+    # The container removal runs with no transaction open and the lease row unlocked.
+    assert await open_transactions(sandbox.db) == []
+    assert (await _lease(sandbox, tree)).state == "releasing"
     claimed_at: list[float] = []
 
     async def claim() -> str:
@@ -343,6 +319,7 @@ async def test_release_in_flight_defers_a_claim_but_not_other_writes(sandbox: Sa
     claim_task = asyncio.create_task(claim())
     await asyncio.sleep(0.5)
     assert not claim_task.done(), "a claim must wait for the release in flight"
+    assert await open_transactions(sandbox.db) == []  # waiting, it holds no transaction either
 
     # A write to the same tree's other rows commits meanwhile (only the lease row is locked).
     async with asyncio.timeout(5), sandbox.db.tx() as conn:
@@ -462,7 +439,7 @@ async def test_orphan_sandboxes_are_reaped_and_nothing_else(sandbox: SandboxKit)
         await sandbox.backend.release(foreign)
 
 
-async def test_a_stopped_container_is_restarted_with_its_tmp(sandbox: SandboxKit) -> None:
+async def test_a_stopped_container_is_restarted_with_a_fresh_tmp(sandbox: SandboxKit) -> None:
     if sandbox.kind == "local":
         pytest.skip("only a container can be stopped and started again")
     assert isinstance(sandbox.backend, DockerBackend)
@@ -474,9 +451,9 @@ async def test_a_stopped_container_is_restarted_with_its_tmp(sandbox: SandboxKit
     await asyncio.to_thread(sandbox.backend.client.containers.get(handle).stop, timeout=1)  # engine restart
     assert not await sandbox.backend.exists(handle)
 
-    result = await _run(manager, tree, workdir, 'cat "$CANOPY_TMP/marker"')
+    result = await _run(manager, tree, workdir, 'test -e "$CANOPY_TMP/marker" && echo kept || echo fresh')
 
-    assert result.stdout == "t\n"
+    assert result.stdout == "fresh\n"  # /tmp is a tmpfs: it goes with the container's processes
     assert (await _lease(sandbox, tree)).handle == handle
     assert sandbox.backend.containers_for(tree) == [handle]
 
@@ -496,9 +473,7 @@ async def test_network_is_off_unless_allowed(sandbox: SandboxKit) -> None:
     mounts = {m["Destination"]: m["Source"] for m in container.attrs["Mounts"]}
     assert mounts == {"/workspace": str(workdir)}
     open_tree, open_workdir = await sandbox.new_tree()
-    networked = SandboxManager(
-        sandbox.db, sandbox.backend, 300, SandboxOptions(sandbox.options.image, network=True)
-    )
+    networked = SandboxManager(sandbox.db, sandbox.backend, 300, dataclasses.replace(sandbox.options, network="host"))
     open_handle = await networked.claim(open_tree, open_workdir)
     assert sandbox.backend.client.containers.get(open_handle).attrs["HostConfig"]["NetworkMode"] == "host"
 
@@ -508,7 +483,7 @@ async def test_commands_run_as_the_configured_user(sandbox: SandboxKit) -> None:
         pytest.skip("the local backend runs commands as the runtime's own user (documented)")
     tree, workdir = await sandbox.new_tree()
     workdir.chmod(0o777)
-    options = SandboxOptions(sandbox.options.image, memory="256m", cpus=1.0, user="65534:65534")
+    options = dataclasses.replace(sandbox.options, user="65534:65534")
     manager = SandboxManager(sandbox.db, sandbox.backend, 300, options)
 
     result = await _run(
@@ -532,4 +507,149 @@ async def test_run_on_a_dead_handle_raises_sandbox_gone(sandbox: SandboxKit, gon
 
     assert not await sandbox.backend.exists(handle)
     with pytest.raises(SandboxGone):
-        await sandbox.backend.run(handle, "echo never")
+        await sandbox.backend.run(handle, "echo never", 30, "never")
+
+
+def _processes(kit: SandboxKit, tree: uuid.UUID, needle: str) -> list[str]:
+    """Command lines starting with ``needle`` of the tree's sandbox processes: ``docker top`` of its
+    container, or every process of the host (read from /proc) for the local backend."""
+    if isinstance(kit.backend, DockerBackend):
+        found = []
+        for container_id in kit.backend.containers_for(tree):
+            top = kit.backend.client.containers.get(container_id).top()
+            found += [row[-1] for row in top["Processes"]]
+    else:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip())
+            except (OSError, NotADirectoryError):
+                continue
+    return [line for line in found if line.startswith(needle)]
+
+
+async def _none_left(kit: SandboxKit, tree: uuid.UUID, tag: str) -> list[str]:
+    """Processes that mention ``tag`` anywhere (the sleepers and the shells that started them),
+    given a moment to be reaped after a kill."""
+    for _ in range(40):
+        left = [line for line in _processes(kit, tree, "") if tag in line]
+        if not left:
+            return []
+        await asyncio.sleep(0.05)
+    return left
+
+
+def _sleeper(tag: str) -> str:
+    """A command whose processes are findable by ``tag``: one child in its group, one that left it
+    (setsid), and a mark file once both run."""
+    return (
+        f"sleep 3{tag}1 & setsid sleep 3{tag}2 >/dev/null 2>&1 & "
+        "sleep 0.2; echo started > started.txt; wait"
+    )
+
+
+async def _until_exists(path: Path) -> None:
+    for _ in range(200):
+        if path.exists():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+async def test_kill_command_from_a_fresh_manager_kills_that_command_only(sandbox: SandboxKit) -> None:
+    starter = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    tag = f"{random.randrange(10_000, 99_999)}"
+    task = asyncio.create_task(starter.run_command(tree, workdir, _sleeper(tag), 60, command_id="cmd-1"))
+    neighbour = asyncio.create_task(starter.run_command(tree, workdir, f"sleep 4{tag}; echo done", 60))
+    await _until_exists(workdir / "started.txt")
+    assert len(_processes(sandbox, tree, f"sleep 3{tag}")) == 2
+
+    other_process = SandboxManager(sandbox.db, sandbox.new_backend(), 300, sandbox.options)
+    killed = await other_process.kill_command(tree, "cmd-1")
+    result = await asyncio.wait_for(task, 10)
+
+    assert killed is True
+    assert result.exit_code == 137 and not result.timed_out
+    assert await _none_left(sandbox, tree, f"sleep 3{tag}") == []  # its group, and the child that left it
+    assert len(_processes(sandbox, tree, f"sleep 4{tag}")) == 1 and not neighbour.done()
+    # Finished or never known: nothing to kill, and nothing left behind by asking.
+    assert await other_process.kill_command(tree, "cmd-1") is False
+    assert await other_process.kill_command(tree, "no-such-command") is False
+    assert len(_processes(sandbox, tree, f"sleep 4{tag}")) == 1 and not neighbour.done()
+    if sandbox.kind == "docker":
+        marks = await _run(starter, tree, workdir, "ls -A /tmp/.canopy | grep -v '[.]pid$' || true")
+        assert marks.stdout == ""  # no cancel mark for a command that might be started later
+    neighbour.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await neighbour
+
+
+async def test_kill_command_without_a_sandbox_is_false_and_makes_none(sandbox: SandboxKit) -> None:
+    tree, _ = await sandbox.new_tree()
+
+    assert await sandbox.manager().kill_command(tree, "cmd-1") is False
+
+    async with sandbox.db.tx() as conn:
+        assert await leases.get(conn, tree) is None
+
+
+async def test_kill_command_after_the_starting_process_died(sandbox: SandboxKit) -> None:
+    """kill -9 of the process that started a command leaves the command running; another
+    process's kill_command then stops it."""
+    tree, workdir = await sandbox.new_tree()
+    tag = f"{random.randrange(10_000, 99_999)}"
+    state_root = sandbox.backend.state_root if isinstance(sandbox.backend, LocalBackend) else Path("-")
+    starter = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.sandbox.start_command", sandbox.kind, sandbox.db.pool.conninfo,
+        str(state_root), str(tree), str(workdir), "cmd-9", _sleeper(tag),
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        await _until_exists(workdir / "started.txt")
+    finally:
+        os.kill(starter.pid, signal.SIGKILL)
+        await starter.wait()
+    await asyncio.sleep(0.3)
+    assert len(_processes(sandbox, tree, f"sleep 3{tag}")) == 2  # the command outlived its starter
+
+    assert await sandbox.manager(backend=sandbox.new_backend()).kill_command(tree, "cmd-9") is True
+
+    assert await _none_left(sandbox, tree, f"sleep 3{tag}") == []
+    assert await sandbox.manager().kill_command(tree, "cmd-9") is False
+
+
+async def test_host_and_sandbox_edit_each_others_files(sandbox: SandboxKit) -> None:
+    """write_file runs on the host (as root in CI), commands in the sandbox (never as root): each
+    side can still edit what the other made."""
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    await manager.claim(tree, workdir)
+
+    write_file(workdir, "from-host/notes.txt", "host\n")
+    edited = await _run(manager, tree, workdir, "echo sandbox >> from-host/notes.txt && touch from-host/new")
+    made = await _run(manager, tree, workdir, "mkdir -p from-sandbox && echo sandbox > from-sandbox/out.txt")
+    write_file(workdir, "from-sandbox/out.txt", "host again\n")
+    again = await _run(manager, tree, workdir, "cat from-sandbox/out.txt && echo more >> from-sandbox/out.txt")
+
+    assert (edited.exit_code, made.exit_code, again.exit_code) == (0, 0, 0), (edited, made, again)
+    assert read_file(workdir, "from-host/notes.txt") == "host\nsandbox\n"
+    assert again.stdout == "host again\n"
+    assert read_file(workdir, "from-sandbox/out.txt") == "host again\nmore\n"
+
+
+async def test_commands_see_no_secret_of_the_runtime_environment(
+    sandbox: SandboxKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = f"secret-{uuid.uuid4().hex}"
+    for name in ("CANOPY_DATABASE_URL", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "CANOPY_ADMIN_TOKEN"):
+        monkeypatch.setenv(name, secret)
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+
+    result = await _run(manager, tree, workdir, "env; cat /proc/self/environ")
+
+    assert result.exit_code == 0
+    assert secret not in result.stdout
+    names = {line.split("=", 1)[0] for line in result.stdout.splitlines() if "=" in line}
+    assert {"CANOPY_TMP", "CANOPY_TREE_ID", "CANOPY_COMMAND_ID"} <= names

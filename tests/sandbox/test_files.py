@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from persistence.errors import InvalidArgument
+from persistence.settings import Settings
 from sandbox.base import TRUNCATION_MARKER, FileMissing, PathRejected
 from sandbox.files import read_file, write_file
 
@@ -150,3 +152,44 @@ def test_missing_files_directories_and_large_files(layout: tuple[Path, Path]) ->
     big = read_file(workdir, "big.txt", max_bytes=100)
     assert big.startswith("x" * 100 + "\n" + TRUNCATION_MARKER)
     assert (workdir / "dir").is_dir() and (workdir / "big.txt").read_text() == "x" * 1000
+
+
+def test_content_over_the_write_limit_is_refused_and_writes_nothing(layout: tuple[Path, Path]) -> None:
+    workdir, _ = layout
+    settings = Settings(sandbox_write_max_bytes=10)
+    before = _tree(workdir.parent)
+
+    with pytest.raises(InvalidArgument, match="CANOPY_SANDBOX_WRITE_MAX_BYTES"):
+        write_file(workdir, "new/big.txt", "é" * 6, settings)  # 12 bytes in UTF-8
+
+    assert _tree(workdir.parent) == before and not (workdir / "new").exists()
+    assert write_file(workdir, "new/ok.txt", "x" * 10, settings) == 10
+
+
+def test_a_root_runtime_hands_what_it_writes_to_the_sandbox_user(layout: tuple[Path, Path]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a non-root runtime keeps its own files (the sandbox runs as it)")
+    workdir, _ = layout
+    docker_settings = Settings(sandbox_backend="docker", sandbox_user="10002:10003")
+
+    write_file(workdir, "made/by/host.txt", "x", docker_settings)
+    write_file(workdir, "local.txt", "x", Settings(sandbox_backend="local"))
+
+    owners = {path: (workdir / path).stat() for path in ("made", "made/by", "made/by/host.txt", "local.txt")}
+    assert {path: (info.st_uid, info.st_gid) for path, info in owners.items()} == {
+        "made": (10002, 10003),
+        "made/by": (10002, 10003),
+        "made/by/host.txt": (10002, 10003),
+        "local.txt": (0, 0),  # the local backend runs commands as the runtime itself
+    }
+
+
+def test_a_file_where_a_parent_dir_should_be_is_refused(layout: tuple[Path, Path]) -> None:
+    workdir, _ = layout
+    (workdir / "plain").write_text("a file")
+    before = _tree(workdir.parent)
+
+    with pytest.raises(PathRejected):
+        write_file(workdir, "plain/child.txt", "x")
+
+    assert _tree(workdir.parent) == before

@@ -1,3 +1,0 @@
-UPDATE sandbox_leases
-SET state = %(state)s, handle = %(handle)s, updated_at = now()
-WHERE tree_id = %(tree_id)s

@@ -1,0 +1,94 @@
+"""Docker-only behaviour: the live-container limit under concurrent claims, and containers built
+from other settings being recreated. The engine may be shared with other suites, whose
+containers count against the limit too: the assertions hold whatever they do."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import uuid
+
+import pytest
+
+from persistence import sandbox_leases as leases
+from sandbox.base import SandboxError, parse_user
+from sandbox.docker_backend import LABEL_MANAGED, DockerBackend
+from sandbox.manager import SandboxManager
+from tests.sandbox.conftest import SandboxKit
+
+
+def _live_managed(backend: DockerBackend) -> set[str]:
+    found = backend.client.api.containers(
+        quiet=True, filters={"label": f"{LABEL_MANAGED}=true", "status": ["running", "restarting", "paused"]}
+    )
+    return {str(row["Id"]) for row in found}
+
+
+async def test_concurrent_claims_cannot_overshoot_the_container_limit(docker_kit: SandboxKit) -> None:
+    """Three claims race for the one free place; each runs in a backend object of its own, as
+    three processes would. At most one wins (plus one per container others removed meanwhile)."""
+    assert isinstance(docker_kit.backend, DockerBackend)
+    trees = [(await docker_kit.new_tree()) for _ in range(3)]
+    before = _live_managed(docker_kit.backend)
+    options = dataclasses.replace(docker_kit.options, max_containers=len(before) + 1)
+    managers = [SandboxManager(docker_kit.db, docker_kit.new_backend(), 300, options) for _ in trees]
+
+    outcomes = await asyncio.gather(
+        *(manager.claim(tree, workdir) for manager, (tree, workdir) in zip(managers, trees, strict=True)),
+        return_exceptions=True,
+    )
+
+    after = _live_managed(docker_kit.backend)
+    ours = {str(outcome) for outcome in outcomes if isinstance(outcome, str)}
+    removed_by_others = len(before - after)
+    assert len(ours) <= 1 + removed_by_others, f"{len(ours)} claims got past a limit of {len(before) + 1}"
+    for outcome in outcomes:
+        if not isinstance(outcome, str):
+            assert isinstance(outcome, SandboxError) and "CANOPY_SANDBOX_MAX_CONTAINERS" in str(outcome)
+    for (tree, _), outcome in zip(trees, outcomes, strict=True):
+        if not isinstance(outcome, str):
+            assert docker_kit.backend.containers_for(tree) == []  # a refused claim created nothing
+
+
+async def test_a_container_built_from_other_settings_is_recreated(docker_kit: SandboxKit) -> None:
+    assert isinstance(docker_kit.backend, DockerBackend)
+    tree, workdir = await docker_kit.new_tree()
+    old = await docker_kit.manager().claim(tree, workdir)
+
+    changed = dataclasses.replace(docker_kit.options, pids=200)
+    new = await SandboxManager(docker_kit.db, docker_kit.backend, 300, changed).claim(tree, workdir)
+
+    assert new != old and not await docker_kit.backend.exists(old)
+    assert docker_kit.backend.containers_for(tree) == [new]
+    assert docker_kit.backend.client.containers.get(new).attrs["HostConfig"]["PidsLimit"] == 200
+
+
+async def test_a_root_runtime_hands_the_workdir_to_the_sandbox_user(docker_kit: SandboxKit) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a non-root runtime runs sandbox commands as itself")
+    tree, _ = await docker_kit.new_tree()
+    workdir = docker_kit.root / f"fresh-{uuid.uuid4().hex[:8]}"  # made by the claim, as root
+
+    result = await docker_kit.manager().run_command(tree, workdir, "echo x > made.txt && id -u && id -un", 30)
+
+    uid, gid = parse_user(docker_kit.options.user)
+    assert result.exit_code == 0 and result.stdout.split()[0] == str(uid)
+    if docker_kit.options.user == "10001:10001":
+        assert result.stdout.split()[1] == "canopy"  # the image (.ci/docker-up.sh) names the default user
+    assert (workdir.stat().st_uid, workdir.stat().st_gid) == (uid, gid)
+    assert (workdir / "made.txt").stat().st_uid == uid
+
+
+async def test_a_root_user_is_refused_and_nothing_is_made(docker_kit: SandboxKit) -> None:
+    assert isinstance(docker_kit.backend, DockerBackend)
+    tree, workdir = await docker_kit.new_tree()
+    root_options = dataclasses.replace(docker_kit.options, user="0:0")
+    as_root = SandboxManager(docker_kit.db, docker_kit.backend, 300, root_options)
+
+    with pytest.raises(SandboxError, match="never run as root"):
+        await as_root.run_command(tree, workdir, "touch made.txt", 30)
+
+    assert docker_kit.backend.containers_for(tree) == [] and not (workdir / "made.txt").exists()
+    async with docker_kit.db.tx() as conn:
+        assert await leases.get(conn, tree) is None

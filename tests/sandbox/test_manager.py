@@ -1,0 +1,159 @@
+"""The lease protocol of ``SandboxManager`` against both backends: no transaction open while a
+sandbox is built or removed, waits instead of duplicates, and recovery from a process that died
+between announcing sandbox work and settling it. Crashes are played by writing the lease row a
+dead process would have left (its ``updated_at`` older than the takeover bound)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from persistence import sandbox_leases as leases
+from persistence.sandbox_leases import TRANSITION_STALE_SECONDS, SandboxLease
+from sandbox.manager import SandboxManager
+from tests.sandbox.conftest import GatedBackend, SandboxKit, open_transactions
+
+
+async def _lease(kit: SandboxKit, tree: uuid.UUID) -> SandboxLease | None:
+    async with kit.db.tx() as conn:
+        return await leases.get(conn, tree)
+
+
+async def _leave_lease(kit: SandboxKit, tree: uuid.UUID, state: str, handle: str | None, age: float) -> None:
+    """The lease row as a process that announced ``state`` ``age`` seconds ago and then died left it."""
+    async with kit.db.tx() as conn:
+        await conn.execute(
+            "UPDATE sandbox_leases SET state = %s, handle = %s, updated_at = now() - make_interval(secs => %s) "
+            "WHERE tree_id = %s",
+            (state, handle, age, tree),
+        )
+
+
+async def _marker(manager: SandboxManager, tree: uuid.UUID, workdir: Path) -> str:
+    result = await manager.run_command(tree, workdir, 'test -e "$CANOPY_TMP/m" && echo old || echo fresh', 30)
+    return result.stdout.strip()
+
+
+async def test_no_transaction_is_open_while_a_sandbox_is_built(sandbox: SandboxKit) -> None:
+    gated = GatedBackend(sandbox.backend, "ensure")
+    first, second = (SandboxManager(sandbox.db, gated, 300, sandbox.options) for _ in range(2))
+    tree, workdir = await sandbox.new_tree()
+
+    claim = asyncio.create_task(first.claim(tree, workdir))
+    await asyncio.wait_for(gated.entered.wait(), 30)
+    await asyncio.sleep(0.5)  # a transaction held across ensure would be this old by now
+    during = await open_transactions(sandbox.db)
+    lease = await _lease(sandbox, tree)
+    # Another claim meanwhile waits for the one in progress, holding no transaction either.
+    waiting = asyncio.create_task(second.claim(tree, workdir))
+    await asyncio.sleep(0.5)
+    while_waiting = await open_transactions(sandbox.db)
+    waited = not waiting.done()
+    gated.gate.set()
+    handles = await asyncio.wait_for(asyncio.gather(claim, waiting), 30)
+
+    assert during == [] and while_waiting == []
+    assert lease is not None and (lease.state, lease.handle) == ("creating", None)
+    assert waited and handles[0] == handles[1]
+    assert gated.calls["ensure"] == 1  # the waiting claim used what the first one built
+    after = await _lease(sandbox, tree)
+    assert after is not None and (after.state, after.handle) == ("active", handles[0])
+
+
+async def test_a_sandbox_being_built_is_not_reaped(sandbox: SandboxKit) -> None:
+    gated = GatedBackend(sandbox.backend, "ensure")
+    tree, workdir = await sandbox.new_tree()
+    claim = asyncio.create_task(SandboxManager(sandbox.db, gated, 300, sandbox.options).claim(tree, workdir))
+    await asyncio.wait_for(gated.entered.wait(), 30)
+
+    reaped = await sandbox.manager().reap_orphans()
+    gated.gate.set()
+    handle = await asyncio.wait_for(claim, 30)
+
+    assert handle not in reaped
+    assert await sandbox.backend.exists(handle)
+
+
+async def test_a_stalled_release_is_finished_by_the_next_claim(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    await manager.run_command(tree, workdir, 'echo t > "$CANOPY_TMP/m"; echo kept > kept.txt', 30)
+    lease = await _lease(sandbox, tree)
+    assert lease is not None and lease.handle is not None
+    await _leave_lease(sandbox, tree, "releasing", lease.handle, TRANSITION_STALE_SECONDS + 60)
+
+    handle = await manager.claim(tree, workdir)
+
+    assert await _marker(manager, tree, workdir) == "fresh"  # the old sandbox was removed, then rebuilt
+    assert (workdir / "kept.txt").read_text() == "kept\n"
+    after = await _lease(sandbox, tree)
+    assert after is not None and (after.state, after.handle) == ("active", handle)
+    if sandbox.kind == "docker":
+        assert handle != lease.handle and not await sandbox.backend.exists(lease.handle)
+
+
+async def test_a_fresh_release_makes_a_claim_wait(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    handle = await manager.claim(tree, workdir)
+    await _leave_lease(sandbox, tree, "releasing", handle, 0)
+
+    claim = asyncio.create_task(manager.claim(tree, workdir))
+    await asyncio.sleep(0.5)
+    waited = not claim.done()
+    async with sandbox.db.tx() as conn:  # the releaser settles
+        assert await leases.settle(conn, tree, "releasing", handle, "released", None)
+    await asyncio.wait_for(claim, 30)
+
+    assert waited
+
+
+async def test_the_sweep_finishes_a_stalled_release(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    handle = await manager.claim(tree, workdir)
+    await _leave_lease(sandbox, tree, "releasing", handle, TRANSITION_STALE_SECONDS + 60)
+
+    released = await manager.release_idle()
+
+    assert tree not in released  # it was not idle; its release had stalled
+    lease = await _lease(sandbox, tree)
+    assert lease is not None and (lease.state, lease.handle) == ("released", None)
+    assert not await sandbox.backend.exists(handle)
+
+
+async def test_a_stalled_creation_is_taken_over(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    await manager.claim(tree, workdir)
+    await _leave_lease(sandbox, tree, "creating", None, TRANSITION_STALE_SECONDS + 60)
+
+    handle = await asyncio.wait_for(manager.claim(tree, workdir), 30)
+
+    lease = await _lease(sandbox, tree)
+    assert lease is not None and (lease.state, lease.handle) == ("active", handle)
+    assert await sandbox.backend.exists(handle)
+
+
+async def test_a_failed_claim_leaves_the_lease_as_it_was(sandbox: SandboxKit) -> None:
+    manager = sandbox.manager()
+    tree, _ = await sandbox.new_tree()
+    not_a_dir = sandbox.root / f"file-{tree.hex[:8]}"
+    not_a_dir.write_text("a file where the workdir should be")
+
+    with pytest.raises(OSError):
+        await manager.claim(tree, not_a_dir)
+    first = await _lease(sandbox, tree)
+
+    async with sandbox.db.tx() as conn:  # a tree that had a sandbox once
+        await leases.lock(conn, tree, sandbox.backend.name)
+    with pytest.raises(OSError):
+        await manager.claim(tree, not_a_dir)
+    second = await _lease(sandbox, tree)
+
+    assert first is None  # a failed first claim leaves no row
+    assert second is not None and (second.state, second.handle) == ("released", None)
+    assert not_a_dir.read_text() == "a file where the workdir should be"
