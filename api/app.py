@@ -26,6 +26,9 @@ Decisions where the SPEC is silent:
 - ``GET /sessions`` entries carry ``attention``: their tree's member counts per state (one
   grouped query for the whole page). ``GET /sessions/{id}/inputs`` lists a session's inputs in
   queue order, texts cut to a preview (``?status=pending``: the ones a human may still cancel).
+- ``GET /trees/{id}/timeline`` pages by an opaque cursor passed back as ``since`` (which also
+  takes an ISO time: what changed after it); ``GET /trees/{id}/trace`` is the whole timeline as
+  Chrome trace-event JSON (api/trace.py).
 """
 
 from __future__ import annotations

@@ -37,6 +37,13 @@ export function formatDuration(value) {
   return `${minutes} min ${Math.round((value % 60_000) / 1000)} s`;
 }
 
+/** A tick's label: its offset from the tree's first moment, with as many decimals as the step needs. */
+function tickLabel(offset, step) {
+  if (offset < 1000 && step < 1000) return `${Math.round(offset)} ms`;
+  const decimals = step >= 1000 ? (step % 1000 ? 1 : 0) : step >= 100 ? 1 : step >= 10 ? 2 : 3;
+  return `${(offset / 1000).toFixed(decimals)} s`;
+}
+
 /** A readable tick step (1, 2, 5 × 10^n ms) that puts ticks about ``target`` px apart. */
 function tickStep(msPerPx, target = 90) {
   const raw = msPerPx * target;
@@ -613,7 +620,7 @@ export class TimelineView {
       g.moveTo(tx, AXIS_H - 6);
       g.lineTo(tx, AXIS_H);
       g.stroke();
-      g.fillText(formatDuration(t - origin).replace(".00 ", " "), tx + 3, AXIS_H / 2);
+      g.fillText(tickLabel(t - origin, step), tx + 3, AXIS_H / 2);
     }
     g.fillText(plural(this.members.length, "member"), 6, AXIS_H / 2);
   }

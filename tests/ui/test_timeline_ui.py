@@ -208,33 +208,40 @@ def _pct(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-async def test_500_members_10000_runs_render_budget(tab: Tab, user: User, runtime: Runtime) -> None:
-    tree = await seed_worked_tree(runtime.db, user.scope, members=500, turns_per_member=16, wait_every=4)
-    root_id = str(tree.tree_id)
-    page = tab.page
+async def seeded_timeline_figure(page: Any, base: str, root_id: str, expected: int) -> str:
+    """Open the seeded tree's timeline, wait until all ``expected`` intervals are loaded, run the
+    scripted pan and zoom, and describe the draw times and frame intervals it measured."""
     await page.set_viewport_size({"width": 1600, "height": 900})
-    await open_timeline(page, user.base, root_id)
-    # 500 members x 20 Runs: 10,000 Runs and as many queued intervals, 2,000 waits, 8,000 tool calls.
-    expected = 500 * (20 + 20 + 4 + 16)
+    await open_timeline(page, base, root_id)
 
     async def loaded() -> dict[str, Any] | None:
         drawn = await model(page, root_id)
         return drawn if drawn and drawn["items"] == expected else None
 
-    drawn = await poll(loaded, timeout=120, what="the 500-member timeline loaded")
-    assert len(drawn["lanes"]) == 500 and drawn["lanes"][-1]["path"].startswith("/root/")
-    await expect(page.locator(".timeline-canvas")).to_have_attribute("data-lanes", "500")
-    assert len((await get(user, f"/trees/{root_id}/timeline?limit=1"))["members"]) == 500
-
+    await poll(loaded, timeout=180, what="the seeded timeline loaded")
     measured = await page.evaluate(PAN_ZOOM, root_id)
-    after = await model(page, root_id)
-    lanes_drawn = {b["lane"] for b in after["bars"]}
-    assert after["bars"] and lanes_drawn and max(lanes_drawn) < 500
     frames, draws = measured["frames"], measured["drawMs"]
-    figure = (f"timeline 500 lanes / {expected} intervals: draw p50 {statistics.median(draws):.2f} ms, "
-              f"p95 {_pct(draws, 0.95):.2f} ms, max {max(draws):.2f} ms; frame interval p50 "
-              f"{statistics.median(frames):.1f} ms, p95 {_pct(frames, 0.95):.1f} ms over {len(frames)} "
-              f"pan/zoom frames ({measured['draws']} draws)")
+    lanes = len((await model(page, root_id))["lanes"])
+    return (f"timeline {lanes} lanes / {expected} intervals: draw p50 {statistics.median(draws):.2f} ms, "
+            f"p95 {_pct(draws, 0.95):.2f} ms, max {max(draws):.2f} ms; frame interval p50 "
+            f"{statistics.median(frames):.1f} ms, p95 {_pct(frames, 0.95):.1f} ms over {len(frames)} "
+            f"pan/zoom frames ({measured['draws']} draws)")
+
+
+async def test_500_members_10000_runs_render_budget(tab: Tab, user: User, runtime: Runtime) -> None:
+    tree = await seed_worked_tree(runtime.db, user.scope, members=500, turns_per_member=16, wait_every=4)
+    root_id = str(tree.tree_id)
+    page = tab.page
+    # 500 members x 20 Runs: 10,000 Runs and as many queued intervals, 2,000 waits, 8,000 tool calls.
+    figure = await seeded_timeline_figure(page, user.base, root_id, expected=500 * (20 + 20 + 4 + 16))
     print(figure)
     (ARTIFACTS / "timeline-bench.txt").write_text(figure + "\n")
+    after = await model(page, root_id)
+    assert [lane["path"] for lane in after["lanes"]] == [m["path"] for m in (
+        await get(user, f"/trees/{root_id}/timeline?limit=1"))["members"]]
+    assert len(after["lanes"]) == 500
+    await expect(page.locator(".timeline-canvas")).to_have_attribute("data-lanes", "500")
+    lanes_drawn = {b["lane"] for b in after["bars"] if b["lane"] >= 0}
+    # Only what is on screen: the lanes drawn are the ~30 that fit in 900 px, not all 500.
+    assert 10 <= len(lanes_drawn) <= 40, sorted(lanes_drawn)
     await shoot(page, "timeline-500", widths=(1600,))
