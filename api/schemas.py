@@ -305,13 +305,18 @@ class Message(ResponseBody):
 # -- trees -------------------------------------------------------------------------------------------
 
 
-class Member(ResponseBody):
+class MemberPlace(ResponseBody):
+    """Who a member is and where it sits in its tree."""
+
     session_id: uuid.UUID
     parent_id: uuid.UUID | None
     name: str
     path: str
     depth: int
     title: str
+
+
+class Member(MemberPlace):
     activity: str
     turn_id: uuid.UUID | None
     turn_status: str | None
@@ -381,15 +386,6 @@ class Event(ResponseBody):
 # -- timeline and trace ------------------------------------------------------------------------------
 
 
-class TimelineMember(ResponseBody):
-    session_id: uuid.UUID
-    parent_id: uuid.UUID | None
-    name: str
-    path: str
-    depth: int
-    title: str
-
-
 class TimelineInterval(ResponseBody):
     kind: Literal["run", "queued", "wait", "approval", "question", "model_call", "tool_call"] = Field(
         description="run: holds a slot; queued: waits in the tree's FIFO for a slot; wait: a parked Turn; "
@@ -429,7 +425,7 @@ class Timeline(ResponseBody):
     tree_id: uuid.UUID
     as_of: dt.datetime = Field(description="When this read (its first page) began: pass it as `since` to read "
                                            "only what changed after it.")
-    members: list[TimelineMember] = Field(description="Every member, a parent right before its subtree.")
+    members: list[MemberPlace] = Field(description="Every member, a parent right before its subtree.")
     intervals: list[TimelineInterval] = Field(description="Ordered by (start, kind, id).")
     instants: list[TimelineInstant]
     next_cursor: str | None = Field(description="Pass as `since` for the next page; None after the last page.")

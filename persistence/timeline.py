@@ -64,6 +64,14 @@ def _aware(value: object) -> dt.datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
+def _lagged(since: dt.datetime | None) -> dt.datetime | None:
+    """``since`` less COMMIT_LAG; None (everything) for a moment so early that nothing precedes it."""
+    try:
+        return since - COMMIT_LAG if since else None
+    except OverflowError:
+        return None
+
+
 def parse_since(since: str | None) -> tuple[dt.datetime | None, Page | None]:
     """``since`` as the API takes it: None (everything), an ISO 8601 time (what may have changed
     since then; a time without an offset is UTC), or a cursor of a previous page."""
@@ -93,7 +101,7 @@ async def timeline(conn: Connection, scope: Scope, tree_id: uuid.UUID, *, since:
         since = page.since
     after_start, after_kind, after_id = page.after if page else (None, None, None)
     cur = await conn.execute(query("timeline_items"), {
-        **keys, "since": since - COMMIT_LAG if since else None, "after_start": after_start,
+        **keys, "since": _lagged(since), "after_start": after_start,
         "after_kind": after_kind, "after_id": after_id, "limit": limit + 1 if limit is not None else None})
     items = await cur.fetchall()
     more = limit is not None and len(items) > limit

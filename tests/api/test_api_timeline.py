@@ -133,17 +133,19 @@ async def test_fan_out_timeline_and_trace_match_the_runs_table(http: httpx.Async
         {(str(r["run_id"]), r["started_at"], r["ended_at"]) for r in table}
     assert peak([{"start": when(r["start"]), "end": when(r["end"])} for r in runs]) == 4
 
-    # Two children queued for a slot about as long as a child's work; the others hardly at all.
-    queued = {i["path"]: (when(i["end"]) - when(i["start"])).total_seconds() for i in found["intervals"]
-              if i["kind"] == "queued" and i["path"] != "/root" and i["name"] == "start"}
-    assert len(queued) == 6
-    assert sum(1 for seconds in queued.values() if seconds >= CHILD_DELAY_MS / 2000) == 2, queued
+    # Two children queued until a sibling finished: 3 slots were free at their creation, the root's
+    # park freed a fourth, and the last two waited for the first child to end (its slot, then the next).
+    child_runs = [r for r in runs if r["path"] != "/root"]
+    first_end = min(when(r["end"]) for r in child_runs)
+    queued = [i for i in found["intervals"] if i["kind"] == "queued" and i["path"] != "/root"]
+    waited = [i for i in queued if when(i["end"]) >= first_end]
+    assert len(queued) == 6 and len(waited) == 2, queued
+    assert all(when(i["end"]) - when(i["start"]) >= dt.timedelta(milliseconds=CHILD_DELAY_MS) for i in waited)
 
     # The root's wait watches the six children and spans their work; the root resumes after it.
     (wait,) = [i for i in found["intervals"] if i["kind"] == "wait"]
     assert wait["path"] == "/root" and wait["status"] == "resumed" and wait["name"] == "inputs"
     assert sorted(wait["waits_on"]) == sorted(members[f"/root/w{i}"] for i in range(6))
-    child_runs = [r for r in runs if r["path"] != "/root"]
     assert when(wait["start"]) < min(when(r["end"]) for r in child_runs)
     assert when(wait["end"]) >= max(when(r["end"]) for r in child_runs)
     resume = [r for r in runs if r["path"] == "/root" and r["name"] == "resume"]
@@ -246,6 +248,8 @@ async def test_another_scope_gets_404_and_bad_cursors_422(runtime: Runtime, scop
         response = await stranger.get(f"/api/v1/trees/{tree.tree_id}/{path}")
         assert response.status_code == 404 and "no tree" in response.json()["detail"]
         assert (await owner.get(f"/api/v1/trees/{uuid.uuid4()}/{path}")).status_code == 404
+    earliest = await owner.get(f"/api/v1/trees/{tree.tree_id}/timeline", params={"since": "0001-01-01T00:00:00"})
+    assert earliest.status_code == 200 and earliest.json()["intervals"]  # nothing precedes it: everything
     for bad in ("not-a-cursor", "e30", "W10"):
         response = await owner.get(f"/api/v1/trees/{tree.tree_id}/timeline", params={"since": bad})
         assert response.status_code == 422 and "cursor" in response.json()["detail"], response.text

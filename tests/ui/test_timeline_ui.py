@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from actors.runtime import Runtime
-from tests.api.test_api_timeline import CHILD_DELAY_MS, fan_out
+from tests.api.test_api_timeline import CHILD_DELAY_MS, fan_out, peak
 from tests.persistence.helpers import seed_worked_tree
 from tests.ui.helpers import (
     ARTIFACTS,
@@ -43,15 +43,6 @@ async def open_timeline(page: Any, base: str, root_id: str) -> Any:
     await expect(view).to_be_visible()
     await expect(page.locator(".tab.active")).to_contain_text("Timeline")
     return view
-
-
-def peak(bars: list[dict[str, Any]]) -> int:
-    points = sorted([(b["start"], 1) for b in bars] + [(b["end"], -1) for b in bars])
-    most = current = 0
-    for _, delta in points:
-        current += delta
-        most = max(most, current)
-    return most
 
 
 async def test_fan_out_timeline_live_then_finished(tab: Tab, user: User) -> None:
@@ -91,12 +82,15 @@ async def test_fan_out_timeline_live_then_finished(tab: Tab, user: User) -> None
     assert sorted(b["id"] for b in runs) == sorted(r["id"] for r in api_runs)  # cross-check with the API
     assert peak(runs) == 4  # the slot limit, reached
 
+    # Two children queued until a sibling finished: 3 slots were free at their creation, the root's
+    # park freed a fourth, and the last two waited for the first child to end.
+    children = [b for b in runs if lanes[b["sessionId"]] != "/root"]
     queued = [b for b in drawn["bars"] if b["kind"] == "queued" and lanes[b["sessionId"]] != "/root"]
-    waited = [b for b in queued if b["end"] - b["start"] >= CHILD_DELAY_MS / 2]
+    waited = [b for b in queued if b["end"] >= min(c["end"] for c in children)]
     assert len(queued) == 6 and len(waited) == 2, queued
+    assert all(b["end"] - b["start"] >= CHILD_DELAY_MS for b in waited)
 
     (wait,) = [b for b in drawn["bars"] if b["kind"] == "wait"]
-    children = [b for b in runs if lanes[b["sessionId"]] != "/root"]
     assert lanes[wait["sessionId"]] == "/root" and sorted(wait["waitsOn"]) == sorted(list(lanes)[1:])
     assert wait["start"] < min(b["end"] for b in children) and wait["end"] >= max(b["end"] for b in children)
     # On screen, the wait bar spans the children's bars horizontally.
