@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,23 @@ from tests.api.helpers import free_port
 from tests.persistence.helpers import seed_worked_tree
 from tests.ui.helpers import CHROMIUM, CHROMIUM_ARGS, User, open_tab
 from tests.ui.test_timeline_ui import seeded_timeline_figure
+
+
+async def api_reads(http: httpx.AsyncClient, tree_id: str) -> str:
+    """How long the whole timeline takes to read (pages of 5,000) and the trace to export."""
+    started = time.perf_counter()
+    pages, since, items = 0, None, 0
+    while True:
+        page = (await http.get(f"/trees/{tree_id}/timeline", params={"limit": 5000, "since": since})).json()
+        pages, items, since = pages + 1, items + len(page["intervals"]), page["next_cursor"]
+        if since is None:
+            break
+    read = time.perf_counter() - started
+    started = time.perf_counter()
+    trace = (await http.get(f"/trees/{tree_id}/trace")).json()
+    exported = time.perf_counter() - started
+    return (f"timeline API: {items} intervals in {pages} pages, {read * 1000:.0f} ms; trace: "
+            f"{len(trace['traceEvents'])} events, {exported * 1000:.0f} ms")
 
 
 async def main(members: int, turns: int) -> None:
@@ -55,7 +73,9 @@ async def main(members: int, turns: int) -> None:
                     await asyncio.sleep(0.05)
                 base = f"http://127.0.0.1:{port}"
                 try:
-                    async with async_playwright() as playwright, httpx.AsyncClient() as http:
+                    async with async_playwright() as playwright, httpx.AsyncClient(
+                            base_url=f"{base}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=120) as http:
+                        print(await api_reads(http, str(tree.tree_id)))
                         browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
                                                                    args=CHROMIUM_ARGS)
                         tab = await open_tab(browser, User(scope, key, http, base))

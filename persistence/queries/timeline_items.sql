@@ -56,8 +56,10 @@ WITH member AS (
     UNION ALL
     -- A tool call starts when the reply that made it is committed and ends when its result is
     -- (or its receipt, the moment a side effect finished); a call whose Turn ended without a
-    -- result ends with the Turn.
-    SELECT 'tool_call', m.turn_id::text || ':' || (tc.call ->> 'id'), m.session_id, t.path, m.created_at,
+    -- result ends with the Turn. Messages are reached from the members by their session index
+    -- and their Turns by key: a plan that stays right when the planner's row estimates are not
+    -- (a tree that just grew, before autovacuum analyses it).
+    SELECT 'tool_call', m.turn_id::text || ':' || (tc.call ->> 'id'), m.session_id, t_member.path, m.created_at,
            coalesce(receipt.created_at, result.created_at,
                     CASE WHEN t.status IN ('completed', 'failed', 'cancelled') THEN t.ended_at END),
            CASE WHEN result.id IS NULL AND receipt.turn_id IS NULL
@@ -65,9 +67,10 @@ WITH member AS (
                 WHEN left(result.content, 9) = '{"error":' THEN 'error' ELSE 'ok' END,
            CASE WHEN left(result.content, 9) = '{"error":' THEN left(result.content, 300) END,
            m.run_id, m.turn_id, NULL, NULL, tc.call ->> 'name', 0, 0, 0, NULL
-    FROM turn t
-    JOIN thread_messages m ON m.session_id = t.session_id AND m.turn_id = t.turn_id AND m.role = 'assistant'
+    FROM member t_member
+    JOIN thread_messages m ON m.session_id = t_member.session_id AND m.role = 'assistant'
                               AND jsonb_typeof(m.tool_calls) = 'array'
+    JOIN turns t ON t.turn_id = m.turn_id
     CROSS JOIN LATERAL jsonb_array_elements(m.tool_calls) AS tc (call)
     LEFT JOIN thread_messages result ON result.turn_id = m.turn_id AND result.role = 'tool'
                                         AND result.tool_call_id = tc.call ->> 'id'
