@@ -26,6 +26,9 @@ Decisions where the SPEC is silent:
 - ``GET /sessions`` entries carry ``attention``: their tree's member counts per state (one
   grouped query for the whole page). ``GET /sessions/{id}/inputs`` lists a session's inputs in
   queue order, texts cut to a preview (``?status=pending``: the ones a human may still cancel).
+- ``GET /trees/{id}/timeline`` pages by an opaque cursor passed back as ``since`` (which also
+  takes an ISO time: what changed after it); ``GET /trees/{id}/trace`` is the whole timeline as
+  Chrome trace-event JSON (api/trace.py).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from api import errors, ui
 from api.auth import KeyCache, require_scope
 from api.hub import EventHub
 from api.limits import BodyLimit
-from api.routes import admin, agents, events, health, inputs, projects, requests, sessions, trees
+from api.routes import admin, agents, events, health, inputs, projects, requests, sessions, timeline, trees
 from api.schemas import ValidationErrorBody
 from api.sse import StreamSettings
 from persistence.settings import Settings
@@ -61,7 +64,7 @@ def _api_router() -> APIRouter:
     api.include_router(admin.router)
     # Every other /api/v1 route needs an API key: one dependency here, so none can forget it.
     scoped = APIRouter(dependencies=[Depends(require_scope)])
-    for module in (agents, projects, sessions, inputs, trees, requests, events):
+    for module in (agents, projects, sessions, inputs, trees, timeline, requests, events):
         scoped.include_router(module.router)
     api.include_router(scoped)
     api.include_router(health.build_router("api_v1_"))  # /api/v1/healthz and /api/v1/metrics too

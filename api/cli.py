@@ -3,7 +3,7 @@
 - ``canopy up``: the whole local runtime (database, Ray, API + UI) until Ctrl-C (api/up.py).
 - ``canopy run "task"``: a task as a new root, its tree live in the terminal (api/run.py).
 - ``canopy db init|url``, ``canopy keys create``, ``canopy agents list|create``,
-  ``canopy sessions list``, ``canopy tree <id>``: operator commands on the database.
+  ``canopy sessions list``, ``canopy tree <id> [--trace out.json]``: operator commands on the database.
 
 Operator commands act in the default scope (``local``/``canopy``, the one ``canopy up``
 prints a key for) unless ``--user`` / ``--app`` name another.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import uuid
 from pathlib import Path
@@ -88,9 +89,15 @@ def sessions_list(args: argparse.Namespace) -> int:
 
 
 def tree(args: argparse.Namespace) -> int:
-    from api.operator import show_tree
+    from api.operator import show_tree, tree_trace
 
-    asyncio.run(show_tree(_scope(args), args.tree_id, Console()))
+    if args.trace is not None:
+        trace = asyncio.run(tree_trace(_scope(args), args.tree_id))
+        args.trace.write_text(json.dumps(trace))
+        print(f"wrote {len(trace['traceEvents'])} trace events to {args.trace} (open it in Perfetto or "
+              "chrome://tracing)")
+    else:
+        asyncio.run(show_tree(_scope(args), args.tree_id, Console()))
     return 0
 
 
@@ -149,6 +156,8 @@ def parser() -> argparse.ArgumentParser:
 
     tree_parser = _with_scope(commands.add_parser("tree", help="a tree's members and state"))
     tree_parser.add_argument("tree_id", type=uuid.UUID)
+    tree_parser.add_argument("--trace", type=Path, default=None, metavar="OUT.json",
+                             help="write the tree's timeline as Chrome trace-event JSON instead (for Perfetto)")
     tree_parser.set_defaults(handler=tree)
     return root
 

@@ -1,4 +1,5 @@
-"""Operator commands that talk to the database directly (no Ray needed): keys, agents, sessions, trees."""
+"""Operator commands that talk to the database directly (no Ray needed): keys, agents, sessions, trees,
+traces."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from actors.toolbox import check_tool_names
+from api.trace import trace_events
 from api.views import agents_table, sessions_table, tree_table
-from persistence import agents, scopes, sessions, trees
+from persistence import agents, scopes, sessions, timeline, trees
 from persistence.db import Connection, Database, resolve_database_url
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
@@ -56,3 +58,8 @@ async def list_sessions(scope: Scope, console: Console, *, limit: int, include_a
 async def show_tree(scope: Scope, tree_id: uuid.UUID, console: Console) -> None:
     summary = await in_database(lambda conn: trees.tree_summary(conn, scope, tree_id))
     console.print(tree_table(summary))
+
+
+async def tree_trace(scope: Scope, tree_id: uuid.UUID) -> dict[str, Any]:
+    """The tree's whole timeline as Chrome trace-event JSON (a dict ready for ``json.dump``)."""
+    return trace_events(await in_database(lambda conn: timeline.timeline(conn, scope, tree_id)))

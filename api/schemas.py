@@ -305,13 +305,18 @@ class Message(ResponseBody):
 # -- trees -------------------------------------------------------------------------------------------
 
 
-class Member(ResponseBody):
+class MemberPlace(ResponseBody):
+    """Who a member is and where it sits in its tree."""
+
     session_id: uuid.UUID
     parent_id: uuid.UUID | None
     name: str
     path: str
     depth: int
     title: str
+
+
+class Member(MemberPlace):
     activity: str
     turn_id: uuid.UUID | None
     turn_status: str | None
@@ -376,3 +381,72 @@ class Event(ResponseBody):
     run_id: uuid.UUID | None
     payload: dict[str, Any]
     created_at: dt.datetime
+
+
+# -- timeline and trace ------------------------------------------------------------------------------
+
+
+class TimelineInterval(ResponseBody):
+    kind: Literal["run", "queued", "wait", "approval", "question", "model_call", "tool_call"] = Field(
+        description="run: holds a slot; queued: waits in the tree's FIFO for a slot; wait: a parked Turn; "
+                    "approval / question: a human request pending; model_call and tool_call: inside a Run.")
+    id: str = Field(description="Unique per kind: the run, wait, request or model call id; a tool call is "
+                                "`<turn_id>:<tool_call_id>`.")
+    session_id: uuid.UUID
+    path: str
+    start: dt.datetime
+    end: dt.datetime | None = Field(description="None while the interval is still open.")
+    status: str | None = Field(description="run: the Run's status; queued: granted, pending or cancelled; "
+                                           "wait: open, resumed or cancelled; request: pending, answered or "
+                                           "cancelled; model_call / tool_call: ok, error (tool_call also open "
+                                           "or abandoned).")
+    error: str | None = None
+    name: str | None = Field(default=None, description="run / queued: start or resume; wait: what it waits for "
+                                                       "(inputs, sessions, approval, answer); model_call: the "
+                                                       "model; tool_call: the tool.")
+    run_id: uuid.UUID | None = None
+    turn_id: uuid.UUID | None = None
+    wait_id: uuid.UUID | None = None
+    request_id: uuid.UUID | None = None
+    waits_on: list[uuid.UUID] = Field(default_factory=list, description="wait: the sessions it watches.")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class TimelineInstant(ResponseBody):
+    kind: Literal["stop", "continue"]
+    id: str = Field(description="The event cursor of the moment.")
+    session_id: uuid.UUID
+    at: dt.datetime
+
+
+class Timeline(ResponseBody):
+    tree_id: uuid.UUID
+    as_of: dt.datetime = Field(description="When this read (its first page) began: pass it as `since` to read "
+                                           "only what changed after it.")
+    members: list[MemberPlace] = Field(description="Every member, a parent right before its subtree.")
+    intervals: list[TimelineInterval] = Field(description="Ordered by (start, kind, id).")
+    instants: list[TimelineInstant]
+    next_cursor: str | None = Field(description="Pass as `since` for the next page; None after the last page.")
+
+
+class TraceEvent(BaseModel):
+    """One Chrome trace event (the JSON format chrome://tracing and Perfetto open)."""
+
+    name: str
+    ph: Literal["X", "i", "M"] = Field(description="X: complete (ts + dur); i: instant; M: metadata (lane names "
+                                                  "and order).")
+    ts: float = Field(description="Microseconds since the Unix epoch (0 for metadata).")
+    pid: int = Field(description="One process per member.")
+    tid: int = Field(description="The member's lanes: 1 slots and waits, 2 model calls, 3 tool calls.")
+    cat: str | None = None
+    dur: float | None = Field(default=None, description="X only: microseconds.")
+    s: Literal["g", "p", "t"] | None = Field(default=None, description="i only: the instant's scope.")
+    args: dict[str, Any] | None = None
+
+
+class Trace(BaseModel):
+    # The format's own field names.
+    traceEvents: list[TraceEvent]
+    displayTimeUnit: Literal["ms"] = "ms"

@@ -131,6 +131,11 @@ export class Api {
     "requests");
   stopTree = (treeId) => this.post(`/trees/${id(treeId)}/stop`);
   continueTree = (treeId) => this.post(`/trees/${id(treeId)}/continue`);
+  /** One page of the tree's timeline; ``since``: a previous read's as_of, or a page's next_cursor. */
+  timeline = (treeId, { since, limit } = {}, options) => this.get(`/trees/${id(treeId)}/timeline${q({ since, limit })}`,
+    options);
+  /** The whole timeline as Chrome trace-event JSON (for Perfetto). */
+  trace = (treeId, options) => this.get(`/trees/${id(treeId)}/trace`, options);
   answerRequest = (requestId, body, options) => this.post(`/requests/${id(requestId)}/answer`, body, options);
   /**
    * The tree's event stream after ``after`` (a cursor, e.g. a summary's event_cursor, or "latest"):

@@ -38,6 +38,7 @@ export class SessionView {
   #visible = true;
   #measured = false; // laid out once, so positions are real (a detached view measures zero)
   #pendingFocus = null;
+  #pendingReveal = null;
   #liveFrame = 0;
   #pendingShown = "";
 
@@ -155,6 +156,32 @@ export class SessionView {
     card.focus();
   }
 
+  /**
+   * Scroll to the conversation at a moment (the timeline's click): the first message of that Run,
+   * else the first message written at or after ``at`` (ms since the epoch), briefly highlighted.
+   * Before the messages are loaded, as soon as they are.
+   */
+  revealAt({ at, runId = null }) {
+    const messages = this.runtime.messages;
+    if (!this.runtime.loaded || !this.#visible) {
+      this.#pendingReveal = { at, runId };
+      return;
+    }
+    this.#pendingReveal = null;
+    let from = runId ? messages.findIndex((m) => m.run_id === runId) : -1;
+    if (from < 0) from = messages.findIndex((m) => Date.parse(m.created_at) >= at);
+    if (from < 0) from = messages.length - 1;
+    // Not every message has an element of its own (compact rows): the nearest one that has.
+    const ordered = messages.slice(from).concat(messages.slice(0, from).reverse());
+    const target = ordered.map((m) => this.list.querySelector(`[data-message-id="${m.id}"]`)).find(Boolean);
+    if (!target) return;
+    this.#stick = false;
+    target.scrollIntoView({ block: "center" });
+    for (const old of this.list.querySelectorAll(".revealed")) old.classList.remove("revealed");
+    target.classList.add("revealed");
+    setTimeout(() => target.classList.remove("revealed"), 2_500);
+  }
+
   render() {
     const { detail, messages, error, loaded } = this.runtime;
     const member = this.tree.member(this.sessionId);
@@ -201,6 +228,7 @@ export class SessionView {
       this.#measured = true;
     }
     if (this.#pendingFocus && this.#visible) this.focusRequest(this.#pendingFocus);
+    if (this.#pendingReveal && this.#visible && loaded) this.revealAt(this.#pendingReveal);
   }
 
   /** Deltas come fast: draw the streaming text at most once a frame. */

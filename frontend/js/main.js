@@ -14,6 +14,7 @@ import { notify } from "./notify.js";
 import { SessionList } from "./sessionList.js";
 import { Store } from "./store.js";
 import { initTheme } from "./theme.js";
+import { timelines } from "./timeline.js";
 import { Workspace } from "./workspace.js";
 
 const KEEP_WORKSPACES = 6;
@@ -95,7 +96,10 @@ function emptyPage() {
     el: h("section", { class: "empty-page" },
       h("header", { class: "main-head" }, ctx.menuButton(), h("h1", { class: "root-title", text: "Canopy" })),
       h("div", { class: "empty-body" },
-        h("p", { text: "Pick a conversation on the left, or start a new one." }),
+        h("p", {}, "Pick a conversation ",
+          h("span", { class: "wide-only", text: "in the list on the left" }),
+          h("span", { class: "narrow-only", text: "from the list behind the ☰ menu button at the top left" }),
+          ", or start a new one."),
         h("a", { class: "btn primary", href: "#/new", text: "New session" }))),
     activate() {},
     deactivate() {},
@@ -183,6 +187,6 @@ async function boot() {
 }
 
 // A handle for debugging in the console and for the browser tests.
-window.canopy = { api, store, workspaces };
+window.canopy = { api, store, workspaces, timelines };
 
 boot();

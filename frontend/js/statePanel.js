@@ -1,10 +1,14 @@
 // The tree's state panel: member count and what needs attention (running / queued /
 // waiting / failed), Stop all while anything is unfinished or an unpaused queue has input,
-// Continue when a stopped tree has pending input. The summary opens the cooperation list.
+// Continue when a stopped tree has pending input. The summary opens the cooperation list,
+// Timeline the tree's timeline. The panel docks above the conversation or floats over it
+// (a phone's short screen keeps the conversation's full height); the choice is remembered.
 
 import { attentionChips } from "./activity.js";
-import { h, plural } from "./dom.js";
+import { h, plural, storage } from "./dom.js";
 import { OPEN_TURN } from "./store.js";
+
+const PLACEMENT_KEY = "canopy:state-panel";
 
 /** Counts and the actions a tree summary allows. */
 export function summarize(summary) {
@@ -29,7 +33,7 @@ export function summarize(summary) {
 }
 
 export class StatePanel {
-  constructor({ api, tree, onOpenList }) {
+  constructor({ api, tree, onOpenList, onOpenTimeline }) {
     this.api = api;
     this.tree = tree;
     this.count = h("strong", { class: "state-count" });
@@ -41,17 +45,35 @@ export class StatePanel {
       onClick: () => this.#stop() });
     this.continueButton = h("button", { class: "btn primary small", type: "button", text: "Continue", hidden: true,
       title: "Resume the paused queues of this tree", onClick: () => this.#continue() });
+    this.timelineButton = h("button", { class: "btn ghost small timeline-btn", type: "button", text: "Timeline",
+      title: "Where the time went: every member's runs, queues and waits", onClick: onOpenTimeline });
+    this.dockButton = h("button", { class: "icon-btn dock-toggle", type: "button",
+      onClick: () => this.setFloating(!this.floating) });
     this.note = h("p", { class: "state-note", role: "status", "aria-live": "polite", hidden: true });
     this.el = h("section", { class: "state-panel", "aria-label": "Cooperation state" },
       h("div", { class: "state-row" }, this.summaryButton,
-        h("div", { class: "state-actions" }, this.stopButton, this.continueButton)),
+        h("div", { class: "state-actions" }, this.stopButton, this.continueButton, this.timelineButton,
+          this.dockButton)),
       this.note);
+    this.setFloating(storage.get(PLACEMENT_KEY) === "float", { save: false });
     this.release = tree.on("change", () => this.render());
     this.render();
   }
 
   destroy() {
     this.release();
+  }
+
+  /** Float over the conversation, or dock above it (kept in localStorage for every tree). */
+  setFloating(floating, { save = true } = {}) {
+    this.floating = floating;
+    if (save) storage.set(PLACEMENT_KEY, floating ? "float" : "dock");
+    this.el.classList.toggle("floating", floating);
+    const label = floating ? "Dock the state panel above the conversation" : "Float the state panel over the conversation";
+    this.dockButton.textContent = floating ? "⇲" : "⇱";
+    this.dockButton.title = label;
+    this.dockButton.setAttribute("aria-label", label);
+    this.dockButton.setAttribute("aria-pressed", String(floating));
   }
 
   showNote(text, kind = "info") {

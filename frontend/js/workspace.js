@@ -9,8 +9,10 @@ import { h } from "./dom.js";
 import { Inbox } from "./inbox.js";
 import { StatePanel } from "./statePanel.js";
 import { TabStrip } from "./tabs.js";
+import { TimelineView } from "./timeline.js";
 
 const LIST_TAB = "cooperation-list";
+const TIMELINE_TAB = "timeline";
 const ROOT_TAB = "root";
 // Below this width the tabs cover the conversation instead of sharing the page (layout.css).
 const NARROW = window.matchMedia("(max-width: 1099px)");
@@ -31,7 +33,8 @@ export class Workspace {
 
     this.rootView = new SessionView({ api: ctx.api, tree: this.tree, sessionId: rootId, isRoot: true,
       onOpen: (target) => this.openTarget(target), loadAgents: ctx.loadAgents });
-    this.statePanel = new StatePanel({ api: ctx.api, tree: this.tree, onOpenList: () => this.openCooperationList() });
+    this.statePanel = new StatePanel({ api: ctx.api, tree: this.tree, onOpenList: () => this.openCooperationList(),
+      onOpenTimeline: () => this.openTimeline() });
     this.inbox = new Inbox({ tree: this.tree, onOpenRequest: (request) => this.openRequest(request) });
     this.rootView.setInbox(this.inbox.el);
 
@@ -156,6 +159,16 @@ export class Workspace {
       this.#addTab({ key: LIST_TAB, kind: "list", list, panel: list.el });
     }
     this.select(LIST_TAB);
+  }
+
+  openTimeline() {
+    if (!this.#tabs.has(TIMELINE_TAB)) {
+      const view = new TimelineView({ api: this.ctx.api, tree: this.tree,
+        onOpenMember: (sessionId, point) => this.openSession(sessionId).revealAt(point) });
+      if (!this.#activeOnPage) view.suspend();
+      this.#addTab({ key: TIMELINE_TAB, kind: "timeline", view, panel: view.el });
+    }
+    this.select(TIMELINE_TAB);
   }
 
   select(key) {
@@ -294,6 +307,7 @@ export class Workspace {
     const requests = this.tree.requests;
     const tabs = this.#order.map((key) => {
       if (key === LIST_TAB) return { key, kind: "list", label: "Cooperation", closable: true };
+      if (key === TIMELINE_TAB) return { key, kind: "timeline", label: "Timeline", closable: true };
       if (key === ROOT_TAB) {
         const root = this.tree.member(this.rootId);
         return { key, kind: "root", label: title, closable: false, activity: root?.activity ?? detail?.activity,

@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any, LiteralString
 
-from persistence import cooperation, projects, runs, sessions, turns
-from persistence.db import Database
+from persistence import cooperation, messages, projects, runs, sessions, turns, waits
+from persistence.db import Connection, Database
 from persistence.records import Row, RunRef, Scope
 
 WORKDIR_ROOT = Path(tempfile.gettempdir()) / "canopy-test-workdirs"
@@ -175,3 +175,56 @@ async def session_row(db: Database, session_id: uuid.UUID | str) -> Row:
 
 async def running_in_tree(db: Database, tree_id: uuid.UUID) -> int:
     return await scalar(db, "SELECT count(*) FROM runs WHERE tree_id = %s AND status = 'running'", (tree_id,))
+
+
+async def seed_worked_tree(db: Database, scope: Scope, *, members: int, turns_per_member: int, wait_every: int = 4,
+                           slot_limit: int = 4) -> Tree:
+    """A tree of ``members`` sessions (root, children, grandchildren) whose every member has run
+    ``turns_per_member`` Turns, each with a model reply calling a tool and its result; every
+    ``wait_every``-th Turn parks on its parent (a wait that times out at once) and resumes in a
+    second Run. One transaction per member, so a 500-member tree takes seconds, not minutes."""
+    tree = await make_tree(db, scope, slot_limit=slot_limit)
+    created_by = uuid.uuid4()
+    ids = [tree.root_id]
+    async with db.tx() as conn:
+        root = await sessions.get_session_row(conn, scope, tree.root_id)
+        children = max(1, min(members - 1, round((members - 1) ** 0.5)))
+        parents = []
+        for index in range(children):
+            child = await sessions.create_child(conn, root, name=f"c{index:03d}", agent_id=None,
+                                                agent_config=AGENT_CONFIG, max_depth=2, created_by_run_id=created_by)
+            ids.append(child["session_id"])
+            parents.append(await sessions.get_session_row(conn, scope, child["session_id"]))
+        for index in range(members - 1 - children):
+            parent = parents[index % len(parents)]
+            child = await sessions.create_child(conn, parent, name=f"w{index:04d}", agent_id=None,
+                                                agent_config=AGENT_CONFIG, max_depth=2, created_by_run_id=created_by)
+            ids.append(child["session_id"])
+    parent_of = {tree.root_id: tree.root_id}
+    for session_id in ids:
+        async with db.tx() as conn:
+            row = await sessions.get_session_row(conn, scope, session_id)
+            parent_of[session_id] = row["parent_id"] or session_id
+            for number in range(turns_per_member):
+                receipt = await turns.submit_input(conn, scope, session_id, f"task {number}", HUMAN)
+                run = await _seed_claim(conn, tree.tree_id, session_id)
+                call = {"id": f"call-{number}", "name": "list_sessions", "arguments": {}}
+                await messages.append_reply(conn, run, content=None, tool_calls=[call],
+                                            usage={"prompt_tokens": 40, "completion_tokens": 8}, cost_usd=0.0001)
+                if wait_every and number % wait_every == wait_every - 1:
+                    wait_id = await waits.park(conn, run, tool_call_id=call["id"], kind="sessions",
+                                               condition={"targets": [str(parent_of[session_id])], "after_cursor": 0},
+                                               timeout_seconds=0, targets=[parent_of[session_id]])
+                    assert await waits.try_resume(conn, wait_id) is not None
+                    run = await _seed_claim(conn, tree.tree_id, session_id)
+                await messages.append_tool_results(conn, run, [(call["id"], '{"sessions": []}')])
+                await turns.finish_turn(conn, run, "completed", output=f"done {receipt['input_id']}")
+    return tree
+
+
+async def _seed_claim(conn: Connection, tree_id: uuid.UUID, session_id: uuid.UUID) -> RunRef:
+    granted = await runs.grant_slots(conn, tree_id, LEASE_SECONDS)
+    run_id = next(row["run_id"] for row in granted if row["session_id"] == session_id)
+    run = await runs.acquire_run(conn, run_id, new_owner(), LEASE_SECONDS)
+    assert run is not None
+    return run

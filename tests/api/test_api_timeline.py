@@ -1,0 +1,255 @@
+"""The timeline and the trace of a tree, read back against the durable facts: a real 6-child fan-out
+on the scripted model (its Run slices equal the runs table), synthetic 10- and 200-member trees
+written through the repositories (a constant number of statements, stable pages), scoping, and
+``canopy tree <id> --trace``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from actors.runtime import Runtime
+from api.trace import micros
+from persistence import timeline
+from persistence.db import Database
+from persistence.records import Scope
+from tests.api.conftest import ClientFactory
+from tests.api.helpers import call, create, poll, rows, say, script, terminal
+from tests.api.test_api_cli import canopy
+from tests.persistence.helpers import seed_worked_tree
+
+CHILD_DELAY_MS = 1500
+
+# What the Trace Event Format (the "Trace Event Format" document of the Chrome tracing project,
+# which chrome://tracing and Perfetto read) requires of each phase this API emits: every event
+# names itself and its phase and sits at a time on a process and thread; a complete event adds
+# its duration; an instant may scope itself (g: global, p: process, t: thread); a metadata event
+# is one of the named kinds and carries its value in args.
+REQUIRED = {
+    "X": {"name": str, "ph": str, "ts": (int, float), "dur": (int, float), "pid": int, "tid": int},
+    "i": {"name": str, "ph": str, "ts": (int, float), "pid": int, "tid": int},
+    "M": {"name": str, "ph": str, "ts": (int, float), "pid": int, "tid": int, "args": dict},
+}
+OPTIONAL = {"cat": str, "args": dict, "s": str}
+METADATA = {"process_name": "name", "process_sort_index": "sort_index", "thread_name": "name",
+            "thread_sort_index": "sort_index", "process_labels": "labels"}
+
+
+def check_trace_format(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every event against REQUIRED / OPTIONAL / METADATA; the lanes of every slice are named."""
+    assert set(trace) == {"traceEvents", "displayTimeUnit"} and trace["displayTimeUnit"] in ("ms", "ns")
+    events = trace["traceEvents"]
+    assert isinstance(events, list) and events
+    named_processes, named_threads = set(), set()
+    for event in events:
+        required = REQUIRED[event["ph"]]
+        for field, kind in required.items():
+            assert isinstance(event.get(field), kind) and not isinstance(event.get(field), bool), (field, event)
+        for field, value in event.items():
+            if field not in required:
+                assert field in OPTIONAL and isinstance(value, OPTIONAL[field]), (field, event)
+        if event["ph"] == "X":
+            assert event["dur"] >= 0, event
+        if event["ph"] == "i":
+            assert event.get("s", "t") in ("g", "p", "t"), event
+        if event["ph"] == "M":
+            assert event["name"] in METADATA and METADATA[event["name"]] in event["args"], event
+            if event["name"] == "process_name":
+                named_processes.add(event["pid"])
+            if event["name"] == "thread_name":
+                named_threads.add((event["pid"], event["tid"]))
+    for event in events:
+        if event["ph"] == "X":
+            assert event["pid"] in named_processes and (event["pid"], event["tid"]) in named_threads, event
+    json.dumps(trace, allow_nan=False)  # strict JSON: no NaN or Infinity anywhere
+    return events
+
+
+def fan_out(children: int = 6) -> str:
+    names = [f"w{i}" for i in range(children)]
+    return script(
+        call(*(create(n, script(say(f"{n} done", delay_ms=CHILD_DELAY_MS), task=f"work {n}")) for n in names)),
+        call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(children)]})),
+        say("all done"),
+        task="Fan out to six workers",
+    )
+
+
+def peak(intervals: list[dict[str, Any]]) -> int:
+    """The most intervals open at one instant (an end at an instant frees before a start there)."""
+    points = sorted([(i["start"], 1) for i in intervals] + [(i["end"], -1) for i in intervals])
+    most = current = 0
+    for _, delta in points:
+        current += delta
+        most = max(most, current)
+    return most
+
+
+async def read_all(http: httpx.AsyncClient, tree_id: str, limit: int = 2000, **params: Any) -> dict[str, Any]:
+    """Every page of a read, joined (the first page's as_of)."""
+    first = page = (await http.get(f"/api/v1/trees/{tree_id}/timeline", params={"limit": limit, **params})).json()
+    intervals, instants = list(page["intervals"]), list(page["instants"])
+    while page["next_cursor"]:
+        response = await http.get(f"/api/v1/trees/{tree_id}/timeline", params={"limit": limit,
+                                                                                "since": page["next_cursor"]})
+        assert response.status_code == 200, response.text
+        page = response.json()
+        assert page["as_of"] == first["as_of"]
+        intervals += page["intervals"]
+        instants += page["instants"]
+    return {**first, "intervals": intervals, "instants": instants}
+
+
+def when(value: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(value)
+
+
+async def test_fan_out_timeline_and_trace_match_the_runs_table(http: httpx.AsyncClient, runtime: Runtime,
+                                                               scope: Scope, tmp_path: Path) -> None:
+    created = (await http.post("/api/v1/sessions", json={"input": fan_out()})).json()
+    tree_id = created["session"]["tree_id"]
+
+    # Live: while the tree runs, a read shows open intervals, and a read since it shows them again.
+    live = await poll(lambda: _open_read(http, tree_id))
+    again = await read_all(http, tree_id, since=live["as_of"])
+    still_known = {(i["kind"], i["id"]) for i in again["intervals"]}
+    assert {(i["kind"], i["id"]) for i in live["intervals"] if i["end"] is None} <= still_known
+
+    await poll(lambda: terminal(http, created["input"]["input_id"]))
+    found = await read_all(http, tree_id, limit=7)  # small pages: the cursor is exercised
+    members = {m["path"]: m["session_id"] for m in found["members"]}
+    assert list(members) == ["/root"] + [f"/root/w{i}" for i in range(6)]
+
+    # Runs: exactly the runs table's started Runs, with its times; at most 4 at once, and 4 at the peak.
+    runs = [i for i in found["intervals"] if i["kind"] == "run"]
+    table = await rows(runtime.db, "SELECT run_id, session_id, started_at, ended_at, status FROM runs "
+                                   "WHERE tree_id = %s AND started_at IS NOT NULL", uuid.UUID(tree_id))
+    assert {(r["id"], when(r["start"]), when(r["end"])) for r in runs} == \
+        {(str(r["run_id"]), r["started_at"], r["ended_at"]) for r in table}
+    assert peak([{"start": when(r["start"]), "end": when(r["end"])} for r in runs]) == 4
+
+    # Two children queued until a sibling finished: 3 slots were free at their creation, the root's
+    # park freed a fourth, and the last two waited for the first child to end (its slot, then the next).
+    child_runs = [r for r in runs if r["path"] != "/root"]
+    first_end = min(when(r["end"]) for r in child_runs)
+    queued = [i for i in found["intervals"] if i["kind"] == "queued" and i["path"] != "/root"]
+    waited = [i for i in queued if when(i["end"]) >= first_end]
+    assert len(queued) == 6 and len(waited) == 2, queued
+    assert all(when(i["end"]) - when(i["start"]) >= dt.timedelta(milliseconds=CHILD_DELAY_MS) for i in waited)
+
+    # The root's wait watches the six children and spans their work; the root resumes after it.
+    (wait,) = [i for i in found["intervals"] if i["kind"] == "wait"]
+    assert wait["path"] == "/root" and wait["status"] == "resumed" and wait["name"] == "inputs"
+    assert sorted(wait["waits_on"]) == sorted(members[f"/root/w{i}"] for i in range(6))
+    assert when(wait["start"]) < min(when(r["end"]) for r in child_runs)
+    assert when(wait["end"]) >= max(when(r["end"]) for r in child_runs)
+    resume = [r for r in runs if r["path"] == "/root" and r["name"] == "resume"]
+    assert len(resume) == 1 and when(resume[0]["start"]) >= when(wait["end"])
+
+    # Model calls and tool calls sit inside their Runs; the create and wait calls are there.
+    calls = await rows(runtime.db, "SELECT m.id FROM model_calls m JOIN runs r USING (run_id) WHERE r.tree_id = %s",
+                       uuid.UUID(tree_id))
+    model = [i for i in found["intervals"] if i["kind"] == "model_call"]
+    assert sorted(i["id"] for i in model) == sorted(str(c["id"]) for c in calls)
+    run_span = {r["id"]: (when(r["start"]), when(r["end"])) for r in runs}
+    for item in model:
+        start, end = run_span[item["run_id"]]
+        assert start <= when(item["start"]) and when(item["end"]) <= end, item
+    tools = [i for i in found["intervals"] if i["kind"] == "tool_call" and i["path"] == "/root"]
+    assert [t["name"] for t in tools].count("create_session") == 6 and [t["name"] for t in tools][-1] == "wait_inputs"
+
+    # The trace: valid trace-event JSON whose Run slices are the runs table, to the microsecond.
+    trace = (await http.get(f"/api/v1/trees/{tree_id}/trace")).json()
+    events = check_trace_format(trace)
+    slices = [e for e in events if e["ph"] == "X" and e["cat"] == "run"]
+    assert sorted((e["args"]["id"], e["ts"], e["dur"]) for e in slices) == sorted(
+        (str(r["run_id"]), micros(r["started_at"]), micros(r["ended_at"]) - micros(r["started_at"])) for r in table)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(names.values()) == sorted(members)
+    assert {names[e["pid"]] for e in slices} == set(members)
+
+    # The operator command writes the same trace.
+    out = tmp_path / "trace.json"
+    code, printed = await canopy(runtime, "tree", tree_id, "--trace", str(out), "--user", scope.user_id,
+                                 "--app", scope.app_id)
+    assert code == 0 and "trace events" in printed, printed
+    assert json.loads(out.read_text()) == trace
+
+
+async def _open_read(http: httpx.AsyncClient, tree_id: str) -> dict[str, Any] | None:
+    found = await read_all(http, tree_id)
+    return found if any(i["end"] is None for i in found["intervals"]) else None
+
+
+class CountingConnection:
+    """The real connection, counting the statements sent through it (nothing is faked)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.statements = 0
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.statements += 1
+        return await self.conn.execute(*args, **kwargs)
+
+
+async def _counted_read(db: Database, scope: Scope, tree_id: uuid.UUID, limit: int | None) -> tuple[list, list]:
+    """Every page of the tree's timeline read through a counting connection: (items, statements per page)."""
+    items: list[tuple[str, str]] = []
+    per_page: list[int] = []
+    page = None
+    while True:
+        async with db.tx() as conn:
+            counting = CountingConnection(conn)
+            found = await timeline.timeline(counting, scope, tree_id, page=page, limit=limit)  # type: ignore[arg-type]
+        per_page.append(counting.statements)
+        items += [(i["kind"], i["id"]) for i in found["intervals"]]
+        page = found["next"]
+        if page is None:
+            return items, per_page
+
+
+async def test_statements_do_not_grow_with_the_tree(runtime: Runtime, scope: Scope, client_for: ClientFactory
+                                                    ) -> None:
+    # Each member runs 3 Turns; the third parks and resumes: 4 Runs, 4 queued, 1 wait, 3 tool calls.
+    small = await seed_worked_tree(runtime.db, scope, members=10, turns_per_member=3, wait_every=3)
+    large = await seed_worked_tree(runtime.db, scope, members=200, turns_per_member=3, wait_every=3)
+    counts = {}
+    for tree in (small, large):
+        whole, (statements,) = await _counted_read(runtime.db, scope, tree.tree_id, limit=None)
+        paged, per_page = await _counted_read(runtime.db, scope, tree.tree_id, limit=250)
+        assert paged == whole  # pages neither repeat nor skip
+        assert len(per_page) == -(-len(whole) // 250) and set(per_page) == {statements}
+        counts[tree.tree_id] = (statements, len(whole))
+    assert counts[small.tree_id] == (3, 10 * 12) and counts[large.tree_id] == (3, 200 * 12), counts
+    runs_table = await rows(runtime.db, "SELECT count(*) AS n FROM runs WHERE tree_id = %s", large.tree_id)
+    http = await client_for(scope)
+    found = await read_all(http, str(large.tree_id), limit=1000)
+    kinds = [i["kind"] for i in found["intervals"]]
+    assert kinds.count("run") == kinds.count("queued") == runs_table[0]["n"] == 200 * 4
+    assert kinds.count("wait") == 200 and kinds.count("tool_call") == 200 * 3
+    # A read since a moment after everything ended finds nothing: nothing is open, nothing ended later.
+    later = (dt.datetime.now(dt.UTC) + timeline.COMMIT_LAG * 2).isoformat()
+    assert (await read_all(http, str(large.tree_id), since=later))["intervals"] == []
+
+
+async def test_another_scope_gets_404_and_bad_cursors_422(runtime: Runtime, scope: Scope,
+                                                          client_for: ClientFactory) -> None:
+    tree = await seed_worked_tree(runtime.db, scope, members=3, turns_per_member=1)
+    owner = await client_for(scope)
+    stranger = await client_for(Scope(f"other-{uuid.uuid4().hex[:8]}", scope.app_id))
+    for path in ("timeline", "trace"):
+        assert (await owner.get(f"/api/v1/trees/{tree.tree_id}/{path}")).status_code == 200
+        response = await stranger.get(f"/api/v1/trees/{tree.tree_id}/{path}")
+        assert response.status_code == 404 and "no tree" in response.json()["detail"]
+        assert (await owner.get(f"/api/v1/trees/{uuid.uuid4()}/{path}")).status_code == 404
+    earliest = await owner.get(f"/api/v1/trees/{tree.tree_id}/timeline", params={"since": "0001-01-01T00:00:00"})
+    assert earliest.status_code == 200 and earliest.json()["intervals"]  # nothing precedes it: everything
+    for bad in ("not-a-cursor", "e30", "W10"):
+        response = await owner.get(f"/api/v1/trees/{tree.tree_id}/timeline", params={"since": bad})
+        assert response.status_code == 422 and "cursor" in response.json()["detail"], response.text
