@@ -192,13 +192,15 @@ async def seed_worked_tree(db: Database, scope: Scope, *, members: int, turns_pe
         parents = []
         for index in range(children):
             child = await sessions.create_child(conn, root, name=f"c{index:03d}", agent_id=None,
-                                                agent_config=AGENT_CONFIG, max_depth=2, created_by_run_id=created_by)
+                                                agent_config=AGENT_CONFIG, max_depth=2, max_members=members,
+                                                created_by_run_id=created_by)
             ids.append(child["session_id"])
             parents.append(await sessions.get_session_row(conn, scope, child["session_id"]))
         for index in range(members - 1 - children):
             parent = parents[index % len(parents)]
             child = await sessions.create_child(conn, parent, name=f"w{index:04d}", agent_id=None,
-                                                agent_config=AGENT_CONFIG, max_depth=2, created_by_run_id=created_by)
+                                                agent_config=AGENT_CONFIG, max_depth=2, max_members=members,
+                                                created_by_run_id=created_by)
             ids.append(child["session_id"])
     parent_of = {tree.root_id: tree.root_id}
     for session_id in ids:

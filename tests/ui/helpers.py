@@ -193,6 +193,7 @@ async def seed_tree(runtime: Runtime, scope: Scope, *, children: int, grandchild
             for j in range(share):
                 grandchild = await sessions.create_child(
                     conn, parent, name=f"worker-{j:02d}", agent_id=None, agent_config=config, max_depth=2,
+                    max_members=10_000,
                     created_by_run_id=run, title=f"Worker {i:02d}.{j:02d} with a title long enough to be cut off")
                 made.append(str(grandchild["session_id"]))
             remaining -= share
