@@ -18,6 +18,7 @@ from api.up import LOOPBACK, start_serve
 from tests.actors.helpers import call, create, eventually, rows, say, script  # noqa: F401  (re-exported)
 
 ADMIN_TOKEN = "test-admin-token"
+METRICS_TOKEN = "test-metrics-token"
 
 
 def free_port() -> int:
