@@ -2,7 +2,7 @@
 
 - ``canopy up``: the whole local runtime (database, Ray, API + UI) until Ctrl-C (api/up.py).
 - ``canopy run "task"``: a task as a new root, its tree live in the terminal (api/run.py).
-- ``canopy db init|url``, ``canopy keys create``, ``canopy agents list|create``,
+- ``canopy db init|url``, ``canopy keys create|list|revoke``, ``canopy agents list|create``,
   ``canopy sessions list``, ``canopy tree <id>``: operator commands on the database.
 
 Operator commands act in the default scope (``local``/``canopy``, the one ``canopy up``
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -56,10 +57,40 @@ def run(args: argparse.Namespace) -> int:
     return run_main(args.task, scope=_scope(args), agent_id=args.agent, model=args.model, timeout=args.timeout)
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h`` or ``30d``, in seconds."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 3600, 15m, 12h or 30d")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
 def keys_create(args: argparse.Namespace) -> int:
     from api.operator import create_key
 
-    print(asyncio.run(create_key(_scope(args))))
+    api_key, row = asyncio.run(create_key(_scope(args), args.expires_in))
+    expiry = f"expires {row['expires_at']:%Y-%m-%d %H:%M:%S %Z}" if row["expires_at"] else "never expires"
+    print(f"key id {row['key_id']} ({expiry})", file=sys.stderr)
+    print(api_key)
+    return 0
+
+
+def keys_list(args: argparse.Namespace) -> int:
+    from api.operator import list_keys
+
+    asyncio.run(list_keys(Console(), user_id=args.user, app_id=args.app))
+    return 0
+
+
+def keys_revoke(args: argparse.Namespace) -> int:
+    from api.operator import revoke_key
+
+    row = asyncio.run(revoke_key(args.key_id))
+    print(f"revoked {row['key_id']} ({row['user_id']}/{row['app_id']}) at {row['revoked_at']:%Y-%m-%d %H:%M:%S %Z}")
     return 0
 
 
@@ -125,7 +156,17 @@ def parser() -> argparse.ArgumentParser:
         handler=db_url)
 
     keys = commands.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
-    _with_scope(keys.add_parser("create", help="create an API key and print it")).set_defaults(handler=keys_create)
+    key_create = _with_scope(keys.add_parser("create", help="create an API key and print it (its id on stderr)"))
+    key_create.add_argument("--expires-in", type=duration, default=None,
+                            help="the key expires this long from now: seconds, or 15m, 12h, 30d (default: never)")
+    key_create.set_defaults(handler=keys_create)
+    key_list = keys.add_parser("list", help="API keys: id, scope, state and dates (never the keys)")
+    key_list.add_argument("--user", default=None, help="only this user's keys")
+    key_list.add_argument("--app", default=None, help="only this app's keys")
+    key_list.set_defaults(handler=keys_list)
+    key_revoke = keys.add_parser("revoke", help="revoke an API key: from now on it answers 401")
+    key_revoke.add_argument("key_id", type=uuid.UUID, help="the key's id (see canopy keys list)")
+    key_revoke.set_defaults(handler=keys_revoke)
 
     agents = commands.add_parser("agents", help="the agent directory").add_subparsers(
         dest="agents_command", required=True)
