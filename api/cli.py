@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import sys
 import uuid
@@ -24,6 +25,7 @@ from persistence.db import resolve_database_url
 from persistence.errors import CanopyError
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
+from persistence.settings import get_settings
 
 DEFAULT_SCOPE = Scope("local", "canopy")
 
@@ -48,7 +50,7 @@ def up(args: argparse.Namespace) -> int:
     from api.up import up as run_up
 
     return run_up(host=args.host, port=args.port, data_dir=args.data_dir, dashboard_port=args.dashboard_port,
-                  replicas=args.replicas)
+                  replicas=args.replicas, expose_ray=args.expose_ray)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,6 +143,9 @@ def parser() -> argparse.ArgumentParser:
     up_parser.add_argument("--data-dir", type=Path, default=None, help="default: CANOPY_DATA_DIR or ~/.canopy")
     up_parser.add_argument("--dashboard-port", type=int, default=8265)
     up_parser.add_argument("--replicas", type=int, default=1, help="API replicas (Serve deployment)")
+    up_parser.add_argument("--expose-ray", action="store_true",
+                           help="also open Ray (GCS, raylet, dashboard on --host, agents) beyond loopback; Ray has "
+                                "no authentication: only on a trusted network")
     up_parser.set_defaults(handler=up)
 
     run_parser = _with_scope(commands.add_parser("run", help="run a task as a new root, show its tree live"))
@@ -194,8 +199,17 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _keep_ray_on_loopback(args: argparse.Namespace) -> None:
+    """Ray decides once, when it is imported, whether a Ray started in this process takes the
+    machine's address (and binds its ports beyond loopback) or loopback: nothing has imported
+    Ray yet. A driver joining a cluster (CANOPY_RAY_ADDRESS) keeps Ray's default."""
+    if get_settings().ray_address is None:
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1" if getattr(args, "expose_ray", False) else "0"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    _keep_ray_on_loopback(args)
     try:
         return int(args.handler(args))
     except CanopyError as error:
