@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import os
 import sys
 import uuid
 from pathlib import Path
 
 import ray
+from ray.util.state import list_jobs
 
 from actors.runtime import Runtime
 from persistence.records import Scope
@@ -64,6 +66,13 @@ async def test_canopy_run_joins_the_cluster_and_prints_the_result(runtime: Runti
     assert "helper" in out and "slots" in out  # the live tree view
     code, out = await canopy(runtime, "run", script({"fail": "the provider is down"}), *who, join_ray=True)
     assert code == 1 and "failed" in out, out
+    # The jobs' runtime_env (which Ray's dashboard shows) carries the secrets directory, never a secret.
+    jobs = await asyncio.to_thread(list_jobs, address=ray.get_runtime_context().gcs_address, detail=True)
+    joined = [job.runtime_env for job in jobs if "CANOPY_SECRETS_DIR" in (job.runtime_env or {}).get("env_vars", {})]
+    assert len(joined) >= 2, [job.runtime_env for job in jobs]
+    for runtime_env in joined:
+        shown = json.dumps(runtime_env)
+        assert runtime.database_url not in shown and "CANOPY_DATABASE_URL" not in shown
 
 
 async def test_operators_create_list_and_revoke_keys(api: ApiServer, runtime: Runtime, scope: Scope) -> None:
