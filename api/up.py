@@ -12,7 +12,7 @@ has no TCP socket at all, and a Ray started here has loopback as its node addres
 GCS, raylet, object manager, workers, dashboard, dashboard agent, runtime-env agent and
 metrics exporters bind 127.0.0.1 (Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, set by
 the ``canopy`` command before anything imports Ray, as "this node is its own cluster"; a
-Ray-started-here that got another node address is refused before anything serves), and
+Ray started here with another node address is refused before anything serves), and
 Serve replicas bind their internal gRPC server to loopback (api/serve_app.py). Ray has
 no authentication of its own and an exposed head node is a known attack path, so only
 ``--expose-ray`` (with a warning) gives Ray the machine's address and the dashboard the
@@ -48,6 +48,7 @@ from actors.runtime import Runtime, init_ray, worker_env
 from api.serve_app import APP_NAME, LOOPBACK, application
 from persistence.db import resolve_database_url
 from persistence.embedded import stop_embedded
+from persistence.errors import CanopyError
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from persistence.settings import Settings, get_settings, reveal
@@ -83,7 +84,7 @@ def _init_ray(settings: Settings, database_url: str, host: str, dashboard_port: 
                        _node_ip_address=None if expose_ray else LOOPBACK)
     node_address = ray.util.get_node_ip_address()
     if not expose_ray and not ipaddress.ip_address(node_address).is_loopback:
-        raise RuntimeError(f"Ray started with the node address {node_address}, so it would listen beyond loopback: "
+        raise CanopyError(f"Ray started with the node address {node_address}, so it would listen beyond loopback: "
                            "Ray was imported before RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was set (run `canopy up`, "
                            "or set it in the environment); use --expose-ray to open Ray on purpose")
     return {"dashboard_url": context.dashboard_url}

@@ -40,4 +40,4 @@ async def renew_stream(conn: Connection, stream_id: uuid.UUID, seconds: float) -
 
 
 async def close_stream(conn: Connection, stream_id: uuid.UUID) -> None:
-    await conn.execute("DELETE FROM open_streams WHERE stream_id = %s", (stream_id,))
+    await conn.execute(query("open_stream_close"), {"stream_id": stream_id})
