@@ -29,7 +29,7 @@ from persistence.db import Connection, Database, resolve_database_url
 from persistence.messages import steer
 from persistence.migrations import ensure_schema
 from persistence.records import TERMINAL_TURN_STATUSES, Row, Scope
-from persistence.settings import Settings, get_settings
+from persistence.settings import ENV_PREFIX, Settings, get_settings, reveal, secret_env_names, secret_fields
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +49,46 @@ def default_agent_config(settings: Settings) -> dict[str, Any]:
             "instructions": DEFAULT_INSTRUCTIONS, "tools": [], "approval_mode": "auto"}
 
 
+def _write_secrets(settings: Settings, database_url: str) -> Path:
+    """The runtime's secrets as files only its user can read: ``<data dir>/secrets`` (0700), one
+    file per secret setting (0600), named as ``Settings`` reads them from ``CANOPY_SECRETS_DIR``.
+    Each file is replaced whole (written aside, then renamed), so a worker never reads half a
+    value. A data dir serves one runtime configuration: the last runtime started on it wrote
+    what its workers read; a secret the runtime does not have is removed."""
+    directory = settings.data_dir.expanduser().resolve() / "secrets"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    values = {name: reveal(getattr(settings, name)) for name in secret_fields()}
+    values["database_url"] = database_url
+    for name, value in values.items():
+        path = directory / f"{ENV_PREFIX}{name}".lower()
+        if value is None:
+            path.unlink(missing_ok=True)
+            continue
+        aside = path.with_name(f".{path.name}.{os.getpid()}")
+        with os.fdopen(os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+            handle.write(value)
+        aside.replace(path)
+    return directory
+
+
 def _worker_env(settings: Settings, database_url: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key.startswith("CANOPY_")}
-    env.update({"CANOPY_DATABASE_URL": database_url, "CANOPY_DATA_DIR": str(settings.data_dir),
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    """Every non-secret ``CANOPY_*`` variable of this process, the data dir, and the path of the
+    secrets directory (``_write_secrets``): no token, key or password ever travels in an
+    environment, where Ray's dashboard (runtime_env) or ``/proc/<pid>/environ`` would show it."""
+    hidden = secret_env_names() | {f"{ENV_PREFIX}SECRETS_DIR"}
+    env = {key: value for key, value in os.environ.items()
+           if key.upper().startswith(ENV_PREFIX) and key.upper() not in hidden}
+    env.update({"CANOPY_DATA_DIR": str(settings.data_dir),
+                "CANOPY_SECRETS_DIR": str(_write_secrets(settings, database_url)),
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")})
     return env
 
 
 def worker_env(settings: Settings, database_url: str) -> dict[str, str]:
-    """The environment every Canopy worker process needs (for ``ray.init`` or a Serve deployment)."""
+    """The environment every Canopy worker process needs (for ``ray.init`` or a Serve
+    deployment); writes the secrets it points to (``settings``' tokens and ``database_url``)."""
     return _worker_env(settings, database_url)
 
 
@@ -72,10 +103,12 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     """Join ``settings.ray_address``, or start a Ray of this process's own (never some other
     cluster that happens to run on the machine); returns Ray's context.
 
-    Joining, the workers get Canopy's environment as the job's runtime_env. Starting Ray
-    here, this process puts it in its own environment instead, which Ray's processes and
-    workers inherit: a runtime_env makes every worker start through ``setup_worker.py``, a
-    second interpreter start that cost ~30% of a session actor's start here (bench/fanout.py:
+    Joining, the workers get Canopy's environment as the job's runtime_env (on a cluster of
+    several machines, each node needs the secrets directory at the same path, or its own
+    ``CANOPY_*`` settings). Starting Ray here, this process puts it in its own environment
+    instead (and takes its secrets out of it), which Ray's processes and workers inherit: a
+    runtime_env makes every worker start through ``setup_worker.py``, a second interpreter
+    start that cost ~30% of a session actor's start here (bench/fanout.py:
     4.07x -> 3.04x of the ideal, 16.3 -> 11.5 s of CPU). A Ray started here also preloads
     :data:`WORKER_PRELOAD_MODULES` in its workers (a cluster's nodes set it with
     ``ray start --system-config``, see cluster.yaml).
@@ -83,6 +116,10 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     env = _worker_env(settings, database_url)
     if settings.ray_address:
         return ray.init(address=settings.ray_address, namespace=NAMESPACE, runtime_env={"env_vars": env}, **options)
+    # Every process Ray starts inherits this environment: the secrets leave it (they are in the
+    # secrets directory, which ``Settings`` reads from now on, here too).
+    for key in [key for key in os.environ if key.upper() in secret_env_names()]:
+        del os.environ[key]
     os.environ.update(env)
     return ray.init(address="local", namespace=NAMESPACE,
                     _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)}, **options)

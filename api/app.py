@@ -10,9 +10,13 @@ Decisions where the SPEC is silent:
 - ``GET /sessions``: ``scope=all`` (the default) lists every root of the caller's scope;
   ``project_id`` filters (404 when it is not the caller's); ``scope=project`` without one
   means the caller's first project. Archived trees only with ``include_archived=true``.
-- ``/healthz`` and ``/metrics`` need no key (probes and scrapers have none) and are served
-  both at the root and under ``/api/v1``; ``/metrics`` holds only aggregate figures.
-- The admin token authorises only ``/admin/keys``; an API key never authorises admin routes.
+- ``/healthz`` needs no key (probes have none); ``/metrics`` needs the metrics token
+  (``CANOPY_METRICS_TOKEN``) or the admin token as the bearer. Both are served at the root
+  and under ``/api/v1``.
+- The admin token authorises only ``/admin`` (and ``/metrics``); an API key never authorises
+  admin routes. API keys are accepted only in the Authorization header (api/auth.py).
+- An API key holds at most ``CANOPY_MAX_STREAMS_PER_KEY`` open event streams across all
+  replicas; one more answers 429 (api/sse.py).
 - Validation errors are ``{"detail": "<one sentence>", "errors": [{loc, msg, type}]}``, so
   every error's ``detail`` is a string.
 - Human inputs: ``POST /sessions/{id}/inputs`` takes ``origin`` ``human`` (default: unpauses
@@ -48,7 +52,7 @@ from api.limits import BodyLimit
 from api.routes import admin, agents, events, health, inputs, projects, requests, sessions, timeline, trees
 from api.schemas import ValidationErrorBody
 from api.sse import StreamSettings
-from persistence.settings import Settings
+from persistence.settings import Settings, reveal
 
 API_PREFIX = "/api/v1"
 VERSION = "0.1.0"
@@ -88,24 +92,29 @@ def create_app(
     *,
     settings: Settings | None = None,
     admin_token: str | None = None,
+    metrics_token: str | None = None,
     stream_settings: StreamSettings | None = None,
 ) -> FastAPI:
     """The HTTP API.
 
     ``runtime``: a started Runtime to use (and leave running); None starts one at startup
-    with ``settings`` and closes it at shutdown (a Serve replica). ``admin_token``: defaults
-    to the settings' ``CANOPY_ADMIN_TOKEN``; without one the admin route always answers 401.
+    with ``settings`` and closes it at shutdown (a Serve replica). ``admin_token`` and
+    ``metrics_token``: default to the settings' ``CANOPY_ADMIN_TOKEN`` and
+    ``CANOPY_METRICS_TOKEN``; without them the routes they guard always answer 401.
     """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         active = runtime or await Runtime.start(settings)
-        hub = EventHub(active.database_url)
+        key_cache = KeyCache(listening=lambda: hub.listening)
+        hub = EventHub(active.database_url, on_keys_changed=key_cache.forget)
         await hub.start()
         app.state.runtime = active
         app.state.hub = hub
-        app.state.key_cache = KeyCache()
-        app.state.admin_token = admin_token if admin_token is not None else active.settings.admin_token
+        app.state.key_cache = key_cache
+        app.state.admin_token = admin_token if admin_token is not None else reveal(active.settings.admin_token)
+        app.state.metrics_token = metrics_token if metrics_token is not None else reveal(
+            active.settings.metrics_token)
         app.state.stream_settings = stream_settings or StreamSettings()
         try:
             yield

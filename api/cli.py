@@ -2,7 +2,7 @@
 
 - ``canopy up``: the whole local runtime (database, Ray, API + UI) until Ctrl-C (api/up.py).
 - ``canopy run "task"``: a task as a new root, its tree live in the terminal (api/run.py).
-- ``canopy db init|url``, ``canopy keys create``, ``canopy agents list|create``,
+- ``canopy db init|url``, ``canopy keys create|list|revoke``, ``canopy agents list|create``,
   ``canopy sessions list``, ``canopy tree <id> [--trace out.json]``: operator commands on the database.
 
 Operator commands act in the default scope (``local``/``canopy``, the one ``canopy up``
@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -24,6 +26,7 @@ from persistence.db import resolve_database_url
 from persistence.errors import CanopyError
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
+from persistence.settings import get_settings
 
 DEFAULT_SCOPE = Scope("local", "canopy")
 
@@ -48,7 +51,7 @@ def up(args: argparse.Namespace) -> int:
     from api.up import up as run_up
 
     return run_up(host=args.host, port=args.port, data_dir=args.data_dir, dashboard_port=args.dashboard_port,
-                  replicas=args.replicas)
+                  replicas=args.replicas, expose_ray=args.expose_ray)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,10 +60,40 @@ def run(args: argparse.Namespace) -> int:
     return run_main(args.task, scope=_scope(args), agent_id=args.agent, model=args.model, timeout=args.timeout)
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h`` or ``30d``, in seconds."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 3600, 15m, 12h or 30d")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
 def keys_create(args: argparse.Namespace) -> int:
     from api.operator import create_key
 
-    print(asyncio.run(create_key(_scope(args))))
+    api_key, row = asyncio.run(create_key(_scope(args), args.expires_in))
+    expiry = f"expires {row['expires_at']:%Y-%m-%d %H:%M:%S %Z}" if row["expires_at"] else "never expires"
+    print(f"key id {row['key_id']} ({expiry})", file=sys.stderr)
+    print(api_key)
+    return 0
+
+
+def keys_list(args: argparse.Namespace) -> int:
+    from api.operator import list_keys
+
+    asyncio.run(list_keys(Console(), user_id=args.user, app_id=args.app))
+    return 0
+
+
+def keys_revoke(args: argparse.Namespace) -> int:
+    from api.operator import revoke_key
+
+    row = asyncio.run(revoke_key(args.key_id))
+    print(f"revoked {row['key_id']} ({row['user_id']}/{row['app_id']}) at {row['revoked_at']:%Y-%m-%d %H:%M:%S %Z}")
     return 0
 
 
@@ -117,6 +150,9 @@ def parser() -> argparse.ArgumentParser:
     up_parser.add_argument("--data-dir", type=Path, default=None, help="default: CANOPY_DATA_DIR or ~/.canopy")
     up_parser.add_argument("--dashboard-port", type=int, default=8265)
     up_parser.add_argument("--replicas", type=int, default=1, help="API replicas (Serve deployment)")
+    up_parser.add_argument("--expose-ray", action="store_true",
+                           help="also open Ray (GCS, raylet, dashboard on --host, agents) beyond loopback; Ray has "
+                                "no authentication: only on a trusted network")
     up_parser.set_defaults(handler=up)
 
     run_parser = _with_scope(commands.add_parser("run", help="run a task as a new root, show its tree live"))
@@ -132,7 +168,17 @@ def parser() -> argparse.ArgumentParser:
         handler=db_url)
 
     keys = commands.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
-    _with_scope(keys.add_parser("create", help="create an API key and print it")).set_defaults(handler=keys_create)
+    key_create = _with_scope(keys.add_parser("create", help="create an API key and print it (its id on stderr)"))
+    key_create.add_argument("--expires-in", type=duration, default=None,
+                            help="the key expires this long from now: seconds, or 15m, 12h, 30d (default: never)")
+    key_create.set_defaults(handler=keys_create)
+    key_list = keys.add_parser("list", help="API keys: id, scope, state and dates (never the keys)")
+    key_list.add_argument("--user", default=None, help="only this user's keys")
+    key_list.add_argument("--app", default=None, help="only this app's keys")
+    key_list.set_defaults(handler=keys_list)
+    key_revoke = keys.add_parser("revoke", help="revoke an API key: from now on it answers 401")
+    key_revoke.add_argument("key_id", type=uuid.UUID, help="the key's id (see canopy keys list)")
+    key_revoke.set_defaults(handler=keys_revoke)
 
     agents = commands.add_parser("agents", help="the agent directory").add_subparsers(
         dest="agents_command", required=True)
@@ -162,8 +208,17 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _keep_ray_on_loopback(args: argparse.Namespace) -> None:
+    """Ray decides once, when it is imported, whether a Ray started in this process takes the
+    machine's address (and binds its ports beyond loopback) or loopback: nothing has imported
+    Ray yet. A driver joining a cluster (CANOPY_RAY_ADDRESS) keeps Ray's default."""
+    if get_settings().ray_address is None:
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1" if getattr(args, "expose_ray", False) else "0"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    _keep_ray_on_loopback(args)
     try:
         return int(args.handler(args))
     except CanopyError as error:

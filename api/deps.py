@@ -37,6 +37,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         409: "The object's state does not allow this now.",
         413: "Request body over 1 MiB.",
         422: "Invalid request.",
+        429: "A per-key limit is used up (see the detail); retry after freeing something.",
     }
     documented: dict[int | str, dict[str, Any]] = {
         code: {"model": ErrorBody, "description": meanings.get(code, "Error.")} for code in codes}

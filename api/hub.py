@@ -2,7 +2,12 @@
 
 Every committed event fires ``NOTIFY canopy_events`` (a trigger in schema.sql) with where
 it happened (user, app, session, tree); the ModelGateway publishes text deltas on
-``canopy_deltas``. The hub only *wakes* streams: each stream re-reads the committed events
+``canopy_deltas``; a revoked (or re-dated, or deleted) API key fires ``canopy_keys`` with
+its id, which the hub passes to ``on_keys_changed`` (the API's key cache, api/auth.py) and
+to the streams that key holds, so they re-check it at once. A (re)connect reports
+``on_keys_changed(None)``: notifications may have been missed.
+
+The hub only *wakes* streams: each stream re-reads the committed events
 table after its cursor, so a missed or folded notification can delay a stream but never
 lose or reorder an event, and any replica can serve any stream. While the listener is
 down (or before its first connect) streams fall back to polling.
@@ -16,7 +21,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -27,6 +32,7 @@ from persistence.records import Scope
 log = logging.getLogger(__name__)
 
 EVENTS_CHANNEL = "canopy_events"
+KEYS_CHANNEL = "canopy_keys"
 _MAX_BUFFERED_DELTAS = 1000
 
 
@@ -38,7 +44,9 @@ class Subscription:
     session_id: str | None
     tree_id: str | None
     want_deltas: bool
+    key_id: str | None = None
     events_due: bool = True
+    key_changed: bool = False  # its key was revoked or re-dated: the stream must re-check it
     signal: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     deltas: collections.deque[dict[str, Any]] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=_MAX_BUFFERED_DELTAS))
@@ -51,6 +59,10 @@ class Subscription:
         self.events_due = True
         self.signal.set()
 
+    def key_change(self) -> None:
+        self.key_changed = True
+        self.signal.set()
+
     def push_delta(self, delta: dict[str, Any]) -> None:
         # Deltas are best-effort (not durable, not in the cursor): a slow reader drops the oldest.
         if self.want_deltas:
@@ -59,9 +71,11 @@ class Subscription:
 
 
 class EventHub:
-    def __init__(self, database_url: str, *, reconnect_seconds: float = 1.0) -> None:
+    def __init__(self, database_url: str, *, reconnect_seconds: float = 1.0,
+                 on_keys_changed: Callable[[str | None], None] | None = None) -> None:
         self.database_url = database_url
         self.reconnect_seconds = reconnect_seconds
+        self.on_keys_changed = on_keys_changed
         self.listening = False
         self._by_target: dict[str, set[Subscription]] = collections.defaultdict(set)
         self._task: asyncio.Task[None] | None = None
@@ -84,11 +98,12 @@ class EventHub:
 
     @contextlib.contextmanager
     def subscribe(self, scope: Scope, *, session_id: str | None = None, tree_id: str | None = None,
-                  deltas: bool = True) -> Iterator[Subscription]:
-        """Register a stream for the duration of the ``with`` block (a disconnect ends the block)."""
+                  deltas: bool = True, key_id: str | None = None) -> Iterator[Subscription]:
+        """Register a stream (of the API key ``key_id``) for the duration of the ``with`` block
+        (a disconnect ends the block)."""
         if (session_id is None) == (tree_id is None):
             raise ValueError("subscribe to exactly one of a session and a tree")
-        subscription = Subscription(scope, session_id, tree_id, deltas)
+        subscription = Subscription(scope, session_id, tree_id, deltas, key_id)
         self._by_target[subscription.target].add(subscription)
         try:
             yield subscription
@@ -119,6 +134,14 @@ class EventHub:
             if subscription.scope == Scope(user_id, app_id):
                 subscription.wake()
 
+    def _on_key(self, key_id: str | None) -> None:
+        if self.on_keys_changed is not None:
+            self.on_keys_changed(key_id)
+        for subs in self._by_target.values():
+            for subscription in subs:
+                if subscription.key_id is not None and key_id in (None, subscription.key_id):
+                    subscription.key_change()
+
     def _on_delta(self, payload: str) -> None:
         try:
             delta = json.loads(payload)
@@ -137,12 +160,17 @@ class EventHub:
                 async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
                     await conn.execute(f"LISTEN {DELTA_CHANNEL}")
+                    await conn.execute(f"LISTEN {KEYS_CHANNEL}")
                     self.listening = True
-                    # Anything committed while nobody listened is found by the re-read.
+                    # Anything committed while nobody listened is found by the re-read, and
+                    # every key checked meanwhile is checked again.
+                    self._on_key(None)
                     self._wake_all()
                     async for note in conn.notifies():
                         if note.channel == EVENTS_CHANNEL:
                             self._on_event(note.payload)
+                        elif note.channel == KEYS_CHANNEL:
+                            self._on_key(note.payload)
                         else:
                             self._on_delta(note.payload)
             except asyncio.CancelledError:

@@ -11,11 +11,11 @@ from rich.console import Console
 
 from actors.toolbox import check_tool_names
 from api.trace import trace_events
-from api.views import agents_table, sessions_table, tree_table
+from api.views import agents_table, keys_table, sessions_table, tree_table
 from persistence import agents, scopes, sessions, timeline, trees
 from persistence.db import Connection, Database, resolve_database_url
 from persistence.migrations import ensure_schema
-from persistence.records import Scope
+from persistence.records import Row, Scope
 from persistence.settings import get_settings
 
 T = TypeVar("T")
@@ -33,8 +33,17 @@ async def in_database(work: Callable[[Connection], Awaitable[T]]) -> T:
         await db.close()
 
 
-async def create_key(scope: Scope) -> str:
-    return await in_database(lambda conn: scopes.create_api_key(conn, scope))
+async def create_key(scope: Scope, expires_in_seconds: float | None = None) -> tuple[str, Row]:
+    return await in_database(lambda conn: scopes.issue_key(conn, scope, expires_in_seconds=expires_in_seconds))
+
+
+async def list_keys(console: Console, *, user_id: str | None, app_id: str | None) -> None:
+    found = await in_database(lambda conn: scopes.list_keys(conn, user_id=user_id, app_id=app_id))
+    console.print(keys_table(found))
+
+
+async def revoke_key(key_id: uuid.UUID) -> Row:
+    return await in_database(lambda conn: scopes.revoke_key(conn, key_id))
 
 
 async def list_agents(scope: Scope, console: Console) -> None:

@@ -11,7 +11,7 @@ import datetime as dt
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from persistence.turns import MAX_TEXT
 from persistence.views import INPUT_PREVIEW
@@ -72,15 +72,40 @@ class Health(BaseModel):
 # -- admin -------------------------------------------------------------------------------------------
 
 
+# The longest life a key can be given at creation (ten years).
+MAX_KEY_SECONDS = 10 * 365 * 24 * 3600
+
+
 class KeyCreate(RequestBody):
     user_id: ScopeId
     app_id: ScopeId
+    expires_in_seconds: int | None = Field(default=None, ge=1, le=MAX_KEY_SECONDS,
+                                           description="The key expires this long after its creation.")
+    expires_at: AwareDatetime | None = Field(default=None, description="The key expires at this instant.")
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> KeyCreate:
+        if self.expires_in_seconds is not None and self.expires_at is not None:
+            raise ValueError("give expires_in_seconds or expires_at, not both")
+        if self.expires_at is not None and self.expires_at <= dt.datetime.now(dt.UTC):
+            raise ValueError("expires_at must be in the future")
+        return self
 
 
-class KeyCreated(BaseModel):
-    api_key: str = Field(description="Shown once; only its hash is stored.")
+class KeyInfo(ResponseBody):
+    """An API key as operators see it: never the key, never its hash."""
+
+    key_id: uuid.UUID = Field(description="Names the key (to revoke it); not a secret.")
     user_id: str
     app_id: str
+    created_at: dt.datetime
+    expires_at: dt.datetime | None
+    last_used_at: dt.datetime | None = Field(description="Updated at most about once a minute.")
+    revoked_at: dt.datetime | None
+
+
+class KeyCreated(KeyInfo):
+    api_key: str = Field(description="Shown once; only its hash is stored.")
 
 
 # -- agents ------------------------------------------------------------------------------------------

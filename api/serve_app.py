@@ -9,8 +9,10 @@ nothing but PostgreSQL, so any replica can serve any request or stream.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, cast
 
+import ray
 from fastapi import FastAPI
 from ray import serve
 from ray.serve.deployment import Application, Deployment
@@ -18,6 +20,7 @@ from ray.serve.deployment import Application, Deployment
 from api.app import create_app
 
 APP_NAME = "canopy"
+LOOPBACK = "127.0.0.1"
 DEPLOYMENT_NAME = "canopy-api"
 # Requests in flight per replica: live event streams stay open for a long time and each one
 # counts, so Serve's default of 5 would queue ordinary requests behind a few watchers.
@@ -26,8 +29,30 @@ MAX_ONGOING_REQUESTS = 1000
 REPLICA_ENV_DEFAULTS = {"CANOPY_DB_POOL_MAX": "16"}
 
 
+def _internal_grpc_on_loopback() -> None:
+    """Ray Serve starts an inter-deployment gRPC server in every replica, bound to ``[::]:0``
+    (every interface, no authentication) whatever the node's address: Ray has no option for it
+    (ray-project/ray#64623 adds only a port range). On a node whose Ray address is loopback
+    (``canopy up`` without ``--expose-ray``) nothing outside the machine may reach it, so the
+    replica binds it to loopback instead; Serve's own callers reach a replica at its node's
+    address, which is then loopback too. A node with a routable address keeps Serve's binding.
+    Runs in the replica after Serve has built it and before it starts that server
+    (tests/hostile/test_api_exposure.py checks the result)."""
+    from ray.serve._private import replica
+
+    if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
+        return
+    bind = replica.add_port_to_grpc_server
+
+    def bind_loopback(server: Any, address: str) -> int:
+        return int(bind(server, address.replace("[::]:", f"{LOOPBACK}:", 1)))
+
+    replica.add_port_to_grpc_server = bind_loopback
+
+
 def build_asgi_app() -> FastAPI:
     """Evaluated inside each replica at start; the app's lifespan starts its Runtime there."""
+    _internal_grpc_on_loopback()
     return create_app()
 
 

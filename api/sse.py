@@ -7,6 +7,14 @@ until commit (persistence/events.py), so a reader that has seen cursor N never l
 smaller one commit: re-reading ``cursor > last sent`` loses nothing and repeats nothing.
 Each event's SSE ``id:`` is its cursor. Model text deltas, which are not durable and have no
 cursor, go out as ``event: delta`` without an ``id:`` so they never move a client's resume point.
+
+An API key holds at most ``CANOPY_MAX_STREAMS_PER_KEY`` open streams across all replicas:
+each stream holds a place (a row of ``open_streams``, persistence/open_streams.py) that it
+renews while open and frees when it closes; a replica that dies frees its places when they
+expire (``StreamSettings.lease_seconds``). Counting in PostgreSQL rather than per replica
+costs a write per open, close and renewal, and makes the limit the same however many
+replicas serve the key. Renewing also re-checks the key: a stream of a revoked or expired
+key ends (at once when the revocation's notification arrives, api/hub.py).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.hub import EventHub, Subscription
 from api.schemas import Event
-from persistence import stream_watchers
+from persistence import open_streams, stream_watchers
 from persistence.db import Database
 from persistence.events import events_after
 from persistence.records import Row
@@ -46,23 +54,54 @@ class StreamSettings:
     # (persistence/stream_watchers.py: unwatched model calls are not streamed at all).
     watch_seconds: float = 60.0
     watch_refresh_seconds: float = 20.0
+    # A stream's place among its key's open streams lasts this long, renewed while it is open.
+    lease_seconds: float = 60.0
+    lease_refresh_seconds: float = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamLease:
+    """A stream's place among the open streams of its API key."""
+
+    db: Database
+    stream_id: uuid.UUID
+    key_id: uuid.UUID
+
+    async def renew(self, seconds: float) -> bool:
+        """Hold the place longer; False when the key is no longer live (the stream must end)."""
+        try:
+            async with self.db.tx() as conn:
+                return await open_streams.renew_stream(conn, self.stream_id, seconds)
+        except Exception:  # a database hiccup must not end a healthy stream; the next renewal retries
+            log.warning("renewing the place of stream %s failed", self.stream_id, exc_info=True)
+            return True
+
+    async def release(self) -> None:
+        try:
+            async with self.db.tx() as conn:
+                await open_streams.close_stream(conn, self.stream_id)
+        except Exception:  # the place expires on its own
+            log.warning("freeing the place of stream %s failed", self.stream_id, exc_info=True)
 
 
 class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[bytes]) -> None:
+    def __init__(self, content: AsyncIterator[bytes], lease: StreamLease | None = None) -> None:
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.lease = lease
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             # Close the generator now (not at garbage collection) so its subscription is freed
-            # as soon as the client goes away.
+            # as soon as the client goes away, and free the stream's place.
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
                 await close()
+            if self.lease is not None:
+                await self.lease.release()
 
 
 def format_event(row: Row) -> bytes:
@@ -92,21 +131,30 @@ async def _renew_watch(db: Database, tree_id: uuid.UUID, seconds: float) -> None
 
 async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after: int,
                        session_id: uuid.UUID | None = None, tree_id: uuid.UUID | None = None,
-                       watched_tree_id: uuid.UUID | None = None, settings: StreamSettings | None = None
-                       ) -> AsyncGenerator[bytes, None]:
+                       watched_tree_id: uuid.UUID | None = None, settings: StreamSettings | None = None,
+                       lease: StreamLease | None = None) -> AsyncGenerator[bytes, None]:
     """The stream body. The caller has already checked that the session or tree is in the scope.
 
     With ``watched_tree_id`` (the caller marked that tree as watched when it opened the stream)
-    the stream carries live deltas and renews the mark while it is open."""
+    the stream carries live deltas and renews the mark while it is open. With ``lease`` (the
+    place the caller took for the stream among its key's streams) it renews the place, and
+    ends when the key is no longer live."""
     settings = settings or StreamSettings()
     with hub.subscribe(scope, session_id=str(session_id) if session_id else None,
                        tree_id=str(tree_id) if tree_id else None,
-                       deltas=watched_tree_id is not None) as subscription:
+                       deltas=watched_tree_id is not None,
+                       key_id=str(lease.key_id) if lease else None) as subscription:
         yield f"retry: {settings.retry_ms}\n\n".encode()
         cursor = after
         last_write = next_poll = time.monotonic()
         next_watch = last_write + settings.watch_refresh_seconds
+        next_lease = last_write + settings.lease_refresh_seconds
         while True:
+            if lease is not None and (subscription.key_changed or time.monotonic() >= next_lease):
+                subscription.key_changed = False
+                if not await lease.renew(settings.lease_seconds):
+                    return  # the key was revoked or has expired
+                next_lease = time.monotonic() + settings.lease_refresh_seconds
             if watched_tree_id is not None and time.monotonic() >= next_watch:
                 await _renew_watch(db, watched_tree_id, settings.watch_seconds)
                 next_watch = time.monotonic() + settings.watch_refresh_seconds
@@ -134,7 +182,7 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
             if now - last_write >= settings.heartbeat_seconds:
                 yield b": keep-alive\n\n"
                 last_write = now
-            if subscription.events_due or subscription.deltas:
+            if subscription.events_due or subscription.deltas or subscription.key_changed:
                 continue
             subscription.signal.clear()
             timeout = max(0.0, min(next_poll, last_write + settings.heartbeat_seconds) - time.monotonic())

@@ -1,7 +1,8 @@
-"""Terminal renderings with ``rich``: a tree's members, agents and sessions as tables."""
+"""Terminal renderings with ``rich``: a tree's members, agents, sessions and API keys as tables."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from rich.table import Table
@@ -69,4 +70,26 @@ def sessions_table(sessions: list[Row]) -> Table:
         table.add_row(str(session["session_id"]), _styled(session["activity"], ACTIVITY_STYLES),
                       _styled(session["turn_status"], STATUS_STYLES),
                       session["created_at"].strftime("%Y-%m-%d %H:%M:%S"), session["title"] or "")
+    return table
+
+
+KEY_STATE_STYLES = {"live": "green", "expired": "yellow", "revoked": "red"}
+
+
+def _when(value: Any, missing: str) -> str:
+    return value.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S") if value is not None else missing
+
+
+def keys_table(keys: list[Row]) -> Table:
+    """API keys for operators: ids, scopes, state and dates (UTC), never the keys."""
+    table = Table(title="API keys (UTC)", title_justify="left")
+    for column in ("key id", "user", "app", "state", "created", "expires", "last used", "revoked"):
+        table.add_column(column, no_wrap=True)
+    now = datetime.datetime.now(datetime.UTC)
+    for key in keys:
+        state = ("revoked" if key["revoked_at"] is not None
+                 else "expired" if key["expires_at"] is not None and key["expires_at"] <= now else "live")
+        table.add_row(str(key["key_id"]), key["user_id"], key["app_id"], _styled(state, KEY_STATE_STYLES),
+                      _when(key["created_at"], ""), _when(key["expires_at"], "never"),
+                      _when(key["last_used_at"], "never"), _when(key["revoked_at"], "-"))
     return table

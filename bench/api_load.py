@@ -144,8 +144,8 @@ def _report(recorder: Recorder, elapsed: float, clients: int, completed: str) ->
     return 0 if not recorder.errors else 1
 
 
-async def _completed_turns(base: str) -> str:
-    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+async def _completed_turns(base: str, admin_token: str | None) -> str:
+    async with httpx.AsyncClient(base_url=base, timeout=30, headers={"Authorization": f"Bearer {admin_token}"}) as http:
         text = (await http.get("/metrics")).text
     found = re.search(r'canopy_turns\{status="completed",waiting_for=""\} (\d+)', text)
     return found.group(1) if found else "0"
@@ -178,7 +178,7 @@ async def load(base: str, key: str, duration: float, clients: int, input_session
                            for i in range(clients)))
     elapsed = time.monotonic() - started
     print(f"scopes {scopes} (every write takes its scope's event-cursor lock until commit)")
-    return _report(recorder, elapsed, clients, await _completed_turns(base))
+    return _report(recorder, elapsed, clients, await _completed_turns(base, admin_token))
 
 
 def main() -> int:
@@ -191,7 +191,7 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=1, help="API replicas of the canopy up it starts")
     parser.add_argument("--url", default=None, help="an already running API (else: start canopy up)")
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--admin-token", default=None, help="with --url and --scopes > 1")
+    parser.add_argument("--admin-token", default=None, help="with --url: for --scopes > 1 and the metrics read")
     args = parser.parse_args()
     if args.url:
         if not args.api_key:

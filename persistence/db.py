@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any, LiteralString, Protocol, cast
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from persistence.embedded import embedded_url
-from persistence.settings import Settings, get_settings
+from persistence.settings import Settings, get_settings, reveal
 
 _HERE = Path(__file__).parent
 
@@ -69,7 +70,7 @@ async def savepoint(conn: Connection) -> AsyncIterator[None]:
 def resolve_database_url(settings: Settings | None = None) -> str:
     """The configured URL, or the embedded server's (started on demand)."""
     settings = settings or get_settings()
-    return settings.database_url or embedded_url(settings.data_dir)
+    return reveal(settings.database_url) or embedded_url(settings.data_dir)
 
 
 @functools.cache
@@ -86,12 +87,26 @@ async def advisory_lock(conn: Connection, key: str) -> None:
     await conn.execute(query("advisory_lock"), {"key": key})
 
 
-async def open_pool(url: str, max_size: int | None = None, min_size: int = 1) -> AsyncConnectionPool:
+def session_options(settings: Settings) -> str:
+    """libpq ``options`` bounding every pooled session: a runaway statement, a lock wait and a
+    transaction left open end with an error instead of holding a connection (and its locks)
+    forever. Values in milliseconds."""
+    bounds = {"statement_timeout": settings.db_statement_timeout_seconds,
+              "lock_timeout": settings.db_lock_timeout_seconds,
+              "idle_in_transaction_session_timeout": settings.db_idle_in_transaction_seconds}
+    return " ".join(f"-c {name}={max(1, round(seconds * 1000))}" for name, seconds in bounds.items())
+
+
+async def open_pool(url: str, max_size: int | None = None, min_size: int = 1,
+                    settings: Settings | None = None) -> AsyncConnectionPool:
+    settings = settings or get_settings()
     pool = AsyncConnectionPool(
         url,
         min_size=min_size,
-        max_size=max_size or get_settings().db_pool_max,
-        kwargs={"row_factory": dict_row, "autocommit": False, "prepare_threshold": 0},
+        max_size=max_size or settings.db_pool_max,
+        # After any options the URL carries, so that these bounds win (a later -c overrides).
+        kwargs={"row_factory": dict_row, "autocommit": False, "prepare_threshold": 0,
+                "options": " ".join(filter(None, [conninfo_to_dict(url).get("options"), session_options(settings)]))},
         open=False,
     )
     await pool.open(wait=True)
@@ -105,8 +120,10 @@ class Database:
         self.pool = pool
 
     @classmethod
-    async def connect(cls, url: str | None = None, max_size: int | None = None, min_size: int = 1) -> Database:
-        return cls(await open_pool(url or resolve_database_url(), max_size=max_size, min_size=min_size))
+    async def connect(cls, url: str | None = None, max_size: int | None = None, min_size: int = 1,
+                      settings: Settings | None = None) -> Database:
+        return cls(await open_pool(url or resolve_database_url(settings), max_size=max_size, min_size=min_size,
+                                   settings=settings))
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[Connection]:

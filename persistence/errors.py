@@ -43,3 +43,9 @@ class LeaseLost(CanopyError):
     """The calling Run no longer holds its lease: a stale incarnation must stop writing."""
 
     status_code = 409
+
+
+class LimitReached(CanopyError):
+    """A per-caller limit is used up; the caller may retry once it has freed something."""
+
+    status_code = 429

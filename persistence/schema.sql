@@ -9,12 +9,37 @@ CREATE TABLE schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- An API key: its scope, its life (expiry, revocation) and when it was last used (written at
+-- most about once a minute per key). key_id names it to operators; only the hash authenticates.
 CREATE TABLE api_keys (
-    key_hash    text PRIMARY KEY,            -- sha256 of the key; the key itself is never stored
-    user_id     text NOT NULL,
-    app_id      text NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT now()
+    key_hash      text PRIMARY KEY,            -- sha256 of the key; the key itself is never stored
+    user_id       text NOT NULL,
+    app_id        text NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    key_id        uuid NOT NULL DEFAULT gen_random_uuid() UNIQUE,
+    expires_at    timestamptz,
+    last_used_at  timestamptz,
+    revoked_at    timestamptz
 );
+-- API replicas cache keys they have checked; a revocation (or a new expiry, or a deletion)
+-- tells every replica at once on canopy_keys, naming the key by its id.
+CREATE FUNCTION canopy_notify_key() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('canopy_keys', OLD.key_id::text);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER api_keys_notify AFTER UPDATE OF revoked_at, expires_at OR DELETE ON api_keys
+    FOR EACH ROW EXECUTE FUNCTION canopy_notify_key();
+
+-- The event streams a key holds open, across every API replica: a stream renews its row while
+-- it is open and deletes it when it closes; a row past expires_at (its replica died) is ignored.
+CREATE TABLE open_streams (
+    stream_id   uuid PRIMARY KEY,
+    key_id      uuid NOT NULL REFERENCES api_keys (key_id) ON DELETE CASCADE,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX open_streams_key ON open_streams (key_id, expires_at);
 
 -- One row per scope: the event cursor is a counter locked by its appender until commit,
 -- so a reader at cursor N can never later see a smaller cursor commit.

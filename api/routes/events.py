@@ -10,13 +10,13 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import Field
 
 from actors.runtime import Runtime
-from api.auth import ScopeDep
+from api.auth import KeyDep, unauthorized
 from api.deps import COMMON, RuntimeDep, errors
 from api.schemas import MAX_BIGINT
-from api.sse import EventStreamResponse, event_stream
-from persistence import stream_watchers, views
+from api.sse import EventStreamResponse, StreamLease, event_stream
+from persistence import open_streams, stream_watchers, views
 from persistence.errors import InvalidArgument
-from persistence.records import Scope
+from persistence.scopes import ApiKey
 
 router = APIRouter(tags=["events"])
 
@@ -28,7 +28,7 @@ _STREAM_ROUTE: dict[str, Any] = {
                              "(cursor, kind, session_id, tree_id, turn_id, run_id, payload, created_at). Live model "
                              "text arrives as `event: delta` without an id. Comment lines keep idle streams open.",
               "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-        **errors(*COMMON, 404),
+        **errors(*COMMON, 404, 429),
     },
 }
 Cursor = Annotated[int, Field(ge=0, le=MAX_BIGINT)]
@@ -60,30 +60,39 @@ def _stream_query(after: After = None, last_event_id: LastEventId = None, deltas
 StreamQueryDep = Annotated[StreamQuery, Depends(_stream_query)]
 
 
-async def _open(request: Request, runtime: Runtime, caller: Scope, query: StreamQuery, *,
+async def _open(request: Request, runtime: Runtime, caller: ApiKey, query: StreamQuery, *,
                 session_id: uuid.UUID | None = None, tree_id: uuid.UUID | None = None) -> EventStreamResponse:
-    """Check the session or tree is the caller's, fix the start cursor, and stream."""
+    """Check the session or tree is the caller's, fix the start cursor, take a place among the
+    key's open streams (429 when they are all taken), and stream."""
     state = request.app.state
+    streams = state.stream_settings
     async with runtime.db.tx() as conn:
-        target = await views.require_target(conn, caller, session_id=session_id, tree_id=tree_id)
-        start = await views.latest_cursor(conn, caller) if query.start == "latest" else query.start
+        target = await views.require_target(conn, caller.scope, session_id=session_id, tree_id=tree_id)
+        start = await views.latest_cursor(conn, caller.scope) if query.start == "latest" else query.start
         watched = target["tree_id"] if query.deltas else None
         if watched is not None:  # model calls of the tree stream their text from now on
-            await stream_watchers.watch(conn, watched, state.stream_settings.watch_seconds)
-    return EventStreamResponse(event_stream(state.hub, runtime.db, caller, after=start, session_id=session_id,
-                                            tree_id=tree_id, watched_tree_id=watched,
-                                            settings=state.stream_settings))
+            await stream_watchers.watch(conn, watched, streams.watch_seconds)
+        stream_id = await open_streams.open_stream(conn, caller.key_id, limit=runtime.settings.max_streams_per_key,
+                                                   seconds=streams.lease_seconds)
+    if stream_id is None:
+        raise unauthorized("invalid, expired or revoked API key")
+    lease = StreamLease(runtime.db, stream_id, caller.key_id)
+    return EventStreamResponse(event_stream(state.hub, runtime.db, caller.scope, after=start, session_id=session_id,
+                                            tree_id=tree_id, watched_tree_id=watched, settings=streams, lease=lease),
+                               lease=lease)
 
 
 @router.get("/sessions/{session_id}/events", **_STREAM_ROUTE)
-async def session_events(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
+async def session_events(session_id: uuid.UUID, caller: KeyDep, runtime: RuntimeDep, request: Request,
                          query: StreamQueryDep) -> EventStreamResponse:
-    """This session's events, replayed after the cursor then live."""
+    """This session's events, replayed after the cursor then live. 429 when the API key already
+    holds its most open streams (CANOPY_MAX_STREAMS_PER_KEY)."""
     return await _open(request, runtime, caller, query, session_id=session_id)
 
 
 @router.get("/trees/{tree_id}/events", **_STREAM_ROUTE)
-async def tree_events(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
+async def tree_events(tree_id: uuid.UUID, caller: KeyDep, runtime: RuntimeDep, request: Request,
                       query: StreamQueryDep) -> EventStreamResponse:
-    """Every member's events of this tree, replayed after the cursor then live."""
+    """Every member's events of this tree, replayed after the cursor then live. 429 when the API
+    key already holds its most open streams (CANOPY_MAX_STREAMS_PER_KEY)."""
     return await _open(request, runtime, caller, query, tree_id=tree_id)

@@ -1,20 +1,18 @@
-"""Operator endpoints without an API key: liveness and Prometheus metrics.
-
-``/metrics`` carries only aggregate figures (no ids, no text), like any scrape target; a
-deployment that exposes the API beyond loopback should keep it behind its proxy.
-"""
+"""Operator endpoints without an API key: liveness (open to any probe) and Prometheus metrics
+(the metrics token or the admin token as the bearer: a scraper is configured with one)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import ray
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from actors.naming import GATEWAY_NAME, NAMESPACE
 from api import metrics
-from api.deps import RuntimeDep
+from api.auth import require_metrics_reader
+from api.deps import RuntimeDep, errors
 from api.schemas import Health
 from persistence.metrics import runtime_metrics
 
@@ -57,7 +55,7 @@ def build_router(operation_prefix: str = "") -> APIRouter:
                          operation_id=f"{operation_prefix}healthz",
                          responses={503: {"model": Health, "description": "Degraded."}})
     router.add_api_route("/metrics", prometheus_metrics, methods=["GET"], response_class=PlainTextResponse,
-                         operation_id=f"{operation_prefix}metrics",
+                         operation_id=f"{operation_prefix}metrics", dependencies=[Depends(require_metrics_reader)],
                          responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                                          "description": "Prometheus text format 0.0.4."}})
+                                          "description": "Prometheus text format 0.0.4."}, **errors(401)})
     return router

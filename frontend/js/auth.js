@@ -1,5 +1,7 @@
 // The API key: entered once, kept in localStorage. A URL fragment "#key=..." (for a link
-// printed by `canopy up`) is taken too, and removed from the address bar at once.
+// printed by `canopy up`) is taken too, and removed from the address bar at once. Only the
+// fragment: browsers never send it, whereas a key in the query ("?key=...") would reach the
+// server, its logs and proxies; such a link is not honoured (the API refuses keys there too).
 
 import { storage } from "./dom.js";
 
@@ -17,17 +19,13 @@ export function forgetKey() {
   storage.set(KEY, null);
 }
 
-/** Take a key from "#key=..." (or "?key=...") and scrub it from the URL. */
+/** Take a key from "#key=..." and scrub it from the URL. */
 export function adoptKeyFromUrl() {
   const url = new URL(window.location.href);
-  const fromHash = new URLSearchParams(url.hash.replace(/^#\/?/, "")).get("key");
-  const fromQuery = url.searchParams.get("key");
-  const key = fromHash || fromQuery;
+  const key = new URLSearchParams(url.hash.replace(/^#\/?/, "")).get("key");
   if (!key) return false;
   saveKey(key);
-  url.searchParams.delete("key");
-  if (fromHash) url.hash = "";
-  history.replaceState(null, "", url.pathname + url.search + url.hash);
+  history.replaceState(null, "", url.pathname + url.search);
   return true;
 }
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -18,7 +19,7 @@ from actors.runtime import Runtime
 from api.app import create_app
 from api.sse import StreamSettings
 from persistence.records import Scope
-from tests.api.helpers import ADMIN_TOKEN, client, free_port
+from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, free_port
 
 # Fast heartbeats and polls, so the tests see them within a second or two.
 TEST_STREAMS = StreamSettings(heartbeat_seconds=1.0, poll_seconds=2.0, fallback_poll_seconds=0.2, retry_ms=500)
@@ -30,9 +31,9 @@ class ApiServer:
     app: FastAPI
 
 
-@pytest.fixture(scope="session")
-async def api(runtime: Runtime) -> AsyncIterator[ApiServer]:
-    app = create_app(runtime, admin_token=ADMIN_TOKEN, stream_settings=TEST_STREAMS)
+@contextlib.asynccontextmanager
+async def uvicorn_server(app: FastAPI) -> AsyncIterator[ApiServer]:
+    """The app under uvicorn on a free loopback port, in the test's event loop."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="on", timeout_graceful_shutdown=2))
@@ -44,6 +45,21 @@ async def api(runtime: Runtime) -> AsyncIterator[ApiServer]:
     yield ApiServer(f"http://127.0.0.1:{port}", app)
     server.should_exit = True
     await task
+
+
+@pytest.fixture(scope="session")
+async def api(runtime: Runtime) -> AsyncIterator[ApiServer]:
+    async with uvicorn_server(create_app(runtime, admin_token=ADMIN_TOKEN, stream_settings=TEST_STREAMS)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+async def second_api(runtime: Runtime) -> AsyncIterator[ApiServer]:
+    """Another API replica on the same database: its own key cache, event listener and streams;
+    it also accepts a metrics token."""
+    app = create_app(runtime, admin_token=ADMIN_TOKEN, metrics_token=METRICS_TOKEN, stream_settings=TEST_STREAMS)
+    async with uvicorn_server(app) as server:
+        yield server
 
 
 ClientFactory = Callable[[Scope], Awaitable[httpx.AsyncClient]]

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 from ray import serve
 
 from actors.runtime import Runtime, worker_env
@@ -18,6 +19,7 @@ from api.up import LOOPBACK, start_serve
 from tests.actors.helpers import call, create, eventually, rows, say, script  # noqa: F401  (re-exported)
 
 ADMIN_TOKEN = "test-admin-token"
+METRICS_TOKEN = "test-metrics-token"
 
 
 def free_port() -> int:
@@ -31,7 +33,9 @@ async def served(runtime: Runtime, admin_token: str) -> AsyncIterator[str]:
     """The app deployed on Ray Serve as ``canopy up`` deploys it, in the test session's own Ray
     cluster on a free loopback port; yields its base URL and shuts Serve down after."""
     port = free_port()
-    env = {**worker_env(runtime.settings, runtime.database_url), "CANOPY_ADMIN_TOKEN": admin_token}
+    # The replicas read the admin token from the runtime's secrets directory, as canopy up's do.
+    settings = runtime.settings.model_copy(update={"admin_token": SecretStr(admin_token)})
+    env = worker_env(settings, runtime.database_url)
     await asyncio.to_thread(start_serve, env, LOOPBACK, port)
     try:
         yield f"http://{LOOPBACK}:{port}"

@@ -10,10 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.runtime import Runtime
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
-from tests.api.helpers import ADMIN_TOKEN, client, poll, rows, say, script, terminal
+from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, poll, rows, say, script, terminal
 
 
-async def test_health_metrics_and_openapi(api: ApiServer, http: httpx.AsyncClient) -> None:
+async def test_health_metrics_and_openapi(api: ApiServer, second_api: ApiServer, http: httpx.AsyncClient) -> None:
     created = (await http.post("/api/v1/sessions", json={"input": script(say("counted"))})).json()
     await poll(lambda: terminal(http, created["input"]["input_id"]))
     async with client(api.url, None) as anon:
@@ -21,7 +21,15 @@ async def test_health_metrics_and_openapi(api: ApiServer, http: httpx.AsyncClien
         assert health.status_code == 200, health.text
         assert health.json() == {"status": "ok", "database": "ok", "ray": "ok"}
         assert (await anon.get("/api/v1/healthz")).json() == health.json()
-        metrics = await anon.get("/metrics")
+        for path in ("/metrics", "/api/v1/metrics"):  # a token is needed, an API key is not one
+            refused = await anon.get(path)
+            assert refused.status_code == 401 and "CANOPY_METRICS_TOKEN" in refused.json()["detail"]
+            assert (await http.get(path)).status_code == 401
+            assert (await anon.get(path, headers={"Authorization": f"Bearer {METRICS_TOKEN}"})).status_code == 401
+    async with client(second_api.url, METRICS_TOKEN) as scraper:  # the replica configured with a metrics token
+        assert (await scraper.get("/metrics")).status_code == 200
+    async with client(api.url, ADMIN_TOKEN) as admin:
+        metrics = await admin.get("/metrics")
         assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
         families = {family.name: family for family in text_string_to_metric_families(metrics.text)}
         for name in ("canopy_slots_in_use", "canopy_queue_depth", "canopy_turns", "canopy_recoveries",
@@ -31,10 +39,11 @@ async def test_health_metrics_and_openapi(api: ApiServer, http: httpx.AsyncClien
         assert completed and completed[0] >= 1
         latency = {s.name for s in families["canopy_model_latency_seconds"].samples}
         assert {"canopy_model_latency_seconds_bucket", "canopy_model_latency_seconds_sum"} <= latency
+    async with client(api.url, None) as anon:
         document = (await anon.get("/openapi.json")).json()
         paths = document["paths"]
         for path in ("/api/v1/sessions", "/api/v1/trees/{tree_id}/events", "/api/v1/requests/{request_id}/answer",
-                     "/api/v1/admin/keys", "/healthz", "/metrics"):
+                     "/api/v1/admin/keys", "/api/v1/admin/keys/{key_id}/revoke", "/healthz", "/metrics"):
             assert path in paths
 
 

@@ -3,6 +3,7 @@ and SIGINT leaves no Canopy, Ray or PostgreSQL process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -84,7 +85,13 @@ def test_canopy_up_serves_and_sigint_leaves_nothing_behind() -> None:
         assert api_key and dashboard, output
         assert f"http://127.0.0.1:{port}/api/v1" in output
         assert f"UI         http://127.0.0.1:{port}/#key={api_key.group(1)}" in output
-        assert re.search(r"Admin\s+adm_\S+", output), output
+        admin = re.search(r"Admin\s+(adm_\S+)", output)
+        assert admin, output
+        # The generated admin token is printed once, and given to no process in its environment.
+        assert output.count(admin.group(1)) == 1
+        for child in psutil.Process(process.pid).children(recursive=True):
+            with contextlib.suppress(OSError):
+                assert admin.group(1) not in Path(f"/proc/{child.pid}/environ").read_text(errors="replace")
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=30) as http:
             assert http.get("/healthz").json() == {"status": "ok", "database": "ok", "ray": "ok"}

@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import os
 import sys
 import uuid
 from pathlib import Path
 
 import ray
+from ray.util.state import list_jobs
 
 from actors.runtime import Runtime
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
-from tests.api.helpers import call, client, create, say, script
+from tests.api.helpers import call, client, create, rows, say, script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,3 +66,42 @@ async def test_canopy_run_joins_the_cluster_and_prints_the_result(runtime: Runti
     assert "helper" in out and "slots" in out  # the live tree view
     code, out = await canopy(runtime, "run", script({"fail": "the provider is down"}), *who, join_ray=True)
     assert code == 1 and "failed" in out, out
+    # The jobs' runtime_env (which Ray's dashboard shows) carries the secrets directory, never a secret.
+    jobs = await asyncio.to_thread(list_jobs, address=ray.get_runtime_context().gcs_address, detail=True)
+    joined = [job.runtime_env for job in jobs if "CANOPY_SECRETS_DIR" in (job.runtime_env or {}).get("env_vars", {})]
+    assert len(joined) >= 2, [job.runtime_env for job in jobs]
+    for runtime_env in joined:
+        shown = json.dumps(runtime_env)
+        assert runtime.database_url not in shown and "CANOPY_DATABASE_URL" not in shown
+
+
+async def test_operators_create_list_and_revoke_keys(api: ApiServer, runtime: Runtime, scope: Scope) -> None:
+    who = ["--user", scope.user_id, "--app", scope.app_id]
+    code, out = await canopy(runtime, "keys", "create", *who, "--expires-in", "2h")
+    assert code == 0, out
+    api_key = out.strip().splitlines()[-1]
+    async with client(api.url, api_key) as http:
+        assert (await http.get("/api/v1/projects")).status_code == 200
+    [row] = await rows(runtime.db, "SELECT key_id, expires_at - created_at AS life, last_used_at FROM api_keys "
+                                   "WHERE user_id = %s", scope.user_id)
+    assert row["life"] == datetime.timedelta(hours=2) and row["last_used_at"] is not None
+    key_id = str(row["key_id"])
+
+    code, out = await canopy(runtime, "keys", "list", *who)
+    assert code == 0, out
+    assert key_id in out and scope.user_id in out and "never" not in out.split(key_id)[1].splitlines()[0]
+    assert api_key not in out  # never the key
+
+    code, out = await canopy(runtime, "keys", "revoke", key_id)
+    assert code == 0 and f"revoked {key_id}" in out, out
+    async with client(api.url, api_key) as http:
+        assert (await http.get("/api/v1/projects")).status_code == 401
+    code, out = await canopy(runtime, "keys", "list", *who)
+    assert code == 0 and "revoked" in out.split(key_id)[1].splitlines()[0], out
+
+    unknown = str(uuid.uuid4())
+    code, out = await canopy(runtime, "keys", "revoke", unknown)
+    assert code == 1 and f"no API key {unknown}" in out, out
+    code, out = await canopy(runtime, "keys", "create", *who, "--expires-in", "soon")
+    assert code == 2 and "expires-in" in out, out
+    assert len(await rows(runtime.db, "SELECT key_id FROM api_keys WHERE user_id = %s", scope.user_id)) == 1

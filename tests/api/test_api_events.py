@@ -15,8 +15,21 @@ from actors.runtime import Runtime
 from api.hub import EventHub
 from api.sse import StreamSettings, event_stream
 from persistence.records import Scope
+from persistence.scopes import hash_key
 from tests.api.conftest import ApiServer, ClientFactory
-from tests.api.helpers import call, collect_events, create, poll, rows, say, script, sse_frames, terminal
+from tests.api.helpers import (
+    ADMIN_TOKEN,
+    call,
+    client,
+    collect_events,
+    create,
+    poll,
+    rows,
+    say,
+    script,
+    sse_frames,
+    terminal,
+)
 
 EVENT_FIELDS = {"cursor", "kind", "session_id", "tree_id", "turn_id", "run_id", "payload", "created_at"}
 
@@ -234,3 +247,61 @@ async def test_invalid_start_cursors_are_refused_and_write_nothing(
             assert refused.status_code == 422, (path, bad, refused.text)
             assert isinstance(refused.json()["detail"], str)
     assert await _scope_events(runtime, scope) == before
+
+
+async def _try_stream(http: httpx.AsyncClient, path: str) -> httpx.Response:
+    """Open a stream and close it at once: its status (and, refused, its body)."""
+    async with http.stream("GET", path) as response:
+        if response.status_code != 200:
+            await response.aread()
+        return response
+
+
+async def _places(runtime: Runtime, api_key: str) -> int:
+    found = await rows(runtime.db, "SELECT count(*) AS n FROM open_streams s JOIN api_keys k USING (key_id) "
+                                   "WHERE k.key_hash = %s AND s.expires_at > now()", hash_key(api_key))
+    return int(found[0]["n"])
+
+
+async def test_a_key_holds_at_most_its_limit_of_streams_across_replicas(
+        api: ApiServer, second_api: ApiServer, runtime: Runtime, scope: Scope) -> None:
+    limit = runtime.settings.max_streams_per_key
+    assert limit == 8  # the default
+    key, other_key = await runtime.create_api_key(scope), await runtime.create_api_key(scope)
+    async with client(api.url, key) as on_a, client(second_api.url, key) as on_b, \
+            client(api.url, other_key) as other:
+        root = (await on_a.post("/api/v1/sessions", json={"title": "streams"})).json()["session"]["session_id"]
+        path = f"/api/v1/trees/{root}/events"
+        async with contextlib.AsyncExitStack() as open_now:
+            held = [await open_now.enter_async_context((on_a if i % 2 else on_b).stream("GET", path))
+                    for i in range(limit)]
+            assert all(response.status_code == 200 for response in held)
+            assert await _places(runtime, key) == limit
+            for replica in (on_a, on_b):
+                refused = await _try_stream(replica, path)
+                assert refused.status_code == 429, refused.text
+                detail = refused.json()["detail"]
+                assert f"{limit} open event streams" in detail and "CANOPY_MAX_STREAMS_PER_KEY" in detail
+            assert await _places(runtime, key) == limit  # a refusal takes no place
+            assert (await _try_stream(other, path)).status_code == 200  # another key has places of its own
+            await held[0].aclose()  # closing a stream frees its place
+            await poll(lambda: _places_below(runtime, key, limit), timeout=10)
+            assert (await _try_stream(on_b, path)).status_code == 200
+        await poll(lambda: _places_below(runtime, key, 1), timeout=10)
+
+
+async def _places_below(runtime: Runtime, api_key: str, bound: int) -> bool:
+    return await _places(runtime, api_key) < bound
+
+
+async def test_a_revoked_key_loses_its_open_streams(api: ApiServer, runtime: Runtime, scope: Scope) -> None:
+    async with client(api.url, ADMIN_TOKEN) as admin:
+        key = (await admin.post("/api/v1/admin/keys", json={"user_id": scope.user_id, "app_id": scope.app_id})).json()
+        async with client(api.url, key["api_key"]) as http:
+            root = (await http.post("/api/v1/sessions", json={"title": "revoked"})).json()["session"]["session_id"]
+            async with http.stream("GET", f"/api/v1/sessions/{root}/events") as stream:
+                assert stream.status_code == 200
+                await admin.post(f"/api/v1/admin/keys/{key['key_id']}/revoke")
+                # The stream ends (its heartbeat would otherwise keep it open forever).
+                await asyncio.wait_for(_drain(stream.aiter_bytes()), 10)
+    await poll(lambda: _places_below(runtime, key["api_key"], 1), timeout=10)

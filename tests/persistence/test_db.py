@@ -1,10 +1,71 @@
-"""The pool a process opens on first use is opened once, whatever the number of first callers."""
+"""The pool: opened once on first use however many ask at once, and bounding every session: a runaway
+statement is cancelled, a lock wait gives up, and a transaction left open loses its connection,
+each with PostgreSQL's own clear error."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
-from persistence.db import LazyDatabase
+import psycopg
+import pytest
+
+from persistence.db import Database, LazyDatabase
+from persistence.settings import Settings
+
+BOUNDS = Settings(db_statement_timeout_seconds=0.5, db_lock_timeout_seconds=0.3, db_idle_in_transaction_seconds=0.5)
+
+
+@pytest.fixture
+async def bounded(database_url: str) -> AsyncIterator[Database]:
+    database = await Database.connect(database_url, max_size=2, settings=BOUNDS)
+    yield database
+    await database.close()
+
+
+async def _backend_alive(db: Database, pid: int) -> bool:
+    async with db.tx() as conn:
+        cur = await conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s", (pid,))
+        row = await cur.fetchone()
+    return bool(row and row["n"])
+
+
+async def test_pooled_sessions_carry_the_configured_bounds(bounded: Database, db: Database) -> None:
+    async with bounded.tx() as conn:
+        cur = await conn.execute("SELECT current_setting('statement_timeout') AS statement, "
+                                 "current_setting('lock_timeout') AS lock, "
+                                 "current_setting('idle_in_transaction_session_timeout') AS idle")
+        assert await cur.fetchone() == {"statement": "500ms", "lock": "300ms", "idle": "500ms"}
+    async with db.tx() as conn:  # the defaults, from Settings
+        cur = await conn.execute("SELECT current_setting('statement_timeout') AS statement")
+        assert await cur.fetchone() == {"statement": "1min"}
+
+
+async def test_a_statement_beyond_the_bound_is_cancelled(bounded: Database) -> None:
+    with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
+        async with bounded.tx() as conn:
+            await conn.execute("SELECT pg_sleep(5)")
+    async with bounded.tx() as conn:  # the pool goes on serving
+        assert await (await conn.execute("SELECT 1 AS one")).fetchone() == {"one": 1}
+
+
+async def test_a_lock_wait_beyond_the_bound_gives_up(bounded: Database, db: Database) -> None:
+    async with db.tx() as holder:
+        await holder.execute("CREATE TEMP TABLE held (id int)")  # temp: private to this session
+        await holder.execute("SELECT pg_advisory_xact_lock(4242)")
+        with pytest.raises(psycopg.errors.LockNotAvailable, match="lock timeout"):
+            async with bounded.tx() as conn:
+                await conn.execute("SELECT pg_advisory_xact_lock(4242)")
+
+
+async def test_a_transaction_left_idle_beyond_the_bound_loses_its_connection(bounded: Database,
+                                                                              db: Database) -> None:
+    with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout, match="idle-in-transaction timeout"):
+        async with bounded.tx() as conn:
+            pid = (await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone())["pid"]
+            await asyncio.sleep(1.5)  # inside the transaction, doing nothing
+            await conn.execute("SELECT 1")
+    assert not await _backend_alive(db, pid)
 
 
 async def test_concurrent_first_uses_open_one_pool(database_url: str) -> None:

@@ -289,6 +289,16 @@ async def test_api_key_prompt(browser: Browser, user: User) -> None:
     finally:
         await opened.context.close()
 
+    # A key in the query (?key=...) reached the server and its logs: it is not honoured.
+    opened = await open_tab(browser, user, key=False)
+    page = opened.page
+    try:
+        await page.goto(f"{user.base}/?key={user.key}")
+        await expect(page.locator("#login-dialog")).to_be_visible()
+        assert await page.evaluate("() => localStorage.getItem('canopy:api-key')") is None
+    finally:
+        await opened.context.close()
+
 
 async def test_sse_parser_and_cooperation_rows_in_the_page(tab: Tab, user: User) -> None:
     page = tab.page
