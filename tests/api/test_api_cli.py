@@ -12,9 +12,10 @@ from pathlib import Path
 import ray
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
-from tests.api.helpers import call, client, create, say, script
+from tests.api.helpers import client
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from sandbox.base import SandboxBackend, SandboxOptions
 from sandbox.docker_backend import DockerBackend
 from sandbox.local_backend import LocalBackend
 from sandbox.manager import SandboxManager, docker_client_if_answering
-from tests.databases import create_database, drop_database
 
 BACKENDS = ["local", "docker"]
 
