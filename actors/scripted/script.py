@@ -22,16 +22,16 @@ class ScriptError(Exception):
     """The request cannot be answered as scripted; reported to the caller as HTTP 400."""
 
 
-def quote(text: str) -> str:
+def _quote(text: str) -> str:
     """``text``, shortened for an error message."""
     return text if len(text) <= _QUOTE_CHARS else text[: _QUOTE_CHARS - 1] + "…"
 
 
-def list_position(key: str, length: int) -> int | None:
+def _list_position(key: str, length: int) -> int | None:
     """``key`` as a position in a sequence of ``length`` items, or None when it is not one.
 
-    A run of digits longer than ``length`` has is never converted to an integer: a hostile one of
-    100,000 digits would cost quadratic time (or a ValueError past Python's conversion limit).
+    A key with more digits than ``length`` has is never converted to an integer: a hostile run of
+    100,000 digits would cost quadratic time (and raise past Python's conversion limit).
     """
     if not key.isdecimal():
         return None
@@ -47,7 +47,7 @@ def list_position(key: str, length: int) -> int | None:
 # ---------------------------------------------------------------------------
 
 
-def script_body(text: str) -> str | None:
+def _script_body(text: str) -> str | None:
     """The text after the first ``#!script`` line of an Input, or None when it has none."""
     lines = text.split("\n")
     marker = next((i for i, line in enumerate(lines) if line.strip() == SCRIPT_MARKER), None)
@@ -59,14 +59,14 @@ def parse_script(text: str, max_bytes: int) -> list[dict[str, Any]] | None:
 
     A script over ``max_bytes`` (UTF-8) is refused before it is parsed.
     """
-    body = script_body(text)
+    body = _script_body(text)
     if body is None:
         return None
-    # A character takes at least one byte: only a body near the limit needs encoding to be measured.
+    # A character takes at least one byte: a body of more characters than the limit is over it unencoded.
     size = len(body) if len(body) > max_bytes else len(body.encode())
     if size > max_bytes:
         raise ScriptError(f"the script after '{SCRIPT_MARKER}' is over {max_bytes} bytes (the scripted model's "
-                          f"limit, CANOPY_SCRIPTED_MAX_SCRIPT_BYTES); it was not read")
+                          f"limit, CANOPY_SCRIPTED_MAX_SCRIPT_BYTES); it was not parsed")
     try:
         script = json.loads(body)
     except RecursionError as exc:
@@ -101,7 +101,7 @@ def _validate_step(index: int, step: Any) -> None:
             if not isinstance(call, dict) or not isinstance(call.get("name"), str):
                 raise ScriptError(f"{where}: every call needs a string 'name'")
             if not isinstance(call.get("args", {}), dict):
-                raise ScriptError(f"{where}: 'args' of {quote(call['name'])} must be an object")
+                raise ScriptError(f"{where}: 'args' of {_quote(call['name'])} must be an object")
     elif not isinstance(step[kinds[0]], str):
         raise ScriptError(f"{where}: '{kinds[0]}' must be a string")
 
@@ -195,9 +195,9 @@ class _Resolver:
     def value(self, reference: Reference) -> Any:
         if reference.escaped:
             return self._spend(reference.source[1:])
-        index = list_position(reference.index, self.results.call_count)
+        index = _list_position(reference.index, self.results.call_count)
         if index is None:
-            raise ScriptError(f"reference to tool call {quote(reference.index)}, but this Turn has only "
+            raise ScriptError(f"reference to tool call {_quote(reference.index)}, but this Turn has only "
                               f"{self.results.call_count} tool call(s)")
         if not reference.path:
             # The whole result "as JSON": the tool message text is that JSON already.
@@ -231,10 +231,10 @@ def _lookup(value: Any, path: tuple[str, ...], reference: str) -> Any:
     for key in path:
         if isinstance(value, dict) and key in value:
             value = value[key]
-        elif isinstance(value, list) and (position := list_position(key, len(value))) is not None:
+        elif isinstance(value, list) and (position := _list_position(key, len(value))) is not None:
             value = value[position]
         else:
-            raise ScriptError(f"reference {quote(reference)}: no '{quote(key)}' in {json.dumps(value)[:200]}")
+            raise ScriptError(f"reference {_quote(reference)}: no '{_quote(key)}' in {json.dumps(value)[:200]}")
     return value
 
 

@@ -4,7 +4,7 @@ size, and content beyond the size limits is refused with HTTP 400 before any of 
 
 Speed belongs in benchmarks, so the linear tests assert a scaling ratio, not a time: the work on an
 adversarial input of size n and of size 8n (best of 3 each) grows by less than GROWTH_LIMIT (linear
-work grows ~8x, quadratic ~64x, the backtracking line regexes this replaced ~500x).
+work grows ~8x, quadratic ~64x, a backtracking line regex over newlines ~500x).
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def _after_one_call(result: Any, step: dict[str, Any]) -> dict[str, Any]:
                      {"role": "tool", "tool_call_id": "call_0", "content": json.dumps(result)})
 
 
-# name -> (n, request body of size ~n). The identity shapes defeated the line regexes (cubic for
-# newlines, so their n is small enough that the old code fails in seconds, not minutes).
+# name -> (n, request body of size ~n). The identity shapes over newlines are what backtracking line
+# regexes take cubic time on: their n is small enough for such a parse to fail in seconds, not minutes.
 SHAPES: dict[str, tuple[int, Callable[[int], dict[str, Any]]]] = {
     "many_newlines": (128, lambda n: _system("\n" * n)),
     "deep_role_prefix": (128, lambda n: _system("role:" + " \n" * n + "x")),
@@ -71,7 +71,7 @@ SHAPES: dict[str, tuple[int, Callable[[int], dict[str, Any]]]] = {
     "name_with_whitespace_run": (2048, lambda n: _system("name: x" + " " * n + "y")),
     "unclosed_references": (2048, lambda n: _scripted([{"say": "${0.a" * n}])),
     "repeated_references": (512, lambda n: _after_one_call({"a": 1, "pad": "x" * 16 * n}, {"say": "${0.a}" * n})),
-    "many_parallel_calls": (128, lambda n: _scripted([{"call": [{"name": "run_command"}] * n}])),
+    "many_parallel_calls": (256, lambda n: _scripted([{"call": [{"name": "run_command"}] * n}])),
     "streamed_words": (2048, lambda n: _scripted([{"say": "a " * n}], stream=True)),
 }
 
