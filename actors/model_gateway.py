@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from actors.scripted_model import ScriptedModelServer
+    from actors.scripted.server import ScriptedModelServer
 
 SCRIPTED_PREFIX = "canopy/"
 # The scripted endpoint ignores the key, but litellm's OpenAI client insists on one.
@@ -40,7 +40,7 @@ def _litellm() -> ModuleType:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
-    from actors.scripted_model import MODEL_ID
+    from actors.scripted import MODEL_ID
 
     litellm.suppress_debug_info = True
     # litellm prices every reply; a model missing from its price map costs a search through the
@@ -181,7 +181,7 @@ class ModelGateway:
         """Base URL of the embedded scripted model, started on first use."""
         async with self._scripted_lock:
             if self._scripted is None or not self._scripted.running:
-                from actors.scripted_model import serve_scripted_model
+                from actors.scripted.server import serve_scripted_model
 
                 self._scripted = await serve_scripted_model(port=self._scripted_port, log_path=self._log_path)
             return self._scripted.base_url

@@ -30,10 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from persistence import projects, runs, sessions, trees, turns
+from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import RunRef, Scope
-from tests.databases import create_database, drop_database
 
 LEASE_SECONDS = 30.0
 HUMAN = {"kind": "human"}

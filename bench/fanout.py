@@ -43,9 +43,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import psutil
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
+from persistence.databases import rows
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.helpers import call, create, rows, say, script
 
 ROOT_STEPS = 3  # create all, wait, summarise
 # Sampling every process costs CPU on a small machine: often enough for the peaks, no more.

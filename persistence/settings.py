@@ -93,6 +93,15 @@ class Settings(BaseSettings):
 
     default_model: str = "canopy/scripted"
     scripted_model_port: int = 0
+    scripted_max_request_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024,
+        description="The largest chat completion request body the scripted model reads, and the most text a "
+                    "script's references may expand to in one reply; beyond it the request gets HTTP 400 unread. "
+                    "A conversation's history, tool results included, must fit.")
+    scripted_max_script_bytes: int = Field(
+        default=1024 * 1024, ge=1,
+        description="The largest '#!script' (the UTF-8 text after the marker line) the scripted model parses; "
+                    "a larger one gets HTTP 400 unparsed.")
     model_timeout_seconds: float = Field(default=120.0, gt=0)
     model_retries: int = Field(default=2, ge=0)
 

@@ -17,11 +17,11 @@ import pytest
 import ray
 
 from actors.runtime import Runtime
+from persistence.databases import create_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.databases import create_database
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

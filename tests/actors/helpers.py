@@ -1,5 +1,6 @@
-"""Helpers for the actor tests: scripts for the scripted model, reads of durable facts, and a test
-actor that calls the gateway as a session does."""
+"""Helpers for the actor tests: reads of durable facts, polling, scenario runs, and a test actor that
+calls the gateway as a session does (scripts are written with the public builders of
+``actors.scripted``)."""
 
 from __future__ import annotations
 
@@ -14,23 +15,9 @@ from typing import Any
 
 import ray
 
+from actors.scripted import script
+from persistence.databases import rows
 from persistence.db import Database
-
-
-def script(*steps: dict[str, Any], task: str = "task") -> str:
-    return f"{task}\n#!script\n" + json.dumps(list(steps))
-
-
-def say(text: str, delay_ms: int = 0, stream_ms: int = 0) -> dict[str, Any]:
-    return {"say": text, "delay_ms": delay_ms, "stream_ms": stream_ms}
-
-
-def call(*calls: tuple[str, dict[str, Any]], delay_ms: int = 0) -> dict[str, Any]:
-    return {"call": [{"name": name, "args": args} for name, args in calls], "delay_ms": delay_ms}
-
-
-def create(name: str, description: str) -> tuple[str, dict[str, Any]]:
-    return ("create_session", {"name": name, "description": description})
 
 
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 60.0, every: float = 0.1) -> Any:
@@ -43,12 +30,6 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 60.0,
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError("condition not reached")
         await asyncio.sleep(every)
-
-
-async def rows(db: Database, sql: str, *params: Any) -> list[dict[str, Any]]:
-    async with db.tx() as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall()
 
 
 async def peak_concurrent_runs(db: Database, tree_id: uuid.UUID) -> int:

@@ -24,9 +24,10 @@ from ray.util.state import list_actors, list_tasks
 from actors import local_channel
 from actors.naming import NAMESPACE, host_actor_name, host_index, session_hosts_setting
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.helpers import call, create, eventually, peak_concurrent_runs, rows, say, script, session_id_at
+from tests.actors.helpers import eventually, peak_concurrent_runs, rows, session_id_at
 
 
 async def fan_out(runtime: Runtime, scope: Scope) -> dict[str, Any]:

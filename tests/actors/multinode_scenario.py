@@ -15,7 +15,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from actors.gateway_actor import GatewayActor
-from tests.actors.helpers import channel_caller, model_request, say
+from actors.scripted import say
+from tests.actors.helpers import channel_caller, model_request
 
 
 def main() -> None:

@@ -16,9 +16,10 @@ from ray.util.state import list_actors
 from actors import directory as directory_client
 from actors.directory import SessionDirectoryImpl, directory_handle
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from actors.sweeper import SweeperImpl
 from persistence.records import Scope
-from tests.actors.helpers import call, create, eventually, rows, say, script
+from tests.actors.helpers import eventually, rows
 
 
 async def _live_session_actors() -> int:

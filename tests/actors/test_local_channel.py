@@ -24,7 +24,8 @@ import ray
 from actors import local_channel
 from actors.gateway_actor import GatewayActor
 from actors.runtime import Runtime
-from tests.actors.helpers import GATEWAY, channel_caller, eventually, model_request, rows, say, scenario_findings
+from actors.scripted import say
+from tests.actors.helpers import GATEWAY, channel_caller, eventually, model_request, rows, scenario_findings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -9,8 +9,9 @@ import urllib.request
 import ray
 
 from actors.runtime import Runtime
+from actors.scripted import say, script
 from persistence.records import Scope
-from tests.actors.helpers import eventually, rows, say, script
+from tests.actors.helpers import eventually, rows
 
 
 def _ray_prometheus_text() -> str:

@@ -16,7 +16,8 @@ import pytest_asyncio
 import ray
 
 from actors.model_gateway import ModelError, ModelGateway
-from actors.scripted_model import ScriptedModelServer, serve_scripted_model
+from actors.scripted import builders
+from actors.scripted.server import ScriptedModelServer, serve_scripted_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -27,8 +28,8 @@ TOOLS = [
 CANCEL_BOUND_SECONDS = 5.0
 
 
-def scripted(script: list[dict[str, Any]], task: str = "Do the thing.") -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"{task}\n#!script\n{json.dumps(script)}"}]
+def scripted(steps: list[dict[str, Any]], task: str = "Do the thing.") -> list[dict[str, Any]]:
+    return [{"role": "user", "content": builders.script(*steps, task=task)}]
 
 
 def log_lines(path: Path) -> list[dict[str, Any]]:

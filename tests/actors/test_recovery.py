@@ -17,8 +17,9 @@ import ray
 
 from actors.naming import NAMESPACE, session_actor_name, tree_actor_name
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from persistence.records import Scope
-from tests.actors.helpers import call, create, eventually, peak_concurrent_runs, rows, say, script, session_id_at
+from tests.actors.helpers import eventually, peak_concurrent_runs, rows, session_id_at
 
 
 async def _kill_session_actor(session_id: uuid.UUID, how: str) -> None:

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from actors.runtime import Runtime, scripted_log_path
+from actors.scripted import call, create, say, script
 from persistence.errors import NotFound
 from persistence.records import Row, Scope
-from tests.actors.helpers import call, create, eventually, peak_concurrent_runs, rows, say, script, session_id_at
+from tests.actors.helpers import eventually, peak_concurrent_runs, rows, session_id_at
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:

@@ -10,9 +10,10 @@ import pytest
 
 from actors.runtime import Runtime
 from actors.sandbox_tools import DENIED
+from actors.scripted import call, create, say, script
 from persistence import agents
 from persistence.records import Scope
-from tests.actors.helpers import call, create, eventually, rows, say, script, session_id_at
+from tests.actors.helpers import eventually, rows, session_id_at
 from tests.actors.test_recovery import _kill_session_actor
 
 

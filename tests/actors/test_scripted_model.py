@@ -16,7 +16,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import litellm  # after the env var: no network fetch of the price map
 
-from actors.scripted_model import FINAL_TEXT, ScriptedModelServer, serve_scripted_model
+from actors.scripted import FINAL_TEXT, builders
+from actors.scripted.server import ScriptedModelServer, serve_scripted_model
 
 litellm.suppress_debug_info = True  # expected provider errors would print help banners
 
@@ -41,8 +42,8 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Scri
     await running.stop()
 
 
-def scripted(script: list[dict[str, Any]], task: str = "Do the thing.") -> str:
-    return f"{task}\n#!script\n{json.dumps(script)}"
+def scripted(steps: list[dict[str, Any]], task: str = "Do the thing.") -> str:
+    return builders.script(*steps, task=task)
 
 
 async def complete(

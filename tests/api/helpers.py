@@ -16,7 +16,7 @@ from ray import serve
 
 from actors.runtime import Runtime, worker_env
 from api.up import LOOPBACK, start_serve
-from tests.actors.helpers import call, create, eventually, rows, say, script  # noqa: F401  (re-exported)
+from tests.actors.helpers import eventually, rows  # noqa: F401  (re-exported)
 
 ADMIN_TOKEN = "test-admin-token"
 METRICS_TOKEN = "test-metrics-token"

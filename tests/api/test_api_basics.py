@@ -8,9 +8,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.runtime import Runtime
+from actors.scripted import say, script
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
-from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, poll, rows, say, script, terminal
+from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, poll, rows, terminal
 
 
 async def test_health_metrics_and_openapi(api: ApiServer, second_api: ApiServer, http: httpx.AsyncClient) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.api.helpers import free_port, say, script
+from actors.scripted import say, script
+from tests.api.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 240.0

@@ -15,9 +15,10 @@ import ray
 from ray.util.state import list_jobs
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
-from tests.api.helpers import call, client, create, rows, say, script
+from tests.api.helpers import client, rows
 
 REPO = Path(__file__).resolve().parents[2]
 

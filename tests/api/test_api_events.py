@@ -12,24 +12,13 @@ from collections.abc import AsyncIterator
 import httpx
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from api.hub import EventHub
 from api.sse import StreamSettings, event_stream
 from persistence.records import Scope
 from persistence.scopes import hash_key
 from tests.api.conftest import ApiServer, ClientFactory
-from tests.api.helpers import (
-    ADMIN_TOKEN,
-    call,
-    client,
-    collect_events,
-    create,
-    poll,
-    rows,
-    say,
-    script,
-    sse_frames,
-    terminal,
-)
+from tests.api.helpers import ADMIN_TOKEN, client, collect_events, poll, rows, sse_frames, terminal
 
 EVENT_FIELDS = {"cursor", "kind", "session_id", "tree_id", "turn_id", "run_id", "payload", "created_at"}
 

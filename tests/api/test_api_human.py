@@ -7,7 +7,8 @@ import uuid
 import httpx
 
 from actors.runtime import Runtime
-from tests.api.helpers import call, create, poll, rows, say, script
+from actors.scripted import call, create, say, script
+from tests.api.helpers import poll, rows
 
 
 async def _result(http: httpx.AsyncClient, input_id: str, timeout: float = 60.0) -> dict:

@@ -10,9 +10,10 @@ from typing import Any
 import httpx
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from tests.api.conftest import ClientFactory
-from tests.api.helpers import call, create, poll, rows, say, script
+from tests.api.helpers import poll, rows
 
 _SCOPED_TABLES = ("sessions", "inputs", "events", "coop_messages", "requests", "http_idempotency", "projects",
                   "trees", "api_keys", "scopes")

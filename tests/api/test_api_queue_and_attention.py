@@ -6,8 +6,9 @@ from __future__ import annotations
 import httpx
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from persistence.records import Scope
-from tests.api.helpers import call, create, poll, rows, say, script, terminal
+from tests.api.helpers import poll, rows, terminal
 
 NO_ATTENTION = {"running": 0, "queued": 0, "waiting_cooperation": 0, "waiting_approval": 0, "waiting_answer": 0,
                 "cancelling": 0, "failed": 0}

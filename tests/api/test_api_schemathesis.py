@@ -21,8 +21,9 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Ok
 from schemathesis.generation import GenerationMode
 
+from actors.scripted import call, say, script
 from tests.api.conftest import ApiServer
-from tests.api.helpers import call, poll, say, script
+from tests.api.helpers import poll
 
 EXAMPLES_PER_OPERATION = 20
 # A model string litellm refuses without any network call: a Turn with it fails at once.

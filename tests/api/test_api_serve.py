@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from actors.runtime import Runtime
-from tests.api.helpers import ADMIN_TOKEN, call, client, collect_events, create, rows, say, script, served
+from actors.scripted import call, create, say, script
+from tests.api.helpers import ADMIN_TOKEN, client, collect_events, rows, served
 
 
 @pytest.fixture(scope="module")

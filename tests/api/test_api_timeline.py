@@ -14,12 +14,13 @@ from typing import Any
 import httpx
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from api.trace import micros
 from persistence import timeline
 from persistence.db import Database
 from persistence.records import Scope
 from tests.api.conftest import ClientFactory
-from tests.api.helpers import call, create, poll, rows, say, script, terminal
+from tests.api.helpers import poll, rows, terminal
 from tests.api.test_api_cli import canopy
 from tests.persistence.helpers import seed_worked_tree
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.runtime import Runtime, scripted_log_path
-from tests.actors.helpers import rows
+from persistence.databases import rows
 
 
 async def workdir_of(runtime: Runtime, tree_id: uuid.UUID) -> Path:

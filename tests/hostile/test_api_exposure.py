@@ -38,8 +38,9 @@ import psutil
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests.api.helpers import free_port, say, script
-from tests.databases import create_database, drop_database
+from actors.scripted import say, script
+from persistence.databases import create_database, drop_database
+from tests.api.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 240.0

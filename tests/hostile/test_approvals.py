@@ -12,8 +12,10 @@ import uuid
 from typing import Any
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
+from persistence.databases import rows
 from persistence.records import Scope
-from tests.actors.helpers import call, create, eventually, rows, say, script
+from tests.actors.helpers import eventually
 from tests.hostile.helpers import workdir_of
 
 _PWN = "echo pwned >> pwned.txt"

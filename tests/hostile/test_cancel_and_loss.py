@@ -16,9 +16,11 @@ import ray
 
 from actors.naming import NAMESPACE, session_actor_name
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from persistence import turns
+from persistence.databases import rows
 from persistence.records import Scope
-from tests.actors.helpers import call, create, eventually, rows, say, script
+from tests.actors.helpers import eventually
 from tests.hostile.helpers import workdir_of
 
 

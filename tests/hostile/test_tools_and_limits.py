@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
+from persistence.databases import rows
 from persistence.errors import InvalidArgument
 from persistence.records import Scope
-from tests.actors.helpers import call, create, eventually, rows, say, script
+from tests.actors.helpers import eventually
 from tests.hostile.helpers import footprint, model_requests
 
 _NOTHING_ELSE = {"receipts": [], "requests": [], "sandbox_leases": [], "files": []}

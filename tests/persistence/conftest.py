@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from persistence.databases import create_database
 from persistence.db import Database
-from tests.databases import create_database
 
 
 @pytest.fixture(scope="session")

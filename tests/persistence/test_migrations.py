@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from persistence.databases import create_database, drop_database
 from persistence.migrations import SchemaError, ensure_schema, latest_version, migrations
-from tests.databases import create_database, drop_database
 
 _V2 = Path(__file__).parent / "data" / "schema_v2.sql"
 # Rows a version-2 database holds, so each migration also proves it works on a filled database.

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from sandbox.base import CommandResult, SandboxBackend, SandboxOptions, SandboxUnavailable
 from sandbox.docker_backend import DockerBackend, connect
 from sandbox.local_backend import LocalBackend
 from sandbox.manager import SandboxManager
-from tests.databases import create_database, drop_database
 
 BACKENDS = ["local", "docker"]
 

@@ -17,7 +17,7 @@ import httpx
 from actors.runtime import Runtime
 from persistence import sessions
 from persistence.records import Scope
-from tests.actors.helpers import call, create, rows, say, script  # noqa: F401  (re-exported)
+from tests.actors.helpers import rows  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, Page

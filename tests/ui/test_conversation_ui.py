@@ -8,21 +8,8 @@ from __future__ import annotations
 import pytest
 
 from actors.runtime import Runtime
-from tests.ui.helpers import (
-    ARTIFACTS,
-    Tab,
-    User,
-    call,
-    create_root,
-    get,
-    open_root,
-    poll,
-    rows,
-    say,
-    script,
-    shoot,
-    wait_result,
-)
+from actors.scripted import call, say, script
+from tests.ui.helpers import ARTIFACTS, Tab, User, create_root, get, open_root, poll, rows, shoot, wait_result
 
 expect = pytest.importorskip("playwright.async_api").expect
 

@@ -9,24 +9,9 @@ import re
 import pytest
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from tests.actors.helpers import peak_concurrent_runs
-from tests.ui.helpers import (
-    Tab,
-    User,
-    call,
-    create,
-    create_root,
-    get,
-    member_at,
-    open_root,
-    poll,
-    rows,
-    say,
-    script,
-    shoot,
-    tree,
-    wait_result,
-)
+from tests.ui.helpers import Tab, User, create_root, get, member_at, open_root, poll, rows, shoot, tree, wait_result
 
 expect = pytest.importorskip("playwright.async_api").expect
 

@@ -12,10 +12,11 @@ import httpx
 import pytest
 
 from actors.runtime import Runtime
+from actors.scripted import say, script
 from persistence.records import Scope
 from tests.api.helpers import served
 from tests.ui.conftest import ADMIN_TOKEN
-from tests.ui.helpers import User, get, open_tab, rows, say, script, shoot, sign_in_by_link
+from tests.ui.helpers import User, get, open_tab, rows, shoot, sign_in_by_link
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser

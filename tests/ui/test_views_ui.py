@@ -12,19 +12,16 @@ from typing import TYPE_CHECKING
 import pytest
 
 from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
 from tests.ui.helpers import (
     Tab,
     User,
-    call,
-    create,
     create_root,
     horizontal_overflow,
     member_at,
     open_root,
     open_tab,
     rows,
-    say,
-    script,
     seed_tree,
     shoot,
     sign_in_by_link,

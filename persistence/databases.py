@@ -1,13 +1,21 @@
-"""Scratch databases for suites and benchmarks: a new database with Canopy's schema on a server."""
+"""Databases for test suites and benchmarks: a scratch database with Canopy's schema on a server, and
+rows read back from one.
+
+They live in the product, not in ``tests/``, because the benchmarks use them too and the product
+never imports its tests.
+"""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
 
+from persistence.db import Database
 from persistence.migrations import ensure_schema
+from persistence.records import Row
 
 
 def create_database(server_url: str, prefix: str, *, schema: bool = True) -> str:
@@ -27,3 +35,10 @@ def drop_database(url: str) -> None:
     name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
     with psycopg.connect(psycopg.conninfo.make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(name))))
+
+
+async def rows(db: Database, query: LiteralString, *params: Any) -> list[Row]:
+    """The rows of one read-only query of a suite or benchmark, in a transaction of its own."""
+    async with db.tx() as conn:
+        cur = await conn.execute(query, params)
+        return await cur.fetchall()
