@@ -151,8 +151,8 @@ def parser() -> argparse.ArgumentParser:
     up_parser.add_argument("--dashboard-port", type=int, default=8265)
     up_parser.add_argument("--replicas", type=int, default=1, help="API replicas (Serve deployment)")
     up_parser.add_argument("--expose-ray", action="store_true",
-                           help="also open Ray (GCS, raylet, dashboard on --host, agents) beyond loopback; Ray has "
-                                "no authentication: only on a trusted network")
+                           help="also open Ray (GCS, raylet, dashboard on --host, agents) beyond loopback: whoever "
+                                "holds the Ray token can run code on it; only on a trusted network")
     up_parser.set_defaults(handler=up)
 
     run_parser = _with_scope(commands.add_parser("run", help="run a task as a new root, show its tree live"))

@@ -13,10 +13,10 @@ GCS, raylet, object manager, workers, dashboard, dashboard agent, runtime-env ag
 metrics exporters bind 127.0.0.1 (Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, set by
 the ``canopy`` command before anything imports Ray, as "this node is its own cluster"; a
 Ray started here with another node address is refused before anything serves), and
-Serve replicas bind their internal gRPC server to loopback (api/serve_app.py). Ray has
-no authentication of its own and an exposed head node is a known attack path, so only
-``--expose-ray`` (with a warning) gives Ray the machine's address and the dashboard the
-``--host``.
+Serve replicas bind their internal gRPC server to loopback (api/serve_app.py). A Ray head
+node is a code-execution service (job submission): even with Ray's token authentication it
+should not face a network it does not need, so only ``--expose-ray`` (with a warning) gives
+Ray the machine's address and the dashboard the ``--host``.
 
 Secrets: the admin token (generated unless ``CANOPY_ADMIN_TOKEN`` is set) and the database
 URL reach Ray's processes only as files (actors/runtime.py); the generated token is printed
@@ -52,6 +52,7 @@ from persistence.errors import CanopyError
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from persistence.settings import Settings, get_settings, reveal
+from sandbox.manager import backend_warning
 
 log = logging.getLogger(__name__)
 DEFAULT_SCOPE = Scope("local", "canopy")
@@ -147,8 +148,11 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
         settings = settings.model_copy(update={"admin_token": SecretStr("adm_" + secrets.token_urlsafe(24))})
     if expose_ray and settings.ray_address is None:
         print(f"canopy: WARNING: --expose-ray: Ray (GCS, raylet, workers, agents) listens on this machine's "
-              f"address and its dashboard on {host}; Ray has no authentication, so anyone who reaches them "
-              "can run code here", file=sys.stderr, flush=True)
+              f"address and its dashboard on {host}; whoever reaches them with the cluster's Ray token "
+              "(~/.ray/auth_token) can run code here", file=sys.stderr, flush=True)
+    sandbox_warning = backend_warning(settings)
+    if sandbox_warning:
+        print(f"canopy: {sandbox_warning}", file=sys.stderr, flush=True)
     started = Started()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # until the service loop below takes over
     try:
