@@ -112,9 +112,8 @@ class Settings(BaseSettings):
         default=8, ge=1, description="Concurrent event streams one API key may hold open, across all API replicas.")
 
     db_pool_max: int = Field(default=4, ge=1)
-    # The bounds cover the runtime's longest legitimate waits: a sandbox release holds its
-    # tree's lease row for up to 120 s (sandbox/manager.py) while a claim of that tree waits
-    # on the lock, and the claim then creates the sandbox inside its transaction.
+    # No transaction of the runtime waits on Docker or a model, so these bound only database work:
+    # a runaway statement, a lock held by a stuck transaction, a transaction left open.
     db_statement_timeout_seconds: float = Field(
         default=60.0, gt=0, description="PostgreSQL statement_timeout of every pooled connection (lock waits "
                                          "included).")
