@@ -16,6 +16,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import ray
 
@@ -47,6 +48,8 @@ class SweeperImpl:
     def __init__(self) -> None:
         self.settings = get_settings()
         self._db = LazyDatabase(max_size=2)
+        # The sandbox manager to release idle sandboxes with; None: this process's for the database.
+        self.sandboxes: Any = None
         self._task: asyncio.Task[None] | None = None
         self._warm_up: asyncio.Task[None] | None = None
         self._sandbox_task: asyncio.Task[None] | None = None
@@ -87,8 +90,9 @@ class SweeperImpl:
                 log.exception("sweep round failed")
             await asyncio.sleep(self.settings.sweep_seconds)
 
-    async def sweep_once(self) -> None:
-        db = await self._db.get()
+    async def sweep_once(self, db: Database | None = None) -> None:
+        """One round over ``db`` (the sweeper's own pool by default)."""
+        db = db or await self._db.get()
         # Each step is isolated too: a failing step (say, a query) never stops the others.
         for step in (self._recover_expired, self._resume_due_waits, self._poke_queued,
                      self._release_idle_sandboxes, self._publish_gauges, self._delete_expired_watchers):
@@ -130,7 +134,7 @@ class SweeperImpl:
         """Per-tree sandbox idle release, and now and then orphan reaping; each sandbox is
         isolated inside the manager's ``release_idle`` and ``reap_orphans``."""
         try:
-            sandboxes = await sandbox_tools.sandbox_manager(db)
+            sandboxes = self.sandboxes or await sandbox_tools.sandbox_manager(db)
             released = await sandboxes.release_idle()
             self.sandboxes_released += len(released)
             if self._due("orphans", _ORPHANS_EVERY_SECONDS):

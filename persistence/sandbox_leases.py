@@ -47,12 +47,15 @@ class SandboxLease:
 async def lock(conn: Connection, tree_id: uuid.UUID, backend: str) -> tuple[SandboxLease, bool]:
     """The tree's lease row, locked until the transaction ends, and whether this call inserted it
     (a new row is ``released``)."""
-    cur = await conn.execute(query("sandbox_lease_insert"), {"tree_id": tree_id, "backend": backend})
-    inserted = await cur.fetchone() is not None
     params = {"tree_id": tree_id, "stale_seconds": TRANSITION_STALE_SECONDS}
-    cur = await conn.execute(query("sandbox_lease_lock"), params)
-    row = await cur.fetchone()
-    assert row is not None, "the lease row was inserted above"
+    while True:
+        cur = await conn.execute(query("sandbox_lease_insert"), {"tree_id": tree_id, "backend": backend})
+        inserted = await cur.fetchone() is not None
+        cur = await conn.execute(query("sandbox_lease_lock"), params)
+        row = await cur.fetchone()
+        if row is not None:
+            break
+        # A failed first claim deleted the row between the two statements: make it again.
     return SandboxLease.from_row(row), inserted
 
 

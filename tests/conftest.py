@@ -7,6 +7,7 @@ server), else the embedded server started in a temporary data directory.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import uuid
@@ -17,11 +18,13 @@ import pytest
 import ray
 
 from actors.runtime import Runtime
+from persistence import sandbox_leases
 from persistence.databases import create_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import Scope
 from persistence.settings import Settings
+from sandbox.manager import SandboxManager
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -64,7 +67,26 @@ RUNTIME_ENV = {
     "CANOPY_FAILPOINTS": "before_model_call=3,after_model_commit=3,after_command_receipt=3",
     # Ray's metrics agent exports every 10 s by default; the metrics test need not wait that long.
     "RAY_metrics_report_interval_ms": "2000",
+    # Many trees run commands in one session: idle sandboxes go soon, and the engine-wide container
+    # limit leaves room for the other suites sharing the engine (tests/hostile tests the limit itself).
+    "CANOPY_SANDBOX_IDLE_SECONDS": "20",
+    "CANOPY_SANDBOX_MAX_CONTAINERS": "200",
 }
+
+
+async def _remove_sandboxes(database_url: str) -> None:
+    """The containers this session's trees made: gone with the session (the engine outlives it)."""
+    db = await Database.connect(database_url, max_size=1)
+    manager = await asyncio.to_thread(SandboxManager.from_settings, db)
+    try:
+        for handle, tree_id in (await manager.backend.sandboxes()).items():
+            async with db.tx() as conn:
+                ours = await sandbox_leases.tree_known(conn, tree_id)
+            if ours:
+                await manager.backend.release(handle)
+    finally:
+        manager.close()
+        await db.close()
 
 
 @pytest.fixture(scope="session")
@@ -77,3 +99,4 @@ async def runtime(database_url: str, data_dir: Path) -> AsyncIterator[Runtime]:
     yield rt
     await rt.close()
     ray.shutdown()
+    await _remove_sandboxes(database_url)

@@ -148,16 +148,15 @@ class _FakeSandboxes:
 
 async def test_sweeper_releases_idle_sandboxes_in_isolation(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     sweeper = SweeperImpl()
-    sweeper._db = runtime.db
-    sandboxes = sweeper._sandboxes = _FakeSandboxes()
+    sandboxes = sweeper.sandboxes = _FakeSandboxes()
 
     async def broken(_db: Any) -> None:
         raise RuntimeError("this step fails")
 
     monkeypatch.setattr(sweeper, "_recover_expired", broken)
-    await sweeper.sweep_once()  # the recovery step and the release fail: the round still completes
+    await sweeper.sweep_once(runtime.db)  # the recovery step and the release fail: the round still completes
     await sweeper._sandbox_task  # the release runs beside the round, never holding up recovery
-    await sweeper.sweep_once()
+    await sweeper.sweep_once(runtime.db)
     await sweeper._sandbox_task
     assert sandboxes.calls == 2
     assert (await sweeper.stats())["rounds"] == 2

@@ -144,9 +144,9 @@ async def test_stop_all_kills_commands_but_keeps_the_sandbox(runtime: Runtime, s
     lease_before = await rows(runtime.db, "SELECT handle, state FROM sandbox_leases WHERE tree_id = %s", tree_id)
     await runtime.stop_tree(scope, tree_id)
     await runtime.wait_tree_idle(scope, tree_id, timeout=30)
-    statuses = await rows(runtime.db, "SELECT t.status FROM turns t JOIN sessions s USING (session_id) "
+    statuses = await rows(runtime.db, "SELECT t.status, s.path FROM turns t JOIN sessions s USING (session_id) "
                           "WHERE s.tree_id = %s", tree_id)
-    assert {r["status"] for r in statuses} == {"cancelled"}
+    assert {r["status"] for r in statuses} == {"cancelled"}, statuses
     lease_after = await rows(runtime.db, "SELECT handle, state FROM sandbox_leases WHERE tree_id = %s", tree_id)
     assert lease_after == lease_before and lease_after[0]["state"] == "active"
     receipt = await runtime.submit_input(scope, tree_id, script(call(("run_command", {"command": "cat started.txt"})),
