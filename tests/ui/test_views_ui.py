@@ -255,9 +255,15 @@ async def test_one_event_stream_per_tree(tab: Tab, user: User, runtime: Runtime)
     # Still one stream: navigating to another root closes this tree's stream and opens that one's.
     other = await create_root(user, script(say("hello")), title="Another root")
     await page.goto(f"{user.base}/#/s/{other['session']['session_id']}")
-    await page.wait_for_timeout(1000)
-    trees_opened = {r.url.split("/trees/")[1].split("/")[0] for r in streams}
-    assert trees_opened == {root_id, other["session"]["session_id"]}
+
+    def trees_opened() -> set[str]:
+        return {r.url.split("/trees/")[1].split("/")[0] for r in streams}
+
+    for _ in range(150):  # the other tree's stream opens once its page has loaded
+        if len(trees_opened()) > 1:
+            break
+        await asyncio.sleep(0.1)
+    assert trees_opened() == {root_id, other["session"]["session_id"]}
 
 
 async def test_api_key_prompt(browser: Browser, user: User) -> None:
