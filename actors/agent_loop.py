@@ -125,7 +125,7 @@ async def _guarded(call: dict[str, Any], running: Awaitable[ToolResult]) -> Tool
     except (LeaseLost, TurnCancelled, asyncio.CancelledError):
         raise
     except CanopyError as error:
-        return {"error": str(error)}
+        return {"error": str(error), **error.details}
     except Exception as error:
         log.exception("tool %s failed", call.get("name"))
         return {"error": f"internal error in {call.get('name')}: {error}"}

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from persistence import agents as agent_repo
-from persistence import cooperation, sessions, turns
+from persistence import cooperation, deadlocks, sessions, turns
 from persistence.cooperation import Dispatcher
 from persistence.db import Connection, Database
 from persistence.errors import InvalidArgument, NotFound
@@ -181,6 +181,8 @@ async def wait_inputs(ctx: ToolContext, conn: Connection, call_id: str, args: Wa
         raise NotFound(f"no input {missing[0]}")
     if all(result["terminal"] for result in results):
         return {"results": [_jsonable(r) for r in results], "timed_out": False}
+    await deadlocks.check_wait(conn, ctx.run, ctx.session["path"],
+                               input_ids=[r["input_id"] for r in results if not r["terminal"]])
     return Park(kind="inputs", condition={"input_ids": [str(i) for i in ids]},
                 timeout_seconds=args.timeout_seconds,
                 targets=list(dict.fromkeys(result["session_id"] for result in results)))
@@ -194,6 +196,7 @@ async def wait_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: 
     updates = await session_updates_after(conn, ctx.run.scope, ctx.run.session_id, ids, args.after_cursor)
     if updates:
         return {"updates": [_jsonable(u) for u in updates], "cursor": updates[-1]["cursor"], "timed_out": False}
+    await deadlocks.check_wait(conn, ctx.run, ctx.session["path"], session_ids=ids)
     return Park(kind="sessions", condition={"targets": [str(i) for i in ids], "after_cursor": args.after_cursor},
                 timeout_seconds=args.timeout_seconds, targets=ids)
 

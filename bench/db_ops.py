@@ -10,6 +10,9 @@ and p99 milliseconds for:
 - ``claim``         ``grant_slots`` + ``acquire_run`` (a slot under the tree lock, then the lease)
 - ``complete``      ``finish_turn`` (fence, end the Run, terminal Turn, event)
 - ``tree_summary``  the summary of a tree of ``--members`` sessions (two statements)
+- ``wait check``    deadlock detection for a new wait (persistence/deadlocks.py) in a scope where
+  ``--members`` - 1 Turns wait in one chain (each for the next one's input): the worst case
+  the check walks, rolled back after each measurement
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from persistence import projects, runs, sessions, trees, turns
+from persistence import deadlocks, projects, runs, sessions, trees, turns, waits
 from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
@@ -135,6 +138,43 @@ async def bench_summary(db: Database, scope: Scope, project_id: uuid.UUID, membe
     return {f"tree_summary ({members})": samples}
 
 
+async def bench_wait_check(db: Database, scope: Scope, project_id: uuid.UUID, members: int, n: int
+                           ) -> dict[str, list[float]]:
+    """Every member runs a Turn, and all but the last wait, each for the next one's input."""
+    async with db.tx() as conn:
+        root_id = await sessions.create_root(conn, scope, project_id=project_id, agent_id=None,
+                                             agent_config=AGENT_CONFIG, slot_limit=members)
+        receipt = await turns.submit_input(conn, scope, root_id, "plan", HUMAN)
+        receipts = [receipt]
+        cur = await conn.execute("SELECT run_id FROM runs WHERE turn_id = %s", (receipt["turn_id"],))
+        creator = (await cur.fetchone() or {})["run_id"]
+        root = await sessions.get_session_row(conn, scope, root_id)
+        for i in range(members - 1):
+            child = await sessions.create_child(conn, root, name=f"w{i}", agent_id=None, agent_config=AGENT_CONFIG,
+                                                max_depth=2, max_members=members, created_by_run_id=creator)
+            receipts.append(await turns.submit_input(conn, scope, child["session_id"], "work", HUMAN))
+        await runs.grant_slots(conn, root_id, LEASE_SECONDS)
+    held: list[RunRef] = []
+    async with db.tx() as conn:
+        for receipt in receipts:
+            cur = await conn.execute("SELECT run_id FROM runs WHERE turn_id = %s", (receipt["turn_id"],))
+            run_id = (await cur.fetchone() or {})["run_id"]
+            run = await runs.acquire_run(conn, run_id, f"bench-{uuid.uuid4().hex[:6]}", 3600)
+            assert run is not None
+            held.append(run)
+    async with db.tx() as conn:  # member i waits for member i + 1's input; the root waits for nobody yet
+        for position, run in enumerate(held[1:-1], start=1):
+            await waits.park(conn, run, tool_call_id="w", kind="inputs", timeout_seconds=3600, targets=[],
+                             condition={"input_ids": [str(receipts[position + 1]["input_id"])]})
+    samples: list[float] = []
+    for _ in range(n):
+        async def check() -> None:
+            async with db.pool.connection() as conn, conn.transaction(force_rollback=True):
+                await deadlocks.check_wait(conn, held[0], "/root", input_ids=[receipts[1]["input_id"]])
+        await timed(samples, check)
+    return {f"wait check ({members - 2} waits)": samples}
+
+
 async def main(iterations: int, members: int, summary_iterations: int) -> int:
     started = time.perf_counter()
     async with bench_database() as url:
@@ -145,6 +185,7 @@ async def main(iterations: int, members: int, summary_iterations: int) -> int:
                 project = await projects.create_project(conn, scope, "bench", Path(tempfile.gettempdir()))
             results = await bench_turn_cycle(db, scope, project["project_id"], iterations)
             results |= await bench_summary(db, scope, project["project_id"], members, summary_iterations)
+            results |= await bench_wait_check(db, scope, project["project_id"], members, summary_iterations)
         finally:
             await db.close()
     width = max(len(name) for name in results)

@@ -8,6 +8,11 @@ class CanopyError(Exception):
 
     status_code = 400
 
+    @property
+    def details(self) -> dict[str, object]:
+        """Typed fields a tool error carries beside its sentence (none by default)."""
+        return {}
+
 
 class InvalidArgument(CanopyError):
     status_code = 422
@@ -31,6 +36,18 @@ class LimitExceeded(CanopyError):
 
 class IdempotencyConflict(Conflict):
     """The same idempotency key was used with different arguments."""
+
+
+class Deadlock(Conflict):
+    """A wait that would close a cycle of waits: no Turn of the cycle could ever resume."""
+
+    def __init__(self, sentence: str, cycle: list[str]) -> None:
+        super().__init__(sentence)
+        self.cycle = cycle
+
+    @property
+    def details(self) -> dict[str, object]:
+        return {"error_type": "deadlock", "cycle": self.cycle}
 
 
 class TurnCancelled(CanopyError):

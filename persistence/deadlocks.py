@@ -1,0 +1,163 @@
+"""Wait-for deadlock detection: a wait that would close a cycle is refused at once.
+
+Cooperation waits form a graph between Turns. A ``wait_inputs`` Turn needs *all* its inputs to
+end, so it is stuck if *any* of them is stuck; an input is stuck behind its own open Turn, or —
+while it is queued — behind the open Turn of its session (inputs are served FIFO, so a child
+that submits to its waiting parent and then waits for that input waits for the parent's Turn).
+A ``wait_sessions`` Turn resumes on an update of *any* target, so it is stuck only if *every*
+target's open Turn is stuck (a target without an open Turn, or whose Turn still runs, may yet
+update it). Waits for a human (approvals, questions) are not in the graph: a human can end them.
+
+A new wait deadlocks when the waiting Turn would belong to the greatest set of waiting Turns in
+which each is stuck by the rule above, given the others are (the greatest fixed point, so a
+diamond — two Turns waiting for one that runs — is not a deadlock, and neither is a wait on an
+input that has ended). Timeouts do not save a cycle: every member would only time out.
+
+Race-free: every cooperation wait of a scope is checked and committed under the scope's wait
+lock (a transaction-scoped advisory lock taken by the check and held until the wait commits),
+so of two Turns closing the same cycle at once, the second sees the first's wait and is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+from persistence.db import Connection, advisory_lock, query
+from persistence.errors import Deadlock
+from persistence.records import RunRef, Scope
+
+
+@dataclasses.dataclass(frozen=True)
+class _Waiter:
+    """A waiting Turn: where it is, whether it needs every target (inputs) or any (sessions), and
+    the Turns it waits on (None for a target that cannot be stuck: ended, idle or starting)."""
+
+    turn_id: uuid.UUID
+    label: str
+    tree_id: uuid.UUID
+    needs_all: bool
+    on: list[uuid.UUID | None]
+
+
+def _scope_params(scope: Scope) -> dict[str, Any]:
+    return {"user_id": scope.user_id, "app_id": scope.app_id}
+
+
+async def check_wait(conn: Connection, run: RunRef, label: str, *, input_ids: list[uuid.UUID] | None = None,
+                     session_ids: list[uuid.UUID] | None = None) -> None:
+    """Raise Deadlock (with the cycle's session paths) if the Run's Turn waiting for these inputs
+    (all of them) or sessions (any of them) would close a cycle of waits; else return, holding the
+    scope's wait lock until this transaction commits its wait."""
+    await advisory_lock(conn, f"canopy.waits:{run.scope.user_id}:{run.scope.app_id}")
+    cur = await conn.execute(query("wait_graph"), _scope_params(run.scope))
+    open_waits = await cur.fetchall()
+    waits_inputs = [uuid.UUID(i) for w in open_waits if w["kind"] == "inputs" for i in w["condition"]["input_ids"]]
+    waits_sessions = [uuid.UUID(s) for w in open_waits if w["kind"] == "sessions" for s in w["condition"]["targets"]]
+    blockers = await _input_blockers(conn, run.scope, [*waits_inputs, *(input_ids or [])])
+    open_turns = await _open_turns(conn, run.scope, [*waits_sessions, *(session_ids or [])])
+
+    graph: dict[uuid.UUID, _Waiter] = {}
+    for wait in open_waits:
+        if wait["kind"] == "inputs":
+            on = [blockers.get(uuid.UUID(i)) for i in wait["condition"]["input_ids"]]
+        else:
+            on = [open_turns.get(uuid.UUID(s)) for s in wait["condition"]["targets"]]
+        graph[wait["turn_id"]] = _Waiter(wait["turn_id"], wait["path"], wait["tree_id"], wait["kind"] == "inputs", on)
+    on = [blockers.get(i) for i in input_ids] if input_ids is not None else \
+        [open_turns.get(s) for s in session_ids or []]
+    graph[run.turn_id] = _Waiter(run.turn_id, label, run.tree_id, input_ids is not None, on)
+
+    stuck = _stuck(graph, run.turn_id)
+    if run.turn_id in stuck:
+        cycle = _cycle(graph, stuck, run.turn_id)
+        names = [_name(graph[turn], run.tree_id) for turn in cycle]
+        raise Deadlock(f"waiting would deadlock: {' waits for '.join(names)}; no turn of this cycle could ever "
+                       "resume. Wait for something else, or finish without waiting.", names)
+
+
+async def _input_blockers(conn: Connection, scope: Scope, ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
+    if not ids:
+        return {}
+    cur = await conn.execute(query("input_blockers"), {**_scope_params(scope), "ids": list(dict.fromkeys(ids))})
+    return {row["input_id"]: row["blocker"] for row in await cur.fetchall() if row["blocker"] is not None}
+
+
+async def _open_turns(conn: Connection, scope: Scope, ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
+    if not ids:
+        return {}
+    cur = await conn.execute(query("session_open_turns"), {**_scope_params(scope), "ids": list(dict.fromkeys(ids))})
+    return {row["session_id"]: row["turn_id"] for row in await cur.fetchall() if row["turn_id"] is not None}
+
+
+def _stuck(graph: dict[uuid.UUID, _Waiter], start: uuid.UUID) -> set[uuid.UUID]:
+    """The greatest set of waiting Turns reachable from ``start`` in which each is stuck given the
+    others are: everything reachable, less what is freed — a Turn is free once all its targets are
+    (it needs all) or once one is (it needs any), and a target that is not a waiting Turn is free.
+    A worklist over the reversed edges: linear in the size of the graph."""
+    reachable: set[uuid.UUID] = set()
+    frontier = [start]
+    while frontier:
+        turn = frontier.pop()
+        if turn in reachable or turn not in graph:
+            continue
+        reachable.add(turn)
+        frontier.extend(t for t in graph[turn].on if t is not None)
+    waiting_on: dict[uuid.UUID, list[uuid.UUID]] = {turn: [] for turn in reachable}
+    unfree: dict[uuid.UUID, int] = {}
+    free: list[uuid.UUID] = []
+    for turn in reachable:
+        held = [t for t in graph[turn].on if t is not None and t in reachable]
+        for target in held:
+            waiting_on[target].append(turn)
+        frees_now = len(held) < len(graph[turn].on) if not graph[turn].needs_all else not held
+        if frees_now or not graph[turn].on:
+            free.append(turn)
+        unfree[turn] = len(held)
+    freed: set[uuid.UUID] = set()
+    while free:
+        turn = free.pop()
+        if turn in freed:
+            continue
+        freed.add(turn)
+        for waiter in waiting_on[turn]:
+            if waiter in freed:
+                continue
+            unfree[waiter] -= 1
+            if not graph[waiter].needs_all or unfree[waiter] == 0:
+                free.append(waiter)
+    return reachable - freed
+
+
+def _cycle(graph: dict[uuid.UUID, _Waiter], stuck: set[uuid.UUID], start: uuid.UUID) -> list[uuid.UUID]:
+    """The shortest path of stuck Turns from ``start`` back to it; if none returns (``start`` waits on
+    a cycle it is not part of), the path from ``start`` into that cycle and once around it."""
+    came_from: dict[uuid.UUID, uuid.UUID] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for turn in frontier:
+            for after in graph[turn].on:
+                if after is None or after not in stuck:
+                    continue
+                if after == start:
+                    path = [turn]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [start, *reversed(path[:-1]), start]
+                if after not in came_from:
+                    came_from[after] = turn
+                    following.append(after)
+        frontier = following
+    path, seen = [start], {start}
+    while True:  # every stuck Turn waits on another stuck one: walk until a Turn repeats
+        after = next(t for t in graph[path[-1]].on if t is not None and t in stuck)
+        path.append(after)
+        if after in seen:
+            return path
+        seen.add(after)
+
+
+def _name(waiter: _Waiter, home_tree: uuid.UUID) -> str:
+    return waiter.label if waiter.tree_id == home_tree else f"{waiter.label} (tree {str(waiter.tree_id)[:8]})"
