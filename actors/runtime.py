@@ -23,7 +23,7 @@ from actors.gateway_actor import GatewayActor
 from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options
 from actors.sweeper import Sweeper
 from actors.toolbox import check_tool_names
-from persistence import agents, projects, scopes, sessions, stream_watchers, trees, turns, views
+from persistence import agents, projects, schedules, scopes, sessions, stream_watchers, trees, turns, views
 from persistence.cooperation import record_intervention
 from persistence.db import Connection, Database, resolve_database_url
 from persistence.messages import steer
@@ -304,6 +304,22 @@ class Runtime:
         """A new API key for the scope (stored hashed; shown only here)."""
         async with self.db.tx() as conn:
             return await scopes.create_api_key(conn, scope)
+
+    async def create_schedule(self, scope: Scope, session_id: uuid.UUID, rule: schedules.Rule, text: str,
+                              catch_up: str = "once", in_tx: TxHook | None = None) -> Row:
+        """Submit ``text`` to the session at each due time of ``rule`` (the sweeper fires it)."""
+        async with self.db.tx() as conn:
+            schedule = await schedules.create_schedule(conn, scope, session_id, rule, text, catch_up)
+            await _run_hook(in_tx, conn, schedule)
+        return schedule
+
+    async def list_schedules(self, scope: Scope, session_id: uuid.UUID) -> list[Row]:
+        async with self.db.tx() as conn:
+            return await schedules.list_schedules(conn, scope, session_id)
+
+    async def delete_schedule(self, scope: Scope, session_id: uuid.UUID, schedule_id: uuid.UUID) -> None:
+        async with self.db.tx() as conn:
+            await schedules.delete_schedule(conn, scope, session_id, schedule_id)
 
     @property
     def projects_root(self) -> Path:

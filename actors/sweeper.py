@@ -1,7 +1,8 @@
 """The recovery sweeper: re-derives every lost hint from the durable facts.
 
 On start and every ``sweep_seconds`` it recovers Runs whose lease expired, resumes
-waits whose condition or deadline is met, pokes trees with queued Runs,
+waits whose condition or deadline is met, fires scheduled inputs that are due
+(persistence/schedules.py), pokes trees with queued Runs,
 re-activates sessions holding a granted but unowned Run, and releases the sandboxes of
 trees idle for ``sandbox_idle_seconds`` (SPEC §12); every few seconds it also publishes the
 runtime's state gauges (actors/metrics.py), and now and then deletes expired watch marks
@@ -22,7 +23,7 @@ import ray
 
 from actors import directory, metrics, sandbox_tools, signals
 from persistence import runs as run_repo
-from persistence import stream_watchers, turns, waits
+from persistence import schedules, stream_watchers, turns, waits
 from persistence.db import Database, LazyDatabase
 from persistence.metrics import runtime_metrics
 from persistence.settings import get_settings
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 _ORPHANS_EVERY_SECONDS = 60.0
 # Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
 _GAUGES_EVERY_SECONDS = 5.0
+# A schedule catching up on every missed due time fires at most this many per round (the rest next round).
+_MAX_FIRINGS_PER_ROUND = 20
 # Expired watch marks are ignored by readers; deleting them is housekeeping only.
 _WATCHERS_EVERY_SECONDS = 60.0
 
@@ -94,7 +97,7 @@ class SweeperImpl:
         """One round over ``db`` (the sweeper's own pool by default)."""
         db = db or await self._db.get()
         # Each step is isolated too: a failing step (say, a query) never stops the others.
-        for step in (self._recover_expired, self._resume_due_waits, self._poke_queued,
+        for step in (self._recover_expired, self._resume_due_waits, self._fire_schedules, self._poke_queued,
                      self._release_idle_sandboxes, self._publish_gauges, self._delete_expired_watchers):
             try:
                 await step(db)
@@ -111,6 +114,26 @@ class SweeperImpl:
         async with db.tx() as conn:
             open_waits = await waits.open_waits(conn)
         await _each(open_waits, lambda wait_id: signals.resume_wait(db, wait_id))
+
+    async def _fire_schedules(self, db: Database) -> None:
+        async with db.tx() as conn:
+            due = await schedules.due_schedules(conn)
+        await _each(due, lambda schedule_id: self._fire(db, schedule_id))
+
+    async def _fire(self, db: Database, schedule_id: uuid.UUID) -> None:
+        """Fire a schedule's due times that have come (several only when it catches up on all missed
+        ones), each in its own transaction, with its hints after the commit."""
+        for _ in range(_MAX_FIRINGS_PER_ROUND):
+            hints = signals.NO_HINTS
+            async with db.tx() as conn:
+                fired = await schedules.fire_due(conn, schedule_id)
+                if fired is not None and fired["receipt"] is not None:
+                    started = fired["receipt"]["turn_id"] is not None
+                    hints = await signals.change_hints(conn, [fired["session_id"]],
+                                                       hand_off_tree=fired["tree_id"] if started else None)
+            await signals.send_hints(db, hints)
+            if fired is None:
+                return
 
     async def _poke_queued(self, db: Database) -> None:
         async with db.tx() as conn:

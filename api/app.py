@@ -49,7 +49,19 @@ from api import errors, ui
 from api.auth import KeyCache, require_scope
 from api.hub import EventHub
 from api.limits import BodyLimit
-from api.routes import admin, agents, events, health, inputs, projects, requests, sessions, timeline, trees
+from api.routes import (
+    admin,
+    agents,
+    events,
+    health,
+    inputs,
+    projects,
+    requests,
+    schedules,
+    sessions,
+    timeline,
+    trees,
+)
 from api.schemas import ValidationErrorBody
 from api.sse import StreamSettings
 from persistence.settings import Settings, reveal
@@ -68,7 +80,7 @@ def _api_router() -> APIRouter:
     api.include_router(admin.router)
     # Every other /api/v1 route needs an API key: one dependency here, so none can forget it.
     scoped = APIRouter(dependencies=[Depends(require_scope)])
-    for module in (agents, projects, sessions, inputs, trees, timeline, requests, events):
+    for module in (agents, projects, sessions, schedules, inputs, trees, timeline, requests, events):
         scoped.include_router(module.router)
     api.include_router(scoped)
     api.include_router(health.build_router("api_v1_"))  # /api/v1/healthz and /api/v1/metrics too

@@ -475,3 +475,28 @@ class Trace(BaseModel):
     # The format's own field names.
     traceEvents: list[TraceEvent]
     displayTimeUnit: Literal["ms"] = "ms"
+
+
+# -- schedules ---------------------------------------------------------------------------------------
+
+
+class ScheduleCreate(RequestBody):
+    cron: str | None = Field(default=None, max_length=200,
+                             description="A cron expression (five fields, UTC); give this or every_seconds.")
+    every_seconds: float | None = Field(default=None, ge=1, le=366 * 24 * 3600,
+                                        description="A fixed interval in seconds; give this or cron.")
+    text: Text = Field(description="The input submitted at each due time.")
+    catch_up: Literal["once", "all", "skip"] = Field(
+        default="once", description="Due times missed while nothing ran: fire once for them, each, or none.")
+
+
+class Schedule(ResponseBody):
+    schedule_id: uuid.UUID
+    session_id: uuid.UUID
+    cron: str | None
+    every_seconds: float | None = Field(validation_alias="interval_seconds")
+    text: str = Field(validation_alias="input_text")
+    catch_up: str
+    next_due_at: dt.datetime
+    last_due_at: dt.datetime | None = None
+    created_at: dt.datetime

@@ -1,0 +1,136 @@
+"""Scheduled inputs: a schedule submits its input text to its session at each due time, exactly once.
+
+A due time fires in one transaction that locks the schedule row (``SKIP LOCKED``: several
+sweepers never wait on each other), records the firing under the key (schedule, due time), submits
+the input with origin ``schedule`` and moves the schedule to its next due time: a crash before the
+commit fires it again later, a crash after it finds it fired, and no due time fires twice.
+
+Due times missed while nothing ran (everything down, or the sweep late) follow the schedule's
+``catch_up``: ``once`` (the default) fires once for all of them — at the latest missed due time —
+then continues from now; ``all`` fires each of them, oldest first, one per sweep step; ``skip``
+fires none and continues from now. A due time whose input cannot be given (its session is
+archived, or waits for a human) is recorded with the reason and skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import uuid
+from typing import Any
+
+from croniter import croniter
+
+from persistence import turns
+from persistence.db import Connection, query
+from persistence.errors import CanopyError, InvalidArgument, NotFound
+from persistence.records import Row, Scope, new_id
+from persistence.sessions import get_session_row
+
+CATCH_UP = ("once", "all", "skip")
+MIN_INTERVAL_SECONDS = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """When a schedule is due: a cron expression (UTC) or a fixed interval."""
+
+    cron: str | None = None
+    interval_seconds: float | None = None
+
+    def check(self) -> None:
+        if (self.cron is None) == (self.interval_seconds is None):
+            raise InvalidArgument("a schedule has exactly one of cron and every_seconds")
+        if self.interval_seconds is not None and self.interval_seconds < MIN_INTERVAL_SECONDS:
+            raise InvalidArgument(f"every_seconds must be at least {MIN_INTERVAL_SECONDS:g}")
+        if self.cron is not None and not croniter.is_valid(self.cron):
+            raise InvalidArgument(f"{self.cron!r} is not a cron expression "
+                                  "(five fields: minute hour day-of-month month day-of-week, UTC)")
+
+    def after(self, moment: datetime.datetime) -> datetime.datetime:
+        """The first due time strictly after ``moment``."""
+        if self.interval_seconds is not None:
+            return moment + datetime.timedelta(seconds=self.interval_seconds)
+        assert self.cron is not None
+        return croniter(self.cron, moment).get_next(datetime.datetime)
+
+
+def _rule(row: Row) -> Rule:
+    return Rule(row["cron"], row["interval_seconds"])
+
+
+async def create_schedule(conn: Connection, scope: Scope, session_id: uuid.UUID, rule: Rule, text: str,
+                          catch_up: str = "once") -> Row:
+    """A new schedule of a session in the scope; its first due time is the rule's first after now."""
+    rule.check()
+    turns.check_text(text, "input text")
+    if catch_up not in CATCH_UP:
+        raise InvalidArgument(f"catch_up must be one of {', '.join(CATCH_UP)}")
+    await get_session_row(conn, scope, session_id)  # NotFound for another scope's session
+    cur = await conn.execute(query("database_now"))
+    now = (await cur.fetchone() or {})["now"]
+    cur = await conn.execute(query("schedule_insert"), {
+        "schedule_id": new_id(), "user_id": scope.user_id, "app_id": scope.app_id, "session_id": session_id,
+        "cron": rule.cron, "interval_seconds": rule.interval_seconds, "input_text": text, "catch_up": catch_up,
+        "next_due_at": rule.after(now)})
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def list_schedules(conn: Connection, scope: Scope, session_id: uuid.UUID) -> list[Row]:
+    await get_session_row(conn, scope, session_id)
+    cur = await conn.execute(query("schedules_of_session"), {"session_id": session_id, "user_id": scope.user_id,
+                                                             "app_id": scope.app_id})
+    return await cur.fetchall()
+
+
+async def delete_schedule(conn: Connection, scope: Scope, session_id: uuid.UUID, schedule_id: uuid.UUID) -> None:
+    cur = await conn.execute(query("schedule_delete"), {"schedule_id": schedule_id, "session_id": session_id,
+                                                        "user_id": scope.user_id, "app_id": scope.app_id})
+    if await cur.fetchone() is None:
+        raise NotFound(f"no schedule {schedule_id} of session {session_id}")
+
+
+async def due_schedules(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
+    """Schedules with a due time that has come, soonest first: what the sweep fires."""
+    cur = await conn.execute(query("schedules_due"), {"limit": limit})
+    return [row["schedule_id"] for row in await cur.fetchall()]
+
+
+async def fire_due(conn: Connection, schedule_id: uuid.UUID) -> Row | None:
+    """Fire the schedule's due time if it has come and nobody else is firing it (see the module
+    docstring); returns the firing (with the input receipt, or the error) or None."""
+    cur = await conn.execute(query("schedule_lock_due"), {"schedule_id": schedule_id})
+    schedule = await cur.fetchone()
+    if schedule is None:
+        return None
+    rule, now, due = _rule(schedule), schedule["now"], schedule["next_due_at"]
+    following = rule.after(due)
+    if schedule["catch_up"] != "all":  # missed due times collapse into this one (once) or none (skip)
+        latest = due
+        while following <= now:
+            latest, following = following, rule.after(following)
+        due = latest
+        if schedule["catch_up"] == "skip" and schedule["next_due_at"] < latest:
+            await _advance(conn, schedule_id, following)
+            return None
+    scope = Scope(schedule["user_id"], schedule["app_id"])
+    origin: dict[str, Any] = {"kind": "schedule", "schedule_id": str(schedule_id), "due_at": due.isoformat()}
+    receipt: Row | None = None
+    error: str | None = None
+    try:
+        async with conn.transaction():  # a refused input changes nothing but the firing's record
+            receipt = await turns.submit_input(conn, scope, schedule["session_id"], schedule["input_text"], origin)
+    except CanopyError as refused:
+        error = str(refused)
+    await conn.execute(query("schedule_firing_insert"), {
+        "schedule_id": schedule_id, "due_at": due, "input_id": receipt["input_id"] if receipt else None,
+        "error": error})
+    await _advance(conn, schedule_id, following)
+    return {"schedule_id": schedule_id, "session_id": schedule["session_id"], "tree_id": schedule["tree_id"],
+            "due_at": due, "receipt": receipt, "error": error}
+
+
+async def _advance(conn: Connection, schedule_id: uuid.UUID, next_due: datetime.datetime) -> None:
+    await conn.execute(query("schedule_advance"), {"schedule_id": schedule_id, "next_due_at": next_due})

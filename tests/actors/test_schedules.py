@@ -1,0 +1,36 @@
+"""Scheduled inputs through the runtime: the sweeper fires each due time once and the session works it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from actors.runtime import Runtime
+from actors.scripted import say, script
+from persistence.databases import rows
+from persistence.records import Scope
+from persistence.schedules import Rule
+from tests.actors.helpers import eventually
+
+
+async def test_an_interval_schedule_gives_one_input_per_due_time(runtime: Runtime, scope: Scope) -> None:
+    created = await runtime.create_root(scope, title="scheduled")
+    session_id = created["session"]["session_id"]
+    schedule = await runtime.create_schedule(scope, session_id, Rule(interval_seconds=1), script(say("tick")))
+
+    async def fired_three() -> list[dict[str, object]]:
+        found = await rows(runtime.db, "SELECT i.origin, t.status FROM inputs i LEFT JOIN turns t USING (input_id) "
+                           "WHERE i.session_id = %s ORDER BY i.seq", session_id)
+        return found if len(found) >= 3 and all(r["status"] == "completed" for r in found[:3]) else []
+
+    await eventually(fired_three, timeout=60)
+    await runtime.delete_schedule(scope, session_id, schedule["schedule_id"])
+    await asyncio.sleep(2)  # a deleted schedule fires no more
+    inputs = await rows(runtime.db, "SELECT origin FROM inputs WHERE session_id = %s ORDER BY seq", session_id)
+    firings = await rows(runtime.db, "SELECT due_at, input_id FROM schedule_firings WHERE schedule_id = %s "
+                         "ORDER BY due_at", schedule["schedule_id"])
+    assert [i["origin"]["kind"] for i in inputs] == ["schedule"] * len(inputs)
+    assert len(firings) == len(inputs) >= 3
+    assert len({f["due_at"] for f in firings}) == len(firings)  # one input per due time
+    results = await rows(runtime.db, "SELECT r.output FROM turns t JOIN runs r ON r.run_id = t.result_run_id "
+                         "WHERE t.session_id = %s", session_id)
+    assert {r["output"] for r in results} == {"tick"}

@@ -1,0 +1,119 @@
+"""Scheduled inputs: each due time gives exactly one input, whatever the number of sweepers; missed
+due times follow the schedule's catch-up policy; a bad schedule is refused and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import uuid
+
+import pytest
+
+from persistence import schedules
+from persistence.db import Database
+from persistence.errors import InvalidArgument, NotFound
+from persistence.records import Scope
+from tests.persistence.helpers import count_rows, fetch_all, make_tree
+
+
+async def _due_in_the_past(db: Database, schedule_id: uuid.UUID, seconds_ago: float) -> None:
+    async with db.tx() as conn:
+        await conn.execute("UPDATE schedules SET next_due_at = now() - make_interval(secs => %s) "
+                           "WHERE schedule_id = %s", (seconds_ago, schedule_id))
+
+
+async def _fire_all(db: Database, schedule_id: uuid.UUID) -> list[dict[str, object]]:
+    fired = []
+    while True:
+        async with db.tx() as conn:
+            firing = await schedules.fire_due(conn, schedule_id)
+        if firing is None:
+            return fired
+        fired.append(firing)
+
+
+async def _inputs_of(db: Database, session_id: uuid.UUID) -> list[dict[str, object]]:
+    return await fetch_all(db, "SELECT origin FROM inputs WHERE session_id = %s AND origin->>'kind' = 'schedule' "
+                           "ORDER BY seq", (session_id,))
+
+
+async def test_a_due_time_fires_once_however_many_sweepers_race(db: Database, scope: Scope) -> None:
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=60),
+                                               "check the build")
+    await _due_in_the_past(db, made["schedule_id"], 1)
+
+    async def sweeper() -> object:
+        async with db.tx() as conn:
+            return await schedules.fire_due(conn, made["schedule_id"])
+
+    outcomes = await asyncio.gather(*(sweeper() for _ in range(6)))
+    assert sum(outcome is not None for outcome in outcomes) == 1
+    fired = await _inputs_of(db, tree.root_id)
+    assert len(fired) == 1 and fired[0]["origin"]["schedule_id"] == str(made["schedule_id"])
+    async with db.tx() as conn:
+        [listed] = await schedules.list_schedules(conn, scope, tree.root_id)
+    assert listed["next_due_at"] > listed["last_due_at"]  # moved on to the next due time
+    assert await _fire_all(db, made["schedule_id"]) == []  # not due again yet
+
+
+@pytest.mark.parametrize(("catch_up", "expected"), [("once", 1), ("all", 5), ("skip", 0)])
+async def test_missed_due_times_follow_the_catch_up_policy(db: Database, scope: Scope, catch_up: str,
+                                                           expected: int) -> None:
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=10),
+                                               "tick", catch_up)
+    await _due_in_the_past(db, made["schedule_id"], 45)  # due 45, 35, 25, 15 and 5 s ago
+    fired = await _fire_all(db, made["schedule_id"])
+    assert len(fired) == expected
+    due_times = [f["due_at"] for f in fired]
+    assert len(set(due_times)) == len(due_times)
+    assert len(await _inputs_of(db, tree.root_id)) == expected
+    async with db.tx() as conn:
+        [listed] = await schedules.list_schedules(conn, scope, tree.root_id)
+        now = (await (await conn.execute("SELECT now() AS now")).fetchone() or {})["now"]
+    assert now < listed["next_due_at"] <= now + datetime.timedelta(seconds=10)
+
+
+async def test_a_refused_input_is_recorded_and_skipped(db: Database, scope: Scope) -> None:
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(cron="* * * * *"), "tick")
+        await conn.execute("UPDATE sessions SET archived = true WHERE session_id = %s", (tree.root_id,))
+    await _due_in_the_past(db, made["schedule_id"], 1)
+    [fired] = await _fire_all(db, made["schedule_id"])
+    assert fired["receipt"] is None and "archived" in str(fired["error"])
+    assert await _inputs_of(db, tree.root_id) == []
+    firings = await fetch_all(db, "SELECT input_id, error FROM schedule_firings WHERE schedule_id = %s",
+                              (made["schedule_id"],))
+    assert len(firings) == 1 and firings[0]["input_id"] is None
+
+
+@pytest.mark.parametrize("rule", [schedules.Rule(), schedules.Rule(cron="* * * * *", interval_seconds=5),
+                                  schedules.Rule(interval_seconds=0.2), schedules.Rule(cron="every minute")])
+async def test_a_bad_schedule_is_refused_and_writes_nothing(db: Database, scope: Scope,
+                                                            rule: schedules.Rule) -> None:
+    tree = await make_tree(db, scope)
+    before = await count_rows(db)
+    with pytest.raises(InvalidArgument):
+        async with db.tx() as conn:
+            await schedules.create_schedule(conn, scope, tree.root_id, rule, "tick")
+    assert await count_rows(db) == before
+
+
+async def test_another_scopes_session_has_no_schedules(db: Database, scope: Scope) -> None:
+    tree = await make_tree(db, scope)
+    other = Scope("someone-else", scope.app_id)
+    with pytest.raises(NotFound):
+        async with db.tx() as conn:
+            await schedules.create_schedule(conn, other, tree.root_id, schedules.Rule(interval_seconds=5), "x")
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=5), "x")
+    with pytest.raises(NotFound):
+        async with db.tx() as conn:
+            await schedules.delete_schedule(conn, other, tree.root_id, made["schedule_id"])
+    async with db.tx() as conn:
+        await schedules.delete_schedule(conn, scope, tree.root_id, made["schedule_id"])
+        assert await schedules.list_schedules(conn, scope, tree.root_id) == []
