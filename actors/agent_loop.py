@@ -17,11 +17,11 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-from actors import failpoints, local_channel, signals
+from actors import compaction, failpoints, local_channel, signals
 from actors.naming import GATEWAY_NAME
 from actors.toolbox import effective_tools, parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
-from persistence import messages, turns, waits
+from persistence import messages, sessions, turns, waits
 from persistence import runs as run_repo
 from persistence.cooperation import Dispatcher
 from persistence.db import Connection, Database, savepoint
@@ -58,7 +58,7 @@ def identity_block(session: Row, run: RunRef, input_id: uuid.UUID) -> str:
 
 # History rows whose text Canopy wrote itself (the wrappers of messages and steers; their bodies
 # are escaped when rendered): every other text reaches the model with wrappers escaped.
-_WRAPPED_ORIGINS = ("message", "steer")
+_WRAPPED_ORIGINS = ("message", "steer", "compaction")
 
 
 def to_model_message(row: Row) -> dict[str, Any]:
@@ -198,6 +198,8 @@ class RunExecutor:
         self._history: list[Row] = []
         self._begun: _Begun | None = None
         self._tools: frozenset[str] = frozenset()
+        self._compact_requested = False  # read at each model boundary
+        self._session_name = ""
 
     async def execute(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(asyncio.current_task()))
@@ -237,7 +239,7 @@ class RunExecutor:
             session, input_id = acquired.session, acquired.input_id
         else:
             session, input_id = await session_and_turn_input(conn, self.run)
-        self._history = await messages.history(conn, self.run.session_id)
+        self._history = await messages.model_history(conn, self.run.session_id)
         boundary = await self._take_boundary(conn) if self._model_is_next() else None
         self._begun = _Begun(session, input_id, boundary)
 
@@ -258,6 +260,7 @@ class RunExecutor:
         assert self._begun is not None
         session, input_id, boundary = self._begun.session, self._begun.input_id, self._begun.boundary
         self._tools = effective_tools(session["agent_config"].get("tools"))
+        self._session_name = session["name"]
         while True:
             pending = unanswered_calls(self._history, self.run.turn_id)
             if pending:
@@ -305,6 +308,7 @@ class RunExecutor:
         """Take messages and steers into the history, unless the Turn is being cancelled (or
         stopped): then the caller ends it as cancelled instead of calling the model."""
         boundary = await messages.take_boundary(conn, self.run)
+        self._compact_requested = boundary.compact_requested
         if boundary.turn_status == "cancelling":
             return _Boundary(cancelling=True)
         self._history.extend(boundary.taken)
@@ -319,14 +323,52 @@ class RunExecutor:
         watch = {"session_id": str(self.run.session_id), "tree_id": str(self.run.tree_id),
                  "turn_id": str(self.run.turn_id)}
         try:
-            return await local_channel.call(
-                self.gateway, GATEWAY_NAME, "complete_for_run", run_id=str(self.run.run_id),
-                model=config.get("model") or self.settings.default_model, messages=request,
-                tools=schemas(self._tools), watch=watch if stream else None)
+            await self._compact_if_due(config, request)
+            if self._history[:1] and (self._history[0]["origin"] or {}).get("kind") == "compaction":
+                request = [request[0], *(to_model_message(row) for row in self._history)]
+            return await self._gateway("complete_for_run", run_id=str(self.run.run_id), model=self._model(config),
+                                       messages=request, tools=schemas(self._tools),
+                                       watch=watch if stream else None)
+        except (LeaseLost, asyncio.CancelledError):
+            raise
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
             cause = getattr(error, "cause", None) or error
             await self._finish("failed", error=f"model call failed: {cause}")
             return None
+
+    def _model(self, config: dict[str, Any]) -> str:
+        return str(config.get("model") or self.settings.default_model)
+
+    async def _gateway(self, method: str, **arguments: Any) -> Any:
+        return await local_channel.call(self.gateway, GATEWAY_NAME, method, **arguments)
+
+    async def _compact_if_due(self, config: dict[str, Any], request: list[dict[str, Any]]) -> None:
+        """Before a model call: if it would send more tokens than the session's threshold (or a human
+        asked), commit a summary of the messages before this Turn, which stands for them from now on
+        (actors/compaction.py). The history in memory becomes the summary and this Turn's messages."""
+        earlier = compaction.earlier_messages(self._history, self.run.turn_id)
+        already = len(earlier) == 1 and (earlier[0]["origin"] or {}).get("kind") == "compaction"
+        if not earlier or already:
+            return
+        threshold = int(config.get("compact_at_tokens") or self.settings.compact_at_tokens)
+        tools = schemas(self._tools)
+        if not self._compact_requested:
+            if compaction.estimate_tokens(request, tools) < threshold // 2:
+                return
+            counted = await self._gateway("count_tokens", model=self._model(config), messages=request, tools=tools)
+            if counted <= threshold:
+                return
+        reply = await self._gateway("complete_for_run", run_id=str(self.run.run_id), model=self._model(config),
+                                    messages=compaction.request(earlier, threshold), tools=None, watch=None)
+        await failpoints.pause("during_compaction", self._session_name)
+        async with self.db.tx() as conn:
+            summary = await messages.append_summary(
+                conn, self.run, summary=reply["message"]["content"] or "", covers_until=earlier[-1]["id"],
+                covered=len(earlier), usage=reply["usage"], cost_usd=reply.get("cost_usd", 0.0))
+            if self._compact_requested:
+                await sessions.clear_compact_request(conn, self.run.session_id)
+        self._compact_requested = False
+        self._history = [summary, *self._history[len(earlier):]]
 
     async def _commit_reply(self, reply: dict[str, Any]) -> bool:
         """Commit the reply with the call's usage. A reply without tool calls is the answer: the

@@ -4,8 +4,9 @@
 starts with ``fp-`` pause 3 seconds at that point, so a test can kill its actor at an
 exact step of the write-through protocol. Points: ``before_model_call``,
 ``after_model_commit`` (the assistant message with tool calls is committed, no tool
-has run), ``after_command_receipt`` (a command finished and its receipt is committed,
-its tool message is not).
+has run), ``during_compaction`` (a compaction summary was answered, not committed),
+``after_command_receipt`` (a command finished and its receipt is committed, its tool
+message is not).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class AccountedGateway(ModelGateway):
         super().__init__(*args, **kwargs)
         self._db = LazyDatabase(max_size=4)
         self._recorder = _CallRecorder(self._database)
-        self._channel = ChannelServer({"complete_for_run": self.complete_for_run})
+        self._channel = ChannelServer({"complete_for_run": self.complete_for_run, "count_tokens": self.count_tokens})
 
     async def _database(self) -> Database:
         return await self._db.get()

@@ -236,6 +236,16 @@ class ModelGateway:
             "attempts": attempts,
         }
 
+    async def count_tokens(self, *, model: str, messages: list[dict[str, Any]],
+                           tools: list[dict[str, Any]] | None = None) -> int:
+        """The prompt tokens a request would send, by litellm's counter for the model (in a thread:
+        counting a long history takes a while, and this process serves every model call)."""
+        litellm = _litellm()
+        counted = (model if not model.startswith(SCRIPTED_PREFIX) else "openai/" + model[len(SCRIPTED_PREFIX):])
+        return int(await asyncio.to_thread(litellm.token_counter, model=counted,
+                                           messages=to_openai_messages(messages),
+                                           tools=to_openai_tools(tools) if tools else None))
+
     async def _route(self, model: str, api_key: str | None, api_base: str | None) -> dict[str, Any]:
         if model.startswith(SCRIPTED_PREFIX):
             route = {

@@ -121,6 +121,9 @@ class AgentCreate(RequestBody):
                                   description="Tool names the agent may use; empty means every tool.")
     approval_mode: Literal["auto", "ask"] = "auto"
     shared: bool = Field(default=False, description="Visible to every user of the same app.")
+    compact_at_tokens: int | None = Field(
+        default=None, ge=1000, le=10_000_000,
+        description="Compact a session's history when a model call would send more tokens (default: the setting).")
 
 
 class AgentUpdate(RequestBody):
@@ -131,6 +134,7 @@ class AgentUpdate(RequestBody):
     tools: list[ToolName] | None = Field(default=None, max_length=64)
     approval_mode: Literal["auto", "ask"] | None = None
     shared: bool | None = None
+    compact_at_tokens: int | None = Field(default=None, ge=1000, le=10_000_000)
 
     @model_validator(mode="before")
     @classmethod
@@ -153,6 +157,7 @@ class Agent(ResponseBody):
     tools: list[str]
     approval_mode: str
     shared: bool
+    compact_at_tokens: int | None = None
     owner_user_id: str
     created_at: dt.datetime
     updated_at: dt.datetime
@@ -500,3 +505,8 @@ class Schedule(ResponseBody):
     next_due_at: dt.datetime
     last_due_at: dt.datetime | None = None
     created_at: dt.datetime
+
+
+class CompactionRequested(ResponseBody):
+    session_id: uuid.UUID
+    status: Literal["requested"] = "requested"

@@ -12,9 +12,10 @@ from persistence.errors import Conflict, NotFound
 from persistence.records import Row, Scope
 
 _COLUMNS = "agent_id, name, description, model, instructions, tools, approval_mode, shared, owner_user_id, " \
-    "created_at, updated_at"
+    "created_at, updated_at, compact_at_tokens"
 _VISIBLE = "app_id = %(app_id)s AND (owner_user_id = %(user_id)s OR shared)"
-EDITABLE_FIELDS = ("name", "description", "model", "instructions", "tools", "approval_mode", "shared")
+EDITABLE_FIELDS = ("name", "description", "model", "instructions", "tools", "approval_mode", "shared",
+                   "compact_at_tokens")
 
 
 def frozen_config(agent: Row) -> dict[str, Any]:
@@ -26,6 +27,7 @@ def frozen_config(agent: Row) -> dict[str, Any]:
         "instructions": agent["instructions"],
         "tools": list(agent["tools"]),
         "approval_mode": agent["approval_mode"],
+        "compact_at_tokens": agent["compact_at_tokens"],
     }
 
 
@@ -41,12 +43,13 @@ async def create_agent(conn: Connection, scope: Scope, fields: dict[str, Any]) -
         "tools": Jsonb(fields.get("tools", [])),
         "approval_mode": fields.get("approval_mode", "auto"),
         "shared": fields.get("shared", False),
+        "compact_at_tokens": fields.get("compact_at_tokens"),
     }
     cur = await conn.execute(
         f"""INSERT INTO agents (app_id, agent_id, owner_user_id, name, description, model, instructions,
-                                tools, approval_mode, shared)
+                                tools, approval_mode, shared, compact_at_tokens)
             VALUES (%(app_id)s, %(agent_id)s, %(owner_user_id)s, %(name)s, %(description)s, %(model)s,
-                    %(instructions)s, %(tools)s, %(approval_mode)s, %(shared)s)
+                    %(instructions)s, %(tools)s, %(approval_mode)s, %(shared)s, %(compact_at_tokens)s)
             ON CONFLICT DO NOTHING
             RETURNING {_COLUMNS}""",
         params,
@@ -87,7 +90,7 @@ async def update_agent(conn: Connection, scope: Scope, agent_id: str, changes: d
     cur = await conn.execute(
         f"""UPDATE agents SET name = %(name)s, description = %(description)s, model = %(model)s,
                    instructions = %(instructions)s, tools = %(tools)s, approval_mode = %(approval_mode)s,
-                   shared = %(shared)s, updated_at = now()
+                   shared = %(shared)s, compact_at_tokens = %(compact_at_tokens)s, updated_at = now()
             WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s
             RETURNING {_COLUMNS}""",
         {**merged, "app_id": scope.app_id, "agent_id": agent_id},

@@ -74,21 +74,48 @@ async def append_tool_results(conn: Connection, run: RunRef, results: list[tuple
 
 
 async def append_reply(conn: Connection, run: RunRef, *, content: str | None,
-                       tool_calls: list[dict[str, Any]] | None, usage: dict[str, int], cost_usd: float) -> Row:
+                       tool_calls: list[dict[str, Any]] | None, usage: dict[str, int], cost_usd: float,
+                       role: str = "assistant", origin: dict[str, Any] | None = None) -> Row:
     """Commit a model reply of the executing Run and count its call's tokens and cost on the Run,
     in one fenced statement (LeaseLost, nothing written, if the lease is gone). Returns the
-    row as :func:`history` reads it."""
+    row as :func:`history` reads it. A compaction summary is a reply too (see ``append_summary``)."""
     cur = await conn.execute(query("append_reply"), {
         "prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
         "cost_usd": cost_usd, "run_id": run.run_id, "owner": run.owner, "session_id": run.session_id,
-        "turn_id": run.turn_id, "content": content, "tool_calls": Jsonb(tool_calls) if tool_calls else None})
+        "turn_id": run.turn_id, "content": content, "tool_calls": Jsonb(tool_calls) if tool_calls else None,
+        "role": role, "origin": Jsonb(origin or {})})
     row = await cur.fetchone()
     if row is None:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
     await append_event(conn, run.scope, "message", session_id=run.session_id, tree_id=run.tree_id,
                        turn_id=run.turn_id, run_id=run.run_id,
-                       payload={"message_id": row["id"], "role": "assistant", "tool_call_id": None})
+                       payload={"message_id": row["id"], "role": role, "tool_call_id": None})
     return row
+
+
+def render_summary(summary: str) -> str:
+    """How a compaction summary appears to the model: Canopy's own wrapper around the summary."""
+    return f"<canopy:summary>\n{escape_wrappers(summary)}\n</canopy:summary>"
+
+
+async def append_summary(conn: Connection, run: RunRef, *, summary: str, covers_until: int, covered: int,
+                         usage: dict[str, int], cost_usd: float) -> Row:
+    """Commit a compaction summary (fenced, its call's usage charged): from now on it stands for
+    every message of the session up to ``covers_until`` in what the model is sent (they stay here)."""
+    return await append_reply(conn, run, content=render_summary(summary), tool_calls=None, usage=usage,
+                              cost_usd=cost_usd, role="user",
+                              origin={"kind": "compaction", "covers_until": covers_until, "covered": covered})
+
+
+async def model_history(conn: Connection, session_id: uuid.UUID) -> list[Row]:
+    """What a Run works from: the session's latest compaction summary, if any, then every message
+    after what it covers (the summary itself first, where the messages it stands for were)."""
+    cur = await conn.execute(query("latest_compaction"), {"session_id": session_id})
+    summary = await cur.fetchone()
+    if summary is None:
+        return await history(conn, session_id)
+    after = await history(conn, session_id, after_id=summary["origin"]["covers_until"])
+    return [summary, *(row for row in after if (row["origin"] or {}).get("kind") != "compaction")]
 
 
 _HISTORY_PAGE = 10_000
@@ -136,6 +163,7 @@ class Boundary:
     turn_status: str | None
     watched: bool
     taken: list[Row]
+    compact_requested: bool = False
 
 
 async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
@@ -147,9 +175,9 @@ async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
     rows = await cur.fetchall()
     if not rows or not rows[0]["fenced"]:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
-    status, watched = rows[0]["turn_status"], rows[0]["watched"]
+    status, watched, compact = rows[0]["turn_status"], rows[0]["watched"], bool(rows[0]["compact_requested"])
     if status == "cancelling":
-        return Boundary(status, watched, [])
+        return Boundary(status, watched, [], compact)
     taken = []
     for message in rows:
         if message["message_id"] is None:  # no message: the one row is the Turn's alone
@@ -167,7 +195,7 @@ async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
     if any(message["sender_approval_mode"] == "ask" for message in rows):
         # Context from an ask Turn must not get a command run unasked through an auto one.
         await conn.execute(query("turn_ask"), {"turn_id": run.turn_id})
-    return Boundary(status, watched, taken)
+    return Boundary(status, watched, taken, compact)
 
 
 async def insert_coop_message(

@@ -63,6 +63,8 @@ CREATE TABLE agents (
     shared          boolean NOT NULL DEFAULT false,
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
+    -- Compact a session's history when a model call would send more tokens (NULL: the setting).
+    compact_at_tokens integer CHECK (compact_at_tokens >= 1000),
     PRIMARY KEY (app_id, agent_id)
 );
 
@@ -118,6 +120,8 @@ CREATE TABLE sessions (
     archived            boolean NOT NULL DEFAULT false,
     created_at          timestamptz NOT NULL DEFAULT now(),
     updated_at          timestamptz NOT NULL DEFAULT now(),
+    -- A human asked for the history to be compacted at the session's next model call.
+    compact_requested   boolean NOT NULL DEFAULT false,
     UNIQUE (session_id, tree_id),
     UNIQUE (session_id, user_id, app_id),
     CONSTRAINT sessions_tree_shape CHECK (
@@ -225,6 +229,8 @@ CREATE TABLE thread_messages (
 CREATE INDEX thread_messages_session ON thread_messages (session_id, id);
 CREATE UNIQUE INDEX thread_messages_one_result_per_call ON thread_messages (turn_id, tool_call_id)
     WHERE role = 'tool';
+-- A session's compaction summaries: a Run starts from the latest (persistence/messages.py).
+CREATE INDEX thread_messages_compactions ON thread_messages (session_id, id) WHERE origin->>'kind' = 'compaction';
 
 -- Cooperation messages and steers: read by a running receiver at its next model boundary.
 CREATE TABLE coop_messages (

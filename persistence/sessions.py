@@ -320,3 +320,15 @@ async def set_title(conn: Connection, scope: Scope, session_id: uuid.UUID, title
 
 def workdir_of(project: Row) -> Path:
     return Path(project["workdir"])
+
+
+async def request_compaction(conn: Connection, scope: Scope, session_id: uuid.UUID) -> None:
+    """Ask for the session's history to be compacted at its next model call (NotFound elsewhere)."""
+    cur = await conn.execute(query("compact_request"), {"session_id": session_id, "user_id": scope.user_id,
+                                                        "app_id": scope.app_id})
+    if await cur.fetchone() is None:
+        raise NotFound(f"no session {session_id}")
+
+
+async def clear_compact_request(conn: Connection, session_id: uuid.UUID) -> None:
+    await conn.execute(query("compact_request_clear"), {"session_id": session_id})

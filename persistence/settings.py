@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     )
 
     default_model: str = "canopy/scripted"
+    compact_at_tokens: int = Field(
+        default=100_000, ge=1000,
+        description="Compact a session's history (a summary stands for its older messages in what the model "
+                    "is sent) when a model call would send more tokens; an agent may set its own.")
     scripted_model_port: int = 0
     scripted_max_request_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024,

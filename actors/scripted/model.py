@@ -290,8 +290,22 @@ def _demo_reply(turn: TurnView) -> Reply:
     return Reply(content=FINAL_TEXT)
 
 
+# The opening of a compaction request's transcript (actors/compaction.py).
+COMPACT_TAG = "<canopy:compact>"
+
+
+def _summary(transcript: str) -> Reply:
+    """A compaction request's answer: deterministic, short, and naming what it stands for, so a test
+    can tell which messages it covered."""
+    lines = [line for line in transcript.splitlines() if line.startswith(("user: ", "assistant: "))]
+    return Reply(content=f"Summary of {len(lines)} earlier messages. First: {lines[0][:120] if lines else ''}")
+
+
 def plan_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, limits: Limits) -> Reply:
     """The scripted model's answer to one chat completion request (raises ScriptError)."""
+    last = content_text(messages[-1].get("content")) if messages else ""
+    if messages and messages[-1].get("role") == "user" and last.startswith(COMPACT_TAG):
+        return _summary(last)
     turn = read_turn(messages, tools)
     script = parse_script(turn.input_text, limits.script_bytes)
     return _script_reply(script, turn, limits) if script is not None else _demo_reply(turn)

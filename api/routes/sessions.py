@@ -12,6 +12,7 @@ from api.auth import ScopeDep
 from api.deps import COMMON, RuntimeDep, errors, pending_requests
 from api.schemas import (
     MAX_BIGINT,
+    CompactionRequested,
     HumanRequest,
     InputCreate,
     InputReceipt,
@@ -164,3 +165,12 @@ async def archive(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, 
     return await respond_to_write(
         request, caller, idempotency_key, None, status.HTTP_200_OK,
         lambda hook: runtime.archive_root(caller, session_id, in_tx=hook), Session.model_validate)
+
+
+@router.post("/{session_id}/compact", status_code=status.HTTP_202_ACCEPTED, response_model=CompactionRequested,
+             responses=errors(*COMMON, 404))
+async def compact(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> CompactionRequested:
+    """Compact the session's history at its next model call: a summary of the messages before that
+    Turn stands for them in what the model is sent (they stay in the history and the UI)."""
+    await runtime.request_compaction(caller, session_id)
+    return CompactionRequested(session_id=session_id)
