@@ -123,6 +123,14 @@ export class Api {
   steer = (sessionId, text, options) => this.post(`/sessions/${id(sessionId)}/steer`, { text }, options);
   cancelTurn = (sessionId, turnId) => this.post(`/sessions/${id(sessionId)}/turns/${id(turnId)}/cancel`);
   archive = (sessionId) => this.post(`/sessions/${id(sessionId)}/archive`);
+  /** A session's schedules: each due time submits its text once. */
+  schedules = async (sessionId, options) => listOf(await this.get(`/sessions/${id(sessionId)}/schedules`, options),
+    "schedules");
+  createSchedule = (sessionId, body, options) => this.post(`/sessions/${id(sessionId)}/schedules`, body, options);
+  deleteSchedule = (sessionId, scheduleId) =>
+    this.request("DELETE", `/sessions/${id(sessionId)}/schedules/${id(scheduleId)}`);
+  /** Compact the session's history at its next model call. */
+  compact = (sessionId) => this.post(`/sessions/${id(sessionId)}/compact`);
   turnResult = (turnId, options) => this.get(`/turns/${id(turnId)}/result`, options);
 
   // -- trees -------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import { buildItems, collectReceipts, makeResolver } from "./cooperation.js";
 import { h, nearBottom, plural, relativeTime } from "./dom.js";
 import { renderItems } from "./messages.js";
 import { RequestCard } from "./requestCard.js";
+import { SchedulesPanel } from "./schedules.js";
 
 /** Who queued an input, in a few words. */
 function queuedBy(origin = {}) {
@@ -67,8 +68,9 @@ export class SessionView {
       title: "Streaming: replaced by the saved message when the model call ends" }, this.liveText);
     this.turnStatus = h("div", { class: "turn-status", hidden: true });
     this.pendingList = h("ul", { class: "pending-inputs", "aria-label": "Queued inputs", hidden: true });
+    this.schedules = new SchedulesPanel({ api, sessionId });
     this.scroller = h("div", { class: "view-scroll" }, this.loading, this.list, this.liveBubble, this.turnStatus,
-      this.pendingList);
+      this.pendingList, this.schedules.el);
     this.scroller.addEventListener("scroll", () => {
       if (this.#visible) this.#stick = nearBottom(this.scroller);
     }, { passive: true });
@@ -140,6 +142,7 @@ export class SessionView {
 
   destroy() {
     cancelAnimationFrame(this.#liveFrame);
+    this.schedules.destroy();
     this.suspend();
     for (const release of this.#releases.splice(0)) release();
     this.el.remove();

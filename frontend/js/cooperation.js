@@ -318,6 +318,11 @@ export function describeUserMessage(message, treeId) {
       label: `message from ${from || "a session"}`, sessionId: origin.session_id || null,
       treeId: origin.tree_id ?? null, path: from } };
   }
+  if (kind === "compaction") {
+    const summary = text.match(/^<canopy:summary>\n?([\s\S]*?)\n?<\/canopy:summary>$/)?.[1] ?? text;
+    return { text: unescapeWrappers(summary), source: { kind: "compaction",
+      label: `compacted here: the ${plural(origin.covered ?? 0, "message")} above are summarised for the model` } };
+  }
   if (kind === "session") {
     const otherTree = origin.tree_id && treeId && String(origin.tree_id) !== String(treeId);
     const where = origin.path ?? "a session";
