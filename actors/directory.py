@@ -36,6 +36,7 @@ from typing import Any
 import ray
 
 from actors.naming import NAMESPACE, directory_actor_name, named_options, session_hosts_setting
+from actors.ray_compat import RayletWorkers
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ class _WarmPool:
         self.burst = max(burst, baseline)
         self.enabled = self.burst > 0
         self.requested = 0
-        self._stub: Any = None
+        self._stub: RayletWorkers | None = None
         self._demand = 0
         self._demand_until = 0.0
         self._runtime_env: str | None = None
@@ -292,26 +293,13 @@ class _WarmPool:
                 self._unseen.append((now, need - len(started)))
 
     async def _prestart(self, count: int) -> None:
-        from ray.core.generated import common_pb2, node_manager_pb2
+        # The pool serves actors of this job: same runtime env, or the raylet will not use them.
+        await self._raylet().prestart(count, _WARM_KEEP_ALIVE_SECONDS, self._runtime_env, timeout=5)
 
-        request = node_manager_pb2.PrestartWorkersRequest(
-            language=common_pb2.Language.PYTHON, num_workers=count, keep_alive_duration_secs=_WARM_KEEP_ALIVE_SECONDS)
-        if self._runtime_env and self._runtime_env not in ("{}", ""):
-            # The pool serves actors of this job: same runtime env, or the raylet will not use them.
-            from ray._private.utils import get_runtime_env_info
-            from ray.runtime_env import RuntimeEnv
-
-            request.runtime_env_info.CopyFrom(get_runtime_env_info(RuntimeEnv.deserialize(self._runtime_env)))
-        await self._raylet().PrestartWorkers(request, timeout=5)
-
-    def _raylet(self) -> Any:
+    def _raylet(self) -> RayletWorkers:
         if self._stub is None:
-            from ray._private.grpc_utils import init_grpc_channel
-            from ray.core.generated import node_manager_pb2_grpc
-
             node = next(n for n in ray.nodes() if n["NodeID"] == self.node_id)
-            channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}", asynchronous=True)
-            self._stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
+            self._stub = RayletWorkers(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
         return self._stub
 
 

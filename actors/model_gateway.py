@@ -45,9 +45,11 @@ def _litellm() -> ModuleType:
     litellm.suppress_debug_info = True
     # litellm prices every reply; a model missing from its price map costs a search through the
     # whole map on each call (~8 % of a scripted call's CPU). The scripted model is free.
+    # Every price is given (cache reads and writes too), or litellm warns that it assumes zero.
     litellm.register_model({"openai/" + MODEL_ID: {
         "litellm_provider": "openai", "mode": "chat", "supports_function_calling": True,
-        "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}})
+        "input_cost_per_token": 0.0, "output_cost_per_token": 0.0,
+        "cache_creation_input_token_cost": 0.0, "cache_read_input_token_cost": 0.0}})
     return litellm
 
 

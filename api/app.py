@@ -45,7 +45,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from actors.runtime import Runtime
-from api import errors, ui
+from api import __version__, errors, ui
 from api.auth import KeyCache, require_scope
 from api.hub import EventHub
 from api.limits import BodyLimit
@@ -67,7 +67,6 @@ from api.sse import StreamSettings
 from persistence.settings import Settings, reveal
 
 API_PREFIX = "/api/v1"
-VERSION = "0.1.0"
 DESCRIPTION = """Cooperating LLM sessions on Ray and PostgreSQL.
 
 Authenticate with `Authorization: Bearer <api key>`; a key maps to one scope (user, app) and
@@ -135,7 +134,7 @@ def create_app(
             if runtime is None:
                 await active.close()
 
-    app = FastAPI(title="Canopy", version=VERSION, description=DESCRIPTION, lifespan=lifespan,
+    app = FastAPI(title="Canopy", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                   # Operation ids are the handler names (all unique): readable client method names.
                   generate_unique_id_function=lambda route: route.name)
     errors.install(app)

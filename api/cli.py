@@ -1,9 +1,13 @@
 """The ``canopy`` command.
 
 - ``canopy up``: the whole local runtime (database, Ray, API + UI) until Ctrl-C (api/up.py).
+- ``canopy doctor``: checks what ``canopy up`` needs, each OK or what to do (api/doctor.py).
 - ``canopy run "task"``: a task as a new root, its tree live in the terminal (api/run.py).
 - ``canopy db init|url``, ``canopy keys create|list|revoke``, ``canopy agents list|create``,
   ``canopy sessions list``, ``canopy tree <id> [--trace out.json]``: operator commands on the database.
+
+Exit codes: 0 done, 1 the command failed (a clear sentence on stderr), 2 the environment or the
+command line is wrong (an unreachable database, a port in use, a bad argument).
 
 Operator commands act in the default scope (``local``/``canopy``, the one ``canopy up``
 prints a key for) unless ``--user`` / ``--app`` name another.
@@ -22,8 +26,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from api import __version__
 from persistence.db import resolve_database_url
-from persistence.errors import CanopyError
+from persistence.errors import CanopyError, DatabaseUnreachable
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from persistence.settings import get_settings
@@ -52,6 +57,12 @@ def up(args: argparse.Namespace) -> int:
 
     return run_up(host=args.host, port=args.port, data_dir=args.data_dir, dashboard_port=args.dashboard_port,
                   replicas=args.replicas, expose_ray=args.expose_ray)
+
+
+def doctor(_: argparse.Namespace) -> int:
+    from api.doctor import main as doctor_main
+
+    return doctor_main()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,18 +153,23 @@ def _with_scope(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="canopy", description="Cooperating LLM sessions on Ray and PostgreSQL")
+    root.add_argument("--version", action="version", version=f"canopy {__version__}")
     commands = root.add_subparsers(dest="command", required=True)
 
     up_parser = commands.add_parser("up", help="start the local runtime: database, Ray, API and UI")
     up_parser.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback only)")
     up_parser.add_argument("--port", type=int, default=8000)
     up_parser.add_argument("--data-dir", type=Path, default=None, help="default: CANOPY_DATA_DIR or ~/.canopy")
-    up_parser.add_argument("--dashboard-port", type=int, default=8265)
+    up_parser.add_argument("--dashboard-port", type=int, default=8265, help="Ray's dashboard (loopback only "
+                           "unless --expose-ray)")
     up_parser.add_argument("--replicas", type=int, default=1, help="API replicas (Serve deployment)")
     up_parser.add_argument("--expose-ray", action="store_true",
                            help="also open Ray (GCS, raylet, dashboard on --host, agents) beyond loopback: whoever "
                                 "holds the Ray token can run code on it; only on a trusted network")
     up_parser.set_defaults(handler=up)
+
+    commands.add_parser("doctor", help="check the database, Ray, Docker, the sandbox image and the model; "
+                                       "each OK or what to do").set_defaults(handler=doctor)
 
     run_parser = _with_scope(commands.add_parser("run", help="run a task as a new root, show its tree live"))
     run_parser.add_argument("task")
@@ -208,19 +224,29 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-def _keep_ray_on_loopback(args: argparse.Namespace) -> None:
-    """Ray decides once, when it is imported, whether a Ray started in this process takes the
-    machine's address (and binds its ports beyond loopback) or loopback: nothing has imported
-    Ray yet. A driver joining a cluster (CANOPY_RAY_ADDRESS) keeps Ray's default."""
+def _configure_local_ray(args: argparse.Namespace) -> None:
+    """Ray reads two things once, when it is imported, and nothing has imported it yet:
+
+    - whether a Ray started in this process takes the machine's address (and binds its ports
+      beyond loopback) or loopback;
+    - its authentication mode: token authentication (Ray's default for a new local cluster
+      since 2.59), set explicitly so that Ray does not print a notice about its default;
+      ``RAY_AUTH_MODE=disabled`` in the environment still turns it off.
+
+    A driver joining a cluster (CANOPY_RAY_ADDRESS) keeps Ray's defaults."""
     if get_settings().ray_address is None:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1" if getattr(args, "expose_ray", False) else "0"
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    _keep_ray_on_loopback(args)
+    _configure_local_ray(args)
     try:
         return int(args.handler(args))
+    except DatabaseUnreachable as error:
+        print(f"canopy: {error}", file=sys.stderr)
+        return 2
     except CanopyError as error:
         print(f"canopy: {error}", file=sys.stderr)
         return 1

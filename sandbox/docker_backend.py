@@ -75,6 +75,7 @@ from sandbox.base import (
     private_dir,
     tree_id_or_none,
 )
+from sandbox.images import build_hint
 
 log = logging.getLogger(__name__)
 
@@ -261,8 +262,8 @@ class DockerBackend:
             self.client.images.pull(image)
         except docker.errors.APIError as error:
             raise SandboxError(
-                f"sandbox image {image} is not present and cannot be pulled ({error.explanation}); "
-                "build it with .ci/docker-up.sh or set CANOPY_SANDBOX_IMAGE"
+                f"sandbox image {image} is not present and cannot be pulled ({error.explanation}): "
+                f"{build_hint(image)}"
             ) from error
 
     def _create(self, tree_id: uuid.UUID, image: str, spec: dict[str, Any]) -> Container:

@@ -28,6 +28,8 @@ from sandbox.manager import SandboxManager
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# The offline busybox image .ci/docker-up.sh builds; canopy up's default (sandbox/images.py) is not built in CI.
+os.environ.setdefault("CANOPY_SANDBOX_IMAGE", "canopy-sandbox:latest")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,13 @@
-"""``canopy up`` in a subprocess: a fresh data dir and free ports; it serves, its printed key works,
-and SIGINT leaves no Canopy, Ray or PostgreSQL process behind."""
+"""``canopy up`` in a subprocess, with a fresh data dir, a Ray temp dir of its own and free ports.
+
+- It serves, its printed key works, it reports each startup step in order and prints no
+  warning on a clean machine, and SIGINT leaves no Canopy, Ray or PostgreSQL process behind.
+- Killed with ``kill -9`` (its whole process group) while a client holds a connection, it
+  restarts at once on the same ports and data dir: the ports' TIME_WAIT does not block it, the
+  killed run's Ray session is cleaned up and its embedded PostgreSQL reused, each said in a line.
+- It refuses, in one line and with exit code 2, a database it cannot reach, a port in use and a
+  data dir another ``canopy up`` serves; the port probe accepts TIME_WAIT and refuses a listener.
+"""
 
 from __future__ import annotations
 
@@ -8,45 +16,107 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from actors.scripted import say, script
+from api.up import port_free
 from tests.api.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 240.0
+STEPS = ["database (embedded PostgreSQL) …", "Ray (local) …", "gateway …", "API (Serve on 127.0.0.1:", "ready ("]
 
 
-def _clean_env(data_dir: Path) -> dict[str, str]:
-    """No test settings and no pointer to the test's own Ray cluster: ``canopy up`` starts its own."""
+def _clean_env(data_dir: Path, ray_dir: Path) -> dict[str, str]:
+    """No test settings and no pointer to the test's own Ray cluster: ``canopy up`` starts its own,
+    with its Ray session under ``ray_dir``. Nor the variable that keeps Ray quiet about its token."""
     env = {key: value for key, value in os.environ.items()
-           if not key.startswith("CANOPY_") and key not in ("RAY_ADDRESS", "RAY_NAMESPACE")}
-    env.update({"CANOPY_DATA_DIR": str(data_dir), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           if not key.startswith("CANOPY_") and key not in ("RAY_ADDRESS", "RAY_NAMESPACE", "RAY_AUTH_MODE")}
+    env.update({"CANOPY_DATA_DIR": str(data_dir), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": str(ray_dir),
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONUNBUFFERED": "1"})
     return env
 
 
-def _read_until_ready(process: subprocess.Popen[str], lines: list[str]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        lines.append(line.rstrip("\n"))
+class Up:
+    """One ``canopy up`` subprocess in a process group of its own; its stdout lines as they come."""
+
+    def __init__(self, root: Path, port: int, dashboard_port: int, *extra: str, env: dict[str, str] | None = None,
+                 name: str = "up") -> None:
+        self.root = root
+        self.stderr_path = root / f"{name}.stderr"
+        self._stderr = self.stderr_path.open("w")
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "up", "--port", str(port), "--dashboard-port", str(dashboard_port),
+             "--data-dir", str(root / "data"), *extra],
+            cwd=REPO, env=env or _clean_env(root / "data", root / "ray"), stdout=subprocess.PIPE, stderr=self._stderr,
+            text=True, start_new_session=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> float:
+        """Seconds until it printed its ready block."""
+        began = time.monotonic()
+        while not any("Press Ctrl-C" in line for line in self.lines):
+            seen = self.output + "\n--- stderr ---\n" + self.stderr[-3000:]
+            assert self.process.poll() is None, f"canopy up exited early ({self.process.returncode}):\n{seen}"
+            assert time.monotonic() - began < timeout, f"canopy up did not start in time:\n{seen}"
+            time.sleep(0.2)
+        return time.monotonic() - began
+
+    def processes(self) -> list[psutil.Process]:
+        """canopy up, its descendants, and every process of its Ray session (found by the Ray temp dir)."""
+        found = {self.process.pid: psutil.Process(self.process.pid)}
+        found.update({p.pid: p for p in found[self.process.pid].children(recursive=True)})
+        for proc in psutil.process_iter(["cmdline"]):
+            if str(self.root / "ray") in " ".join(proc.info["cmdline"] or []):
+                found.setdefault(proc.pid, proc)
+        return list(found.values())
+
+    def postmaster(self) -> psutil.Process:
+        return psutil.Process(int((self.root / "data" / "pg" / "postmaster.pid").read_text().split()[0]))
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._stderr.close()
 
 
-def _wait_for(lines: list[str], marker: str, process: subprocess.Popen[str], timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(marker in line for line in lines):
-        seen = "\n".join(lines) + "\n--- stderr ---\n" + log.read_text()[-3000:]
-        assert process.poll() is None, f"canopy up exited early ({process.returncode}):\n{seen}"
-        assert time.monotonic() < deadline, f"canopy up did not start in time:\n{seen}"
-        time.sleep(0.2)
+@pytest.fixture
+def root() -> Iterator[Path]:
+    # A short path: PostgreSQL's Unix socket lives in the data dir and socket paths are limited.
+    path = Path(tempfile.mkdtemp(prefix="cnp-up-"))
+    yield path
+    for proc in psutil.process_iter(["cmdline"]):  # what a failed test left: only this test's processes
+        if str(path) in " ".join(proc.info["cmdline"] or []):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _alive(processes: list[psutil.Process]) -> list[str]:
@@ -67,62 +137,180 @@ def _eventually_none_alive(processes: list[psutil.Process], timeout: float = 30.
     return alive
 
 
-def test_canopy_up_serves_and_sigint_leaves_nothing_behind() -> None:
-    # A short path: PostgreSQL's Unix socket lives in the data dir and socket paths are limited.
-    data_dir = Path(tempfile.mkdtemp(prefix="cnp-up-"))
+def _run_a_session(base: str, api_key: str, text: str) -> None:
+    with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        assert http.get("/healthz").json() == {"status": "ok", "database": "ok", "ray": "ok"}
+        created = http.post("/api/v1/sessions", json={"input": script(say(text))})
+        assert created.status_code == 201, created.text
+        input_id = created.json()["input"]["input_id"]
+        deadline = time.monotonic() + 90
+        while not (result := http.get(f"/api/v1/inputs/{input_id}/result").json())["terminal"]:
+            assert time.monotonic() < deadline, result
+            time.sleep(0.3)
+        assert result["output"] == text
+
+
+def _api_key(output: str) -> str:
+    found = re.search(r"API key\s+(cnp_\S+)", output)
+    assert found, output
+    return found.group(1)
+
+
+def test_canopy_up_serves_reports_its_steps_warns_of_nothing_and_sigint_leaves_nothing_behind(root: Path) -> None:
     port, dashboard_port = free_port(), free_port()
-    stderr = (data_dir / "stderr.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "up", "--port", str(port), "--dashboard-port", str(dashboard_port),
-         "--data-dir", str(data_dir / "data")],
-        cwd=REPO, env=_clean_env(data_dir / "data"), stdout=subprocess.PIPE, stderr=stderr, text=True)
-    lines: list[str] = []
-    threading.Thread(target=_read_until_ready, args=(process, lines), daemon=True).start()
+    up = Up(root, port, dashboard_port)
     try:
-        _wait_for(lines, "Press Ctrl-C", process, START_TIMEOUT, data_dir / "stderr.log")
-        output = "\n".join(lines)
-        api_key = re.search(r"API key\s+(cnp_\S+)", output)
+        up.wait_ready()
+        output = up.output
+        api_key = _api_key(output)
         dashboard = re.search(r"Dashboard\s+(http://\S+)", output)
-        assert api_key and dashboard, output
+        assert dashboard, output
         assert f"http://127.0.0.1:{port}/api/v1" in output
-        assert f"UI         http://127.0.0.1:{port}/#key={api_key.group(1)}" in output
+        assert f"UI         http://127.0.0.1:{port}/#key={api_key}" in output
+        # Each step on a line of its own, in order, with how long it took.
+        step_lines = [next(i for i, line in enumerate(up.lines) if line.strip().startswith(step)) for step in STEPS]
+        assert step_lines == sorted(step_lines), output
+        assert all(re.search(r"… ok \(\d+\.\d s\)$", up.lines[i]) for i in step_lines[:-1]), output
+        # The operator learns where Ray's token is (the dashboard and the state API ask for it).
+        assert re.search(r"Ray token\s+\S*auth_token\s+\(the dashboard asks for it; `ray get-auth-token`", output)
         admin = re.search(r"Admin\s+(adm_\S+)", output)
         assert admin, output
         # The generated admin token is printed once, and given to no process in its environment.
         assert output.count(admin.group(1)) == 1
-        for child in psutil.Process(process.pid).children(recursive=True):
+        for child in psutil.Process(up.process.pid).children(recursive=True):
             with contextlib.suppress(OSError):
                 assert admin.group(1) not in Path(f"/proc/{child.pid}/environ").read_text(errors="replace")
-        base = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=base, timeout=30) as http:
-            assert http.get("/healthz").json() == {"status": "ok", "database": "ok", "ray": "ok"}
-            assert http.get("/").status_code == 200
-            assert http.get(dashboard.group(1), timeout=30).status_code == 200
-            authed = {"Authorization": f"Bearer {api_key.group(1)}"}
-            created = http.post("/api/v1/sessions", headers=authed, json={"input": script(say("up and running"))})
-            assert created.status_code == 201, created.text
-            input_id = created.json()["input"]["input_id"]
-            deadline = time.monotonic() + 90
-            while not (result := http.get(f"/api/v1/inputs/{input_id}/result", headers=authed).json())["terminal"]:
-                assert time.monotonic() < deadline, result
-                time.sleep(0.3)
-            assert result["output"] == "up and running"
+        _run_a_session(f"http://127.0.0.1:{port}", api_key, "up and running")
+        with httpx.Client(timeout=30) as http:
+            assert http.get(dashboard.group(1)).status_code == 200
 
-        # Everything this canopy up started: its process tree (Ray's head processes and workers,
-        # which Ray starts as descendants) and the embedded PostgreSQL (a daemon of its own).
-        started = psutil.Process(process.pid).children(recursive=True)
+        # Everything this canopy up started: its process tree and Ray session (Ray's head processes
+        # and workers) and the embedded PostgreSQL (a daemon of its own).
+        started = up.processes()
         assert any("raylet" in " ".join(p.cmdline()) for p in started)
-        postmaster = psutil.Process(int((data_dir / "data" / "pg" / "postmaster.pid").read_text().split()[0]))
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=120) == 0
+        postmaster = up.postmaster()
+        up.process.send_signal(signal.SIGINT)
+        assert up.process.wait(timeout=120) == 0
         assert _eventually_none_alive([*started, postmaster]) == []
-        assert not (data_dir / "data" / "pg" / "postmaster.pid").exists()
-        leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(data_dir) in " ".join(p.info["cmdline"] or [])]
+        assert not (root / "data" / "pg" / "postmaster.pid").exists()
+        assert not (root / "data" / "canopy-up.json").exists()  # a clean stop leaves no record of a run
+        leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(root) in " ".join(p.info["cmdline"] or [])]
         assert _alive(leftovers) == []
-        assert "canopy: stopped" in "\n".join(lines)
+        assert "canopy: stopped" in up.output
+        # A clean machine, a clean run: no warning on either stream (Canopy prints its own ones
+        # on purpose, as "canopy: WARNING", only for --expose-ray and the local sandbox), no traceback.
+        printed = up.output + "\n" + up.stderr
+        assert [line for line in printed.splitlines() if "warning" in line.lower()] == [], printed
+        assert "Traceback" not in printed
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        stderr.close()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        up.close()
+
+
+def test_a_killed_canopy_up_restarts_at_once_on_its_ports_and_data_dir(root: Path) -> None:
+    port, dashboard_port = free_port(), free_port()
+    first = Up(root, port, dashboard_port, name="first")
+    second = None
+    try:
+        first.wait_ready()
+        _run_a_session(f"http://127.0.0.1:{port}", _api_key(first.output), "before the crash")
+        # A second canopy up on the same data dir is refused while the first serves it.
+        other = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(free_port()), "--dashboard-port",
+                                str(free_port()), "--data-dir", str(root / "data")], cwd=REPO, capture_output=True,
+                               text=True, timeout=120, env=_clean_env(root / "data", root / "other-ray"))
+        assert other.returncode == 2, other
+        assert f"another canopy up (pid {first.process.pid}) serves the data dir" in other.stderr
+        assert not (root / "other-ray").exists()  # it started no Ray
+
+        # A client holds a connection to the API while everything canopy up started is killed.
+        client = socket.create_connection(("127.0.0.1", port), timeout=30)
+        client.sendall(b"GET /healthz HTTP/1.1\r\nHost: canopy\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"}"):  # the whole response: nothing unread, so a close is not a reset
+            answer += client.recv(65536)
+        assert b'"status":"ok"' in answer
+        killed = first.processes()
+        proxy = [p for p in killed if "ProxyActor" in " ".join(p.cmdline())]
+        assert proxy, [" ".join(p.cmdline())[:60] for p in killed]
+        postmaster = first.postmaster()
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait()
+        # Ray's workers (the proxy among them) follow their dead raylet; the server side of the
+        # connection closes first, so once the client closes too, the API port is in TIME_WAIT.
+        assert _eventually_none_alive(killed) == []
+        assert client.recv(1) == b""
+        client.close()
+        with socket.socket() as plain, pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))  # what the old probe did: refused for about a minute
+        assert postmaster.is_running()  # the embedded PostgreSQL is a daemon: it outlived the crash
+
+        second = Up(root, port, dashboard_port, name="second")
+        seconds = second.wait_ready()
+        print(f"\ncanopy up after kill -9: ready in {seconds:.1f} s (its steps: "
+              f"{'; '.join(line.strip() for line in second.lines if ' ok (' in line)})")
+        assert "already in use" not in second.stderr
+        assert f"previous run (pid {first.process.pid}) ended without stopping: its Ray session" in second.output
+        assert (f"previous run's embedded PostgreSQL (pid {postmaster.pid}) still runs: reusing it"
+                in second.output), second.output
+        assert second.postmaster().pid == postmaster.pid
+        _run_a_session(f"http://127.0.0.1:{port}", _api_key(second.output), "after the crash")
+
+        # The second run owns what it adopted: SIGINT stops it all, the reused PostgreSQL included.
+        started = second.processes()
+        second.process.send_signal(signal.SIGINT)
+        assert second.process.wait(timeout=120) == 0
+        assert _eventually_none_alive([*started, postmaster]) == []
+        assert not (root / "data" / "canopy-up.json").exists()
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+
+
+def test_an_unreachable_database_is_one_line_and_exit_code_2(root: Path) -> None:
+    env = _clean_env(root / "data", root / "ray")
+    nobody = free_port()
+    env["CANOPY_DATABASE_URL"] = f"postgresql://canopy:hunter2@127.0.0.1:{nobody}/canopy"
+    done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(free_port()), "--dashboard-port",
+                           str(free_port()), "--data-dir", str(root / "data")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert done.stderr.strip().splitlines() == [
+        f"canopy: cannot reach the database at postgresql://canopy@127.0.0.1:{nobody}/canopy (password hidden): "
+        "connection refused — check CANOPY_DATABASE_URL"], done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+    assert "database … failed" in done.stdout
+    assert not (root / "ray").exists()  # it stopped before starting Ray
+
+
+@pytest.mark.parametrize("taken", ["--port", "--dashboard-port"])
+def test_a_port_in_use_is_one_line_naming_the_flag_and_exit_code_2(root: Path, taken: str) -> None:
+    ports = {"--port": free_port(), "--dashboard-port": free_port()}
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", ports[taken]))
+        listener.listen()
+        done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(ports["--port"]),
+                               "--dashboard-port", str(ports["--dashboard-port"]), "--data-dir", str(root / "data")],
+                              cwd=REPO, env=_clean_env(root / "data", root / "ray"), capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 2, done
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("canopy: ") and f"127.0.0.1:{ports[taken]} is already in use" in line, line
+    assert line.endswith(f"choose another with {taken}"), line
+    assert not (root / "data" / "pg").exists() and not (root / "ray").exists()  # nothing was started
+
+
+def test_the_port_probe_accepts_time_wait_and_refuses_a_listener() -> None:
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert not port_free("127.0.0.1", port)
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+    accepted.close()  # the server side closes first, as a killed server's kernel does ...
+    assert client.recv(1) == b""
+    client.close()  # ... so its end of the connection lingers in TIME_WAIT
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))
+    assert port_free("127.0.0.1", port)
