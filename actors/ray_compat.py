@@ -1,8 +1,8 @@
 """Every use of Ray's private APIs, in one place.
 
 Checked against Ray 2.60.0 (pyproject.toml pins ``ray>=2.60,<2.61``); a new Ray version must
-be checked here first (tests/actors/test_directory.py exercises the warm pool,
-tests/hostile/test_api_exposure.py the Serve rebinding):
+be checked here first (tests/actors/test_ray_compat.py asks a raylet for workers,
+tests/hostile/test_api_exposure.py checks the Serve rebinding):
 
 - ``RayletWorkers``: the raylet's ``PrestartWorkers`` RPC (``ray.core.generated`` protobufs, a
   channel from ``ray._private.grpc_utils``, the runtime env as ``ray._private.utils``

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -106,3 +108,9 @@ async def test_operators_create_list_and_revoke_keys(api: ApiServer, runtime: Ru
     code, out = await canopy(runtime, "keys", "create", *who, "--expires-in", "soon")
     assert code == 2 and "expires-in" in out, out
     assert len(await rows(runtime.db, "SELECT key_id FROM api_keys WHERE user_id = %s", scope.user_id)) == 1
+
+
+def test_version_is_the_package_version() -> None:
+    done = subprocess.run([sys.executable, "-m", "api.cli", "--version"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == f"canopy {importlib.metadata.version('canopy')}"

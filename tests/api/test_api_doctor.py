@@ -1,0 +1,115 @@
+"""``canopy doctor`` as a subprocess, with a data dir and a Ray temp dir of its own.
+
+On what CI provides (a Docker engine and the test image, the scripted model, a fresh data dir
+whose embedded PostgreSQL the doctor starts) every check is OK and the exit code is 0, and the
+doctor leaves nothing running. With a database that does not answer and an image that is not
+there, it names both problems (the password hidden), skips what needs the database, and exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from persistence.migrations import latest_version
+from sandbox.base import SandboxUnavailable
+from sandbox.docker_backend import connect
+from tests.api.helpers import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CHECKS = ["database", "schema", "Ray", "Docker", "sandbox image", "model"]
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="cnp-dr-"))  # short: the embedded PostgreSQL's socket lives under it
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def docker_engine() -> None:
+    try:
+        connect().close()
+    except SandboxUnavailable:
+        pytest.skip("no Docker engine answers (start one with: bash .ci/docker-up.sh)")
+
+
+def doctor(root: Path, **settings: str) -> tuple[int, dict[str, tuple[str, str]], str]:
+    """Exit code, {check: (status, detail)}, and everything it printed."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("CANOPY_") and key not in ("RAY_ADDRESS", "RAY_NAMESPACE")}
+    env.update({"CANOPY_DATA_DIR": str(root / "data"), "RAY_TMPDIR": str(root / "ray"), "PYTHONUNBUFFERED": "1",
+                "CANOPY_SANDBOX_IMAGE": "canopy-sandbox:latest", **settings})
+    done = subprocess.run([sys.executable, "-m", "api.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    printed = done.stdout + done.stderr
+    found = {}
+    for line in done.stdout.splitlines():
+        match = re.match(r"(OK|FAIL|SKIP|NOTE)\s+(database|schema|Ray|Docker|sandbox image|model)\s+(.*)", line)
+        if match:
+            found[match.group(2)] = (match.group(1), match.group(3))
+    return done.returncode, found, printed
+
+
+def _processes_under(path: Path) -> list[str]:
+    alive = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(path) in " ".join(proc.info["cmdline"] or []):
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(" ".join(proc.info["cmdline"])[:100])
+            except psutil.NoSuchProcess:
+                continue
+    return alive
+
+
+def _eventually_nothing_under(path: Path, timeout: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (alive := _processes_under(path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return alive
+
+
+def test_doctor_says_all_ok_on_what_ci_provides_and_leaves_nothing_running(root: Path, docker_engine: None) -> None:
+    code, found, printed = doctor(root)
+    assert code == 0, printed
+    assert list(found) == CHECKS, printed
+    assert {status for status, _ in found.values()} == {"OK"}, printed
+    assert printed.rstrip().endswith("all OK"), printed
+    assert "started for this check, then stopped" in found["database"][1]
+    assert found["schema"][1] == f"none yet: canopy up creates it (version {latest_version()})"
+    assert re.search(r"token in \S*auth_token", found["Ray"][1]), found["Ray"]
+    assert "canopy-sandbox:latest present" in found["sandbox image"][1]
+    assert "built in" in found["model"][1]
+    assert "Traceback" not in printed and "warning" not in printed.lower(), printed
+    # It stopped what it started: the embedded PostgreSQL and its own Ray.
+    assert not (root / "data" / "pg" / "postmaster.pid").exists()
+    assert _eventually_nothing_under(root) == []
+
+
+def test_doctor_names_an_unreachable_database_and_a_missing_image(root: Path, docker_engine: None) -> None:
+    port = free_port()
+    code, found, printed = doctor(root, CANOPY_DATABASE_URL=f"postgresql://canopy:hunter2@127.0.0.1:{port}/canopy",
+                                  CANOPY_SANDBOX_IMAGE="canopy-sandbox-absent:latest")
+    assert code == 1, printed
+    assert found["database"] == ("FAIL", f"cannot reach the database at postgresql://canopy@127.0.0.1:{port}/canopy "
+                                         "(password hidden): connection refused — check CANOPY_DATABASE_URL"), printed
+    assert found["schema"] == ("SKIP", "needs the database")
+    assert found["sandbox image"][0] == "FAIL"
+    assert "canopy-sandbox-absent:latest (CANOPY_SANDBOX_IMAGE) is not on the engine: pull or build it" in \
+        found["sandbox image"][1]
+    assert found["Ray"][0] == found["Docker"][0] == found["model"][0] == "OK", printed
+    assert printed.rstrip().endswith("not OK: database, schema, sandbox image"), printed
+    assert "hunter2" not in printed and "Traceback" not in printed
+    assert _eventually_nothing_under(root) == []
