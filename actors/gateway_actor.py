@@ -30,6 +30,8 @@ from persistence.db import Database, LazyDatabase
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
+# litellm's HTTP client logs every request at INFO: a line per model call, nothing an operator needs.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 DELTA_CHANNEL = "canopy_deltas"
 # A NOTIFY payload holds under 8000 bytes; JSON spells a character in up to 12 (a \\u pair).

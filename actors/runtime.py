@@ -122,6 +122,7 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     """
     env = _worker_env(settings, database_url)
     options.setdefault("logging_config", logging_config())
+    root_level = logging.getLogger().level
     if settings.ray_address:
         context = ray.init(address=settings.ray_address, namespace=NAMESPACE, runtime_env={"env_vars": env},
                            **options)
@@ -133,7 +134,11 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
         os.environ.update(env)
         context = ray.init(address="local", namespace=NAMESPACE,
                            _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)}, **options)
-    if "logging_level" in options:  # the logging config raised Ray's own logger to INFO; the driver asked for less
+    # The logging config set this process's loggers to INFO too: the driver keeps its own levels
+    # (other libraries' INFO lines stay out of a CLI's output) except for Canopy's state changes.
+    logging.getLogger().setLevel(root_level)
+    logging.getLogger("canopy").setLevel(logging.INFO)
+    if "logging_level" in options:
         logging.getLogger("ray").setLevel(options["logging_level"])
     return context
 
