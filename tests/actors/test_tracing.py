@@ -1,0 +1,93 @@
+"""Opt-in OpenTelemetry spans, written by the ``file:`` exporter (a JSONL file per process) and read
+back: Turn → Run → model call (in the gateway's process) and tool call, linked by their parents,
+with the ids as attributes.
+
+Tracing is read by every Ray process as it starts, so the scenario runs in a runtime and Ray
+cluster of its own (a subprocess on a database of its own): see tracing_scenario.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from persistence.databases import create_database, drop_database
+from tests.actors.helpers import REPO, scenario_findings
+from tests.conftest import RUNTIME_ENV
+
+
+def _spans(directory: Path) -> list[dict[str, Any]]:
+    spans = []
+    for path in sorted(directory.glob("spans-*.jsonl")):
+        for line in path.read_text().splitlines():
+            spans.append({**json.loads(line), "file": path.name})
+    return spans
+
+
+async def test_a_turn_with_a_tool_call_is_traced_with_linked_spans(database_url: str, tmp_path: Path) -> None:
+    spans_dir = tmp_path / "spans"
+    scratch = create_database(database_url, "canopy_tracing")
+    try:
+        findings = await scenario_findings("tests.actors.tracing_scenario", {
+            **RUNTIME_ENV, "CANOPY_OTEL_EXPORTER": f"file:{spans_dir}", "CANOPY_DATABASE_URL": scratch,
+            "CANOPY_DATA_DIR": str(tmp_path / "data")}, timeout=300)
+    finally:
+        drop_database(scratch)
+    assert findings["status"] == "completed"
+    turn_id, run_ids = findings["turn_id"], findings["run_ids"]
+    spans = _spans(spans_dir)
+    mine = [s for s in spans if s["attributes"].get("canopy.turn_id") == turn_id
+            or s["attributes"].get("canopy.run_id") in run_ids]
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for span in mine:
+        by_name.setdefault(span["name"], []).append(span)
+
+    (turn,) = by_name["turn"]
+    trace_id = f"0x{int(turn_id.replace('-', ''), 16):032x}"
+    assert turn["context"]["trace_id"] == trace_id and turn["parent_id"] is None
+    assert turn["attributes"]["canopy.status"] == "completed"
+    assert turn["attributes"]["canopy.session_id"] == findings["session_id"]
+    assert turn["attributes"]["canopy.tree_id"] == findings["tree_id"]
+
+    (run,) = by_name["run"]  # one Run: a tool call that only reads does not interrupt it
+    assert run["parent_id"] == turn["context"]["span_id"] and run["context"]["trace_id"] == trace_id
+    assert run["attributes"]["canopy.run_id"] == run_ids[0] and run["attributes"]["canopy.turn_id"] == turn_id
+    assert turn["start_time"] <= run["start_time"] and run["end_time"] <= turn["end_time"]
+
+    models = by_name["model call"]
+    assert len(models) == 2  # the reply with the tool call, then the answer
+    for model in models:
+        assert model["parent_id"] == run["context"]["span_id"] and model["context"]["trace_id"] == trace_id
+        assert model["attributes"]["canopy.run_id"] == run_ids[0]
+        assert model["attributes"]["canopy.model"] == "canopy/scripted"
+        assert model["file"] != run["file"]  # the gateway's process, not the session's
+
+    (tool,) = by_name["tool call"]
+    assert tool["parent_id"] == run["context"]["span_id"] and tool["file"] == run["file"]
+    assert tool["attributes"]["canopy.tool"] == "list_sessions"
+    assert tool["end_time"] <= run["end_time"]
+    # Spans carry ids, never what the model was told or said.
+    assert all("trace this" not in json.dumps(span) for span in spans)
+
+
+_OFF = """
+import sys, uuid
+from actors import agent_loop, gateway_actor, tracing
+from persistence.records import RunRef, Scope
+run = RunRef(Scope("u", "a"), uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), "owner")
+with tracing.run_span(run), tracing.span("tool call", tool="x"), tracing.remote_span("model call", {}, model="m"):
+    assert tracing.carrier() == {}
+print(sorted(name for name in sys.modules if name.startswith("opentelemetry")))
+"""
+
+
+def test_tracing_off_imports_no_opentelemetry() -> None:
+    """Unset, the span helpers do nothing, and the hot path's modules never import OpenTelemetry."""
+    env = {key: value for key, value in os.environ.items() if key != "CANOPY_OTEL_EXPORTER"}
+    done = subprocess.run([sys.executable, "-c", _OFF], env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
