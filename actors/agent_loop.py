@@ -207,7 +207,7 @@ class RunExecutor:
     async def execute(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(asyncio.current_task()))
         try:
-            with tracing.run_span(self.run):
+            async with tracing.run_span(self.db, self.run):
                 await self._execute()
         except asyncio.CancelledError:
             await asyncio.shield(self._end_if_cancelling())
@@ -390,7 +390,7 @@ class RunExecutor:
                 hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
         await signals.send_hints(self.db, hints)  # the freed slot, the waiters on this answer
         if final:
-            await tracing.turn_ended(self.db, self.run, "completed")
+            tracing.turn_ended("completed")
         return final
 
     async def _append_reply(self, conn: Connection, reply: dict[str, Any]) -> None:
@@ -513,7 +513,7 @@ class RunExecutor:
             await turns.finish_turn(conn, self.run, status, output=output, error=error)
             hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
         await signals.send_hints(self.db, hints)
-        await tracing.turn_ended(self.db, self.run, status)
+        tracing.turn_ended(status)
 
     async def _end_if_cancelling(self) -> None:
         """The Run's task was cancelled: if its Turn is being cancelled, record the end."""

@@ -10,9 +10,10 @@ A Turn outlives the processes that work on it (its Runs may run in several actor
 after another, across waits and crashes), so its span cannot be held open by one of them.
 Its ids are derived from the Turn's id instead — the trace id is the Turn id's 128 bits, the
 span id their low 64 bits — so every Run, wherever it runs, names the Turn as its parent
-without asking anyone, and the Turn's own span is written when a Run ends the Turn, from its
-committed start and end times. A Turn that ends with no Run of its own ending it (cancelled
-while queued or waiting, failed by recovery) has no Turn span; its Runs still name it.
+without asking anyone, and the Turn's own span is written by the Run that ends the Turn, once
+that Run's span has ended: from the Turn's committed start to then. A Turn that ends with no
+Run of its own ending it (cancelled while queued or waiting, failed by recovery, cancelled
+while its Run's task was being cancelled) has no Turn span; its Runs still name it.
 The Run's span context travels to the gateway with the model call (W3C ``traceparent``), so
 a model call's span is the Run's child although it runs in the gateway's process. Every span
 carries the ids it concerns as attributes (``canopy.tree_id``, ``canopy.session_id``,
@@ -23,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import datetime
 import functools
 import logging
 import os
 import uuid
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +57,9 @@ def enabled() -> bool:
 def _turn_ids(turn_id: uuid.UUID) -> tuple[int, int]:
     """The Turn span's (trace id, span id), derived from the Turn's id (both never 0)."""
     return turn_id.int or 1, (turn_id.int & _SPAN_ID_MASK) or 1
+
+
+_ID_ATTRIBUTES = frozenset({"canopy.tree_id", "canopy.session_id", "canopy.turn_id", "canopy.run_id"})
 
 
 def _ids(run: RunRef) -> dict[str, str]:
@@ -118,19 +123,47 @@ def _turn_context(turn_id: uuid.UUID) -> Any:
     return trace.set_span_in_context(trace.NonRecordingSpan(parent))
 
 
-def run_span(run: RunRef) -> AbstractContextManager[Any]:
-    """The Run's span, current while it executes: a child of its Turn's span."""
+@dataclasses.dataclass
+class _Executing:
+    """The Run executing in this task: its ids (for the spans under it) and, once ``turn_ended``
+    was called, its Turn's terminal status."""
+
+    ids: dict[str, str]
+    status: str | None = None
+
+
+_executing: contextvars.ContextVar[_Executing | None] = contextvars.ContextVar("canopy_run", default=None)
+
+
+def run_span(db: Database, run: RunRef) -> AbstractAsyncContextManager[Any]:
+    """The Run's span, current while it executes: a child of its Turn's span. When the Run ended
+    its Turn (``turn_ended``), the Turn's span is written after the Run's span has ended."""
     if not enabled():
         return contextlib.nullcontext()
-    return _tracer().start_as_current_span("run", context=_turn_context(run.turn_id),
-                                           attributes={**_ids(run), "canopy.run_kind": run.kind})
+    return _run_span(db, run)
+
+
+@contextlib.asynccontextmanager
+async def _run_span(db: Database, run: RunRef) -> AsyncIterator[None]:
+    executing = _Executing(_ids(run))
+    token = _executing.set(executing)
+    try:
+        with _tracer().start_as_current_span("run", context=_turn_context(run.turn_id),
+                                             attributes={**executing.ids, "canopy.run_kind": run.kind}):
+            yield
+    finally:
+        _executing.reset(token)
+    if executing.status is not None:
+        await _write_turn(db, run, executing.status)
 
 
 def span(name: str, **attributes: str) -> AbstractContextManager[Any]:
-    """A span under the current one (a tool call under its Run)."""
+    """A span under the current one (a tool call under its Run), with the executing Run's ids."""
     if not enabled():
         return contextlib.nullcontext()
-    return _tracer().start_as_current_span(name, attributes={f"canopy.{k}": v for k, v in attributes.items()})
+    executing = _executing.get()
+    return _tracer().start_as_current_span(name, attributes={**(executing.ids if executing else {}),
+                                                             **{f"canopy.{k}": v for k, v in attributes.items()}})
 
 
 def carrier() -> dict[str, Any]:
@@ -139,7 +172,8 @@ def carrier() -> dict[str, Any]:
         return {}
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    headers: dict[str, str] = {}
+    executing = _executing.get()
+    headers: dict[str, str] = dict(executing.ids) if executing else {}  # the ids travel as attributes
     TraceContextTextMapPropagator().inject(headers)
     return {"trace": headers}
 
@@ -149,7 +183,8 @@ def _remote(name: str, headers: dict[str, str], attributes: dict[str, str]) -> I
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     context = TraceContextTextMapPropagator().extract(headers)
-    with _tracer().start_as_current_span(name, context=context, attributes=attributes) as current:
+    ids = {key: str(value)[:64] for key, value in headers.items() if key in _ID_ATTRIBUTES}
+    with _tracer().start_as_current_span(name, context=context, attributes={**ids, **attributes}) as current:
         yield current
 
 
@@ -171,11 +206,16 @@ def _nanoseconds(moment: datetime.datetime) -> int:
     return int(moment.timestamp() * 1_000_000_000)
 
 
-async def turn_ended(db: Database, run: RunRef, status: str) -> None:
-    """Write the Turn's span (``run`` has just ended the Turn), from its committed times. Tracing
-    never fails a Turn: an error here is logged and the span is left out."""
-    if not enabled():
-        return
+def turn_ended(status: str) -> None:
+    """The executing Run has committed its Turn's end: the Turn's span is written when the Run's ends."""
+    executing = _executing.get()
+    if executing is not None:
+        executing.status = status
+
+
+async def _write_turn(db: Database, run: RunRef, status: str) -> None:
+    """The Turn's span, from its committed start to now (its last Run has just ended). Tracing never
+    fails a Turn: an error here is logged and the span is left out."""
     try:
         async with db.tx() as conn:
             times = await turns.turn_times(conn, run.turn_id)
@@ -185,6 +225,6 @@ async def turn_ended(db: Database, run: RunRef, status: str) -> None:
                                         attributes={**_ids(run), "canopy.status": status})
         finally:
             _fixed_ids.reset(token)
-        turn.end(end_time=_nanoseconds(times["ended_at"] or datetime.datetime.now(datetime.UTC)))
+        turn.end()
     except Exception:
         log.warning("writing the span of turn %s failed", run.turn_id, exc_info=True)

@@ -40,15 +40,15 @@ async def test_a_turn_with_a_tool_call_is_traced_with_linked_spans(database_url:
     assert findings["status"] == "completed"
     turn_id, run_ids = findings["turn_id"], findings["run_ids"]
     spans = _spans(spans_dir)
-    mine = [s for s in spans if s["attributes"].get("canopy.turn_id") == turn_id
-            or s["attributes"].get("canopy.run_id") in run_ids]
+    trace_id = f"0x{int(turn_id.replace('-', ''), 16):032x}"  # the Turn's trace: its id's 128 bits
     by_name: dict[str, list[dict[str, Any]]] = {}
-    for span in mine:
-        by_name.setdefault(span["name"], []).append(span)
+    for span in spans:
+        if span["context"]["trace_id"] == trace_id:
+            by_name.setdefault(span["name"], []).append(span)
+            assert span["attributes"]["canopy.turn_id"] == turn_id, span
 
     (turn,) = by_name["turn"]
-    trace_id = f"0x{int(turn_id.replace('-', ''), 16):032x}"
-    assert turn["context"]["trace_id"] == trace_id and turn["parent_id"] is None
+    assert turn["parent_id"] is None
     assert turn["attributes"]["canopy.status"] == "completed"
     assert turn["attributes"]["canopy.session_id"] == findings["session_id"]
     assert turn["attributes"]["canopy.tree_id"] == findings["tree_id"]
@@ -65,22 +65,29 @@ async def test_a_turn_with_a_tool_call_is_traced_with_linked_spans(database_url:
         assert model["attributes"]["canopy.run_id"] == run_ids[0]
         assert model["attributes"]["canopy.model"] == "canopy/scripted"
         assert model["file"] != run["file"]  # the gateway's process, not the session's
+        assert run["start_time"] <= model["start_time"] and model["end_time"] <= run["end_time"]
 
     (tool,) = by_name["tool call"]
     assert tool["parent_id"] == run["context"]["span_id"] and tool["file"] == run["file"]
-    assert tool["attributes"]["canopy.tool"] == "list_sessions"
+    assert tool["attributes"]["canopy.tool"] == "list_sessions" and tool["attributes"]["canopy.run_id"] == run_ids[0]
     assert tool["end_time"] <= run["end_time"]
     # Spans carry ids, never what the model was told or said.
     assert all("trace this" not in json.dumps(span) for span in spans)
 
 
 _OFF = """
-import sys, uuid
+import asyncio, sys, uuid
 from actors import agent_loop, gateway_actor, tracing
 from persistence.records import RunRef, Scope
-run = RunRef(Scope("u", "a"), uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), "owner")
-with tracing.run_span(run), tracing.span("tool call", tool="x"), tracing.remote_span("model call", {}, model="m"):
-    assert tracing.carrier() == {}
+
+async def run_a_step():
+    run = RunRef(Scope("u", "a"), uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), "owner")
+    async with tracing.run_span(None, run):
+        with tracing.span("tool call", tool="x"), tracing.remote_span("model call", {}, model="m"):
+            assert tracing.carrier() == {}
+        tracing.turn_ended("completed")
+
+asyncio.run(run_a_step())
 print(sorted(name for name in sys.modules if name.startswith("opentelemetry")))
 """
 
