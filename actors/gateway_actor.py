@@ -32,6 +32,12 @@ from persistence.settings import get_settings
 log = logging.getLogger(__name__)
 # litellm's HTTP client logs every request at INFO: a line per model call, nothing an operator needs.
 logging.getLogger("httpx").setLevel(logging.WARNING)
+# litellm's loggers have a handler of their own and stamp their records with values JSON cannot
+# encode: they stay out of Ray's JSON handler (actors/runtime.py logging_config), and say only
+# what needs attention.
+for _litellm_logger in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+    logging.getLogger(_litellm_logger).propagate = False
+    logging.getLogger(_litellm_logger).setLevel(logging.WARNING)
 
 DELTA_CHANNEL = "canopy_deltas"
 # A NOTIFY payload holds under 8000 bytes; JSON spells a character in up to 12 (a \\u pair).

@@ -63,10 +63,13 @@ async def test_a_turns_lifecycle_is_logged_as_json_lines_with_its_ids(runtime: R
     started = [lines[event]["timestamp_ns"] for event in ("turn_started", "run_granted", "run_started",
                                                           "run_ended")]
     assert started == sorted(started)
-    # The root waited: its Run was interrupted, the wait parked and resumed, and its resume Run started.
-    root_lines = [line for line in await asyncio.to_thread(_lifecycle_lines) if line.get("session_id") == str(tree_id)]
+    # The root created the child, then waited: its Run was interrupted, the wait parked and resumed.
+    every = await asyncio.to_thread(_lifecycle_lines)
+    created_child = [line for line in every if line["event"] == "session_created" and line["session_id"] == str(child)]
+    assert [line["actor_name"] for line in created_child] == [f"session:{tree_id}"]
+    root_lines = [line for line in every if line.get("session_id") == str(tree_id)]
     events = {line["event"] for line in root_lines}
-    assert {"run_interrupted", "wait_parked", "wait_resumed", "session_created"} <= events, events
+    assert {"run_interrupted", "wait_parked", "wait_resumed"} <= events, events
     parked = next(line for line in root_lines if line["event"] == "wait_parked")
     assert parked["waiting_for"] == "cooperation"
-    assert all(secret not in json.dumps(line) for line in await asyncio.to_thread(_lifecycle_lines))
+    assert all(secret not in json.dumps(line) for line in every)
