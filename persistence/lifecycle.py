@@ -16,25 +16,18 @@ as they are written, just before their transaction commits. The few changes that
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from persistence import metrics
 from persistence.db import Connection
 
+if TYPE_CHECKING:
+    from persistence.events import _Event
+
 log = logging.getLogger("canopy.lifecycle")
 
 _IDS = ("tree_id", "session_id", "turn_id", "run_id")
-
-
-class EventLike(Protocol):
-    kind: str
-    session_id: uuid.UUID | None
-    tree_id: uuid.UUID | None
-    turn_id: uuid.UUID | None
-    run_id: uuid.UUID | None
-    payload: dict[str, Any]
 
 
 def state_change(event: str, **fields: Any) -> None:
@@ -48,17 +41,17 @@ def log_at_commit(conn: Connection, event: str, **fields: Any) -> None:
     metrics.at_commit(conn, lambda: state_change(event, **fields))
 
 
-def _ids(event: EventLike) -> dict[str, Any]:
+def _ids(event: _Event) -> dict[str, Any]:
     return {name: getattr(event, name) for name in _IDS}
 
 
-def on_events(events: Iterable[EventLike]) -> None:
+def on_events(events: Iterable[_Event]) -> None:
     """The log lines and counts of events being written (just before their commit)."""
     for event in events:
         _on_event(event)
 
 
-def _on_event(event: EventLike) -> None:
+def _on_event(event: _Event) -> None:
     kind, ids, payload = event.kind, _ids(event), event.payload
     if kind == "turn_started":
         metrics.add(metrics.TURNS_STARTED)

@@ -196,12 +196,14 @@ class _Buffer:
         self.pending[key] = self.pending.get(key, 0.0) + amount
 
     def flush_soon(self, db: Database) -> None:
-        if not self.pending or (self._flusher is not None and not self._flusher.done()):
-            return
         try:
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_later(db))
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # no running loop (a synchronous caller): the next transaction schedules it
-            self._flusher = None
+            return
+        # A flush pending on another loop (one that may have stopped) does not count.
+        if self._flusher is not None and not self._flusher.done() and self._flusher.get_loop() is loop:
+            return
+        self._flusher = loop.create_task(self._flush_later(db))
 
     async def _flush_later(self, db: Database) -> None:
         await asyncio.sleep(FLUSH_SECONDS)

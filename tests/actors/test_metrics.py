@@ -31,14 +31,18 @@ async def _counter(runtime: Runtime, name: str, **labels: str) -> float:
 async def test_counts_of_a_turn_reach_the_counters_table(runtime: Runtime, scope: Scope) -> None:
     names = ("canopy_turns_ended", "canopy_tool_calls", "canopy_model_calls", "canopy_model_latency_seconds_count")
     before = {name: await _counter(runtime, name) for name in names}
-    text = script(call(("list_sessions", {})), call(("no_such_tool", {})), say("listed"))
+    commands = {outcome: await _counter(runtime, "canopy_sandbox_commands", outcome=outcome)
+                for outcome in ("ok", "failed")}
+    text = script(call(("list_sessions", {})), call(("no_such_tool", {})),
+                  call(("run_command", {"command": "echo hi"})), call(("run_command", {"command": "exit 3"})),
+                  say("listed"))
     created = await runtime.create_root(scope, input_text=text)
     result = await runtime.wait_result(scope, created["input"]["input_id"])
     assert result["status"] == "completed"
 
     async def grown() -> bool:
         return (await _counter(runtime, "canopy_model_calls", model="canopy/scripted", outcome="ok")
-                >= before["canopy_model_calls"] + 3
+                >= before["canopy_model_calls"] + 5
                 and await _counter(runtime, "canopy_turns_ended", status="completed")
                 >= before["canopy_turns_ended"] + 1)
 
@@ -46,7 +50,10 @@ async def test_counts_of_a_turn_reach_the_counters_table(runtime: Runtime, scope
     assert await _counter(runtime, "canopy_tool_calls", tool="list_sessions", outcome="ok") >= 1
     assert await _counter(runtime, "canopy_tool_calls", tool="other", outcome="refused") >= 1  # a made-up name
     assert await _counter(runtime, "canopy_model_latency_seconds_count") >= before[
-        "canopy_model_latency_seconds_count"] + 3
+        "canopy_model_latency_seconds_count"] + 5
+    assert await _counter(runtime, "canopy_sandbox_commands", outcome="ok") >= commands["ok"] + 1
+    assert await _counter(runtime, "canopy_sandbox_commands", outcome="failed") >= commands["failed"] + 1
+    assert await _counter(runtime, "canopy_tool_calls", tool="run_command", outcome="ok") >= 2
 
 
 async def test_model_calls_and_turns_reach_rays_metrics_export(runtime: Runtime, scope: Scope) -> None:
