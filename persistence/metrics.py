@@ -206,15 +206,19 @@ class _Buffer:
         self._flusher = loop.create_task(self._flush_later(db))
 
     async def _flush_later(self, db: Database) -> None:
-        await asyncio.sleep(FLUSH_SECONDS)
-        await self.flush(db)
+        # Counts made while a flush runs are flushed by this task too: the flush's own commit cannot
+        # schedule them (this task is still running), and the process may commit nothing else.
+        while self.pending:
+            await asyncio.sleep(FLUSH_SECONDS)
+            if not await self.flush(db):
+                return  # the next commit schedules a retry
 
-    async def flush(self, db: Database) -> None:
-        """Add the pending counts to the table in one statement; on failure they stay pending."""
+    async def flush(self, db: Database) -> bool:
+        """Add the pending counts to the table in one statement; on failure they stay pending (False)."""
         from persistence.db import query
 
         if not self.pending:
-            return
+            return True
         taken, self.pending = self.pending, {}
         # In one order everywhere: two processes flushing at once lock the rows they share in the
         # same order, so they never deadlock.
@@ -229,6 +233,8 @@ class _Buffer:
             log.warning("adding %d counts to metric_counters failed; they stay pending", len(ordered), exc_info=True)
             for key, amount in taken.items():
                 self.pending[key] = self.pending.get(key, 0.0) + amount
+            return False
+        return True
 
 
 _buffer = _Buffer()
@@ -240,9 +246,9 @@ def flush_soon(db: Database) -> None:
         _buffer.flush_soon(db)
 
 
-async def flush(db: Database) -> None:
+async def flush(db: Database) -> bool:
     """Add this process's pending counts to the table now (a process that stops calls it)."""
-    await _buffer.flush(db)
+    return await _buffer.flush(db)
 
 
 def add(metric: Metric, amount: float = 1.0, **labels: str) -> None:

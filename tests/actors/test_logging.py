@@ -40,21 +40,26 @@ async def test_a_turns_lifecycle_is_logged_as_json_lines_with_its_ids(runtime: R
     tree_id = created["session"]["session_id"]
     child = await session_id_at(runtime.db, tree_id, "/root/logged")
     turn = (await rows(runtime.db, "SELECT turn_id FROM turns WHERE session_id = %s", child))[0]["turn_id"]
-    run = (await rows(runtime.db, "SELECT run_id FROM runs WHERE turn_id = %s", turn))[0]["run_id"]
+    runs = [str(r["run_id"]) for r in await rows(runtime.db, "SELECT run_id FROM runs WHERE turn_id = %s "
+                                                             "ORDER BY queued_at", turn)]
 
     async def turn_lines() -> dict[str, dict[str, Any]] | None:
-        lines = await asyncio.to_thread(_lifecycle_lines)
-        mine = {line["event"]: line for line in lines if line.get("turn_id") == str(turn)}
+        lines = sorted((line for line in await asyncio.to_thread(_lifecycle_lines) if line.get("turn_id") == str(turn)),
+                       key=lambda line: line["timestamp_ns"])
+        first: dict[str, dict[str, Any]] = {}
+        for line in lines:  # each change's first line (a busy machine may recover a Run: more lines)
+            first.setdefault(line["event"], line)
         wanted = {"turn_started", "run_granted", "run_started", "run_ended", "turn_ended"}
-        return mine if wanted <= mine.keys() else None
+        return first if wanted <= first.keys() else None
 
     lines = await eventually(turn_lines, timeout=30, every=0.5)
     for event, line in lines.items():
         assert (line["tree_id"], line["session_id"], line["turn_id"]) == (str(tree_id), str(child), str(turn)), event
-        assert line["run_id"] == str(run), event
+        assert line["run_id"] in runs, event
         assert line["levelname"] == "INFO" and line["name"] == "canopy.lifecycle", line
         assert line["message"] == event.replace("_", " ")
         assert {"job_id", "worker_id", "node_id", "timestamp_ns"} <= line.keys()  # Ray's own fields
+    assert lines["turn_started"]["run_id"] == lines["run_granted"]["run_id"] == runs[0]  # the Turn's first Run
     assert (lines["turn_ended"]["status"], lines["run_ended"]["status"]) == ("completed", "completed")
     assert lines["run_started"]["kind"] == "start"
     # The child's own actor picked its Run up; the root's actor started its Turn (create_session).

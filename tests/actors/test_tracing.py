@@ -33,7 +33,9 @@ async def test_a_turn_with_a_tool_call_is_traced_with_linked_spans(database_url:
     scratch = create_database(database_url, "canopy_tracing")
     try:
         findings = await scenario_findings("tests.actors.tracing_scenario", {
-            **RUNTIME_ENV, "CANOPY_OTEL_EXPORTER": f"file:{spans_dir}", "CANOPY_DATABASE_URL": scratch,
+            # Leases of the usual length: this test kills nothing, and a busy machine must not expire one.
+            **RUNTIME_ENV, "CANOPY_LEASE_SECONDS": "30", "CANOPY_HEARTBEAT_SECONDS": "5",
+            "CANOPY_OTEL_EXPORTER": f"file:{spans_dir}", "CANOPY_DATABASE_URL": scratch,
             "CANOPY_DATA_DIR": str(tmp_path / "data")}, timeout=300)
     finally:
         drop_database(scratch)
@@ -53,24 +55,29 @@ async def test_a_turn_with_a_tool_call_is_traced_with_linked_spans(database_url:
     assert turn["attributes"]["canopy.session_id"] == findings["session_id"]
     assert turn["attributes"]["canopy.tree_id"] == findings["tree_id"]
 
-    (run,) = by_name["run"]  # one Run: a tool call that only reads does not interrupt it
-    assert run["parent_id"] == turn["context"]["span_id"] and run["context"]["trace_id"] == trace_id
-    assert run["attributes"]["canopy.run_id"] == run_ids[0] and run["attributes"]["canopy.turn_id"] == turn_id
-    assert turn["start_time"] <= run["start_time"] and run["end_time"] <= turn["end_time"]
+    runs = {span["context"]["span_id"]: span for span in by_name["run"]}  # one, unless a Run was recovered
+    for run in runs.values():
+        assert run["parent_id"] == turn["context"]["span_id"] and run["context"]["trace_id"] == trace_id
+        assert run["attributes"]["canopy.run_id"] in run_ids
+        assert turn["start_time"] <= run["start_time"] and run["end_time"] <= turn["end_time"]
 
     models = by_name["model call"]
-    assert len(models) == 2  # the reply with the tool call, then the answer
+    assert len(models) >= 2  # the reply with the tool call, then the answer
     for model in models:
-        assert model["parent_id"] == run["context"]["span_id"] and model["context"]["trace_id"] == trace_id
-        assert model["attributes"]["canopy.run_id"] == run_ids[0]
+        run = runs[model["parent_id"]]  # a child of a Run's span...
+        assert model["context"]["trace_id"] == trace_id
+        assert model["attributes"]["canopy.run_id"] == run["attributes"]["canopy.run_id"]
         assert model["attributes"]["canopy.model"] == "canopy/scripted"
-        assert model["file"] != run["file"]  # the gateway's process, not the session's
+        assert model["file"] != run["file"]  # ...though written by the gateway's process, not the session's
         assert run["start_time"] <= model["start_time"] and model["end_time"] <= run["end_time"]
 
-    (tool,) = by_name["tool call"]
-    assert tool["parent_id"] == run["context"]["span_id"] and tool["file"] == run["file"]
-    assert tool["attributes"]["canopy.tool"] == "list_sessions" and tool["attributes"]["canopy.run_id"] == run_ids[0]
-    assert tool["end_time"] <= run["end_time"]
+    tools = by_name["tool call"]
+    assert tools
+    for tool in tools:
+        run = runs[tool["parent_id"]]
+        assert tool["file"] == run["file"] and tool["end_time"] <= run["end_time"]
+        assert tool["attributes"]["canopy.tool"] == "list_sessions"
+        assert tool["attributes"]["canopy.run_id"] == run["attributes"]["canopy.run_id"]
     # Spans carry ids, never what the model was told or said.
     assert all("trace this" not in json.dumps(span) for span in spans)
 
