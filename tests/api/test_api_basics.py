@@ -37,7 +37,8 @@ async def test_health_metrics_and_openapi(api: ApiServer, second_api: ApiServer,
             assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
             families = {family.name: family for family in text_string_to_metric_families(metrics.text)}
             completed = [s.value for s in families["canopy_turns_ended"].samples if s.labels["status"] == "completed"]
-            return families if completed and completed[0] >= 1 else None
+            timed = [s.value for s in families["canopy_model_latency_seconds"].samples if s.name.endswith("_count")]
+            return families if completed and completed[0] >= 1 and timed and max(timed) >= 1 else None
 
         families = await poll(scraped)
         for name in ("canopy_slots_in_use", "canopy_queue_depth", "canopy_turns", "canopy_recoveries",
