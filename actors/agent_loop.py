@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-from actors import compaction, failpoints, local_channel, signals
+from actors import compaction, failpoints, local_channel, signals, tracing
+from actors.metrics import count_tool_call, tool_label
 from actors.naming import GATEWAY_NAME
 from actors.toolbox import effective_tools, parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
@@ -120,15 +121,17 @@ def _batches(calls: list[_Call]) -> list[list[_Call]]:
 
 async def _guarded(call: dict[str, Any], running: Awaitable[ToolResult]) -> ToolResult:
     """A tool's outcome, with its refusal (or an unexpected failure) as an error for the model."""
-    try:
-        return await running
-    except (LeaseLost, TurnCancelled, asyncio.CancelledError):
-        raise
-    except CanopyError as error:
-        return {"error": str(error), **error.details}
-    except Exception as error:
-        log.exception("tool %s failed", call.get("name"))
-        return {"error": f"internal error in {call.get('name')}: {error}"}
+    with tracing.span("tool call", tool=tool_label(call.get("name")), tool_call_id=str(call.get("id"))[:64]):
+        try:
+            outcome = await running
+        except (LeaseLost, TurnCancelled, asyncio.CancelledError):
+            raise
+        except CanopyError as error:
+            outcome = {"error": str(error), **error.details}
+        except Exception as error:
+            log.exception("tool %s failed", call.get("name"))
+            outcome = {"error": f"internal error in {call.get('name')}: {error}"}
+    return count_tool_call(call.get("name"), outcome)
 
 
 async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id: str, args: Any) -> ToolResult:
@@ -204,7 +207,8 @@ class RunExecutor:
     async def execute(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(asyncio.current_task()))
         try:
-            await self._execute()
+            async with tracing.run_span(self.db, self.run):
+                await self._execute()
         except asyncio.CancelledError:
             await asyncio.shield(self._end_if_cancelling())
             raise
@@ -328,7 +332,7 @@ class RunExecutor:
                 request = [request[0], *(to_model_message(row) for row in self._history)]
             return await self._gateway("complete_for_run", run_id=str(self.run.run_id), model=self._model(config),
                                        messages=request, tools=schemas(self._tools),
-                                       watch=watch if stream else None)
+                                       watch=watch if stream else None, **tracing.carrier())
         except (LeaseLost, asyncio.CancelledError):
             raise
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
@@ -385,6 +389,8 @@ class RunExecutor:
                                         locked_session=session)
                 hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
         await signals.send_hints(self.db, hints)  # the freed slot, the waiters on this answer
+        if final:
+            tracing.turn_ended("completed")
         return final
 
     async def _append_reply(self, conn: Connection, reply: dict[str, Any]) -> None:
@@ -443,7 +449,7 @@ class RunExecutor:
                 if isinstance(item.tool, Tool):
                     outcome = await _guarded(item.call, _in_savepoint(conn, item.tool, ctx, item.call["id"], item.args))
                 elif item.error is not None:
-                    outcome = item.error
+                    outcome = count_tool_call(item.call.get("name"), item.error, refused=True)
                 assert outcome is not None
                 if isinstance(outcome, Park):
                     park = item.call["id"], outcome
@@ -507,6 +513,7 @@ class RunExecutor:
             await turns.finish_turn(conn, self.run, status, output=output, error=error)
             hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
         await signals.send_hints(self.db, hints)
+        tracing.turn_ended(status)
 
     async def _end_if_cancelling(self) -> None:
         """The Run's task was cancelled: if its Turn is being cancelled, record the end."""

@@ -22,12 +22,22 @@ from typing import Any
 
 import ray
 
-from actors import metrics
+from actors import metrics, tracing
 from actors.local_channel import ChannelServer
 from actors.model_gateway import ModelGateway
+from persistence import metrics as counters
 from persistence.db import Database, LazyDatabase
+from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
+# litellm's HTTP client logs every request at INFO: a line per model call, nothing an operator needs.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+# litellm's loggers have a handler of their own and stamp their records with values JSON cannot
+# encode: they stay out of Ray's JSON handler (actors/runtime.py logging_config), and say only
+# what needs attention.
+for _litellm_logger in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+    logging.getLogger(_litellm_logger).propagate = False
+    logging.getLogger(_litellm_logger).setLevel(logging.WARNING)
 
 DELTA_CHANNEL = "canopy_deltas"
 # A NOTIFY payload holds under 8000 bytes; JSON spells a character in up to 12 (a \\u pair).
@@ -57,24 +67,28 @@ class AccountedGateway(ModelGateway):
     async def close(self) -> None:
         await self._channel.close()
         await self._recorder.flush()
+        if self._db.opened is not None:
+            await counters.flush(self._db.opened)
         await self._db.close()
         await super().close()
 
     async def complete_for_run(self, *, run_id: str, watch: dict[str, str] | None = None,
-                               **request: Any) -> dict[str, Any]:
+                               trace: dict[str, str] | None = None, **request: Any) -> dict[str, Any]:
         """A model call of one Run. With ``watch`` (session/tree/turn ids) text deltas are
-        published live on the ``canopy_deltas`` channel: not persisted, not in the event cursor."""
+        published live on the ``canopy_deltas`` channel: not persisted, not in the event cursor.
+        ``trace``: the calling Run's span context (actors/tracing.py), the model call's parent."""
         started = time.monotonic()
         publisher = None if watch is None else _DeltaPublisher(self._database, {**watch, "run_id": run_id})
-        try:
+        with tracing.remote_span("model call", trace, run_id=run_id, model=str(request["model"])[:200]):
             try:
-                reply = await self.complete(**request, on_delta=publisher.add if publisher else None)
-            finally:
-                if publisher is not None:
-                    await publisher.drain()  # every delta goes out before the reply is returned
-        except Exception as error:
-            self._recorder.add(_Call(run_id, request["model"], {}, 0.0, started, str(error)))
-            raise
+                try:
+                    reply = await self.complete(**request, on_delta=publisher.add if publisher else None)
+                finally:
+                    if publisher is not None:
+                        await publisher.drain()  # every delta goes out before the reply is returned
+            except Exception as error:
+                self._recorder.add(_Call(run_id, request["model"], {}, 0.0, started, str(error)))
+                raise
         self._recorder.add(_Call(run_id, request["model"], reply["usage"], reply["cost_usd"], started, None))
         return reply
 
@@ -111,6 +125,7 @@ class _CallRecorder:
         self._database = database
         self._pending: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
+        self.labels = counters.ModelLabels(get_settings().default_model)
 
     def add(self, call: _Call) -> None:
         self._pending.append(call)
@@ -124,14 +139,20 @@ class _CallRecorder:
     async def flush(self) -> None:
         while self._pending:
             calls, self._pending = self._pending, []
-            for call in calls:
-                metrics.record_model_call(call.model, call.latency_ms, call.usage, call.error)
+            db: Database | None = None
             try:
                 db = await self._database()
                 async with db.tx() as conn, conn.cursor() as cur:
+                    if not self.labels.seeded:  # the model labels already counted come before any new one
+                        self.labels.seed(await counters.known_label_values(conn, counters.MODEL_CALLS, "model"))
                     await cur.executemany(_RECORD, [call.row() for call in calls])
             except Exception:
                 log.exception("recording %d model call(s) failed", len(calls))
+            for call in calls:
+                metrics.record_model_call(self.labels.label(call.model), call.latency_ms, call.usage,
+                                          call.cost_usd, call.error)
+            if db is not None:
+                counters.flush_soon(db)
 
 
 class _DeltaPublisher:

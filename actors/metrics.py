@@ -1,14 +1,16 @@
-"""Runtime metrics exported through ``ray.util.metrics`` (SPEC §14), beside ``/metrics``.
+"""Canopy's metrics through ``ray.util.metrics`` (SPEC §14), under the names ``/metrics`` shows.
 
-Ray's metrics agent on each node serves these in Prometheus text at the node's
-``metrics_export_port`` (Ray prefixes them with ``ray_``), so a Ray cluster's Prometheus
-and dashboard see Canopy beside Ray's own figures. Events are counted where they happen
-(the gateway counts model calls, the sweeper recoveries); the slot, queue and turn
-figures are *state*, so the sweeper publishes them as gauges from the same database
-query that ``/metrics`` uses — the figures agree whichever way they are read.
+The names, kinds, labels and buckets are defined once, in ``persistence/metrics.py``. Every
+count and observation recorded there in a process that imports this module is mirrored to
+Ray's metric of the same name, and Ray's metrics agent on each node serves them in
+Prometheus text at the node's ``metrics_export_port`` with Ray's ``ray_`` prefix — so a Ray
+cluster's Prometheus and the Ray dashboard see ``ray_canopy_*`` beside Ray's own figures. The
+state gauges are published by the sweeper from the same statement ``/metrics`` reads, so the
+figures agree whichever way they are read.
 
 Metric objects are created on first use, inside the process that records them: a
-``ray.util.metrics`` metric belongs to the worker that made it.
+``ray.util.metrics`` metric belongs to the worker that made it. Where Ray is not initialised
+(a plain script on the persistence layer) only the durable counters count.
 """
 
 from __future__ import annotations
@@ -16,61 +18,80 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ray.util import metrics
+import ray
+from ray.util import metrics as ray_metrics
 
-from persistence.metrics import LATENCY_BUCKETS_MS
-from persistence.records import OPEN_TURN_STATUSES, TERMINAL_TURN_STATUSES
-
-
-@functools.cache
-def _model_latency() -> metrics.Histogram:
-    return metrics.Histogram("canopy_model_call_latency_seconds", "Model call latency, retries included.",
-                             boundaries=[bound / 1000 for bound in LATENCY_BUCKETS_MS], tag_keys=("model",))
+from persistence import metrics
+from persistence.metrics import Metric
 
 
 @functools.cache
-def _model_calls() -> metrics.Counter:
-    return metrics.Counter("canopy_model_calls", "Model calls (at-least-once).", tag_keys=("model", "outcome"))
+def _ray_metric(metric: Metric) -> Any:
+    if metric.kind == "counter":
+        return ray_metrics.Counter(metric.name, metric.help, tag_keys=metric.labels)
+    if metric.kind == "histogram":
+        return ray_metrics.Histogram(metric.name, metric.help, boundaries=list(metric.buckets),
+                                     tag_keys=metric.labels)
+    return ray_metrics.Gauge(metric.name, metric.help, tag_keys=metric.labels)
+
+
+def _mirror(metric: Metric, labels: dict[str, str], value: float) -> None:
+    if not ray.is_initialized():
+        return
+    if metric.kind == "counter":
+        _ray_metric(metric).inc(value, labels or None)
+    else:
+        _ray_metric(metric).observe(value, labels or None)
+
+
+metrics.on_record(_mirror)
+
+
+def record_model_call(model: str, latency_ms: float, usage: dict[str, int], cost_usd: float,
+                      error: str | None) -> None:
+    """One finished model call (``model`` is already a bounded label, see ``ModelLabels``)."""
+    metrics.add(metrics.MODEL_CALLS, model=model, outcome="error" if error else "ok")
+    metrics.observe(metrics.MODEL_LATENCY, latency_ms / 1000, model=model)
+    for kind in ("prompt", "completion"):
+        metrics.add(metrics.MODEL_TOKENS, usage.get(f"{kind}_tokens", 0), model=model, kind=kind)
+    metrics.add(metrics.MODEL_COST, cost_usd, model=model)
+
+
+def publish_gauges(gauges: dict[str, Any]) -> None:
+    """Set Ray's state gauges from ``persistence.metrics.read_gauges``. Every label value is set
+    each time, so a series whose last Turn moved on reads 0, not its old count."""
+    for metric, key in ((metrics.SLOTS_IN_USE, "slots_in_use"), (metrics.RUNS_QUEUED, "runs_queued"),
+                        (metrics.INPUTS_PENDING, "inputs_pending"), (metrics.REQUESTS_PENDING, "requests_pending"),
+                        (metrics.EVENT_STREAMS_OPEN, "event_streams_open")):
+        _ray_metric(metric).set(gauges[key])
+    _ray_metric(metrics.QUEUE_DEPTH).set(gauges["runs_queued"] + gauges["inputs_pending"])
+    for state in metrics.TREE_STATES:
+        _ray_metric(metrics.TREES).set(gauges[f"trees_{state}"], {"state": state})
+    for (status, waiting_for), count in metrics.open_turns(gauges).items():
+        _ray_metric(metrics.OPEN_TURNS).set(count, {"status": status, "waiting_for": waiting_for})
+
 
 
 @functools.cache
-def _model_tokens() -> metrics.Counter:
-    return metrics.Counter("canopy_model_tokens", "Model tokens by kind.", tag_keys=("model", "kind"))
+def _tool_names() -> frozenset[str]:
+    from actors.toolbox import TOOLS  # imported on first use: the gateway and sweeper never need it
+
+    return frozenset(TOOLS)
 
 
-@functools.cache
-def _recoveries() -> metrics.Counter:
-    return metrics.Counter("canopy_recoveries", "Runs recovered after their owner stopped heart-beating.")
+def tool_label(name: Any) -> str:
+    """A tool call's label: the tool's name when Canopy has that tool, else ``other`` (a model
+    may name anything)."""
+    return metrics.bounded(name, _tool_names()) if isinstance(name, str) else metrics.OTHER
 
 
-@functools.cache
-def _gauge(name: str, description: str, tag_keys: tuple[str, ...] = ()) -> metrics.Gauge:
-    return metrics.Gauge(name, description, tag_keys=tag_keys)
-
-
-def record_model_call(model: str, latency_ms: float, usage: dict[str, int], error: str | None) -> None:
-    tags = {"model": model}
-    _model_latency().observe(latency_ms / 1000, tags)
-    _model_calls().inc(1, {**tags, "outcome": "error" if error else "ok"})
-    for kind in ("prompt_tokens", "completion_tokens"):
-        if usage.get(kind):
-            _model_tokens().inc(usage[kind], {**tags, "kind": kind})
-
-
-def record_recovery() -> None:
-    _recoveries().inc()
-
-
-def publish_runtime_gauges(figures: dict[str, Any]) -> None:
-    """Set the state gauges from ``persistence.metrics.runtime_metrics``."""
-    _gauge("canopy_slots_in_use", "Runs holding an execution slot, all trees.").set(figures["slots_in_use"])
-    _gauge("canopy_queue_depth", "Queued Runs plus pending inputs.").set(
-        figures["runs_queued"] + figures["inputs_pending"])
-    _gauge("canopy_requests_pending", "Approvals and questions waiting for a human.").set(figures["requests_pending"])
-    turns = _gauge("canopy_turns", "Turns by status.", ("status",))
-    # Every status is set each time, so a status whose last Turn moved on reads 0, not its old count.
-    by_status: dict[str, int] = dict.fromkeys(sorted(OPEN_TURN_STATUSES | TERMINAL_TURN_STATUSES), 0)
-    for row in figures["turns"]:
-        by_status[row["status"]] = by_status.get(row["status"], 0) + row["n"]
-    for status, count in by_status.items():
-        turns.set(count, {"status": status})
+def count_tool_call(name: Any, outcome: Any, *, refused: bool = False) -> Any:
+    """Count one tool call by its outcome (refused: not run; parked; error; ok); returns ``outcome``."""
+    if refused:
+        result = "refused"
+    elif isinstance(outcome, dict):
+        result = "error" if "error" in outcome else "ok"
+    else:
+        result = "parked"  # a Park: the Turn waits for the call's answer
+    metrics.add(metrics.TOOL_CALLS, tool=tool_label(name), outcome=result)
+    return outcome

@@ -99,6 +99,13 @@ def worker_env(settings: Settings, database_url: str) -> dict[str, str]:
 WORKER_PRELOAD_MODULES = ("actors.session_actor", "actors.tree_supervisor")
 
 
+def logging_config() -> ray.LoggingConfig:
+    """Ray's logging of the job, driver and workers alike: one JSON object per line (Ray's fields —
+    job, node, worker, actor and task ids — plus the logger's name and a record's ``extra`` fields,
+    such as the ids of persistence/lifecycle.py's state changes), at INFO so those lines are kept."""
+    return ray.LoggingConfig(encoding="JSON", log_level="INFO", additional_log_standard_attrs=["name"])
+
+
 def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     """Join ``settings.ray_address``, or start a Ray of this process's own (never some other
     cluster that happens to run on the machine); returns Ray's context.
@@ -114,15 +121,26 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     ``ray start --system-config``, see cluster.yaml).
     """
     env = _worker_env(settings, database_url)
+    options.setdefault("logging_config", logging_config())
+    root_level = logging.getLogger().level
     if settings.ray_address:
-        return ray.init(address=settings.ray_address, namespace=NAMESPACE, runtime_env={"env_vars": env}, **options)
-    # Every process Ray starts inherits this environment: the secrets leave it (they are in the
-    # secrets directory, which ``Settings`` reads from now on, here too).
-    for key in [key for key in os.environ if key.upper() in secret_env_names()]:
-        del os.environ[key]
-    os.environ.update(env)
-    return ray.init(address="local", namespace=NAMESPACE,
-                    _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)}, **options)
+        context = ray.init(address=settings.ray_address, namespace=NAMESPACE, runtime_env={"env_vars": env},
+                           **options)
+    else:
+        # Every process Ray starts inherits this environment: the secrets leave it (they are in the
+        # secrets directory, which ``Settings`` reads from now on, here too).
+        for key in [key for key in os.environ if key.upper() in secret_env_names()]:
+            del os.environ[key]
+        os.environ.update(env)
+        context = ray.init(address="local", namespace=NAMESPACE,
+                           _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)}, **options)
+    # The logging config set this process's loggers to INFO too: the driver keeps its own levels
+    # (other libraries' INFO lines stay out of a CLI's output) except for Canopy's state changes.
+    logging.getLogger().setLevel(root_level)
+    logging.getLogger("canopy").setLevel(logging.INFO)
+    if "logging_level" in options:
+        logging.getLogger("ray").setLevel(options["logging_level"])
+    return context
 
 
 class Runtime:

@@ -25,7 +25,7 @@ from actors import directory, metrics, sandbox_tools, signals
 from persistence import runs as run_repo
 from persistence import schedules, stream_watchers, turns, waits
 from persistence.db import Database, LazyDatabase
-from persistence.metrics import runtime_metrics
+from persistence.metrics import read_gauges
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -170,8 +170,8 @@ class SweeperImpl:
         if not self._due("gauges", _GAUGES_EVERY_SECONDS):
             return
         async with db.tx() as conn:
-            figures = await runtime_metrics(conn)
-        metrics.publish_runtime_gauges(figures)
+            gauges = await read_gauges(conn)
+        metrics.publish_gauges(gauges)
 
     async def _delete_expired_watchers(self, db: Database) -> None:
         if self._due("watchers", _WATCHERS_EVERY_SECONDS):
@@ -194,7 +194,6 @@ class SweeperImpl:
             recovered = await turns.recover_expired_run(conn, run_id)
         if recovered:
             self.recoveries += 1
-            metrics.record_recovery()
             log.warning("recovered run %s of session %s", run_id, recovered["session_id"])
             await signals.after_change(db, [recovered["session_id"]])
 

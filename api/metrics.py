@@ -1,88 +1,99 @@
-"""Prometheus text exposition of the runtime figures (persistence/metrics.py).
+"""``/metrics`` in Prometheus text, rendered by ``prometheus_client`` from one scrape's figures.
 
-Computed from the database on every scrape, so whichever replica answers reports the
-same, whole-cluster truth.
+The metrics are those defined in ``persistence/metrics.py`` (Ray exports the same names with
+its ``ray_`` prefix); the figures are whole-cluster — the counter rows every process adds to,
+and the state gauges read through partial indexes — so whichever replica answers reports the
+same. Every fixed label value is present (at zero when nothing happened yet), so a dashboard's
+series exist from the first scrape.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from persistence.metrics import LATENCY_BUCKETS_MS
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from persistence import metrics
+from persistence.metrics import Figures
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Series = dict[tuple[str, ...], float]
+# Counter series every dashboard expects from the start, at zero until something is counted.
+_FIXED_SERIES: dict[str, list[tuple[str, ...]]] = {
+    metrics.TURNS_ENDED.name: [(status,) for status in metrics.TURN_END_STATUSES],
+    metrics.SANDBOX_COMMANDS.name: [(outcome,) for outcome in metrics.SANDBOX_OUTCOMES],
+    **{metric.name: [()] for metric in (metrics.TURNS_STARTED, metrics.RECOVERIES, metrics.SESSIONS_CREATED,
+                                         metrics.TREES_CREATED)},
+}
 
 
-def _escape(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _Collector:
+    """The families of one scrape (``generate_latest`` takes anything with ``collect``)."""
+
+    def __init__(self, figures: Figures) -> None:
+        self.rows: dict[str, Series] = {}
+        for row in figures.counters:
+            labels: dict[str, Any] = row["labels"]
+            self.rows.setdefault(row["name"], {})[tuple(sorted(labels.items()))] = float(row["value"])  # type: ignore[arg-type]
+        self.gauges = figures.gauges
+
+    def _series(self, metric: metrics.Metric, name: str, extra: tuple[str, ...] = ()) -> Series:
+        """``label values -> value`` of one stored row name, label values in the metric's order."""
+        order = (*metric.labels, *extra)
+        found: Series = {}
+        for key, value in self.rows.get(name, {}).items():
+            labels = dict(key)
+            found[tuple(str(labels.get(label, "")) for label in order)] = value  # type: ignore[arg-type]
+        return found
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in metrics.METRICS:
+            if metric.kind == "counter":
+                yield self._counter(metric)
+            elif metric.kind == "histogram":
+                yield self._histogram(metric)
+        yield from self._gauges()
+
+    def _counter(self, metric: metrics.Metric) -> CounterMetricFamily:
+        family = CounterMetricFamily(metric.name, metric.help, labels=metric.labels)
+        series = {**dict.fromkeys(_FIXED_SERIES.get(metric.name, []), 0.0), **self._series(metric, metric.name)}
+        for labels, value in sorted(series.items()):
+            family.add_metric(list(labels), value)
+        return family
+
+    def _histogram(self, metric: metrics.Metric) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(metric.name, metric.help, labels=metric.labels)
+        buckets = self._series(metric, f"{metric.name}_bucket", ("le",))
+        sums = self._series(metric, f"{metric.name}_sum")
+        counts = self._series(metric, f"{metric.name}_count")
+        for labels in sorted(counts):
+            cumulative, running = [], 0.0
+            for bound in [*(f"{b:g}" for b in metric.buckets), "+Inf"]:
+                running += buckets.get((*labels, bound), 0.0)
+                cumulative.append((bound, running))
+            family.add_metric(list(labels), cumulative, sums.get(labels, 0.0))
+        return family
+
+    def _gauges(self) -> Iterator[GaugeMetricFamily]:
+        gauges = self.gauges
+        for metric, value in ((metrics.SLOTS_IN_USE, gauges["slots_in_use"]),
+                              (metrics.RUNS_QUEUED, gauges["runs_queued"]),
+                              (metrics.INPUTS_PENDING, gauges["inputs_pending"]),
+                              (metrics.QUEUE_DEPTH, gauges["runs_queued"] + gauges["inputs_pending"]),
+                              (metrics.REQUESTS_PENDING, gauges["requests_pending"]),
+                              (metrics.EVENT_STREAMS_OPEN, gauges["event_streams_open"])):
+            yield GaugeMetricFamily(metric.name, metric.help, value=value)
+        turns = GaugeMetricFamily(metrics.OPEN_TURNS.name, metrics.OPEN_TURNS.help, labels=metrics.OPEN_TURNS.labels)
+        for (status, waiting_for), count in sorted(metrics.open_turns(gauges).items()):
+            turns.add_metric([status, waiting_for], count)
+        yield turns
+        trees = GaugeMetricFamily(metrics.TREES.name, metrics.TREES.help, labels=metrics.TREES.labels)
+        for state in metrics.TREE_STATES:
+            trees.add_metric([state], gauges[f"trees_{state}"])
+        yield trees
 
 
-def _labels(labels: dict[str, Any]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{key}="{_escape(value)}"' for key, value in labels.items()) + "}"
-
-
-class _Exposition:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-
-    def sample(self, name: str, value: float, **labels: Any) -> None:
-        self.lines.append(f"{name}{_labels(labels)} {float(value):g}" if isinstance(value, float)
-                          else f"{name}{_labels(labels)} {value}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
-def render(figures: dict[str, Any]) -> str:
-    out = _Exposition()
-    gauges = [
-        ("canopy_slots_in_use", "slots_in_use", "Runs holding an execution slot (running), all trees."),
-        ("canopy_runs_queued", "runs_queued", "Runs waiting in their tree's FIFO for a slot."),
-        ("canopy_inputs_pending", "inputs_pending", "Inputs queued behind a session's current Turn."),
-        ("canopy_requests_pending", "requests_pending", "Approvals and questions waiting for a human."),
-        ("canopy_trees_stopped", "trees_stopped", "Trees in the stopped state."),
-        ("canopy_sessions", "sessions", "Sessions (all trees, archived included)."),
-    ]
-    for name, key, help_text in gauges:
-        out.family(name, "gauge", help_text)
-        out.sample(name, figures[key])
-    out.family("canopy_queue_depth", "gauge", "Work waiting: queued Runs plus pending inputs.")
-    out.sample("canopy_queue_depth", figures["runs_queued"] + figures["inputs_pending"])
-    out.family("canopy_turns", "gauge", "Turns by status (and what a waiting Turn waits for).")
-    for row in figures["turns"]:
-        out.sample("canopy_turns", row["n"], status=row["status"], waiting_for=row["waiting_for"])
-    out.family("canopy_runs", "gauge", "Runs by status.")
-    for row in figures["runs"]:
-        out.sample("canopy_runs", row["n"], status=row["status"])
-    out.family("canopy_recoveries_total", "counter", "Runs recovered after their owner stopped heart-beating.")
-    out.sample("canopy_recoveries_total", figures["recoveries"])
-    _model_families(out, figures["models"])
-    return out.text()
-
-
-def _model_families(out: _Exposition, models: list[dict[str, Any]]) -> None:
-    out.family("canopy_model_calls_total", "counter", "Model calls (at-least-once: retries and replays count).")
-    for row in models:
-        out.sample("canopy_model_calls_total", row["calls"], model=row["model"])
-    out.family("canopy_model_errors_total", "counter", "Model calls that failed.")
-    for row in models:
-        out.sample("canopy_model_errors_total", row["errors"], model=row["model"])
-    out.family("canopy_model_tokens_total", "counter", "Model tokens by kind.")
-    for row in models:
-        out.sample("canopy_model_tokens_total", row["prompt_tokens"], model=row["model"], kind="prompt")
-        out.sample("canopy_model_tokens_total", row["completion_tokens"], model=row["model"], kind="completion")
-    out.family("canopy_model_cost_usd_total", "counter", "Model cost in US dollars, as litellm prices it.")
-    for row in models:
-        out.sample("canopy_model_cost_usd_total", float(row["cost_usd"]), model=row["model"])
-    out.family("canopy_model_latency_seconds", "histogram", "Model call latency.")
-    for row in models:
-        for bound in LATENCY_BUCKETS_MS:
-            out.sample("canopy_model_latency_seconds_bucket", row[f"le_{bound}"], model=row["model"],
-                       le=f"{bound / 1000:g}")
-        out.sample("canopy_model_latency_seconds_bucket", row["calls"], model=row["model"], le="+Inf")
-        out.sample("canopy_model_latency_seconds_sum", float(row["latency_ms_sum"]) / 1000, model=row["model"])
-        out.sample("canopy_model_latency_seconds_count", row["calls"], model=row["model"])
+def render(figures: Figures) -> bytes:
+    return generate_latest(_Collector(figures))  # type: ignore[arg-type]

@@ -147,7 +147,7 @@ def _report(recorder: Recorder, elapsed: float, clients: int, completed: str) ->
 async def _completed_turns(base: str, admin_token: str | None) -> str:
     async with httpx.AsyncClient(base_url=base, timeout=30, headers={"Authorization": f"Bearer {admin_token}"}) as http:
         text = (await http.get("/metrics")).text
-    found = re.search(r'canopy_turns\{status="completed",waiting_for=""\} (\d+)', text)
+    found = re.search(r'canopy_turns_ended_total\{status="completed"\} (\d+)', text)
     return found.group(1) if found else "0"
 
 

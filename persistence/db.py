@@ -15,6 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from persistence import metrics
 from persistence.embedded import embedded_url
 from persistence.settings import Settings, get_settings, reveal
 
@@ -136,6 +137,7 @@ class Database:
                 del _last_statements[connection]
             for deferred in queued:  # only when the block succeeded: a failed one rolls back
                 await deferred.run(connection)
+        metrics.flush_soon(self)  # after the commit: this process's counts reach the table within a second
 
     async def close(self) -> None:
         await self.pool.close()

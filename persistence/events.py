@@ -17,6 +17,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from persistence import lifecycle
 from persistence.db import Connection, queued_last
 from persistence.records import Row, Scope
 
@@ -103,6 +104,7 @@ async def _write_events(conn: Connection, scope: Scope, events: list[_Event]) ->
         "turn_ids": [e.turn_id for e in events], "run_ids": [e.run_id for e in events],
         "payloads": [Jsonb(e.payload) for e in events]})
     assert cur.rowcount == len(events), "scope row missing: ensure_scope() first"
+    lifecycle.on_events(events)  # their log lines and counters, as they reach the commit
 
 
 async def append_event(

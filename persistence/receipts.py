@@ -13,6 +13,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from persistence import metrics
 from persistence.db import Connection, query
 from persistence.errors import IdempotencyConflict, LeaseLost
 from persistence.records import Row, RunRef
@@ -76,6 +77,7 @@ async def finish_command(conn: Connection, run: RunRef, tool_call_id: str, resul
     """The outcome of a started command (the caller fences the Run in this transaction)."""
     await conn.execute(query("receipt_finish"), {"turn_id": run.turn_id, "call_id": tool_call_id,
                                                 "result": Jsonb(_canonical(result))})
+    metrics.count_at_commit(conn, metrics.SANDBOX_COMMANDS, outcome=metrics.sandbox_outcome(result))
 
 
 async def started_commands(conn: Connection, run_id: uuid.UUID) -> list[Row]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
+from persistence import lifecycle, metrics
 from persistence.db import Connection
 from persistence.errors import LeaseLost
 from persistence.events import append_event
@@ -33,8 +34,9 @@ WITH granted AS (
         LIMIT greatest(0, %(slot_limit)s
                           - (SELECT count(*) FROM runs WHERE tree_id = %(tree_id)s AND status = 'running'))
         FOR UPDATE)
-    RETURNING run_id, session_id, turn_id, queued_at)
-SELECT run_id, session_id, turn_id FROM granted ORDER BY queued_at, run_id
+    RETURNING run_id, session_id, turn_id, queued_at, started_at)
+SELECT run_id, session_id, turn_id, extract(epoch FROM started_at - queued_at)::float8 AS waited_seconds
+FROM granted ORDER BY queued_at, run_id
 """
 _ACQUIRE = """
 UPDATE runs r SET owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s)
@@ -104,6 +106,7 @@ async def _grant_locked(conn: Connection, tree_id: uuid.UUID, tree: Row, lease_s
     for run in granted:
         await append_event(conn, scope, "run_started", session_id=run["session_id"], tree_id=tree_id,
                            turn_id=run["turn_id"], run_id=run["run_id"])
+        metrics.observe_at_commit(conn, metrics.SLOT_WAIT, run.pop("waited_seconds"))
     return granted
 
 
@@ -111,7 +114,11 @@ async def acquire_run(conn: Connection, run_id: uuid.UUID, owner: str, lease_sec
     """Take the lease of this Run if it holds a granted slot and no owner yet."""
     cur = await conn.execute(_ACQUIRE, {"run_id": run_id, "owner": owner, "lease": lease_seconds})
     row = await cur.fetchone()
-    return _run_ref(row, owner) if row is not None else None
+    if row is None:
+        return None
+    run = _run_ref(row, owner)
+    _log_started(conn, run)
+    return run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,10 +140,16 @@ async def acquire_next_run(conn: Connection, session_id: uuid.UUID, owner: str, 
     if row is None:
         return None
     run = _run_ref(row, owner)
+    _log_started(conn, run)
     input_id = row.pop("turn_input_id")
     for key in ("run_id", "turn_id", "kind"):  # the rest is the session's row
         del row[key]
     return AcquiredRun(run, row, input_id)
+
+
+def _log_started(conn: Connection, run: RunRef) -> None:
+    lifecycle.log_at_commit(conn, "run_started", tree_id=run.tree_id, session_id=run.session_id,
+                            turn_id=run.turn_id, run_id=run.run_id, kind=run.kind)
 
 
 def _run_ref(row: Row, owner: str) -> RunRef:

@@ -22,11 +22,15 @@ import dataclasses
 import datetime
 import uuid
 
+from persistence import lifecycle
 from persistence.db import Connection, query
 from persistence.records import Row
 
 # Longer than an image pull or a container removal takes; the bound after which work is taken over.
 TRANSITION_STALE_SECONDS = 120.0
+# The settled changes that are a tree's sandbox coming or going (logged; see persistence/lifecycle.py).
+_LOGGED_CHANGES = {("creating", "active"): "sandbox_claimed", ("releasing", "released"): "sandbox_released",
+                   ("active", "released"): "sandbox_released"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +94,10 @@ async def settle(
         "handle": handle,
     }
     cur = await conn.execute(query("sandbox_lease_settle"), params)
-    return await cur.fetchone() is not None
+    settled = await cur.fetchone() is not None
+    if settled and (from_state, state) in _LOGGED_CHANGES:
+        lifecycle.log_at_commit(conn, _LOGGED_CHANGES[from_state, state], tree_id=tree_id)
+    return settled
 
 
 async def forget_creating(conn: Connection, tree_id: uuid.UUID) -> None:

@@ -40,6 +40,8 @@ CREATE TABLE open_streams (
     expires_at  timestamptz NOT NULL
 );
 CREATE INDEX open_streams_key ON open_streams (key_id, expires_at);
+-- The live streams of every key, for the metrics gauge (rows past expires_at are ignored).
+CREATE INDEX open_streams_expiry ON open_streams (expires_at);
 
 -- One row per scope: the event cursor is a counter locked by its appender until commit,
 -- so a reader at cursor N can never later see a smaller cursor commit.
@@ -100,6 +102,8 @@ CREATE TABLE trees (
     CONSTRAINT trees_spawned_by_fk FOREIGN KEY (spawned_by_tree_id) REFERENCES trees (tree_id)
 );
 CREATE INDEX trees_lineage ON trees (lineage_id);
+-- The stopped trees, for the metrics gauge (persistence/metrics.py): never a scan of all trees.
+CREATE INDEX trees_stopped ON trees (tree_id) WHERE stopped;
 
 CREATE TABLE sessions (
     session_id          uuid PRIMARY KEY,
@@ -424,4 +428,14 @@ CREATE TABLE schedule_firings (
     error           text,
     fired_at        timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (schedule_id, due_at)
+);
+
+-- Counters of things that happen (persistence/metrics.py): one row per metric and label set, so
+-- the table stays as small as the bounded label sets. Each process adds its gathered counts
+-- about once a second; a scrape reads the rows as they are.
+CREATE TABLE metric_counters (
+    name    text NOT NULL,
+    labels  jsonb NOT NULL DEFAULT '{}',
+    value   double precision NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, labels)
 );

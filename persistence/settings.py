@@ -122,6 +122,11 @@ class Settings(BaseSettings):
         default=None, description="A bearer that may read /metrics (the admin token may too).")
     max_streams_per_key: int = Field(
         default=8, ge=1, description="Concurrent event streams one API key may hold open, across all API replicas.")
+    otel_exporter: str | None = Field(
+        default=None, pattern=r"^(otlp|console|file:.+)$",
+        description="OpenTelemetry spans (Turn, Run, model call, tool call): otlp (the OTEL_EXPORTER_OTLP_* "
+                    "variables; pip install 'canopy[otlp]'), console, or file:<directory> (a JSONL file per "
+                    "process); unset: off.")
 
     db_pool_max: int = Field(default=4, ge=1)
     # No transaction of the runtime waits on Docker or a model, so these bound only database work:

@@ -12,6 +12,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from persistence import lifecycle, metrics
 from persistence import runs as run_repo
 from persistence.db import Connection, query
 from persistence.errors import Conflict, InvalidArgument, LeaseLost, NotFound, TurnCancelled
@@ -220,6 +221,15 @@ async def turn_status(conn: Connection, turn_id: uuid.UUID) -> str | None:
     return None if turn is None else str(turn["status"])
 
 
+async def turn_times(conn: Connection, turn_id: uuid.UUID) -> Row:
+    """When the Turn started and ended (``ended_at`` None while it is open)."""
+    cur = await conn.execute(query("turn_times"), {"turn_id": turn_id})
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"no turn {turn_id}")
+    return row
+
+
 async def cancel_open_turn(conn: Connection, session: Row, turn: Row, reason: str) -> bool:
     """Cancel a non-terminal Turn. Returns True when a live Run must still be told to stop.
 
@@ -359,6 +369,9 @@ async def recover_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None
     if expired is None:
         return None
     await run_repo.end_run(conn, run_id, "interrupted", error=run_repo.LEASE_EXPIRED)
+    metrics.count_at_commit(conn, metrics.RECOVERIES)
+    lifecycle.log_at_commit(conn, "run_interrupted", tree_id=expired["tree_id"], session_id=expired["session_id"],
+                            turn_id=expired["turn_id"], run_id=run_id, reason="lease_expired")
     if expired["turn_status"] == "cancelling":
         await finalize_cancel(conn, session, expired["turn_id"], run_id, "cancelled")
     elif await run_repo.recoveries_of_turn(conn, expired["turn_id"]) >= run_repo.MAX_RECOVERIES_PER_TURN:

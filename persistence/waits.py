@@ -10,6 +10,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from persistence import lifecycle
 from persistence import runs as run_repo
 from persistence.db import Connection, query
 from persistence.errors import Conflict
@@ -118,6 +119,8 @@ async def try_resume(conn: Connection, wait_id: uuid.UUID) -> Row | None:
         "UPDATE turns SET status = 'running', waiting_for = NULL WHERE turn_id = %s AND status = 'waiting'",
         (wait["turn_id"],),
     )
+    lifecycle.log_at_commit(conn, "wait_resumed", tree_id=wait["tree_id"], session_id=wait["session_id"],
+                            turn_id=wait["turn_id"], run_id=run_id, wait_id=wait_id)
     return {"tree_id": wait["tree_id"], "session_id": wait["session_id"], "run_id": run_id}
 
 

@@ -7,14 +7,14 @@ import asyncio
 
 import ray
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from actors.naming import GATEWAY_NAME, NAMESPACE
 from api import metrics
 from api.auth import require_metrics_reader
 from api.deps import RuntimeDep, errors
 from api.schemas import Health
-from persistence.metrics import runtime_metrics
+from persistence import metrics as figures
 
 
 def _ray_reachable() -> str:
@@ -41,11 +41,12 @@ async def healthz(runtime: RuntimeDep) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)
 
 
-async def prometheus_metrics(runtime: RuntimeDep) -> PlainTextResponse:
-    """Slots in use, queue depth, Turns by status, model calls/latency/tokens, recoveries (all from the database)."""
+async def prometheus_metrics(runtime: RuntimeDep) -> Response:
+    """Canopy's metrics, whole-cluster: counters kept as things happen, state gauges read through
+    partial indexes (persistence/metrics.py); no table is scanned."""
     async with runtime.db.tx() as conn:
-        figures = await runtime_metrics(conn)
-    return PlainTextResponse(metrics.render(figures), media_type="text/plain; version=0.0.4")
+        read = await figures.read(conn)
+    return Response(metrics.render(read), media_type=metrics.CONTENT_TYPE)
 
 
 def build_router(operation_prefix: str = "") -> APIRouter:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import sys
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -117,3 +118,15 @@ async def scenario_findings(module: str, env: dict[str, str], timeout: float) ->
     found = [line for line in text.splitlines() if line.startswith("FINDINGS ")]
     assert found, text[-4000:]
     return json.loads(found[-1].removeprefix("FINDINGS "))
+
+
+def ray_prometheus_text() -> str:
+    """Every live node's metrics agent export, in Prometheus text (Ray prefixes application metrics
+    with ``ray_``)."""
+    texts = []
+    for node in ray.nodes():
+        if node["Alive"]:
+            url = f"http://127.0.0.1:{node['MetricsExportPort']}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                texts.append(response.read().decode())
+    return "\n".join(texts)

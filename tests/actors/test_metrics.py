@@ -1,28 +1,16 @@
-"""Runtime metrics through ``ray.util.metrics``, read back from Ray's own Prometheus export."""
+"""Canopy's metrics where they are recorded: the durable counters every process adds to, and the same
+names through ``ray.util.metrics``, read back from Ray's own Prometheus export."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
-import urllib.request
-
-import ray
 
 from actors.runtime import Runtime
-from actors.scripted import say, script
+from actors.scripted import call, say, script
 from persistence.records import Scope
-from tests.actors.helpers import eventually, rows
-
-
-def _ray_prometheus_text() -> str:
-    """Every node's metrics agent export (Ray prefixes application metrics with ``ray_``)."""
-    texts = []
-    for node in ray.nodes():
-        if node["Alive"]:
-            url = f"http://127.0.0.1:{node['MetricsExportPort']}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as response:
-                texts.append(response.read().decode())
-    return "\n".join(texts)
+from tests.actors.helpers import eventually, ray_prometheus_text, rows
 
 
 def _samples(text: str, name: str) -> dict[str, float]:
@@ -33,23 +21,66 @@ def _samples(text: str, name: str) -> dict[str, float]:
     return found
 
 
-async def test_model_calls_and_turn_gauges_reach_rays_metrics_export(runtime: Runtime, scope: Scope) -> None:
+async def _counter(runtime: Runtime, name: str, **labels: str) -> float:
+    """The durable counter's value summed over its rows whose labels include ``labels``."""
+    found = await rows(runtime.db, "SELECT coalesce(sum(value), 0) AS n FROM metric_counters "
+                                   "WHERE name = %s AND labels @> %s::jsonb", name, json.dumps(labels))
+    return float(found[0]["n"])
+
+
+async def test_counts_of_a_turn_reach_the_counters_table(runtime: Runtime, scope: Scope) -> None:
+    names = ("canopy_turns_ended", "canopy_tool_calls", "canopy_model_calls", "canopy_model_latency_seconds_count")
+    before = {name: await _counter(runtime, name) for name in names}
+    commands = {outcome: await _counter(runtime, "canopy_sandbox_commands", outcome=outcome)
+                for outcome in ("ok", "failed")}
+    text = script(call(("list_sessions", {})), call(("no_such_tool", {})),
+                  call(("run_command", {"command": "echo hi"})), call(("run_command", {"command": "exit 3"})),
+                  say("listed"))
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"])
+    assert result["status"] == "completed"
+
+    async def grown() -> bool:
+        return (await _counter(runtime, "canopy_model_calls", model="canopy/scripted", outcome="ok")
+                >= before["canopy_model_calls"] + 5
+                and await _counter(runtime, "canopy_turns_ended", status="completed")
+                >= before["canopy_turns_ended"] + 1)
+
+    await eventually(grown, timeout=30)
+    assert await _counter(runtime, "canopy_tool_calls", tool="list_sessions", outcome="ok") >= 1
+    assert await _counter(runtime, "canopy_tool_calls", tool="other", outcome="refused") >= 1  # a made-up name
+    assert await _counter(runtime, "canopy_model_latency_seconds_count") >= before[
+        "canopy_model_latency_seconds_count"] + 5
+    assert await _counter(runtime, "canopy_sandbox_commands", outcome="ok") >= commands["ok"] + 1
+    assert await _counter(runtime, "canopy_sandbox_commands", outcome="failed") >= commands["failed"] + 1
+    assert await _counter(runtime, "canopy_tool_calls", tool="run_command", outcome="ok") >= 2
+
+
+async def test_model_calls_and_turns_reach_rays_metrics_export(runtime: Runtime, scope: Scope) -> None:
     created = await runtime.create_root(scope, input_text=script(say("measured", delay_ms=50)))
     result = await runtime.wait_result(scope, created["input"]["input_id"])
     assert result["status"] == "completed"
-    completed_turns = (await rows(runtime.db, "SELECT count(*) AS n FROM turns WHERE status = 'completed'"))[0]["n"]
 
     async def exported() -> str | None:
-        text = await asyncio.to_thread(_ray_prometheus_text)
+        text = await asyncio.to_thread(ray_prometheus_text)
         calls = _samples(text, "ray_canopy_model_calls_total")
-        turns = _samples(text, "ray_canopy_turns")
-        done = next((value for labels, value in turns.items() if 'status="completed"' in labels), 0)
+        ended = _samples(text, "ray_canopy_turns_ended_total")
         ok_calls = sum(value for labels, value in calls.items()
                        if 'model="canopy/scripted"' in labels and 'outcome="ok"' in labels)
-        return text if ok_calls >= 1 and done >= completed_turns else None
+        completed = sum(value for labels, value in ended.items() if 'status="completed"' in labels)
+        return text if ok_calls >= 1 and completed >= 1 else None
 
     text = await eventually(exported, timeout=90, every=1.0)
-    latency = _samples(text, "ray_canopy_model_call_latency_seconds_count")
+    latency = _samples(text, "ray_canopy_model_latency_seconds_count")
     assert any('model="canopy/scripted"' in labels and value >= 1 for labels, value in latency.items()), latency
-    assert _samples(text, "ray_canopy_slots_in_use"), "the slot gauge is exported"
+    tokens = _samples(text, "ray_canopy_model_tokens_total")
+    assert any('kind="prompt"' in labels and value >= 1 for labels, value in tokens.items()), tokens
+
+    async def gauges() -> str | None:  # published by the sweeper every few seconds
+        text = await asyncio.to_thread(ray_prometheus_text)
+        return text if _samples(text, "ray_canopy_slots_in_use") and _samples(text, "ray_canopy_turns") else None
+
+    text = await eventually(gauges, timeout=60, every=1.0)
     assert _samples(text, "ray_canopy_queue_depth"), "the queue-depth gauge is exported"
+    statuses = _samples(text, "ray_canopy_turns")
+    assert any('status="waiting"' in labels and 'waiting_for="approval"' in labels for labels in statuses), statuses

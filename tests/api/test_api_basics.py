@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,14 +31,19 @@ async def test_health_metrics_and_openapi(api: ApiServer, second_api: ApiServer,
     async with client(second_api.url, METRICS_TOKEN) as scraper:  # the replica configured with a metrics token
         assert (await scraper.get("/metrics")).status_code == 200
     async with client(api.url, ADMIN_TOKEN) as admin:
-        metrics = await admin.get("/metrics")
-        assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
-        families = {family.name: family for family in text_string_to_metric_families(metrics.text)}
+
+        async def scraped() -> dict[str, Any] | None:  # counts reach the table within a second of the commit
+            metrics = await admin.get("/metrics")
+            assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+            families = {family.name: family for family in text_string_to_metric_families(metrics.text)}
+            completed = [s.value for s in families["canopy_turns_ended"].samples if s.labels["status"] == "completed"]
+            timed = [s.value for s in families["canopy_model_latency_seconds"].samples if s.name.endswith("_count")]
+            return families if completed and completed[0] >= 1 and timed and max(timed) >= 1 else None
+
+        families = await poll(scraped)
         for name in ("canopy_slots_in_use", "canopy_queue_depth", "canopy_turns", "canopy_recoveries",
                      "canopy_model_calls", "canopy_model_tokens", "canopy_model_latency_seconds"):
             assert name in families, sorted(families)
-        completed = [s.value for s in families["canopy_turns"].samples if s.labels["status"] == "completed"]
-        assert completed and completed[0] >= 1
         latency = {s.name for s in families["canopy_model_latency_seconds"].samples}
         assert {"canopy_model_latency_seconds_bucket", "canopy_model_latency_seconds_sum"} <= latency
     async with client(api.url, None) as anon:

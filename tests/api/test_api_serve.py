@@ -75,5 +75,5 @@ async def test_cooperation_scenario_over_http_on_serve(serve_url: str, runtime: 
         assert (await http.get("/metrics")).status_code == 401  # an API key does not read metrics
         async with client(serve_url, ADMIN_TOKEN) as admin:
             metrics = (await admin.get("/metrics")).text
-        assert 'canopy_model_calls_total{model="canopy/scripted"}' in metrics
+        assert 'canopy_model_calls_total{model="canopy/scripted",outcome="ok"}' in metrics
         assert json.loads(json.dumps(session))["origin"] == {"kind": "human"}

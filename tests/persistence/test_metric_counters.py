@@ -1,0 +1,83 @@
+"""The durable counters: a process's counts reach their rows together, a change that rolls back is not
+counted, and a scrape's reads hold whatever the process counted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+
+from persistence import metrics
+from persistence.databases import rows
+from persistence.db import Database, savepoint
+
+
+async def _value(db: Database, name: str, labels: dict[str, str]) -> float | None:
+    found = await rows(db, "SELECT value FROM metric_counters WHERE name = %s AND labels = %s::jsonb",
+                       name, json.dumps(labels))
+    return float(found[0]["value"]) if found else None
+
+
+def _labels() -> dict[str, str]:
+    """Labels of this test's own (its values are no tool's: the rows are the test's alone)."""
+    return {"tool": f"test-{uuid.uuid4().hex[:8]}", "outcome": "ok"}
+
+
+async def test_counts_are_added_together_within_a_second(db: Database) -> None:
+    labels = _labels()
+    for _ in range(250):
+        metrics.add(metrics.TOOL_CALLS, **labels)
+    metrics.observe(metrics.SLOT_WAIT, 0.02)
+    async with db.tx() as conn:  # a commit schedules the process's flush
+        await conn.execute("SELECT 1")
+
+    async def added() -> float | None:
+        return await _value(db, "canopy_tool_calls", labels)
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while await added() is None:
+        assert asyncio.get_running_loop().time() < deadline, "the counts never reached the table"
+        await asyncio.sleep(0.1)
+    assert await added() == 250  # one row, the whole sum
+    async with db.tx() as conn:
+        figures = await metrics.read(conn)
+    read = [row for row in figures.counters if row["name"] == "canopy_tool_calls" and row["labels"] == labels]
+    assert [row["value"] for row in read] == [250]
+    assert any(row["name"] == "canopy_slot_wait_seconds_bucket" and row["labels"] == {"le": "0.025"}
+               for row in figures.counters)
+
+
+async def test_a_change_rolled_back_is_not_counted(db: Database) -> None:
+    committed, rolled_back, in_savepoint = _labels(), _labels(), _labels()
+    with pytest.raises(RuntimeError):
+        async with db.tx() as conn:
+            metrics.count_at_commit(conn, metrics.TOOL_CALLS, **rolled_back)
+            raise RuntimeError("the transaction fails")
+    async with db.tx() as conn:
+        metrics.count_at_commit(conn, metrics.TOOL_CALLS, **committed)
+        with pytest.raises(RuntimeError):
+            async with savepoint(conn):
+                metrics.count_at_commit(conn, metrics.TOOL_CALLS, **in_savepoint)
+                raise RuntimeError("the savepoint rolls back")
+    await metrics.flush(db)
+    assert await _value(db, "canopy_tool_calls", committed) == 1
+    assert await _value(db, "canopy_tool_calls", rolled_back) is None
+    assert await _value(db, "canopy_tool_calls", in_savepoint) is None
+
+
+def test_labels_must_be_the_metrics_own() -> None:
+    with pytest.raises(ValueError, match="takes labels"):
+        metrics.add(metrics.TOOL_CALLS, tool="x")
+    with pytest.raises(ValueError, match="is a gauge"):
+        metrics.add(metrics.SLOTS_IN_USE)
+
+
+def test_model_labels_stay_bounded() -> None:
+    labels = metrics.ModelLabels("default-model")
+    labels.seed(["seen-before"])
+    given = [labels.label(f"model-{i}") for i in range(metrics.MAX_MODEL_LABELS + 10)]
+    assert labels.label("default-model") == "default-model" and labels.label("seen-before") == "seen-before"
+    assert len(set(given)) == metrics.MAX_MODEL_LABELS  # the first ones (one place went to seen-before)...
+    assert given[-1] == metrics.OTHER  # ...then other
