@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
+import itertools
 import os
 import re
 import shutil
@@ -150,6 +152,22 @@ def _run_a_session(base: str, api_key: str, text: str) -> None:
         assert result["output"] == text
 
 
+def _schedule_every_two_seconds(base: str, api_key: str) -> tuple[str, str]:
+    """A root with a schedule every 2 s that catches up on every missed due time; (session, schedule)."""
+    with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        session_id = http.post("/api/v1/sessions", json={"title": "ticks"}).json()["session"]["session_id"]
+        made = http.post(f"/api/v1/sessions/{session_id}/schedules",
+                         json={"every_seconds": 2, "text": script(say("tick")), "catch_up": "all"})
+        assert made.status_code == 201, made.text
+        return session_id, made.json()["schedule_id"]
+
+
+def _scheduled_inputs(base: str, api_key: str, session_id: str) -> list[dict[str, object]]:
+    with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        inputs = http.get(f"/api/v1/sessions/{session_id}/inputs", params={"limit": 1000}).json()
+    return [i for i in inputs if i["origin"].get("kind") == "schedule"]
+
+
 def _api_key(output: str) -> str:
     found = re.search(r"API key\s+(cnp_\S+)", output)
     assert found, output
@@ -212,7 +230,13 @@ def test_a_killed_canopy_up_restarts_at_once_on_its_ports_and_data_dir(root: Pat
     second = None
     try:
         first.wait_ready()
-        _run_a_session(f"http://127.0.0.1:{port}", _api_key(first.output), "before the crash")
+        base, first_key = f"http://127.0.0.1:{port}", _api_key(first.output)
+        _run_a_session(base, first_key, "before the crash")
+        ticking, schedule_id = _schedule_every_two_seconds(base, first_key)
+        deadline = time.monotonic() + 60
+        while len(_scheduled_inputs(base, first_key, ticking)) < 2:  # fired before the crash
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
         # A second canopy up on the same data dir is refused while the first serves it.
         other = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(free_port()), "--dashboard-port",
                                 str(free_port()), "--data-dir", str(root / "data")], cwd=REPO, capture_output=True,
@@ -253,6 +277,18 @@ def test_a_killed_canopy_up_restarts_at_once_on_its_ports_and_data_dir(root: Pat
                 in second.output), second.output
         assert second.postmaster().pid == postmaster.pid
         _run_a_session(f"http://127.0.0.1:{port}", _api_key(second.output), "after the crash")
+        # Each due time of the schedule, those missed while everything was down included, gave
+        # exactly one input: consecutive due times 2 s apart, none twice, none skipped.
+        restarted = time.monotonic()
+        while time.monotonic() - restarted < 10:
+            time.sleep(1)
+        with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {_api_key(second.output)}"}) \
+                as http:
+            assert http.delete(f"/api/v1/sessions/{ticking}/schedules/{schedule_id}").status_code == 204
+        due = sorted(datetime.datetime.fromisoformat(str(i["origin"]["due_at"]))
+                     for i in _scheduled_inputs(base, _api_key(second.output), ticking))
+        assert len(due) == len(set(due)) >= 2 + 5
+        assert {(later - earlier).total_seconds() for earlier, later in itertools.pairwise(due)} == {2.0}
 
         # The second run owns what it adopted: SIGINT stops it all, the reused PostgreSQL included.
         started = second.processes()
