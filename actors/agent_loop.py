@@ -17,12 +17,12 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-from actors import compaction, failpoints, local_channel, signals, tracing
+from actors import budgets, compaction, failpoints, local_channel, signals, tracing
 from actors.metrics import count_tool_call, tool_label
 from actors.naming import GATEWAY_NAME
 from actors.toolbox import effective_tools, parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
-from persistence import messages, sessions, turns, waits
+from persistence import messages, sessions, turns, usage, waits
 from persistence import runs as run_repo
 from persistence.cooperation import Dispatcher
 from persistence.db import Connection, Database, savepoint
@@ -161,10 +161,12 @@ def unanswered_calls(history: list[Row], turn_id: uuid.UUID) -> list[dict[str, A
 @dataclasses.dataclass(frozen=True)
 class _Boundary:
     """A model boundary, taken: the Turn is being cancelled instead, or whether someone watches
-    the tree's live text (then the model call is streamed)."""
+    the tree's live text (then the model call is streamed), and the budget limit reached if any
+    (then no model call starts: the tree is stopped)."""
 
     cancelling: bool
     watched: bool = False
+    over_budget: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +176,7 @@ class _Begun:
     session: Row
     input_id: uuid.UUID
     boundary: _Boundary | None
+    over_budget: dict[str, Any] | None = None  # checked at every Run's start, before any tool runs
 
 
 class RunExecutor:
@@ -245,7 +248,8 @@ class RunExecutor:
             session, input_id = await session_and_turn_input(conn, self.run)
         self._history = await messages.model_history(conn, self.run.session_id)
         boundary = await self._take_boundary(conn) if self._model_is_next() else None
-        self._begun = _Begun(session, input_id, boundary)
+        over_budget = boundary.over_budget if boundary else await usage.budget_reached(conn, self.run.tree_id)
+        self._begun = _Begun(session, input_id, boundary, over_budget)
 
     def _final_reply(self) -> Row | None:
         """The Turn's committed answer: its last message is an assistant reply without tool calls."""
@@ -265,6 +269,8 @@ class RunExecutor:
         session, input_id, boundary = self._begun.session, self._begun.input_id, self._begun.boundary
         self._tools = effective_tools(session["agent_config"].get("tools"))
         self._session_name = session["name"]
+        if self._begun.over_budget is not None and await self._stop_for_budget():
+            return
         while True:
             pending = unanswered_calls(self._history, self.run.turn_id)
             if pending:
@@ -283,6 +289,11 @@ class RunExecutor:
             if boundary.cancelling:
                 await self._finish("cancelled", error="cancelled")
                 return
+            if boundary.over_budget is not None:
+                if await self._stop_for_budget():
+                    return
+                boundary = None  # the budget was raised meanwhile: take the boundary again
+                continue
             if self._model_calls() >= self.settings.max_model_calls_per_turn:
                 await self._finish("failed", error=f"the turn made {self._model_calls()} model calls, the limit per "
                                    "turn (setting CANOPY_MAX_MODEL_CALLS_PER_TURN); it was stopped")
@@ -316,7 +327,15 @@ class RunExecutor:
         if boundary.turn_status == "cancelling":
             return _Boundary(cancelling=True)
         self._history.extend(boundary.taken)
-        return _Boundary(cancelling=False, watched=boundary.watched)
+        return _Boundary(cancelling=False, watched=boundary.watched, over_budget=boundary.budget_reached)
+
+    async def _stop_for_budget(self) -> bool:
+        """The tree's budget is used up: stop the tree (see actors/budgets.py) and end this Turn as
+        cancelled, as the stop cancelled it. False when a raised budget left room meanwhile."""
+        if not await budgets.stop_tree(self.db, self.run):
+            return False
+        await self._finish("cancelled", error="stopped: the tree's budget is used up")
+        return True
 
     async def _call_model(self, session: Row, input_id: uuid.UUID, *, stream: bool) -> dict[str, Any] | None:
         """The gateway's reply, or None when the call failed for good (the Turn has failed)."""

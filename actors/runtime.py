@@ -23,7 +23,7 @@ from actors.gateway_actor import GatewayActor
 from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options
 from actors.sweeper import Sweeper
 from actors.toolbox import check_tool_names
-from persistence import agents, projects, schedules, scopes, sessions, stream_watchers, trees, turns, views
+from persistence import agents, projects, schedules, scopes, sessions, stream_watchers, trees, turns, usage, views
 from persistence.cooperation import record_intervention
 from persistence.db import Connection, Database, resolve_database_url
 from persistence.messages import steer
@@ -176,10 +176,15 @@ class Runtime:
 
     async def create_root(self, scope: Scope, *, input_text: str | None = None, agent_id: str | None = None,
                           project_id: uuid.UUID | None = None, title: str = "",
-                          origin_kind: str = "human", in_tx: TxHook | None = None) -> Row:
-        """A new root session (its own tree); ``input_text`` is submitted at once."""
+                          origin_kind: str = "human", budget: dict[str, Any] | None = None,
+                          in_tx: TxHook | None = None) -> Row:
+        """A new root session (its own tree); ``input_text`` is submitted at once. ``budget``: the
+        tree's budget (``{max_tokens, max_cost_usd, max_seconds, max_model_calls}``, each optional);
+        without one the agent's default budget applies, if it has one."""
         if input_text is not None:
             turns.check_text(input_text, "input")
+        if budget is not None:
+            usage.check_budget(budget)
         async with self.db.tx() as conn:
             if project_id is None:
                 project = await projects.default_project(conn, scope, self.settings.data_dir / "projects")
@@ -192,7 +197,7 @@ class Runtime:
             root_id = await sessions.create_root(
                 conn, scope, project_id=project["project_id"], agent_id=agent_id, agent_config=config,
                 slot_limit=self.settings.tree_slots, title=title or (input_text or "")[:80],
-                origin={"kind": origin_kind})
+                origin={"kind": origin_kind}, budget=budget if budget is not None else config.get("budget"))
             receipt = None
             hints = signals.NO_HINTS
             if input_text is not None:
@@ -210,7 +215,8 @@ class Runtime:
         async with self.db.tx() as conn:
             receipt = await turns.submit_input(conn, scope, session_id, text, {"kind": origin_kind})
             if origin_kind == "human":
-                await record_intervention(conn, scope, session_id, "input", {"input_id": str(receipt["input_id"])})
+                await record_intervention(conn, scope, session_id, "input", {"input_id": str(receipt["input_id"])},
+                                          text=text)
             await _run_hook(in_tx, conn, receipt)
             tree_id = (await sessions.get_session_row(conn, scope, session_id))["tree_id"]
             # A Turn that starts at once gets its slot in this commit when the tree has one free.
@@ -241,7 +247,8 @@ class Runtime:
     async def steer(self, scope: Scope, session_id: uuid.UUID, text: str, in_tx: TxHook | None = None) -> Row:
         async with self.db.tx() as conn:
             result = await steer(conn, scope, session_id, text)
-            await record_intervention(conn, scope, session_id, "steer")
+            await record_intervention(conn, scope, session_id, "steer", {"message_id": str(result["message_id"]),
+                                                                         "turn_id": str(result["turn_id"])}, text=text)
             await _run_hook(in_tx, conn, result)
         return result
 
@@ -250,7 +257,8 @@ class Runtime:
         async with self.db.tx() as conn:
             request = await trees.answer_request(conn, scope, request_id, response)
             await record_intervention(conn, scope, request["session_id"], "answer",
-                                      {"request_id": str(request_id)})
+                                      {"request_id": str(request_id), "kind": request["kind"]},
+                                      text=response.get("answer") or response.get("decision"))
             await _run_hook(in_tx, conn, request)
         await signals.resume_wait(self.db, request["wait_id"])
         return request
@@ -270,6 +278,16 @@ class Runtime:
             await _run_hook(in_tx, conn, started)
         signals.poke_tree(tree_id)
         return started
+
+    async def set_budget(self, scope: Scope, tree_id: uuid.UUID, changes: dict[str, Any],
+                         in_tx: TxHook | None = None) -> Row:
+        """Change a tree's budget (a limit given as None is removed; the others stay) and return the
+        tree's summary. Raising it does not restart a stopped tree: ``continue_tree`` does."""
+        async with self.db.tx() as conn:
+            await usage.set_budget(conn, scope, tree_id, changes)
+            summary = await trees.tree_summary(conn, scope, tree_id)
+            await _run_hook(in_tx, conn, summary)
+        return summary
 
     async def watch_tree(self, scope: Scope, tree_id: uuid.UUID, seconds: float = 60.0) -> None:
         """Mark the tree's live model text as watched for ``seconds``: its model calls from the

@@ -80,6 +80,7 @@ class GetResultArgs(ToolArgs):
 class ListSessionsArgs(ToolArgs):
     scope: Literal["project", "all"] = "project"
     offset: int = Field(default=0, ge=0)
+    include_archived: bool = Field(default=False, description="Also list the sessions of archived trees.")
 
 
 class ListAgentsArgs(ToolArgs):
@@ -212,15 +213,17 @@ async def get_result(ctx: ToolContext, conn: Connection, call_id: str, args: Get
 
 
 _LISTED = ("session_id", "title", "path", "tree_id", "project_id", "current_turn_id", "turn_status",
-           "waiting_for", "activity")
+           "waiting_for", "activity", "status")
 
 
 async def list_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: ListSessionsArgs) -> ToolResult:
     if args.scope == "project":
-        rows = await sessions.list_project_sessions(conn, ctx.run.scope, ctx.session["project_id"])
+        rows = await sessions.list_project_sessions(conn, ctx.run.scope, ctx.session["project_id"],
+                                                    include_archived=args.include_archived)
     else:
         rows = await sessions.list_project_sessions(conn, ctx.run.scope, None, offset=args.offset,
-                                                    limit=LIST_PAGE, newest_first=True)
+                                                    limit=LIST_PAGE, newest_first=True,
+                                                    include_archived=args.include_archived)
     entries = [{key: row[key] for key in _LISTED} for row in rows]
     entries = [{**_jsonable(e), "root_id": str(e["tree_id"])} for e in entries]
     return {"sessions": entries, "offset": args.offset, "next_offset":
@@ -274,7 +277,8 @@ COOPERATION_TOOLS: list[Tool] = [
     Tool("wait_sessions", "Wait until any of these sessions has an update after the cursor.",
          WaitSessionsArgs, wait_sessions),
     Tool("get_result", "The exact result of one input or turn.", GetResultArgs, get_result),
-    Tool("list_sessions", "Sessions of this project, or your whole history (scope='all', 10 a page).",
+    Tool("list_sessions", "Sessions of this project, or your whole history (scope='all', 10 a page); archived "
+         "trees only with include_archived.",
          ListSessionsArgs, list_sessions),
     Tool("list_agents", "Agents you may run in create_session(agent_id=...).", ListAgentsArgs, list_agents),
     Tool("ask_user", "Ask the human a question and wait for the answer.", AskUserArgs, ask_user),

@@ -108,6 +108,62 @@ class KeyCreated(KeyInfo):
     api_key: str = Field(description="Shown once; only its hash is stored.")
 
 
+# -- budgets and usage -------------------------------------------------------------------------------
+
+# Limits beyond this are refused (a budget that large is no budget; it also stays within bigint).
+MAX_BUDGET = 2**62
+
+
+class Budget(RequestBody):
+    """A tree's budget: each limit optional (absent or null: no limit). It covers the tree and the
+    trees spawned from it with create_session(mode="root"); once their usage reaches a limit no
+    further model call starts and the tree is stopped (reason ``budget_exceeded``)."""
+
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_BUDGET, description="Tokens in and out, together.")
+    max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_BUDGET, allow_inf_nan=False,
+                                       description="Cost in USD, as the model gateway prices the calls.")
+    max_seconds: float | None = Field(default=None, gt=0, le=MAX_BUDGET, allow_inf_nan=False,
+                                      description="Wall time since the first Run of these trees.")
+    max_model_calls: int | None = Field(default=None, ge=1, le=MAX_BUDGET,
+                                        description="Model calls whose reply was committed.")
+
+
+class BudgetUpdate(Budget):
+    """Limits to change: a limit left out stays as it is, one given as null is removed."""
+
+
+class BudgetLimits(ResponseBody):
+    max_tokens: int | None
+    max_cost_usd: float | None
+    max_seconds: float | None
+    max_model_calls: int | None
+
+
+class BudgetReached(ResponseBody):
+    budget_tree_id: uuid.UUID = Field(description="The tree whose budget it is: this one, or one that spawned it.")
+    limit: Literal["tokens", "cost_usd", "seconds", "model_calls"]
+    max: float
+    used: float
+
+
+class Usage(ResponseBody):
+    """Usage summed from Runs: tokens in (prompt) and out (completion), cost and model calls."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    tokens: int = Field(description="prompt_tokens + completion_tokens")
+    cost_usd: float
+    model_calls: int = Field(description="Model calls whose reply was committed.")
+
+
+class TreeUsage(Usage):
+    first_run_at: dt.datetime | None = Field(description="When the tree's first Run got a slot.")
+
+
+class SpawnedUsage(Usage):
+    trees: int = Field(description="Trees spawned from this one with create_session(mode=\"root\"), directly or not.")
+
+
 # -- agents ------------------------------------------------------------------------------------------
 
 
@@ -124,6 +180,7 @@ class AgentCreate(RequestBody):
     compact_at_tokens: int | None = Field(
         default=None, ge=1000, le=10_000_000,
         description="Compact a session's history when a model call would send more tokens (default: the setting).")
+    budget: Budget | None = Field(default=None, description="The default budget of a tree this agent starts.")
 
 
 class AgentUpdate(RequestBody):
@@ -135,6 +192,8 @@ class AgentUpdate(RequestBody):
     approval_mode: Literal["auto", "ask"] | None = None
     shared: bool | None = None
     compact_at_tokens: int | None = Field(default=None, ge=1000, le=10_000_000)
+    budget: Budget | None = Field(default=None, description="The default budget of a tree this agent starts "
+                                                            "(an empty object: none).")
 
     @model_validator(mode="before")
     @classmethod
@@ -161,6 +220,7 @@ class Agent(ResponseBody):
     owner_user_id: str
     created_at: dt.datetime
     updated_at: dt.datetime
+    budget: dict[str, Any] | None = Field(default=None, description="The default budget of a tree it starts.")
 
     @model_validator(mode="before")
     @classmethod
@@ -192,6 +252,7 @@ class SessionCreate(RequestBody):
     project_id: uuid.UUID | None = None
     title: OptionalText | None = None
     input: Text | None = Field(default=None, description="Submitted at once as the root's first input.")
+    budget: Budget | None = Field(default=None, description="The tree's budget (default: the agent's, if any).")
 
 
 class SessionUpdate(RequestBody):
@@ -353,6 +414,7 @@ class Member(MemberPlace):
     waiting_for: str | None
     pending_inputs: int
     queue_paused: bool
+    usage: Usage = Field(description="This member's usage, summed from its Runs.")
 
 
 class TreeSummary(ResponseBody):
@@ -364,12 +426,35 @@ class TreeSummary(ResponseBody):
     event_cursor: int = Field(description="The latest event cursor when this summary was read: stream "
                                           "`/trees/{tree_id}/events?after=<event_cursor>` to follow it without loss.")
     members: list[Member]
+    # Beyond the SPEC's shape:
+    stopped_at: dt.datetime | None = Field(description="When the tree was last stopped.")
+    stop_reason: Literal["user", "budget_exceeded"] | None = Field(
+        description="Why it is stopped: a human's Stop all, or a budget reached (see stop_detail).")
+    stop_detail: BudgetReached | None = Field(description="The budget limit that stopped it.")
+    budget: BudgetLimits = Field(description="This tree's own budget.")
+    budget_reached: BudgetReached | None = Field(
+        description="The budget limit its work has reached now (its own budget or that of a tree that spawned it); "
+                    "continue is refused while there is one.")
+    usage: TreeUsage = Field(description="The tree's usage: the sum of its Runs.")
+    spawned_usage: SpawnedUsage = Field(description="The usage of the trees spawned from it (its lineage below it).")
+    lineage_id: uuid.UUID = Field(description="The first tree of its lineage (itself unless it was spawned).")
+    spawned_by_tree_id: uuid.UUID | None
 
 
 class TreeStopAccepted(BaseModel):
     status: Literal["stopping"] = "stopping"
     tree_id: uuid.UUID
     signalled_sessions: list[uuid.UUID] = Field(description="Members whose running Turn is being cancelled.")
+
+
+class TreeBudget(ResponseBody):
+    tree_id: uuid.UUID
+    budget: BudgetLimits
+    budget_reached: BudgetReached | None
+    usage: TreeUsage
+    spawned_usage: SpawnedUsage
+    stopped: bool
+    stop_reason: Literal["user", "budget_exceeded"] | None
 
 
 class TreeContinued(BaseModel):
@@ -397,6 +482,18 @@ class AnswerAccepted(BaseModel):
     request_id: uuid.UUID
     session_id: uuid.UUID
     turn_id: uuid.UUID
+
+
+class Intervention(ResponseBody):
+    """A human acted directly on a member session (SPEC §5): its event went to the member's parent."""
+
+    cursor: int = Field(description="The event's cursor.")
+    parent_session_id: uuid.UUID
+    member_session_id: uuid.UUID
+    path: str = Field(description="The member's path.")
+    action: str = Field(description="input, steer, answer or cancel.")
+    payload: dict[str, Any] = Field(description="The event's payload: ids, and a preview of the text given.")
+    created_at: dt.datetime
 
 
 # -- events ------------------------------------------------------------------------------------------

@@ -28,27 +28,59 @@ def _styled(value: Any, styles: dict[str, str]) -> Text:
     return Text(text, style=styles.get(text, ""))
 
 
+_LIMIT_UNITS = {"max_tokens": "tokens", "max_cost_usd": "USD", "max_seconds": "s", "max_model_calls": "calls"}
+
+
+def usage_line(summary: Row) -> str:
+    """The tree's usage (and its spawned trees', and its budget) in one line of rich markup."""
+    spent = summary["usage"]
+    line = (f"tokens {spent['tokens']:,} ({spent['prompt_tokens']:,} in / {spent['completion_tokens']:,} out)"
+            f"  ·  {spent['model_calls']:,} model calls  ·  ${spent['cost_usd']:.4f}")
+    spawned = summary.get("spawned_usage") or {}
+    if spawned.get("trees"):
+        line += (f"  ·  spawned trees ({spawned['trees']}): tokens {spawned['tokens']:,}, "
+                 f"{spawned['model_calls']:,} calls, ${spawned['cost_usd']:.4f}")
+    limits = [f"{value:,g} {_LIMIT_UNITS[name]}" for name, value in (summary.get("budget") or {}).items()
+              if value is not None]
+    if limits:
+        line += f"  ·  budget {', '.join(limits)}"
+    return line
+
+
+def _stopped(summary: Row) -> str:
+    detail = summary.get("stop_detail")
+    if summary.get("stop_reason") == "budget_exceeded" and detail:
+        return f"[red]stopped: budget exceeded ({detail['limit']} {detail['used']:,g} of {detail['max']:,g})[/red]"
+    return "[red]stopped[/red]"
+
+
 def tree_table(summary: Row, *, elapsed: float | None = None, status: str | None = None) -> Table:
-    """Members (indented by depth), their activity and Turn, plus the tree's slots and elapsed time."""
+    """Members (indented by depth), their activity, Turn and tokens, plus the tree's slots, usage,
+    budget, why it stopped and the elapsed time."""
     heading = [f"tree {summary['tree_id']}", f"slots {summary['slots_in_use']}/{summary['slot_limit']}"]
     if summary.get("stopped"):
-        heading.append("[red]stopped[/red]")
+        heading.append(_stopped(summary))
     if elapsed is not None:
         heading.append(f"{elapsed:.1f} s")
     if status:
         heading.append(status)
-    table = Table(title="  ·  ".join(heading), title_justify="left", expand=False)
+    title = "  ·  ".join(heading)
+    if "usage" in summary:
+        title += "\n" + usage_line(summary)
+    table = Table(title=title, title_justify="left", expand=False)
     table.add_column("member")
     table.add_column("activity")
     table.add_column("turn")
     table.add_column("queued", justify="right")
+    table.add_column("tokens", justify="right")
     table.add_column("title", overflow="ellipsis", max_width=48)
     for member in summary["members"]:
         indent = "  " * member["depth"]
         name = "/root" if member["depth"] == 0 else member["name"]
+        tokens = (member.get("usage") or {}).get("tokens")
         table.add_row(f"{indent}{name}", _styled(member["activity"], ACTIVITY_STYLES),
                       _styled(member["turn_status"], STATUS_STYLES), str(member["pending_inputs"] or ""),
-                      member["title"] or "")
+                      f"{tokens:,}" if tokens else "", member["title"] or "")
     return table
 
 

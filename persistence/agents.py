@@ -10,12 +10,13 @@ from psycopg.types.json import Jsonb
 from persistence.db import Connection
 from persistence.errors import Conflict, NotFound
 from persistence.records import Row, Scope
+from persistence.usage import check_budget
 
 _COLUMNS = "agent_id, name, description, model, instructions, tools, approval_mode, shared, owner_user_id, " \
-    "created_at, updated_at, compact_at_tokens"
+    "created_at, updated_at, compact_at_tokens, budget"
 _VISIBLE = "app_id = %(app_id)s AND (owner_user_id = %(user_id)s OR shared)"
 EDITABLE_FIELDS = ("name", "description", "model", "instructions", "tools", "approval_mode", "shared",
-                   "compact_at_tokens")
+                   "compact_at_tokens", "budget")
 
 
 def frozen_config(agent: Row) -> dict[str, Any]:
@@ -28,7 +29,15 @@ def frozen_config(agent: Row) -> dict[str, Any]:
         "tools": list(agent["tools"]),
         "approval_mode": agent["approval_mode"],
         "compact_at_tokens": agent["compact_at_tokens"],
+        # The budget a tree it starts gets when its creator names none (persistence/usage.py).
+        "budget": agent["budget"],
     }
+
+
+def _stored_budget(budget: dict[str, Any] | None) -> Jsonb | None:
+    """An agent's default budget as stored: its limits that are set, checked; None for none."""
+    limits = {name: value for name, value in check_budget(budget).items() if value is not None}
+    return Jsonb(limits) if limits else None
 
 
 async def create_agent(conn: Connection, scope: Scope, fields: dict[str, Any]) -> Row:
@@ -44,12 +53,13 @@ async def create_agent(conn: Connection, scope: Scope, fields: dict[str, Any]) -
         "approval_mode": fields.get("approval_mode", "auto"),
         "shared": fields.get("shared", False),
         "compact_at_tokens": fields.get("compact_at_tokens"),
+        "budget": _stored_budget(fields.get("budget")),
     }
     cur = await conn.execute(
         f"""INSERT INTO agents (app_id, agent_id, owner_user_id, name, description, model, instructions,
-                                tools, approval_mode, shared, compact_at_tokens)
+                                tools, approval_mode, shared, compact_at_tokens, budget)
             VALUES (%(app_id)s, %(agent_id)s, %(owner_user_id)s, %(name)s, %(description)s, %(model)s,
-                    %(instructions)s, %(tools)s, %(approval_mode)s, %(shared)s, %(compact_at_tokens)s)
+                    %(instructions)s, %(tools)s, %(approval_mode)s, %(shared)s, %(compact_at_tokens)s, %(budget)s)
             ON CONFLICT DO NOTHING
             RETURNING {_COLUMNS}""",
         params,
@@ -87,10 +97,12 @@ async def update_agent(conn: Connection, scope: Scope, agent_id: str, changes: d
         raise NotFound(f"no agent {agent_id!r} that you own")
     merged = {field: changes.get(field, current[field]) for field in EDITABLE_FIELDS}
     merged["tools"] = Jsonb(merged["tools"])
+    merged["budget"] = _stored_budget(merged["budget"])
     cur = await conn.execute(
         f"""UPDATE agents SET name = %(name)s, description = %(description)s, model = %(model)s,
                    instructions = %(instructions)s, tools = %(tools)s, approval_mode = %(approval_mode)s,
-                   shared = %(shared)s, compact_at_tokens = %(compact_at_tokens)s, updated_at = now()
+                   shared = %(shared)s, compact_at_tokens = %(compact_at_tokens)s, budget = %(budget)s,
+                   updated_at = now()
             WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s
             RETURNING {_COLUMNS}""",
         {**merged, "app_id": scope.app_id, "agent_id": agent_id},

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from persistence import agents, receipts
-from persistence.db import Connection
+from persistence.db import Connection, query
 from persistence.errors import InvalidArgument
 from persistence.events import append_event
 from persistence.messages import insert_coop_message
@@ -94,7 +94,8 @@ async def create_session(
         root_id = await create_root(conn, run.scope, project_id=caller["project_id"], agent_id=effective_agent,
                                     agent_config=config, slot_limit=limits.slot_limit, title=name,
                                     origin=origin, created_by_run_id=run.run_id,
-                                    spawned_by=Spawn(run.tree_id, limits.max_spawned_trees))
+                                    spawned_by=Spawn(run.tree_id, limits.max_spawned_trees),
+                                    budget=config.get("budget"))
         created = {"session_id": root_id, "name": "root", "path": "/root", "parent_session_id": None,
                    "tree_id": root_id}
     receipt = await submit_first_input(conn, run.scope, created["session_id"], created["tree_id"], description,
@@ -156,13 +157,30 @@ async def cancel_turn(conn: Connection, run: RunRef, call_id: str, *, target: st
     return result
 
 
+INTERVENTION_PREVIEW = 500  # characters of a steer's or an input's text in its intervention event
+
+
 async def record_intervention(conn: Connection, scope: Scope, session_id: uuid.UUID, action: str,
-                              details: dict[str, Any] | None = None) -> None:
-    """A human acted directly on a member: tell its parent (this starts no work)."""
+                              details: dict[str, Any] | None = None, *, text: str | None = None) -> None:
+    """A human acted directly on a member (``action``: input, steer, answer, cancel): tell its parent
+    (this starts no work). The event carries the member and, cut to a preview, the ``text`` the
+    human gave, so both conversations can show what was done."""
     session = await get_session_row(conn, scope, session_id)
     if session["parent_id"] is None:
         return
+    payload = {"member_session_id": str(session_id), "path": session["path"], "action": action, **(details or {})}
+    if text is not None:
+        payload.update(text=text[:INTERVENTION_PREVIEW], truncated=len(text) > INTERVENTION_PREVIEW)
     await append_event(conn, scope, "user_intervention", session_id=session["parent_id"],
-                       tree_id=session["tree_id"],
-                       payload={"member_session_id": str(session_id), "path": session["path"], "action": action,
-                                **(details or {})})
+                       tree_id=session["tree_id"], payload=payload)
+
+
+async def interventions(conn: Connection, scope: Scope, session_id: uuid.UUID, *, after: int = 0,
+                        limit: int = 200) -> list[Row]:
+    """A human's interventions that concern a session, oldest first: those on the session itself (as
+    a member) and those on its children (their events go to it, the parent). NotFound outside the
+    scope."""
+    await get_session_row(conn, scope, session_id)
+    cur = await conn.execute(query("interventions"), {"user_id": scope.user_id, "app_id": scope.app_id,
+                                                      "session_id": session_id, "after": after, "limit": limit})
+    return await cur.fetchall()

@@ -157,13 +157,16 @@ def render_coop_message(message: Row) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Boundary:
-    """A model boundary: the Turn's status, whether its tree is watched live, and the history
-    rows the unprocessed messages and steers became (none when the Turn is being cancelled)."""
+    """A model boundary: the Turn's status, whether its tree is watched live, the history rows the
+    unprocessed messages and steers became (none when the Turn is being cancelled), whether a human
+    asked to compact the history, and the budget limit its tree's work has reached
+    (``usage.budget_reached``; then no model call may start)."""
 
     turn_status: str | None
     watched: bool
     taken: list[Row]
     compact_requested: bool = False
+    budget_reached: dict[str, Any] | None = None
 
 
 async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
@@ -176,6 +179,7 @@ async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
     if not rows or not rows[0]["fenced"]:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
     status, watched, compact = rows[0]["turn_status"], rows[0]["watched"], bool(rows[0]["compact_requested"])
+    reached = rows[0]["budget_reached"]
     if status == "cancelling":
         return Boundary(status, watched, [], compact)
     taken = []
@@ -195,7 +199,7 @@ async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
     if any(message["sender_approval_mode"] == "ask" for message in rows):
         # Context from an ask Turn must not get a command run unasked through an auto one.
         await conn.execute(query("turn_ask"), {"turn_id": run.turn_id})
-    return Boundary(status, watched, taken, compact)
+    return Boundary(status, watched, taken, compact, reached)
 
 
 async def insert_coop_message(

@@ -22,8 +22,10 @@ MAX_RECOVERIES_PER_TURN = 5
 LEASE_EXPIRED = "lease expired: the run's owner stopped heart-beating"
 
 _LOCK_TREE = "SELECT user_id, app_id, slot_limit, stopped FROM trees WHERE tree_id = %s FOR UPDATE"
-# The free slots are counted in the same statement, under the tree lock the caller holds.
-# UPDATE ... RETURNING yields rows in no particular order: re-sort so callers see the FIFO order.
+# The free slots are counted in the same statement, under the tree lock the caller holds. The
+# tree's first grant starts the wall time of its budget (tree_usage.first_run_at); later grants
+# find it set and change nothing there. UPDATE ... RETURNING yields rows in no particular order:
+# re-sort so callers see the FIFO order.
 _GRANT = """
 WITH granted AS (
     UPDATE runs SET status = 'running', started_at = clock_timestamp(), owner = NULL,
@@ -34,7 +36,10 @@ WITH granted AS (
         LIMIT greatest(0, %(slot_limit)s
                           - (SELECT count(*) FROM runs WHERE tree_id = %(tree_id)s AND status = 'running'))
         FOR UPDATE)
-    RETURNING run_id, session_id, turn_id, queued_at, started_at)
+    RETURNING run_id, session_id, turn_id, queued_at, started_at
+), first_run AS (
+    UPDATE tree_usage SET first_run_at = (SELECT min(started_at) FROM granted)
+    WHERE tree_id = %(tree_id)s AND first_run_at IS NULL AND EXISTS (SELECT 1 FROM granted))
 SELECT run_id, session_id, turn_id, extract(epoch FROM started_at - queued_at)::float8 AS waited_seconds
 FROM granted ORDER BY queued_at, run_id
 """

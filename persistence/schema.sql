@@ -67,6 +67,7 @@ CREATE TABLE agents (
     updated_at      timestamptz NOT NULL DEFAULT now(),
     -- Compact a session's history when a model call would send more tokens (NULL: the setting).
     compact_at_tokens integer CHECK (compact_at_tokens >= 1000),
+    budget          jsonb,                   -- the default budget of a tree it starts: {max_tokens, ...}
     PRIMARY KEY (app_id, agent_id)
 );
 
@@ -96,14 +97,72 @@ CREATE TABLE trees (
     -- every tree spawned from it or its spawns, so limits (and budgets) cover the whole chain.
     lineage_id          uuid NOT NULL,
     spawned_by_tree_id  uuid,
+    -- The spawning chain: the lineage's first tree, ..., the tree that spawned this one, this one.
+    -- A budget covers its tree and every tree whose chain holds it (spawned from it, directly or not).
+    spawn_chain         uuid[] NOT NULL,
+    -- The tree's budget (NULL: no limit). A limit is reached when the usage of this tree and of the
+    -- trees spawned from it is at or over it; from then on no model call of these trees starts.
+    budget_tokens       bigint,
+    budget_cost_usd     double precision,
+    budget_seconds      double precision,   -- wall time since the first Run of these trees
+    budget_model_calls  bigint,
+    -- Why the tree is stopped (NULL while it is not): a human's Stop all, or a budget reached
+    -- (stop_detail: which budget, which limit, its maximum and the usage).
+    stop_reason         text,
+    stop_detail         jsonb,
     UNIQUE (tree_id, user_id, app_id, project_id),
     FOREIGN KEY (project_id, user_id, app_id) REFERENCES projects (project_id, user_id, app_id),
     CONSTRAINT trees_lineage_fk FOREIGN KEY (lineage_id) REFERENCES trees (tree_id),
-    CONSTRAINT trees_spawned_by_fk FOREIGN KEY (spawned_by_tree_id) REFERENCES trees (tree_id)
+    CONSTRAINT trees_spawned_by_fk FOREIGN KEY (spawned_by_tree_id) REFERENCES trees (tree_id),
+    CONSTRAINT trees_budget_positive CHECK (
+        coalesce(budget_tokens, 1) > 0 AND coalesce(budget_cost_usd, 1) > 0 AND coalesce(budget_seconds, 1) > 0
+        AND coalesce(budget_model_calls, 1) > 0),
+    CONSTRAINT trees_stop_reason_check CHECK (stop_reason IN ('user', 'budget_exceeded'))
 );
 CREATE INDEX trees_lineage ON trees (lineage_id);
 -- The stopped trees, for the metrics gauge (persistence/metrics.py): never a scan of all trees.
 CREATE INDEX trees_stopped ON trees (tree_id) WHERE stopped;
+
+-- A tree's usage: the sum of its Runs' charges (tokens, cost, committed model replies), kept by
+-- the statement that charges a Run (append_reply.sql), so it never drifts from the runs table;
+-- first_run_at: when the tree's first Run got a slot (its budget's wall time counts from there).
+CREATE TABLE tree_usage (
+    tree_id             uuid PRIMARY KEY REFERENCES trees (tree_id),
+    prompt_tokens       bigint NOT NULL DEFAULT 0,
+    completion_tokens   bigint NOT NULL DEFAULT 0,
+    cost_usd            double precision NOT NULL DEFAULT 0,
+    model_calls         bigint NOT NULL DEFAULT 0,
+    first_run_at        timestamptz
+);
+
+-- The first budget limit that the work of a tree has reached, or NULL. The budgets that cover a
+-- tree are its own and those of the trees in its spawn chain; each counts the usage of its tree
+-- and of every tree spawned from it, directly or not, so a spawned tree cannot escape the budget
+-- of the tree that spawned it. A limit is reached when the usage is at or over it. One statement
+-- (model_boundary.sql and every other check call it): the trees without a budget cost two
+-- index lookups.
+CREATE FUNCTION canopy_budget_reached(of_tree uuid) RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('budget_tree_id', b.tree_id, 'limit', l.name, 'max', l.max, 'used', l.used)
+    FROM trees t
+    JOIN trees b ON b.tree_id = ANY (t.spawn_chain)
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(u.prompt_tokens + u.completion_tokens), 0)::float8 AS tokens,
+               coalesce(sum(u.cost_usd), 0)::float8 AS cost_usd,
+               coalesce(sum(u.model_calls), 0)::float8 AS model_calls,
+               coalesce(extract(epoch FROM now() - min(u.first_run_at)), 0)::float8 AS seconds
+        FROM trees d JOIN tree_usage u ON u.tree_id = d.tree_id
+        WHERE d.lineage_id = t.lineage_id AND b.tree_id = ANY (d.spawn_chain)) used
+    CROSS JOIN LATERAL (VALUES ('tokens', b.budget_tokens::float8, used.tokens),
+                               ('cost_usd', b.budget_cost_usd, used.cost_usd),
+                               ('model_calls', b.budget_model_calls::float8, used.model_calls),
+                               ('seconds', b.budget_seconds, used.seconds)) AS l (name, max, used)
+    WHERE t.tree_id = of_tree
+      AND (b.budget_tokens IS NOT NULL OR b.budget_cost_usd IS NOT NULL OR b.budget_seconds IS NOT NULL
+           OR b.budget_model_calls IS NOT NULL)
+      AND l.max IS NOT NULL AND l.used >= l.max
+    ORDER BY array_position(t.spawn_chain, b.tree_id), l.name
+    LIMIT 1
+$$;
 
 CREATE TABLE sessions (
     session_id          uuid PRIMARY KEY,
@@ -203,6 +262,7 @@ CREATE TABLE runs (
     prompt_tokens       bigint NOT NULL DEFAULT 0,
     completion_tokens   bigint NOT NULL DEFAULT 0,
     cost_usd            double precision NOT NULL DEFAULT 0,
+    model_calls         integer NOT NULL DEFAULT 0,  -- model replies committed (charged) by this Run
     UNIQUE (run_id, turn_id),
     CONSTRAINT runs_turn_fk FOREIGN KEY (turn_id, session_id) REFERENCES turns (turn_id, session_id),
     CONSTRAINT runs_session_tree_fk FOREIGN KEY (session_id, tree_id) REFERENCES sessions (session_id, tree_id),
@@ -212,6 +272,8 @@ CREATE TABLE runs (
 CREATE INDEX runs_tree_running ON runs (tree_id) WHERE status = 'running';
 CREATE INDEX runs_tree_pending ON runs (tree_id, queued_at) WHERE status = 'pending';
 CREATE INDEX runs_turn ON runs (turn_id);
+-- A tree's Runs by member (its usage per member in the tree summary).
+CREATE INDEX runs_tree ON runs (tree_id, session_id);
 
 ALTER TABLE turns ADD CONSTRAINT turns_result_run_fk
     FOREIGN KEY (result_run_id, turn_id) REFERENCES runs (run_id, turn_id);
@@ -273,6 +335,9 @@ CREATE TABLE events (
 );
 CREATE INDEX events_session ON events (session_id, cursor);
 CREATE INDEX events_tree ON events (tree_id, cursor);
+-- A human's interventions on a member, found from the member (the event itself goes to its parent).
+CREATE INDEX events_interventions ON events ((payload->>'member_session_id'), cursor)
+    WHERE kind = 'user_intervention';
 -- Live streams: every committed event wakes the API replicas that LISTEN on canopy_events.
 -- The payload names only where to look (scope, session, tree); readers always re-read the
 -- committed rows, so a lost or folded notification delays a stream but never loses an event.

@@ -19,6 +19,7 @@ from persistence.errors import Conflict, InvalidArgument, LimitExceeded, NotFoun
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
 from persistence.scopes import ensure_scope
+from persistence.usage import budget_columns
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_PATH = 1024
@@ -100,9 +101,12 @@ async def create_root(
     origin: dict[str, Any] | None = None,
     created_by_run_id: uuid.UUID | None = None,
     spawned_by: Spawn | None = None,
+    budget: dict[str, Any] | None = None,
 ) -> uuid.UUID:
     """A new tree and its root session (no input yet). ``spawned_by``: the tree whose Run made it
-    with create_session(mode="root"); the new tree joins that tree's lineage, within its limit."""
+    with create_session(mode="root"); the new tree joins that tree's lineage, within its limit, and
+    stays under that tree's budget. ``budget``: the tree's own (see persistence/usage.py)."""
+    columns = budget_columns(budget)
     await ensure_scope(conn, scope)
     session_id = new_id()
     lineage_id = session_id
@@ -111,7 +115,7 @@ async def create_root(
     await conn.execute(query("tree_insert"), {
         "tree_id": session_id, "user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id,
         "slot_limit": slot_limit, "lineage_id": lineage_id,
-        "spawned_by": spawned_by.tree_id if spawned_by else None})
+        "spawned_by": spawned_by.tree_id if spawned_by else None, **columns})
     await _insert_session(conn, {
         "session_id": session_id, "tree_id": session_id, "user_id": scope.user_id, "app_id": scope.app_id,
         "project_id": project_id, "parent_id": None, "name": "root", "path": ROOT_PATH, "depth": 0,
@@ -281,17 +285,19 @@ async def list_roots(conn: Connection, scope: Scope, *, project_id: uuid.UUID | 
     return [_view(row) for row in await cur.fetchall()]
 
 
-async def list_project_sessions(conn: Connection, scope: Scope, project_id: uuid.UUID, *,
-                                offset: int = 0, limit: int | None = None, newest_first: bool = False
-                                ) -> list[Row]:
+async def list_project_sessions(conn: Connection, scope: Scope, project_id: uuid.UUID | None, *,
+                                offset: int = 0, limit: int | None = None, newest_first: bool = False,
+                                include_archived: bool = False) -> list[Row]:
+    """Sessions of a project (or of the whole scope), archived trees' only with ``include_archived``."""
     order = "s.created_at DESC, s.session_id" if newest_first else "s.tree_id, s.path"
     cur = await conn.execute(
         f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s
               AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
+              AND (%(archived)s OR NOT s.archived)
             ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s""",
         {"user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id, "limit": limit,
-         "offset": offset},
+         "offset": offset, "archived": include_archived},
     )
     return [_view(row) for row in await cur.fetchall()]
 

@@ -1,4 +1,5 @@
-"""Whole-tree operations: stop all, continue, archive, the summary, and the human inbox."""
+"""Whole-tree operations: stop all (by a human, or because a budget was reached), continue, archive,
+the summary, and the human inbox."""
 
 from __future__ import annotations
 
@@ -7,21 +8,23 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from persistence import usage
 from persistence.db import Connection
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.events import append_event
 from persistence.records import Row, Scope
 from persistence.sessions import get_session_row, tree_members
-from persistence.turns import cancel_open_turn, lock_session, start_next_turn
+from persistence.turns import cancel_open_turn, lock_session, start_next_turn, turn_status
 
 _LOCK_TREE = """
-SELECT tree_id, slot_limit, stopped, archived FROM trees
+SELECT tree_id, slot_limit, stopped, stop_reason, archived FROM trees
 WHERE tree_id = %s AND user_id = %s AND app_id = %s FOR UPDATE
 """
-_TREE = """
-SELECT t.tree_id, t.slot_limit, t.stopped, t.archived,
-       (SELECT count(*) FROM runs r WHERE r.tree_id = t.tree_id AND r.status = 'running') AS slots_in_use
-FROM trees t WHERE t.tree_id = %s AND t.user_id = %s AND t.app_id = %s
+# Stopped: the moment every member is locked, just before the commit (clock_timestamp, not the
+# transaction's start), so that a model call that starts after the stop is seen to start after it.
+_STOP = """
+UPDATE trees SET stopped = true, stopped_at = clock_timestamp(), stop_reason = %(reason)s, stop_detail = %(detail)s
+WHERE tree_id = %(tree_id)s
 """
 _OPEN_TURNS = """
 SELECT t.turn_id, t.status, t.waiting_for, t.session_id FROM turns t JOIN sessions s ON s.session_id = t.session_id
@@ -51,42 +54,75 @@ async def lock_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
     return tree
 
 
-async def stop_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> list[uuid.UUID]:
+async def stop_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID, *,
+                    reached: dict[str, Any] | None = None) -> list[uuid.UUID]:
     """Stop all: cancel every in-flight Turn and pause every queue with pending input.
 
     One transaction under the tree lock, so no later scan can re-pause a tree that was
-    continued after it. Returns the sessions whose live Runs must be told to stop.
+    continued after it. ``reached``: the budget limit that stops it (``usage.budget_reached``);
+    without it a human stopped it. Returns the sessions whose live Runs must be told to stop.
     """
     await lock_tree(conn, scope, tree_id)
     # Lock every member before reading any Turn or appending any event: a member finishing
     # meanwhile is waited for (never cancelled over its result), and the scope's event
     # counter is taken last, so this cannot deadlock with a member's own transaction.
     await conn.execute(_LOCK_MEMBERS, (tree_id,))
-    await conn.execute("UPDATE trees SET stopped = true, stopped_at = now() WHERE tree_id = %s", (tree_id,))
+    reason = "user" if reached is None else "budget_exceeded"
+    await conn.execute(_STOP, {"tree_id": tree_id, "reason": reason,
+                               "detail": None if reached is None else Jsonb(reached)})
     cur = await conn.execute(_MEMBERS_WITH_PENDING, (tree_id,))
     for row in await cur.fetchall():
         await conn.execute("UPDATE sessions SET queue_paused = true WHERE session_id = %s", (row["session_id"],))
     cur = await conn.execute(_OPEN_TURNS, (tree_id,))
     to_signal = []
+    why = ("stopped: the whole tree was stopped" if reached is None
+           else f"stopped: the tree's budget is used up ({usage.describe_reached(reached)})")
     for turn in await cur.fetchall():
         session = await lock_session(conn, scope, turn["session_id"])
         # A paused queue keeps its pending inputs: the Turn ends but no new one starts.
         session = {**session, "queue_paused": True}
-        if await cancel_open_turn(conn, session, turn, "stopped: the whole tree was stopped"):
+        if await cancel_open_turn(conn, session, turn, why):
             to_signal.append(turn["session_id"])
-    await append_event(conn, scope, "tree_stopped", session_id=tree_id, tree_id=tree_id)
+    await append_event(conn, scope, "tree_stopped", session_id=tree_id, tree_id=tree_id,
+                       payload={"reason": reason, **(reached or {})})
     return to_signal
 
 
+async def stop_for_budget(conn: Connection, scope: Scope, tree_id: uuid.UUID, turn_id: uuid.UUID
+                          ) -> list[uuid.UUID] | None:
+    """A Run of the tree (of Turn ``turn_id``) found a budget limit reached: stop the tree as Stop
+    all does, with the reason ``budget_exceeded`` and the limit. The limit is checked again under
+    the tree's lock, so a budget raised (and the tree continued) meanwhile is never stopped by this
+    late finding: None then, and the Run goes on. A tree another Run stopped for its budget
+    already, with this Turn cancelled by it, is left as it is. Returns the sessions to signal."""
+    tree = await lock_tree(conn, scope, tree_id)
+    reached = await usage.budget_reached(conn, tree_id)
+    if reached is None:
+        return None
+    if tree["stopped"] and tree["stop_reason"] == "budget_exceeded" and await turn_status(conn, turn_id) != "running":
+        return []
+    return await stop_tree(conn, scope, tree_id, reached=reached)
+
+
 async def continue_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> list[uuid.UUID]:
-    """Unpause every queue and start pending inputs; 409 while any Turn is unfinished."""
-    await lock_tree(conn, scope, tree_id)
+    """Unpause every queue and start pending inputs. 409 while any Turn is unfinished, while a
+    budget that covers the tree is used up, and for an archived tree."""
+    tree = await lock_tree(conn, scope, tree_id)
+    if tree["archived"]:
+        raise Conflict(f"tree {tree_id} is archived; an archived tree cannot be continued")
     cur = await conn.execute(_OPEN_TURNS, (tree_id,))
     unfinished = await cur.fetchall()
     if unfinished:
         raise Conflict(f"{len(unfinished)} turn(s) in this tree are still {unfinished[0]['status']}; "
                        "wait until they end before continuing")
-    await conn.execute("UPDATE trees SET stopped = false WHERE tree_id = %s", (tree_id,))
+    reached = await usage.budget_reached(conn, tree_id)
+    if reached is not None:
+        owner = "this tree's budget" if reached["budget_tree_id"] == str(tree_id) else \
+            f"the budget of tree {reached['budget_tree_id']}, which spawned it,"
+        raise Conflict(f"{owner} is used up ({usage.describe_reached(reached)}); raise it "
+                       f"(PATCH /trees/{reached['budget_tree_id']}/budget) before continuing")
+    await conn.execute("UPDATE trees SET stopped = false, stop_reason = NULL, stop_detail = NULL WHERE tree_id = %s",
+                       (tree_id,))
     cur = await conn.execute(
         "UPDATE sessions SET queue_paused = false WHERE tree_id = %s AND queue_paused RETURNING session_id",
         (tree_id,),
@@ -108,9 +144,19 @@ async def archive_root(conn: Connection, scope: Scope, session_id: uuid.UUID) ->
         raise InvalidArgument("only a root session can be archived")
     await lock_tree(conn, scope, found["tree_id"])
     session = await lock_session(conn, scope, session_id)
-    busy = [m for m in await tree_members(conn, scope, session["tree_id"]) if m["activity"] != "idle"]
+    members = await tree_members(conn, scope, session["tree_id"])
+    busy = [m for m in members if m["activity"] != "idle"]
     if busy:
         raise Conflict(f"{busy[0]['path']} is {busy[0]['activity']}; archive the tree when it is idle")
+    # A stopped tree's paused queues look idle, but their inputs are work still to do (SPEC §7).
+    queued = [m for m in members if m["pending_inputs"]]
+    if queued:
+        raise Conflict(f"{queued[0]['path']} has {queued[0]['pending_inputs']} pending input(s); cancel them or "
+                       "continue the tree and let them finish before archiving it")
+    requests = await pending_requests(conn, scope, tree_id=session["tree_id"])
+    if requests:
+        raise Conflict(f"{requests[0]['path']} has an open {requests[0]['kind']} request; answer it before "
+                       "archiving the tree")
     cur = await conn.execute(
         "SELECT 1 FROM sandbox_leases WHERE tree_id = %s AND state = 'releasing'", (session["tree_id"],)
     )
@@ -127,15 +173,14 @@ _MEMBER_FIELDS = ("session_id", "parent_id", "name", "path", "depth", "title", "
 
 
 async def tree_summary(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
-    """All members in two statements whatever the tree's size, and no output bodies."""
-    cur = await conn.execute(_TREE, (tree_id, scope.user_id, scope.app_id))
-    tree = await cur.fetchone()
-    if tree is None:
-        raise NotFound(f"no tree {tree_id}")
-    members = [{field: member[field] for field in _MEMBER_FIELDS}
+    """All members in two statements whatever the tree's size, and no output bodies: the tree's
+    state, budget and usage with its members' usage (``usage.tree_head``), and the members' states."""
+    head = await usage.tree_head(conn, scope, tree_id)
+    spent = head.pop("member_usage")
+    members = [{**{field: member[field] for field in _MEMBER_FIELDS},
+                "usage": spent.get(member["session_id"], usage.NO_USAGE)}
                for member in await tree_members(conn, scope, tree_id)]
-    return {"tree_id": tree_id, "stopped": tree["stopped"], "archived": tree["archived"],
-            "slot_limit": tree["slot_limit"], "slots_in_use": tree["slots_in_use"], "members": members}
+    return {**head, "members": members}
 
 
 async def pending_requests(conn: Connection, scope: Scope, *, tree_id: uuid.UUID | None = None,

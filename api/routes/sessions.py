@@ -17,6 +17,7 @@ from api.schemas import (
     InputCreate,
     InputReceipt,
     InputSummary,
+    Intervention,
     Message,
     RootSession,
     Session,
@@ -28,7 +29,7 @@ from api.schemas import (
     TurnCancelAccepted,
 )
 from api.writes import IdempotencyKey, respond_to_write
-from persistence import projects, sessions, views
+from persistence import cooperation, projects, sessions, views
 from persistence.records import Row
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
@@ -47,7 +48,8 @@ async def create_root(body: SessionCreate, caller: ScopeDep, runtime: RuntimeDep
     return await respond_to_write(
         request, caller, idempotency_key, body, status.HTTP_201_CREATED,
         lambda hook: runtime.create_root(caller, input_text=body.input, agent_id=body.agent_id,
-                                         project_id=body.project_id, title=body.title or "", in_tx=hook),
+                                         project_id=body.project_id, title=body.title or "",
+                                         budget=body.budget.model_dump() if body.budget else None, in_tx=hook),
         _created)
 
 
@@ -61,7 +63,7 @@ async def list_roots(
     project_id: Annotated[uuid.UUID | None, Query(description="Only roots of this project.")] = None,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    include_archived: bool = False,
+    include_archived: Annotated[bool, Query(description="Also list archived roots (hidden by default).")] = False,
 ) -> list[RootSession]:
     """Root sessions, newest first, each with its tree's attention counts."""
     async with runtime.db.tx() as conn:
@@ -103,6 +105,21 @@ async def list_messages(
     async with runtime.db.tx() as conn:
         rows = await views.session_messages(conn, caller, session_id, after_id=after, limit=limit)
     return [Message.model_validate(row) for row in rows]
+
+
+@router.get("/{session_id}/interventions", response_model=list[Intervention], responses=errors(*COMMON, 404))
+async def list_interventions(
+    session_id: uuid.UUID,
+    caller: ScopeDep,
+    runtime: RuntimeDep,
+    after: Annotated[int, Query(ge=0, le=MAX_BIGINT, description="Only events with a larger cursor.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> list[Intervention]:
+    """A human's direct actions (input, steer, answer, cancel) on this session as a member, and on its
+    children, oldest first: each is a ``user_intervention`` event of the parent's (SPEC §5)."""
+    async with runtime.db.tx() as conn:
+        rows = await cooperation.interventions(conn, caller, session_id, after=after, limit=limit)
+    return [Intervention.model_validate(row) for row in rows]
 
 
 @router.get("/{session_id}/inputs", response_model=list[InputSummary], responses=errors(*COMMON, 404))

@@ -1,4 +1,5 @@
-"""Whole trees: the summary, stop all / continue, and the tree's human inbox."""
+"""Whole trees: the summary (with usage and budget), stop all / continue, the budget, and the tree's
+human inbox."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
 from api.deps import COMMON, RuntimeDep, errors, pending_requests
-from api.schemas import HumanRequest, TreeContinued, TreeStopAccepted, TreeSummary
+from api.schemas import BudgetUpdate, HumanRequest, TreeBudget, TreeContinued, TreeStopAccepted, TreeSummary
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import trees, views
 
@@ -43,11 +44,21 @@ async def stop_tree(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, r
              responses=errors(*COMMON, 404, 409))
 async def continue_tree(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
                         idempotency_key: IdempotencyKey = None) -> JSONResponse:
-    """Unpause every queue and start pending inputs. 409 while any Turn is still unfinished."""
+    """Unpause every queue and start pending inputs. 409 while any Turn is still unfinished, while a
+    budget that covers the tree is used up (raise it first: ``PATCH /trees/{tree_id}/budget``), and
+    for an archived tree."""
     return await respond_to_write(
         request, caller, idempotency_key, None, status.HTTP_202_ACCEPTED,
         lambda hook: runtime.continue_tree(caller, tree_id, in_tx=hook),
         lambda started: TreeContinued(tree_id=tree_id, started_sessions=started))
+
+
+@router.patch("/{tree_id}/budget", response_model=TreeBudget, responses=errors(*COMMON, 404, 413))
+async def update_budget(tree_id: uuid.UUID, body: BudgetUpdate, caller: ScopeDep, runtime: RuntimeDep) -> TreeBudget:
+    """Change the tree's budget: a limit left out stays, one given as null is removed. Raising it does
+    not restart a tree stopped for its budget: continue it then (``POST /trees/{tree_id}/continue``)."""
+    summary = await runtime.set_budget(caller, tree_id, body.model_dump(exclude_unset=True))
+    return TreeBudget.model_validate(summary)
 
 
 @router.get("/{tree_id}/requests", response_model=list[HumanRequest], responses=errors(*COMMON, 404))

@@ -120,6 +120,10 @@ export class Api {
   inputs = async (sessionId, { status } = {}, options) =>
     listOf(await this.get(`/sessions/${id(sessionId)}/inputs${q({ status })}`, options), "inputs");
   cancelInput = (inputId) => this.post(`/inputs/${id(inputId)}/cancel`);
+  /** A human's interventions on this session (as a member) and on its children, after a cursor. */
+  interventions = async (sessionId, { after = 0 } = {}, options) =>
+    listOf(await this.get(`/sessions/${id(sessionId)}/interventions${q({ after: after || undefined })}`, options),
+      "interventions");
   steer = (sessionId, text, options) => this.post(`/sessions/${id(sessionId)}/steer`, { text }, options);
   cancelTurn = (sessionId, turnId) => this.post(`/sessions/${id(sessionId)}/turns/${id(turnId)}/cancel`);
   archive = (sessionId) => this.post(`/sessions/${id(sessionId)}/archive`);
@@ -139,6 +143,8 @@ export class Api {
     "requests");
   stopTree = (treeId) => this.post(`/trees/${id(treeId)}/stop`);
   continueTree = (treeId) => this.post(`/trees/${id(treeId)}/continue`);
+  /** Change some limits of the tree's budget: {max_tokens, max_cost_usd, max_seconds, max_model_calls}; null removes one. */
+  updateBudget = (treeId, changes) => this.patch(`/trees/${id(treeId)}/budget`, changes);
   /** One page of the tree's timeline; ``since``: a previous read's as_of, or a page's next_cursor. */
   timeline = (treeId, { since, limit } = {}, options) => this.get(`/trees/${id(treeId)}/timeline${q({ since, limit })}`,
     options);

@@ -1,4 +1,5 @@
-// One session's conversation view: its messages (with compact cooperation rows), the text
+// One session's conversation view: its messages (with compact cooperation rows and a human's
+// interventions on it or on its children, in time order), the text
 // of a model call as it streams (a provisional bubble until its message is committed), its
 // pending request cards, the live Turn status, its queued inputs (each cancellable) and the
 // message box (send, steer, cancel). Root and member views are the same component; each
@@ -8,7 +9,7 @@
 import { activityBadge } from "./activity.js";
 import { ApiError } from "./api.js";
 import { Composer } from "./composer.js";
-import { buildItems, collectReceipts, makeResolver } from "./cooperation.js";
+import { buildItems, collectReceipts, makeResolver, withInterventions } from "./cooperation.js";
 import { h, nearBottom, plural, relativeTime } from "./dom.js";
 import { renderItems } from "./messages.js";
 import { RequestCard } from "./requestCard.js";
@@ -211,7 +212,7 @@ export class SessionView {
     const measurable = this.#visible && this.scroller.clientHeight > 0;
     const follow = measurable && this.#measured ? nearBottom(this.scroller) : this.#stick;
     const openTurnId = detail?.current_turn_id ?? null;
-    const items = buildItems(messages, { openTurnId });
+    const items = withInterventions(buildItems(messages, { openTurnId }), this.runtime.interventions, this.sessionId);
     const resolve = makeResolver({ members: this.tree.summary?.members ?? [], treeId: this.tree.treeId,
       receipts: collectReceipts(messages) });
     renderItems(this.list, items, { resolve, treeId: this.tree.treeId, onOpen: this.onOpen,

@@ -71,7 +71,8 @@ export function buildItems(messages, { openTurnId = null } = {}) {
         group.calls.push(entry);
         continue;
       }
-      const row = { kind: "tools", key: `c${m.id}:${call.id}`, name: call.name, turnId: m.turn_id, calls: [entry] };
+      const row = { kind: "tools", key: `c${m.id}:${call.id}`, name: call.name, turnId: m.turn_id, calls: [entry],
+        at: m.created_at };
       items.push(row);
       group = mergeable ? row : null;
     }
@@ -333,4 +334,46 @@ export function describeUserMessage(message, treeId) {
   if (kind === "schedule") return { text, source: { kind, label: "scheduled" } };
   if (kind === "api") return { text, source: { kind, label: "via the API" } };
   return { text, source: { kind, label: String(kind) } };
+}
+
+/**
+ * A human's interventions (GET /sessions/{id}/interventions, oldest first) as display items
+ * {kind: "intervention", key, intervention, self}, placed among ``items`` by time. ``self``: the
+ * intervention was on this session (else on one of its children).
+ */
+export function withInterventions(items, interventions, sessionId) {
+  if (!interventions?.length) return items;
+  const timeOf = (item) => Date.parse(item.message?.created_at ?? item.at ?? "") || 0;
+  const pending = interventions.map((intervention) => ({ kind: "intervention", key: `i${intervention.cursor}`,
+    intervention, self: intervention.member_session_id === sessionId, at: intervention.created_at }));
+  const out = [];
+  for (const item of items) {
+    while (pending.length && timeOf(pending[0]) < timeOf(item)) out.push(pending.shift());
+    out.push(item);
+  }
+  return out.concat(pending);
+}
+
+/**
+ * An intervention in words: the member (a link, or "this session") goes between ``lead`` and
+ * ``tail`` ("You gave" /root/a " an input"); ``quote``: what the human said, if anything.
+ */
+export function describeIntervention(intervention) {
+  const payload = intervention.payload ?? {};
+  const quote = payload.text ? `${payload.text}${payload.truncated ? "…" : ""}` : "";
+  switch (intervention.action) {
+    case "steer":
+      return { lead: "You steered", tail: "", quote };
+    case "input":
+      return { lead: "You gave", tail: " an input", quote };
+    case "answer":
+      if (payload.kind === "approval") {
+        return { lead: `You ${payload.text === "approve" ? "approved" : "denied"} a command of`, tail: "", quote: "" };
+      }
+      return { lead: "You answered", tail: "'s question", quote };
+    case "cancel":
+      return { lead: "You cancelled a turn of", tail: "", quote: "" };
+    default:
+      return { lead: "You acted on", tail: ` (${intervention.action})`, quote };
+  }
 }

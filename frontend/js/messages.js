@@ -2,7 +2,7 @@
 // reuse: an item whose content did not change keeps its element (and so its open/closed
 // details, text selection and layout) across refreshes.
 
-import { describeRow, describeUserMessage } from "./cooperation.js";
+import { describeIntervention, describeRow, describeUserMessage } from "./cooperation.js";
 import { h } from "./dom.js";
 
 const LONG_TEXT = 600; // characters after which a message starts collapsed
@@ -111,6 +111,20 @@ function renderTools(item, ctx, description) {
     h("div", { class: "coop-details" }, callDetails(item)));
 }
 
+/** A human's direct action on this session or on a child of it (a user_intervention event). */
+function renderIntervention(item, ctx) {
+  const { intervention, self } = item;
+  const { lead, tail, quote } = describeIntervention(intervention);
+  const member = self ? "this session" : targetLink({ label: intervention.path,
+    sessionId: intervention.member_session_id, treeId: ctx.treeId, path: intervention.path }, ctx.onOpen);
+  return h("div", { class: `intervention${self ? " self" : ""}`, role: "note",
+    dataset: { action: intervention.action, memberSessionId: intervention.member_session_id,
+      cursor: intervention.cursor } },
+  h("span", { class: "intervention-label", text: "Intervention" }),
+  h("span", { class: "intervention-text" }, `${lead} `, member, tail),
+  quote ? h("q", { class: "intervention-quote", text: quote }) : null);
+}
+
 function turnFooter(result) {
   if (!result || !["failed", "cancelled"].includes(result.status)) return null;
   const text = result.status === "failed" ? `Turn failed${result.error ? `: ${result.error}` : ""}` : "Turn cancelled";
@@ -136,6 +150,9 @@ export function renderItems(container, items, ctx, cache) {
       const description = describeRow(item, ctx.resolve);
       signature = JSON.stringify([description, item.calls.map((c) => [c.state, c.resultText?.length ?? 0])]);
       build = () => renderTools(item, ctx, description);
+    } else if (item.kind === "intervention") {
+      signature = item.key;
+      build = () => renderIntervention(item, ctx);
     } else {
       signature = JSON.stringify([item.message.id, item.message.content, item.message.origin]);
       build = () => (item.kind === "user" ? renderUser(item, ctx) : renderAssistant(item));

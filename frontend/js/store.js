@@ -38,6 +38,8 @@ export class SessionRuntime extends Emitter {
     this.sessionId = sessionId;
     this.detail = null;
     this.messages = [];
+    /** A human's interventions on this session and on its children, oldest first (append-only). */
+    this.interventions = [];
     /** turn_id → Result, for Turns that have ended (they never change again). */
     this.results = new Map();
     /** The inputs waiting in this session's queue (read while detail.pending_inputs > 0). */
@@ -68,14 +70,19 @@ export class SessionRuntime extends Emitter {
     const seq = ++this.#seq;
     try {
       const known = this.messages;
-      const [detail, fresh] = await Promise.all([
+      const knownInterventions = this.interventions;
+      const lastCursor = knownInterventions.at(-1)?.cursor ?? 0;
+      const [detail, fresh, interventions] = await Promise.all([
         this.api.session(this.sessionId),
         this.#messagesAfter(known.at(-1)?.id ?? 0),
+        this.api.interventions(this.sessionId, { after: lastCursor }),
       ]);
       if (seq !== this.#seq) return; // a newer read owns the state
       this.detail = detail;
       const last = known.at(-1)?.id ?? 0;
       this.messages = fresh.length ? known.concat(fresh.filter((m) => m.id > last)) : known;
+      this.interventions = interventions.length
+        ? knownInterventions.concat(interventions.filter((i) => i.cursor > lastCursor)) : knownInterventions;
       this.#settleLive(seq); // now: a view may draw the new messages before this read ends
       const [pending] = await Promise.all([
         detail.pending_inputs > 0 ? this.api.inputs(this.sessionId, { status: "pending" }) : [],
@@ -323,8 +330,12 @@ export class TreeRuntime extends Emitter {
     this.scheduleRefresh();
     if (event.kind?.startsWith("tree_")) this.refreshSessions();
     else if (event.session_id) {
-      const runtime = this.#sessions.get(event.session_id);
-      if (runtime?.observed) runtime.scheduleRefresh();
+      // An intervention's event goes to the member's parent; the member's own view shows it too.
+      const concerned = [event.session_id, event.kind === "user_intervention" ? event.payload?.member_session_id : null];
+      for (const sessionId of concerned) {
+        const runtime = sessionId ? this.#sessions.get(sessionId) : null;
+        if (runtime?.observed) runtime.scheduleRefresh();
+      }
     }
   }
 }

@@ -1,12 +1,22 @@
 -- A model reply (or a compaction summary) joins the history with its call's usage counted on the
--- Run, fenced in the same statement: nothing is written unless this incarnation still holds the
--- Run's lease (the Run row stays locked, as runs.fence leaves it).
+-- Run and on its tree, fenced in the same statement: nothing is written unless this incarnation
+-- still holds the Run's lease (the Run row stays locked, as runs.fence leaves it). The tree's usage
+-- row is the sum of its Runs' charges because only this statement charges either; it is locked
+-- until the commit, so the concurrent Runs of one tree (at most its slots) commit their replies one
+-- after another.
 WITH charged AS (
     UPDATE runs SET prompt_tokens = prompt_tokens + %(prompt_tokens)s,
                     completion_tokens = completion_tokens + %(completion_tokens)s,
-                    cost_usd = cost_usd + %(cost_usd)s
+                    cost_usd = cost_usd + %(cost_usd)s,
+                    model_calls = model_calls + 1
     WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
-    RETURNING run_id
+    RETURNING run_id, tree_id
+), tree_charged AS (
+    UPDATE tree_usage u SET prompt_tokens = u.prompt_tokens + %(prompt_tokens)s,
+                            completion_tokens = u.completion_tokens + %(completion_tokens)s,
+                            cost_usd = u.cost_usd + %(cost_usd)s,
+                            model_calls = u.model_calls + 1
+    FROM charged WHERE u.tree_id = charged.tree_id
 )
 INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, tool_calls, origin)
 SELECT %(session_id)s, %(turn_id)s, run_id, %(role)s, %(content)s, %(tool_calls)s, %(origin)s FROM charged

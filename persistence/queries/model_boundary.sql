@@ -1,7 +1,8 @@
 -- What a Run reads at a model boundary, in one round trip: whether it still holds its lease
 -- (the Run row is locked if so, as runs.fence locks it), its Turn's status, whether the
--- tree's live text is watched, whether a human asked to compact the history, and the unprocessed
--- messages and steers (locked) to take in.
+-- tree's live text is watched, whether a human asked to compact the history, the first budget
+-- limit its tree's work has reached (then no model call starts: the tree is stopped), and the
+-- unprocessed messages and steers (locked) to take in.
 WITH fence AS (
     SELECT run_id FROM runs
     WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
@@ -19,6 +20,7 @@ SELECT EXISTS (SELECT 1 FROM fence) AS fenced,
        t.status AS turn_status,
        (SELECT compact_requested FROM sessions WHERE session_id = %(session_id)s) AS compact_requested,
        EXISTS (SELECT 1 FROM stream_watchers w WHERE w.tree_id = %(tree_id)s AND w.watched_until > now()) AS watched,
+       (SELECT canopy_budget_reached(%(tree_id)s)) AS budget_reached,
        m.message_id, m.kind, m.body, m.sender_session_id, m.sender_path, m.sender_tree_id, m.sender_approval_mode
 FROM turns t LEFT JOIN unprocessed m ON true
 WHERE t.turn_id = %(turn_id)s

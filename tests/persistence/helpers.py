@@ -30,7 +30,7 @@ AGENT_CONFIG: dict[str, Any] = {
 # Every table a repository writes; ``count_rows`` counts them database-wide.
 TABLES = (
     "trees", "sessions", "inputs", "turns", "runs", "thread_messages", "coop_messages", "events", "waits",
-    "wait_targets", "tool_receipts", "requests", "schedules", "schedule_firings",
+    "wait_targets", "tool_receipts", "requests", "schedules", "schedule_firings", "tree_usage",
 )
 
 
