@@ -138,7 +138,12 @@ async def test_stop_and_continue_over_http(http: httpx.AsyncClient) -> None:
     summary = await poll(all_ended, timeout=30)
     assert summary["stopped"] is True
     assert {m["turn_status"] for m in summary["members"]} == {"cancelled"}
-    assert (await http.post(f"/api/v1/sessions/{tree_id}/archive")).status_code == 200
     continued = await http.post(f"/api/v1/trees/{tree_id}/continue")
     assert continued.status_code == 202 and continued.json()["status"] == "continued"
     assert (await http.get(f"/api/v1/trees/{tree_id}")).json()["stopped"] is False
+    # An archived tree is not continued (SPEC §7): archived after a second stop, it stays stopped.
+    assert (await http.post(f"/api/v1/trees/{tree_id}/stop")).status_code == 202
+    assert (await http.post(f"/api/v1/sessions/{tree_id}/archive")).status_code == 200
+    refused = await http.post(f"/api/v1/trees/{tree_id}/continue")
+    assert refused.status_code == 409 and "archived" in refused.json()["detail"]
+    assert (await http.get(f"/api/v1/trees/{tree_id}")).json()["stopped"] is True
