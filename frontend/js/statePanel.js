@@ -28,8 +28,9 @@ export function summarize(summary) {
     failed: count((m) => m.turn_status === "failed"),
     // Stop all: any unfinished Turn, or a queue that would still start work.
     stoppable: members.some((m) => OPEN_TURN.has(m.turn_status) || (m.pending_inputs > 0 && !m.queue_paused)),
-    // Continue: the tree was stopped and some member still has input waiting, or its budget stopped it.
-    continuable: Boolean(summary?.stopped) && (members.some((m) => m.pending_inputs > 0)
+    // Continue: the tree was stopped and some member still has input waiting, or its budget stopped it
+    // (once the budget has room again: the server refuses while it is used up).
+    continuable: Boolean(summary?.stopped) && !summary?.budget_reached && (members.some((m) => m.pending_inputs > 0)
       || summary?.stop_reason === "budget_exceeded"),
     stopped: Boolean(summary?.stopped),
     budgetStopped: Boolean(summary?.stopped) && summary?.stop_reason === "budget_exceeded",
