@@ -65,8 +65,9 @@ export class StatePanel {
     this.budgetInputs = Object.fromEntries(LIMITS.map((l) => [l.key, h("input", { type: "number", name: l.key,
       min: "0", step: l.step, inputmode: "decimal", placeholder: "no limit", "aria-label": `Maximum ${l.label}` })]));
     this.saveButton = h("button", { class: "btn small", type: "submit", text: "Save" });
-    this.saveContinueButton = h("button", { class: "btn primary small", type: "button", text: "Save and continue",
-      hidden: true, onClick: () => this.#saveBudget({ thenContinue: true }) });
+    this.saveContinueButton = h("button", { class: "btn primary small", type: "button", text: "Save and resume",
+      title: "Save the budget, then continue the tree", hidden: true,
+      onClick: () => this.#saveBudget({ thenContinue: true }) });
     this.budgetForm = h("form", { class: "budget-form", hidden: true, "aria-label": "Tree budget",
       onSubmit: (event) => {
         event.preventDefault();

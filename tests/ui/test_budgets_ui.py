@@ -81,7 +81,7 @@ async def test_a_budget_stop_shows_its_reason_and_raising_it_continues_the_tree(
     calls = panel.locator('.budget-form input[name="max_model_calls"]')
     await expect(calls).to_have_value("5")
     await calls.fill("50")
-    await panel.locator(".budget-form button", has_text="Save and continue").click()
+    await panel.locator(".budget-form button", has_text="Save and resume").click()
     await expect(reason).to_be_hidden()
     await expect(panel.locator(".state-note")).to_contain_text("Budget saved; continuing")
 
