@@ -35,11 +35,11 @@ def usage_line(summary: Row) -> str:
     """The tree's usage (and its spawned trees', and its budget) in one line of rich markup."""
     spent = summary["usage"]
     line = (f"tokens {spent['tokens']:,} ({spent['prompt_tokens']:,} in / {spent['completion_tokens']:,} out)"
-            f"  ·  {spent['model_calls']:,} model calls  ·  ${spent['cost_usd']:.4f}")
+            f"  ·  model calls {spent['model_calls']:,}  ·  ${spent['cost_usd']:.4f}")
     spawned = summary.get("spawned_usage") or {}
     if spawned.get("trees"):
         line += (f"  ·  spawned trees ({spawned['trees']}): tokens {spawned['tokens']:,}, "
-                 f"{spawned['model_calls']:,} calls, ${spawned['cost_usd']:.4f}")
+                 f"model calls {spawned['model_calls']:,}, ${spawned['cost_usd']:.4f}")
     limits = [f"{value:,g} {_LIMIT_UNITS[name]}" for name, value in (summary.get("budget") or {}).items()
               if value is not None]
     if limits:

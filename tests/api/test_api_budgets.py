@@ -2,7 +2,7 @@
 the summary's usage equal to the runs table, PATCH /trees/{id}/budget (validation, scoping), continue
 refused (409) while a budget is used up and after an archive, archive refused with pending inputs,
 archived roots hidden by default, an agent's default budget, and a member's interventions listed for
-it and for its parent, and streamed."""
+it and for its parent, and streamed; ``canopy run``'s live view shows the tree's usage."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from tests.api.conftest import ClientFactory
 from tests.api.helpers import collect_events, poll, rows, terminal
+from tests.api.test_api_cli import canopy
 
 NO_LIMITS = {"max_tokens": None, "max_cost_usd": None, "max_seconds": None, "max_model_calls": None}
 
@@ -175,3 +176,20 @@ async def test_interventions_on_a_member_are_listed_and_streamed(http: httpx.Asy
                                      ("input", member_id, root_id, "/root/a", "and then this")]
     later = await http.get(f"/api/v1/sessions/{member_id}/interventions", params={"after": listed[0]["cursor"]})
     assert [i["action"] for i in later.json()] == ["input"]
+
+
+async def test_canopy_run_shows_the_trees_usage(runtime: Runtime, scope: Scope) -> None:
+    who = ["--user", scope.user_id, "--app", scope.app_id]
+    task = script(call(create("helper", script(say("helped")))),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("result: ${1.results.0.output}"))
+    code, out = await canopy(runtime, "run", task, *who, join_ray=True)
+    assert code == 0 and out.rstrip().endswith("result: helped"), out
+    root = await rows(runtime.db, "SELECT session_id FROM sessions WHERE user_id = %s AND parent_id IS NULL",
+                      scope.user_id)
+    summary = await runtime.tree_summary(scope, root[0]["session_id"])
+    spent = summary["usage"]
+    assert spent["model_calls"] == 4
+    assert (f"tokens {spent['tokens']:,} ({spent['prompt_tokens']:,} in / {spent['completion_tokens']:,} out)"
+            f"  ·  model calls 4" in out), out
+    helper = next(m for m in summary["members"] if m["path"] == "/root/helper")
+    assert f"{helper['usage']['tokens']:,}" in out
