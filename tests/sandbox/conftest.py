@@ -99,9 +99,9 @@ async def new_tree(db: Database, root: Path, workdir: Path | None = None) -> tup
             (project_id, user, app, "p", str(workdir)),
         )
         await conn.execute(
-            "INSERT INTO trees (tree_id, user_id, app_id, project_id, slot_limit, lineage_id) "
-            "VALUES (%s, %s, %s, %s, 4, %s)",
-            (tree_id, user, app, project_id, tree_id),
+            "INSERT INTO trees (tree_id, user_id, app_id, project_id, slot_limit, lineage_id, spawn_chain) "
+            "VALUES (%s, %s, %s, %s, 4, %s, ARRAY[%s]::uuid[])",
+            (tree_id, user, app, project_id, tree_id, tree_id),
         )
     return tree_id, workdir
 
