@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from persistence.turns import MAX_TEXT
+from persistence.usage import MAX_LIMIT
 from persistence.views import INPUT_PREVIEW
 
 MAX_BIGINT = 2**63 - 1
@@ -110,21 +111,18 @@ class KeyCreated(KeyInfo):
 
 # -- budgets and usage -------------------------------------------------------------------------------
 
-# Limits beyond this are refused (a budget that large is no budget; it also stays within bigint).
-MAX_BUDGET = 2**62
-
 
 class Budget(RequestBody):
     """A tree's budget: each limit optional (absent or null: no limit). It covers the tree and the
     trees spawned from it with create_session(mode="root"); once their usage reaches a limit no
     further model call starts and the tree is stopped (reason ``budget_exceeded``)."""
 
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_BUDGET, description="Tokens in and out, together.")
-    max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_BUDGET, allow_inf_nan=False,
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_LIMIT, description="Tokens in and out, together.")
+    max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_LIMIT, allow_inf_nan=False,
                                        description="Cost in USD, as the model gateway prices the calls.")
-    max_seconds: float | None = Field(default=None, gt=0, le=MAX_BUDGET, allow_inf_nan=False,
+    max_seconds: float | None = Field(default=None, gt=0, le=MAX_LIMIT, allow_inf_nan=False,
                                       description="Wall time since the first Run of these trees.")
-    max_model_calls: int | None = Field(default=None, ge=1, le=MAX_BUDGET,
+    max_model_calls: int | None = Field(default=None, ge=1, le=MAX_LIMIT,
                                         description="Model calls whose reply was committed.")
 
 

@@ -43,7 +43,7 @@ _INTEGER_LIMITS = ("max_tokens", "max_model_calls")
 # How canopy_budget_reached names a limit, and how a person reads it.
 _LIMIT_NAMES = {"tokens": "tokens", "cost_usd": "cost (USD)", "seconds": "wall time (s)", "model_calls": "model calls"}
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "cost_usd", "model_calls")
-_MAX_LIMIT = 2**62  # far beyond any real budget, within bigint
+MAX_LIMIT = 2**62  # far beyond any real budget (no budget at all), within bigint
 
 
 def check_budget(budget: dict[str, Any] | None) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def check_budget(budget: dict[str, Any] | None) -> dict[str, Any]:
         value = budget.get(name)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                    or not 0 < value <= _MAX_LIMIT:
+                    or not 0 < value <= MAX_LIMIT:
                 raise InvalidArgument(f"budget limit {name} must be a positive number (got {value!r})")
             if name in _INTEGER_LIMITS and value != int(value):
                 raise InvalidArgument(f"budget limit {name} must be a whole number (got {value!r})")
