@@ -1,6 +1,6 @@
 """What usage accounting costs: the rollup in a tree summary, and the tree's usage row on the hot path.
 
-    python bench/usage.py [--members 1000] [--iterations 200] [--steps 300]
+    python bench/usage.py [--members 1000] [--iterations 200] [--steps 150] [--rounds 4] [--think-ms 0 200]
 
 Uses ``CANOPY_DATABASE_URL`` when set (a fresh database is created in that server and dropped
 afterwards), else an embedded PostgreSQL in a temporary directory. Prints mean and p99 ms of:
@@ -16,7 +16,8 @@ afterwards), else an embedded PostgreSQL in a temporary directory. Prints mean a
 and, for the usage row every reply updates (``append_reply.sql``), a model step's transaction
 (the reply, its tool result, the next boundary) by 4 concurrent writers, all in one tree (they
 share its usage row: a hot row) and each in a tree of its own, ``--rounds`` rounds of each in
-alternation, ``--steps`` steps per writer and round.
+alternation, ``--steps`` steps per writer and round, back to back (0 ms: the worst case) and with
+a model latency between steps (``--think-ms``, default 0 and 200).
 """
 
 from __future__ import annotations
@@ -113,9 +114,11 @@ async def bench_reads(db: Database, scope: Scope, project_id: uuid.UUID, members
     return results
 
 
-async def _writer(db: Database, run: RunRef, steps: int, samples: list[float]) -> None:
-    """``steps`` model steps of one Run, each its reply, its tool result and the next boundary."""
+async def _writer(db: Database, run: RunRef, steps: int, think_ms: float, samples: list[float]) -> None:
+    """``steps`` model steps of one Run, each its reply, its tool result and the next boundary, and
+    ``think_ms`` between them (the model call's latency)."""
     for step in range(steps):
+        await asyncio.sleep(think_ms / 1000)
         async def one(step: int = step) -> None:
             call = {**_CALL, "id": f"c{step}"}
             async with db.tx() as conn:
@@ -146,8 +149,8 @@ async def _writers(db: Database, scope: Scope, project_id: uuid.UUID, trees_used
     return held
 
 
-async def bench_hot_row(db: Database, scope: Scope, project_id: uuid.UUID, steps: int, rounds: int
-                        ) -> dict[str, list[float]]:
+async def bench_hot_row(db: Database, scope: Scope, project_id: uuid.UUID, steps: int, rounds: int,
+                        think_ms: float) -> dict[str, list[float]]:
     """The two shapes in alternation (``rounds`` each), so that a drift of the machine's speed
     weighs on both alike; the label carries the commits per second over all rounds."""
     shapes = {"4 writers, one tree": 1, "4 writers, 4 trees": WRITERS}
@@ -157,12 +160,13 @@ async def bench_hot_row(db: Database, scope: Scope, project_id: uuid.UUID, steps
         for shape, trees_used in shapes.items():
             held = await _writers(db, scope, project_id, trees_used)
             started = time.perf_counter()
-            await asyncio.gather(*(_writer(db, run, steps, samples[shape]) for run in held))
+            await asyncio.gather(*(_writer(db, run, steps, think_ms, samples[shape]) for run in held))
             seconds[shape] += time.perf_counter() - started
-    return {f"step tx, {shape} ({len(samples[shape]) / seconds[shape]:,.0f}/s)": samples[shape] for shape in shapes}
+    return {f"step tx, {shape}, {think_ms:g} ms apart ({len(samples[shape]) / seconds[shape]:,.0f}/s)": samples[shape]
+            for shape in shapes}
 
 
-async def main(members: int, iterations: int, steps: int, rounds: int) -> int:
+async def main(members: int, iterations: int, steps: int, rounds: int, think_ms: list[float]) -> int:
     started = time.perf_counter()
     async with bench_database() as url:
         db = await Database.connect(url, max_size=WRITERS + 1)
@@ -171,7 +175,8 @@ async def main(members: int, iterations: int, steps: int, rounds: int) -> int:
             async with db.tx() as conn:
                 project = await projects.create_project(conn, scope, "bench", Path(tempfile.gettempdir()))
             results = await bench_reads(db, scope, project["project_id"], members, iterations)
-            results |= await bench_hot_row(db, scope, project["project_id"], steps, rounds)
+            for think in think_ms:
+                results |= await bench_hot_row(db, scope, project["project_id"], steps, rounds, think)
         finally:
             await db.close()
     width = max(len(name) for name in results)
@@ -188,5 +193,7 @@ if __name__ == "__main__":
     parser.add_argument("--iterations", type=int, default=200, help="reads of each kind")
     parser.add_argument("--steps", type=int, default=150, help="model steps per writer and round (hot-row test)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds of each shape, in alternation (hot-row test)")
+    parser.add_argument("--think-ms", type=float, nargs="+", default=[0, 200],
+                        help="model latency between a writer's steps (hot-row test; one run per value)")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.members, args.iterations, args.steps, args.rounds)))
+    sys.exit(asyncio.run(main(args.members, args.iterations, args.steps, args.rounds, args.think_ms)))
