@@ -138,10 +138,11 @@ async def tree_head(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
             "spawned_usage": {**_usage(row, "spawned_"), "trees": row["spawned_trees"]}, "member_usage": members}
 
 
-async def usage_totals(conn: Connection) -> Row:
-    """Database-wide figures for metrics: tokens in and out, cost and model calls over every tree,
-    the trees with a budget, and the trees stopped because one was reached."""
-    cur = await conn.execute(query("usage_totals"))
+async def budget_stopped_trees(conn: Connection) -> int:
+    """How many trees are stopped because a budget was reached, for a metrics gauge (one partial
+    index, as the other gauges read: ``trees_stopped``). Tokens, cost and model calls are counted
+    per model by the metrics module already; per tree they are in the tree summary, not metrics (a
+    label per tree would be unbounded)."""
+    cur = await conn.execute(query("budget_stopped_trees"))
     row = await cur.fetchone()
-    assert row is not None
-    return row
+    return int(row["n"]) if row else 0

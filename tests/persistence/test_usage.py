@@ -444,19 +444,20 @@ async def test_interventions_are_found_from_the_member_and_from_its_parent(db: D
             await cooperation.interventions(conn, Scope(scope.user_id, "another-app"), aaa_id)
 
 
-async def test_usage_totals_count_every_tree(db: Database, scope: Scope) -> None:
+async def test_budget_stopped_trees_are_counted_for_metrics(db: Database, scope: Scope) -> None:
     async with db.tx() as conn:
-        before = await usage.usage_totals(conn)
+        before = await usage.budget_stopped_trees(conn)
     tree, run = await start_root_run(db, scope)
     await set_budget(db, scope, tree.tree_id, max_tokens=5)
     await reply(db, run, 7, 3, 0.5)
     async with db.tx() as conn:
         await trees.stop_for_budget(conn, scope, tree.tree_id, run.turn_id)
-        after = await usage.usage_totals(conn)
-    assert after["prompt_tokens"] - before["prompt_tokens"] == 7
-    assert after["model_calls"] - before["model_calls"] == 1
-    assert after["trees_with_budget"] - before["trees_with_budget"] == 1
-    assert after["trees_stopped_by_budget"] - before["trees_stopped_by_budget"] == 1
+        assert await usage.budget_stopped_trees(conn) == before + 1
+    await finish(db, run, "cancelled")
+    await set_budget(db, scope, tree.tree_id, max_tokens=None)
+    async with db.tx() as conn:
+        await trees.continue_tree(conn, scope, tree.tree_id)
+        assert await usage.budget_stopped_trees(conn) == before
 
 
 def test_budget_limits_are_checked_before_any_statement() -> None:
