@@ -16,7 +16,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from persistence import metrics
-from persistence.embedded import embedded_url
+from persistence.embedded import embedded_url, require_one_node
 from persistence.settings import Settings, get_settings, reveal
 
 _HERE = Path(__file__).parent
@@ -69,9 +69,14 @@ async def savepoint(conn: Connection) -> AsyncIterator[None]:
 
 
 def resolve_database_url(settings: Settings | None = None) -> str:
-    """The configured URL, or the embedded server's (started on demand)."""
+    """The configured URL, or the embedded server's (started on demand, never for a process of a
+    Ray cluster of several nodes: ``require_one_node``)."""
     settings = settings or get_settings()
-    return reveal(settings.database_url) or embedded_url(settings.data_dir)
+    configured = reveal(settings.database_url)
+    if configured:
+        return configured
+    require_one_node(settings.ray_address)
+    return embedded_url(settings.data_dir)
 
 
 @functools.cache

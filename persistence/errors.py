@@ -99,3 +99,9 @@ def redact_url(url: str) -> tuple[str, bool]:
         hidden = hidden or bool(colon and password)
         netloc = f"{user}@{hostport}" if user else hostport
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), hidden
+
+
+class SharedDatabaseRequired(CanopyError):
+    """A Ray cluster of several nodes and no database they all reach: each node would start its own."""
+
+    status_code = 503
