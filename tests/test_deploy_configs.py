@@ -324,7 +324,8 @@ def test_the_image_builds_offline_and_serves_the_api(image: str) -> None:
     try:
         deadline = time.monotonic() + 600
         while "Canopy is up" not in (logs := run("docker", "logs", container, timeout=60)).stdout:
-            assert time.monotonic() < deadline, logs.stdout[-3000:] + logs.stderr[-3000:]
+            running = run("docker", "inspect", "-f", "{{.State.Running}}", container, timeout=60).stdout.strip()
+            assert running == "true" and time.monotonic() < deadline, logs.stdout[-3000:] + logs.stderr[-3000:]
             time.sleep(2)
         health = run("docker", "exec", container, "wget", "-q", "-O-", "http://127.0.0.1:8000/api/v1/healthz",
                      timeout=60).stdout
