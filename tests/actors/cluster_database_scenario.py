@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 from pydantic import SecretStr
 from ray.cluster_utils import Cluster
@@ -50,15 +51,12 @@ def resolve_in_worker() -> dict[str, Any]:
 
 
 def postgres_processes(data_dir: Path) -> list[str]:
-    """Command lines of PostgreSQL servers of this data dir (other engineers' servers run too)."""
+    """Command lines of PostgreSQL servers of this data dir (other servers run on the machine too)."""
     found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if args and Path(args[0]).name in ("postgres", "postmaster") and str(data_dir) in " ".join(args):
-            found.append(" ".join(args))
+    for process in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if process.info["name"] in ("postgres", "postmaster") and str(data_dir) in cmdline:
+            found.append(cmdline)
     return found
 
 
