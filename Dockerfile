@@ -16,6 +16,8 @@
 ARG BASE=python:3.11-slim
 
 FROM ${BASE} AS install
+# Names this stage's images, which the legacy builder keeps untagged, for whoever cleans them up.
+LABEL canopy.stage=install
 COPY dist/ /wheels/
 RUN python3 -m venv /opt/canopy \
     && /opt/canopy/bin/pip install --no-cache-dir --no-compile --disable-pip-version-check \

@@ -305,13 +305,21 @@ def image(wheelhouse: Path) -> Iterator[str]:
     for name in ("Dockerfile", ".dockerignore"):
         shutil.copy(ROOT / name, context / name)
     tag = f"canopy:test-{uuid.uuid4().hex[:8]}"
+    before = set(install_stage_images())
     started = time.monotonic()
     run("docker", "build", "-q", "--network", "none", "--build-arg", "BASE=canopy-base:bookworm", "-t", tag, context,
         timeout=1800)
     size = int(run("docker", "image", "inspect", "-f", "{{.Size}}", tag, timeout=60).stdout)
     print(f"docker build: {time.monotonic() - started:.0f} s, image {size / 1e6:.0f} MB")
     yield tag
-    subprocess.run(["docker", "image", "rm", tag], capture_output=True, timeout=300)
+    # The image and the untagged images of its install stage (a gigabyte and more on vfs).
+    subprocess.run(["docker", "image", "rm", tag, *(set(install_stage_images()) - before)], capture_output=True,
+                   timeout=300)
+
+
+def install_stage_images() -> list[str]:
+    return run("docker", "images", "-q", "--filter", "dangling=true", "--filter", "label=canopy.stage=install",
+               timeout=60).stdout.split()
 
 
 @needs_build
