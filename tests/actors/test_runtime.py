@@ -170,10 +170,11 @@ async def _all_turns_ended(runtime: Runtime, scope: Scope, tree_id: uuid.UUID) -
 
 
 async def test_send_message_reaches_next_model_call(runtime: Runtime, scope: Scope) -> None:
-    listener = script(call(("list_agents", {}), delay_ms=2500), say("heard"), task="listen")
+    listener = script(call(("list_agents", {}), delay_ms=6000), say("heard"), task="listen")
     text = script(call(create("listener", listener)),
-                  # Sent while the listener's first model call is in flight.
-                  call(("send_message", {"target": "/root/listener", "text": "hello from root"}), delay_ms=1200),
+                  # Sent while the listener's first model call is in flight (its activation may start a
+                  # worker process: seconds on a loaded machine).
+                  call(("send_message", {"target": "/root/listener", "text": "hello from root"}), delay_ms=3000),
                   call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("ok"))
     created = await runtime.create_root(scope, input_text=text)
     await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
