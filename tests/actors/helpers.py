@@ -4,11 +4,14 @@ session (killing its process, counting live sessions)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import sys
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -74,6 +77,27 @@ async def live_sessions(runtime: Runtime) -> int:
     alive = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
                                     filters=[("state", "=", "ALIVE")], limit=10_000)
     return sum(1 for actor in alive if (actor.name or "").startswith("session:"))
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def scenario_findings(module: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Run a scenario script (``python -m module``) in a Ray cluster of its own, not the test
+    session's, and return the findings it prints as its last ``FINDINGS {json}`` line."""
+    env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, env=env, cwd=REPO,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    except TimeoutError:
+        proc.kill()
+        raise
+    text = out.decode(errors="replace")
+    found = [line for line in text.splitlines() if line.startswith("FINDINGS ")]
+    assert found, text[-4000:]
+    return json.loads(found[-1].removeprefix("FINDINGS "))
 
 
 def ray_prometheus_text() -> str:
