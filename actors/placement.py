@@ -145,13 +145,22 @@ class Placement(abc.ABC):
         """Start what lives as long as the runtime (called by the sweeper when the runtime starts)."""
 
     @abc.abstractmethod
+    def actor_name(self, session_id: uuid.UUID) -> str:
+        """The name of the actor that runs the session (and, for a root, its tree's supervisor in
+        the hosted shape): what Ray's dashboard and the log lines of its process show."""
+
+    @abc.abstractmethod
+    def supervisor_actor_name(self, tree_id: uuid.UUID) -> str:
+        """The name of the actor that runs the tree's supervisor."""
+
     def session_actor(self, session_id: uuid.UUID) -> Any:
         """The live actor that runs the session, for operators and tests (``status``, a kill);
         ValueError when there is none."""
+        return ray.get_actor(self.actor_name(session_id), namespace=NAMESPACE)
 
-    @abc.abstractmethod
     def supervisor_actor(self, tree_id: uuid.UUID) -> Any:
         """The live actor that runs the tree's supervisor; ValueError when there is none."""
+        return ray.get_actor(self.supervisor_actor_name(tree_id), namespace=NAMESPACE)
 
     @abc.abstractmethod
     async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
@@ -216,10 +225,6 @@ class Placement(abc.ABC):
         log.warning("could not reach %s; the sweep will retry", what)
 
 
-def _get_actor(name: str) -> Any:
-    return ray.get_actor(name, namespace=NAMESPACE)
-
-
 class Dedicated(Placement):
     """A Ray actor per active session and per active tree supervisor."""
 
@@ -239,11 +244,11 @@ class Dedicated(Placement):
     async def start(self) -> None:
         """Nothing lives ahead of its session or tree."""
 
-    def session_actor(self, session_id: uuid.UUID) -> Any:
-        return _get_actor(session_actor_name(session_id))
+    def actor_name(self, session_id: uuid.UUID) -> str:
+        return session_actor_name(session_id)
 
-    def supervisor_actor(self, tree_id: uuid.UUID) -> Any:
-        return _get_actor(tree_actor_name(tree_id))
+    def supervisor_actor_name(self, tree_id: uuid.UUID) -> str:
+        return tree_actor_name(tree_id)
 
     async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
         try:
@@ -275,11 +280,11 @@ class Hosted(Placement):
         """Start the hosts (and open their connections) so that no activation waits for a process."""
         await asyncio.gather(*(self._hosts.get(index).ready.remote() for index in range(self.hosts)))
 
-    def session_actor(self, session_id: uuid.UUID) -> Any:
-        return _get_actor(host_actor_name(self.host_index(session_id)))
+    def actor_name(self, session_id: uuid.UUID) -> str:
+        return host_actor_name(self.host_index(session_id))
 
-    def supervisor_actor(self, tree_id: uuid.UUID) -> Any:
-        return _get_actor(host_actor_name(self.host_index(tree_id)))
+    def supervisor_actor_name(self, tree_id: uuid.UUID) -> str:
+        return host_actor_name(self.host_index(tree_id))
 
     async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
         try:
