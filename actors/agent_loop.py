@@ -17,9 +17,11 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-from actors import budgets, compaction, failpoints, local_channel, signals, tracing
+import ray
+
+from actors import budgets, compaction, failpoints, signals, tracing
 from actors.metrics import count_tool_call, tool_label
-from actors.naming import GATEWAY_NAME
+from actors.placement import Placement
 from actors.toolbox import effective_tools, parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
 from persistence import messages, sessions, turns, usage, waits
@@ -196,10 +198,11 @@ class RunExecutor:
     watchers) rides on the last commit, and a final answer ends the Turn in its own commit.
     """
 
-    def __init__(self, db: Database, settings: Settings, gateway: Any, run: RunRef) -> None:
+    def __init__(self, db: Database, settings: Settings, gateway: Any, placement: Placement, run: RunRef) -> None:
         self.db = db
         self.settings = settings
         self.gateway = gateway
+        self.placement = placement
         self.run = run
         self._history: list[Row] = []
         self._begun: _Begun | None = None
@@ -332,7 +335,7 @@ class RunExecutor:
     async def _stop_for_budget(self) -> bool:
         """The tree's budget is used up: stop the tree (see actors/budgets.py) and end this Turn as
         cancelled, as the stop cancelled it. False when a raised budget left room meanwhile."""
-        if not await budgets.stop_tree(self.db, self.run):
+        if not await budgets.stop_tree(self.placement, self.db, self.run):
             return False
         await self._finish("cancelled", error="stopped: the tree's budget is used up")
         return True
@@ -363,7 +366,12 @@ class RunExecutor:
         return str(config.get("model") or self.settings.default_model)
 
     async def _gateway(self, method: str, **arguments: Any) -> Any:
-        return await local_channel.call(self.gateway, GATEWAY_NAME, method, **arguments)
+        call = getattr(self.gateway, method).remote(**arguments)
+        try:
+            return await call
+        except asyncio.CancelledError:  # the Turn is cancelled: abort the provider's request too
+            ray.cancel(call)
+            raise
 
     async def _compact_if_due(self, config: dict[str, Any], request: list[dict[str, Any]]) -> None:
         """Before a model call: if it would send more tokens than the session's threshold (or a human
@@ -407,7 +415,7 @@ class RunExecutor:
                 await turns.finish_turn(conn, self.run, "completed", output=message["content"] or "",
                                         locked_session=session)
                 hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
-        await signals.send_hints(self.db, hints)  # the freed slot, the waiters on this answer
+        await signals.send_hints(self.placement, self.db, hints)  # the freed slot, the waiters on this answer
         if final:
             tracing.turn_ended("completed")
         return final
@@ -482,10 +490,10 @@ class RunExecutor:
             # A park released this Run's slot: hand it on in the same commit.
             hints = await signals.change_hints(conn, ctx.touched_sessions,
                                                hand_off_tree=self.run.tree_id if wait_id else None)
-        await asyncio.gather(*(signals.activate_session(s) for s in ctx.signalled_sessions))
+        await asyncio.gather(*(self.placement.activate(s) for s in ctx.signalled_sessions))
         ctx.signalled_sessions.clear()
         ctx.touched_sessions.clear()
-        await signals.send_hints(self.db, hints)
+        await signals.send_hints(self.placement, self.db, hints)
         if parked:
             await self._after_park(wait_id)
         return parked, boundary
@@ -509,7 +517,7 @@ class RunExecutor:
             await self._finish("cancelled", error="cancelled")
             return
         # The condition may have been met between our check and the commit: re-check now.
-        await signals.resume_wait(self.db, wait_id)
+        await signals.resume_wait(self.placement, self.db, wait_id)
 
     async def _deliver_wait_outcome(self, conn: Connection) -> None:
         """A Run that resumes a wait first commits the wait's outcome as the waiting call's result."""
@@ -531,7 +539,7 @@ class RunExecutor:
         async with self.db.tx() as conn:
             await turns.finish_turn(conn, self.run, status, output=output, error=error)
             hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
-        await signals.send_hints(self.db, hints)
+        await signals.send_hints(self.placement, self.db, hints)
         tracing.turn_ended(status)
 
     async def _end_if_cancelling(self) -> None:

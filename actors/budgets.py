@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from actors import signals
+from actors.placement import Placement
 from persistence import trees
 from persistence.db import Database
 from persistence.records import RunRef
 
 
-async def stop_tree(db: Database, run: RunRef) -> bool:
+async def stop_tree(placement: Placement, db: Database, run: RunRef) -> bool:
     """Stop the Run's tree for its budget (committed first: in-flight Turns cancelled, queues paused,
     the reason and the limit recorded), then tell its other live members, whose model calls are
     interrupted. The Run's own Turn is then cancelling: its caller ends it. False when the limit
@@ -19,7 +20,7 @@ async def stop_tree(db: Database, run: RunRef) -> bool:
         live = await trees.stop_for_budget(conn, run.scope, run.tree_id, run.turn_id)
     if live is None:
         return False
-    await asyncio.gather(*(signals.activate_session(session_id) for session_id in live
+    await asyncio.gather(*(placement.activate(session_id) for session_id in live
                            if session_id != run.session_id))
-    await signals.after_change(db, [run.tree_id])
+    await signals.after_change(placement, db, [run.tree_id])
     return True

@@ -1,4 +1,4 @@
-"""The live-session directory of a node: the ``max_live_sessions`` cap, and warm workers.
+"""The live-session directory of a node: the ``max_live_sessions`` cap.
 
 One detached actor per Ray node, ``canopy:directory:<node_id>``, knows which session
 actors live on its node, which of them are running a Run (busy) and when each was last
@@ -11,16 +11,6 @@ to 500 children keeps at most ``max_live_sessions`` + (busy and starting) sessio
 The directory is a hint, like every signal: if it dies its successor relearns the live
 actors from their next report, and an actor it does not know still passivates when it
 has been idle for ``actor_idle_seconds``.
-
-**Warm workers.** Starting a Ray worker process is by far the largest cost of activating
-an actor (0.3–0.9 s of CPU before any Canopy code runs, on a small machine). The directory
-keeps ``CANOPY_WARM_WORKERS`` (default 2) idle worker processes ready on its node, so a new
-tree's supervisor or a restarted actor starts in an existing process; and while a supervisor
-announces queued Runs (dedicated session actors) up to ``tree_slots`` of them, for the
-sessions it is about to activate. Warm workers are plain Ray workers, not session actors:
-queued sessions still hold no actor. This uses the raylet's ``PrestartWorkers`` RPC (Ray's
-own mechanism, with a keep-alive); if it is unavailable the pool switches itself off and
-actors start their process on demand, as before.
 """
 
 from __future__ import annotations
@@ -29,14 +19,12 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import os
 import time
 from typing import Any
 
 import ray
 
-from actors.naming import NAMESPACE, directory_actor_name, named_options, session_hosts_setting
-from actors.ray_compat import RayletWorkers
+from actors.naming import NAMESPACE, directory_actor_name, named_options
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -44,23 +32,8 @@ log = logging.getLogger(__name__)
 # A busy entry not heard of for this long is checked for liveness (a killed actor never reports).
 _STALE_BUSY_SECONDS = 10.0
 _PRUNE_EVERY_SECONDS = 5.0
-_WARM_KEEP_ALIVE_SECONDS = 30
-_WARM_CHECK_SECONDS = 2.0
-# A requested worker not seen right away counts as coming for this long.
-_WARM_START_SECONDS = 3.0
-# Demand for warm workers lasts this long after a supervisor announced queued Runs.
-_DEMAND_SECONDS = 10.0
 # A process's reports go out together this long after the first of them (see _Outbox).
 REPORT_DELAY_SECONDS = 0.05
-
-
-def warm_workers_setting() -> int:
-    """``CANOPY_WARM_WORKERS``: idle worker processes kept ready per node at all times (0: none).
-
-    While Runs are queued and sessions get dedicated actors, up to ``tree_slots`` are kept
-    (unless this is 0, which switches the pool off)."""
-    value = os.environ.get("CANOPY_WARM_WORKERS")
-    return max(0, int(value)) if value else 2
 
 
 @dataclasses.dataclass
@@ -83,10 +56,6 @@ class SessionDirectoryImpl:
         self._prune_task: asyncio.Task[None] | None = None
         self.evictions = 0
         self.peak_live = 0
-        self._dedicated = not session_hosts_setting()  # a new session is a new process
-        baseline = warm_workers_setting()
-        burst = self.settings.tree_slots if baseline and self._dedicated else 0
-        self.warm = _WarmPool(node_id, baseline, burst)
 
     # -- reports from session actors ---------------------------------------------------------------
 
@@ -98,8 +67,6 @@ class SessionDirectoryImpl:
         if entry is None or entry.owner != owner:
             entry = self._entries[session_id] = _Entry(handle, owner, busy, now)
             self._evicting.discard(session_id)
-            if self._dedicated:
-                self._spawn(self.warm.top_up())  # the new session's process may have been a warm worker
         else:
             entry.busy = busy
             entry.used_at = now
@@ -121,15 +88,6 @@ class SessionDirectoryImpl:
 
     # -- supervisors and operators -----------------------------------------------------------------
 
-    async def ready(self) -> dict[str, Any]:
-        """Start the warm worker pool (called when the runtime starts)."""
-        self.warm.ensure_running()
-        return await self.stats()
-
-    async def expect_activations(self, count: int, runtime_env: str | None = None) -> None:
-        """Runs are queued: about ``count`` sessions will be activated here soon."""
-        await self.warm.expect(count, runtime_env)
-
     async def configure(self, max_live_sessions: int | None = None) -> dict[str, int]:
         """Change the cap at run time (operators, tests); returns the previous value."""
         previous = {"max_live_sessions": self.max_live}
@@ -146,8 +104,7 @@ class SessionDirectoryImpl:
     async def stats(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "live": len(self._entries),
                 "busy": sum(1 for e in self._entries.values() if e.busy), "evicting": len(self._evicting),
-                "max_live_sessions": self.max_live, "evictions": self.evictions, "peak_live": self.peak_live,
-                "warm": self.warm.stats()}
+                "max_live_sessions": self.max_live, "evictions": self.evictions, "peak_live": self.peak_live}
 
     # -- the cap -----------------------------------------------------------------------------------
 
@@ -209,116 +166,6 @@ class SessionDirectoryImpl:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-class _WarmPool:
-    """Idle worker processes prestarted by the raylet, so a new actor starts in an existing process.
-
-    ``baseline`` are kept ready at all times (a new tree's supervisor, a restarted actor);
-    while supervisors announce queued Runs, up to ``burst`` (one per slot) for the sessions
-    they are about to activate. A loop tops the pool up every 2 s, and after each new session process.
-    """
-
-    def __init__(self, node_id: str, baseline: int, burst: int) -> None:
-        self.node_id = node_id
-        self.baseline = baseline
-        self.burst = max(burst, baseline)
-        self.enabled = self.burst > 0
-        self.requested = 0
-        self._stub: RayletWorkers | None = None
-        self._demand = 0
-        self._demand_until = 0.0
-        self._runtime_env: str | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()
-        self._mine: set[int] = set()  # pids of the idle workers this pool started
-        self._unseen: list[tuple[float, int]] = []  # requested workers not seen yet: (when, how many)
-
-    def stats(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "baseline": self.baseline, "burst": self.burst,
-                "requested": self.requested, "idle": len(self._mine)}
-
-    def target(self) -> int:
-        if not self.enabled:
-            return 0
-        demand = self._demand if time.monotonic() < self._demand_until else 0
-        return max(self.baseline, min(self.burst, demand))
-
-    def ensure_running(self) -> None:
-        if self.enabled and (self._task is None or self._task.done()):
-            if self._runtime_env is None:
-                runtime_env = ray.get_runtime_context().runtime_env
-                self._runtime_env = runtime_env.serialize() if runtime_env else "{}"
-            self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def _loop(self) -> None:
-        while self.enabled:
-            await self.top_up()
-            await asyncio.sleep(_WARM_CHECK_SECONDS)
-
-    async def expect(self, count: int, runtime_env: str | None) -> None:
-        self._demand = max(0, count)
-        self._demand_until = time.monotonic() + _DEMAND_SECONDS
-        if runtime_env is not None:
-            self._runtime_env = runtime_env
-        self.ensure_running()
-        await self.top_up()
-
-    async def top_up(self) -> None:
-        if self._lock.locked():
-            return
-        async with self._lock:
-            target = self.target()
-            if target <= 0:
-                return
-            # Only workers this pool started count: an idle worker of another runtime env (say,
-            # one Ray prestarted before this job existed) would never serve this job's actors.
-            spare = _spare_workers()
-            self._mine &= spare
-            now = time.monotonic()
-            self._unseen = [(at, n) for at, n in self._unseen if now - at < _WARM_START_SECONDS]
-            need = target - len(self._mine) - sum(n for _, n in self._unseen)
-            if need <= 0:
-                return
-            try:
-                await self._prestart(need)
-            except Exception as error:  # an internal Ray API: without it, workers start on demand
-                log.warning("prestarting worker processes is unavailable (%s); warm workers are off", error)
-                self.enabled = False
-                return
-            self.requested += need
-            started = _spare_workers() - spare  # the raylet spawns them while answering
-            self._mine |= started
-            if len(started) < need:  # the rest may still come (startup concurrency): count them a while
-                self._unseen.append((now, need - len(started)))
-
-    async def _prestart(self, count: int) -> None:
-        # The pool serves actors of this job: same runtime env, or the raylet will not use them.
-        await self._raylet().prestart(count, _WARM_KEEP_ALIVE_SECONDS, self._runtime_env, timeout=5)
-
-    def _raylet(self) -> RayletWorkers:
-        if self._stub is None:
-            node = next(n for n in ray.nodes() if n["NodeID"] == self.node_id)
-            self._stub = RayletWorkers(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
-        return self._stub
-
-
-def _spare_workers() -> set[int]:
-    """Worker processes of this node's raylet (the directory's parent) that are idle or starting."""
-    import psutil
-
-    spare = set()
-    try:
-        for proc in psutil.Process(os.getppid()).children():
-            try:
-                title = " ".join(proc.cmdline())
-            except psutil.Error:
-                continue
-            if title.startswith("ray::IDLE") or "default_worker.py" in title or "setup_worker.py" in title:
-                spare.add(proc.pid)
-    except psutil.Error:
-        pass
-    return spare
 
 
 SessionDirectory = ray.remote(SessionDirectoryImpl)
@@ -408,14 +255,3 @@ def gone(session_id: str, owner: str) -> None:
     except Exception:
         _forget()
 
-
-def expect_activations(count: int) -> None:
-    """Fire and forget: about ``count`` sessions will be activated on this node soon."""
-    if count <= 0:
-        return
-    try:
-        runtime_env = ray.get_runtime_context().runtime_env
-        _directory().expect_activations.remote(count, runtime_env.serialize() if runtime_env else None)
-    except Exception:
-        _forget()
-        log.debug("could not tell the directory to expect activations", exc_info=True)

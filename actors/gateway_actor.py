@@ -23,7 +23,6 @@ from typing import Any
 import ray
 
 from actors import metrics, tracing
-from actors.local_channel import ChannelServer
 from actors.model_gateway import ModelGateway
 from persistence import metrics as counters
 from persistence.db import Database, LazyDatabase
@@ -55,17 +54,11 @@ class AccountedGateway(ModelGateway):
         super().__init__(*args, **kwargs)
         self._db = LazyDatabase(max_size=4)
         self._recorder = _CallRecorder(self._database)
-        self._channel = ChannelServer({"complete_for_run": self.complete_for_run, "count_tokens": self.count_tokens})
 
     async def _database(self) -> Database:
         return await self._db.get()
 
-    async def channel_address(self) -> dict[str, str]:
-        """Where callers on this node send ``complete_for_run`` calls directly (see local_channel)."""
-        return await self._channel.address()
-
     async def close(self) -> None:
-        await self._channel.close()
         await self._recorder.flush()
         if self._db.opened is not None:
             await counters.flush(self._db.opened)

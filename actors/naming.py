@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from typing import Any
 
@@ -24,24 +23,12 @@ def tree_actor_name(tree_id: uuid.UUID | str) -> str:
     return f"tree:{tree_id}"
 
 
-def session_hosts_setting() -> int:
-    """``CANOPY_SESSION_HOSTS``: 0 (default) for a dedicated actor per active session, N > 0 for N
-    shared session hosts (see actors/session_actor.py)."""
-    value = os.environ.get("CANOPY_SESSION_HOSTS")
-    return max(0, int(value)) if value else 0
-
-
-def host_actor_name(index: int) -> str:
-    """A shared session host; the sessions it runs show as its tasks named ``session:<id>``."""
-    return f"canopy:sessions:{index}"
-
-
-def host_index(session_id: uuid.UUID, hosts: int) -> int:
-    """The host of a session: stable, so a session never runs in two hosts at once."""
-    return session_id.int % hosts
-
-
 def named_options(name: str, **extra: Any) -> dict[str, Any]:
     """Detached (no fate-sharing with whoever created it), restartable, zero-CPU, get-or-create."""
     return {"name": name, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached",
             "max_restarts": -1, "num_cpus": 0, **extra}
+
+
+def host_actor_name(index: int) -> str:
+    """A shared session host (actors/placement.py); its sessions show as its tasks named ``session:<id>``."""
+    return f"canopy:sessions:{index}"

@@ -17,10 +17,11 @@ from typing import Any
 
 import ray
 
-from actors import signals
+from actors import hosting, signals
 from actors.agent_loop import DEFAULT_INSTRUCTIONS
 from actors.gateway_actor import GatewayActor
 from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options
+from actors.ray_compat import preload_options
 from actors.sweeper import Sweeper
 from actors.toolbox import check_tool_names
 from persistence import agents, projects, schedules, scopes, sessions, stream_watchers, trees, turns, usage, views
@@ -96,7 +97,7 @@ def worker_env(settings: Settings, database_url: str) -> dict[str, str]:
 # here), imported by every worker process as it starts instead of when an actor is placed
 # on it: an actor that lands on a warm worker starts without paying it (a new tree's
 # supervisor: ~160 -> ~45 ms from queued to granted, bench/fanout.py --profile).
-WORKER_PRELOAD_MODULES = ("actors.session_actor", "actors.tree_supervisor")
+WORKER_PRELOAD_MODULES = ("actors.hosting",)
 
 
 def logging_config() -> ray.LoggingConfig:
@@ -132,8 +133,8 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
         for key in [key for key in os.environ if key.upper() in secret_env_names()]:
             del os.environ[key]
         os.environ.update(env)
-        context = ray.init(address="local", namespace=NAMESPACE,
-                           _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)}, **options)
+        context = ray.init(address="local", namespace=NAMESPACE, **preload_options(WORKER_PRELOAD_MODULES),
+                           **options)
     # The logging config set this process's loggers to INFO too: the driver keeps its own levels
     # (other libraries' INFO lines stay out of a CLI's output) except for Canopy's state changes.
     logging.getLogger().setLevel(root_level)
@@ -148,6 +149,7 @@ class Runtime:
         self.db = db
         self.settings = settings
         self.database_url = database_url
+        self.placement = hosting.placement_for(settings)
 
     @classmethod
     async def start(cls, settings: Settings | None = None, *, include_dashboard: bool = False,
@@ -207,7 +209,7 @@ class Runtime:
             session = await sessions.get_session(conn, scope, root_id)
             created = {"session": session, "input": receipt}
             await _run_hook(in_tx, conn, created)
-        await signals.send_hints(self.db, hints)
+        await signals.send_hints(self.placement, self.db, hints)
         return created
 
     async def submit_input(self, scope: Scope, session_id: uuid.UUID, text: str,
@@ -222,7 +224,7 @@ class Runtime:
             # A Turn that starts at once gets its slot in this commit when the tree has one free.
             hints = await signals.change_hints(conn, [session_id],
                                                hand_off_tree=tree_id if receipt["turn_id"] else None)
-        await signals.send_hints(self.db, hints)
+        await signals.send_hints(self.placement, self.db, hints)
         return receipt
 
     # -- acting on work ----------------------------------------------------------------------------
@@ -234,14 +236,14 @@ class Runtime:
             await record_intervention(conn, scope, session_id, "cancel", {"turn_id": str(turn_id)})
             await _run_hook(in_tx, conn, None)
         if live:
-            await signals.activate_session(session_id)
-        await signals.after_change(self.db, [session_id])
+            await self.placement.activate(session_id)
+        await signals.after_change(self.placement, self.db, [session_id])
 
     async def cancel_input(self, scope: Scope, input_id: uuid.UUID, in_tx: TxHook | None = None) -> Row:
         async with self.db.tx() as conn:
             result = await turns.cancel_input(conn, scope, input_id)
             await _run_hook(in_tx, conn, result)
-        await signals.after_change(self.db, [result["session_id"]])
+        await signals.after_change(self.placement, self.db, [result["session_id"]])
         return result
 
     async def steer(self, scope: Scope, session_id: uuid.UUID, text: str, in_tx: TxHook | None = None) -> Row:
@@ -260,15 +262,15 @@ class Runtime:
                                       {"request_id": str(request_id), "kind": request["kind"]},
                                       text=response.get("answer") or response.get("decision"))
             await _run_hook(in_tx, conn, request)
-        await signals.resume_wait(self.db, request["wait_id"])
+        await signals.resume_wait(self.placement, self.db, request["wait_id"])
         return request
 
     async def stop_tree(self, scope: Scope, tree_id: uuid.UUID, in_tx: TxHook | None = None) -> list[uuid.UUID]:
         async with self.db.tx() as conn:
             live = await trees.stop_tree(conn, scope, tree_id)
             await _run_hook(in_tx, conn, live)
-        await asyncio.gather(*(signals.activate_session(session_id) for session_id in live))
-        await signals.after_change(self.db, [tree_id])
+        await asyncio.gather(*(self.placement.activate(session_id) for session_id in live))
+        await signals.after_change(self.placement, self.db, [tree_id])
         return live
 
     async def continue_tree(self, scope: Scope, tree_id: uuid.UUID,
@@ -276,7 +278,7 @@ class Runtime:
         async with self.db.tx() as conn:
             started = await trees.continue_tree(conn, scope, tree_id)
             await _run_hook(in_tx, conn, started)
-        signals.poke_tree(tree_id)
+        self.placement.poke_tree(tree_id)
         return started
 
     async def set_budget(self, scope: Scope, tree_id: uuid.UUID, changes: dict[str, Any],

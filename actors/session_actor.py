@@ -1,4 +1,4 @@
-"""SessionActor: one per *active* session, named ``session:<session_id>``.
+"""A session: one per *active* session, in whichever process the placement puts it.
 
 A session keeps no state that matters: its mailbox holds hints, and on every hint it
 re-reads the durable facts (runs granted to this session and not yet owned). An idle
@@ -6,22 +6,11 @@ session passivates after ``actor_idle_seconds``, or earlier when its node's dire
 needs room under ``max_live_sessions`` (least recently used first); it is re-activated
 on demand, and rebuilding it is the same code path as after a crash.
 
-Where a session lives (setting ``CANOPY_SESSION_HOSTS``):
-
-- ``0`` (default, the SPEC's shape): a dedicated Ray actor per active session, named
-  ``session:<id>``. Killing it kills exactly that session's Run.
-- ``N > 0``: N long-lived host actors (``canopy:sessions:<k>``, a session goes to host
-  ``hash(id) % N``) each run many sessions, and the supervisors of the trees whose root
-  they host. Activating a session is then a call into a running process instead of a
-  new worker process (~0.4–0.9 s of CPU each on a small machine). Each active session
-  runs as a host task named ``session:<id>``, which is what the dashboard shows; killing
-  a host interrupts all its sessions' Runs, which are recovered by lease expiry exactly
-  like a killed dedicated actor's.
-
-Both shapes run the same ``SessionCore``: the same mailbox, lease owner per incarnation,
-passivation and reports to the directory. Sessions stay small: no model client (the
-ModelGateway is the only importer of litellm), and cached lookups of the gateway and the
-directory.
+Both shapes (actors/placement.py: a dedicated actor ``session:<id>``, or a task of that
+name in a shared host) run this ``SessionCore``: the same mailbox, lease owner per
+incarnation, passivation and reports to the directory. Sessions stay small: no model client
+(the ModelGateway is the only importer of litellm), and cached lookups of the gateway and
+the directory.
 """
 
 from __future__ import annotations
@@ -37,23 +26,19 @@ import ray
 
 from actors import directory
 from actors.agent_loop import RunExecutor
-from actors.local_channel import ChannelServer
-from actors.naming import GATEWAY_NAME, NAMESPACE, session_actor_name
-from actors.tree_supervisor import HostedSupervisor
+from actors.naming import GATEWAY_NAME, NAMESPACE
+from actors.placement import Placement
 from persistence import runs as run_repo
-from persistence.db import Connection, Database, LazyDatabase
+from persistence.db import Connection, Database
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
 
 _gateway: Any = None
-# A hosted session's dashboard task (a Ray call) starts this long after its loop does: during
-# its first model call rather than between its hint and that call.
-ANNOUNCE_DELAY_SECONDS = 0.05
 
 
 @functools.cache
-def _this_actor() -> Any:
+def this_actor() -> Any:
     """The handle of the actor this process runs (one for the process's life; building it is a
     lookup in Ray's runtime context, too slow for every report)."""
     return ray.get_runtime_context().current_actor
@@ -81,8 +66,9 @@ async def wait_for_run(run: asyncio.Task[None], *, exiting: bool = False) -> Non
 class SessionCore:
     """One session's mailbox and work loop, in whichever process hosts it."""
 
-    def __init__(self, session_id: uuid.UUID) -> None:
+    def __init__(self, session_id: uuid.UUID, placement: Placement) -> None:
         self.session_id = session_id
+        self.placement = placement
         # One lease owner per incarnation: a restarted session never writes as its predecessor.
         self.owner = f"session:{session_id}:{uuid.uuid4().hex[:12]}"
         self.settings = get_settings()
@@ -146,7 +132,7 @@ class SessionCore:
     def _report(self) -> None:
         if self.exiting:  # gone() is sent: a late report must not list this incarnation again
             return
-        directory.report(str(self.session_id), self.owner, _this_actor(), busy=self._current is not None)
+        directory.report(str(self.session_id), self.owner, this_actor(), busy=self._current is not None)
 
     async def _cancel_if_requested(self) -> None:
         if self._current is None or self._current.done() or self._current_turn is None:
@@ -199,14 +185,17 @@ class SessionCore:
                 acquired = await self._acquire(conn)
                 if acquired is None:
                     return None
-                executor = RunExecutor(db, self.settings, _gateway_handle(), acquired.run)
+                executor = self._executor(db, acquired)
                 await executor.begin(conn, acquired)
                 return executor
         except Exception:
             log.exception("beginning a run of session %s failed; acquiring it alone", self.session_id)
         async with db.tx() as conn:
             acquired = await self._acquire(conn)
-        return RunExecutor(db, self.settings, _gateway_handle(), acquired.run) if acquired is not None else None
+        return self._executor(db, acquired) if acquired is not None else None
+
+    def _executor(self, db: Database, acquired: run_repo.AcquiredRun) -> RunExecutor:
+        return RunExecutor(db, self.settings, _gateway_handle(), self.placement, acquired.run)
 
     async def _run_claimable(self) -> bool:
         db = await self._database()
@@ -234,143 +223,3 @@ class SessionCore:
         self._wake.set()  # a parked _main wakes up and returns
         directory.gone(str(self.session_id), self.owner)
         self._exited()
-
-
-class SessionActorImpl(SessionCore):
-    """The dedicated shape: this process is the session's actor, ``session:<id>``."""
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(uuid.UUID(session_id))
-        self._db = LazyDatabase(max_size=2)
-        self._loop_task: asyncio.Task[None] | None = None
-        self._shutdown: asyncio.Task[None] | None = None
-
-    async def _database(self) -> Database:
-        return await self._db.get()
-
-    async def status(self) -> dict[str, str | int | None]:  # type: ignore[override]
-        return SessionCore.status(self)
-
-    def _ensure_loop(self) -> None:
-        if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.create_task(self._main())
-
-    def _exited(self) -> None:
-        self._shutdown = asyncio.get_running_loop().create_task(self._close_and_exit())
-
-    async def _close_and_exit(self) -> None:
-        try:
-            await asyncio.wait_for(self._db.close(), timeout=5)
-        except Exception:
-            log.debug("closing the pool of session %s failed", self.session_id, exc_info=True)
-        ray.kill(_this_actor(), no_restart=True)
-
-
-class _HostedSession(SessionCore):
-    def __init__(self, session_id: uuid.UUID, host: SessionHostImpl) -> None:
-        super().__init__(session_id)
-        self._host = host
-        self.work_loop: asyncio.Task[None] | None = None
-
-    async def _database(self) -> Database:
-        return await self._host.database()
-
-    def _ensure_loop(self) -> None:
-        if self.work_loop is None:
-            self.work_loop = asyncio.get_running_loop().create_task(self._host.run(self))
-
-    def _exited(self) -> None:
-        self._host.forget(self)
-
-
-class SessionHostImpl:
-    """The hosted shape: one process runs many sessions, each as a task named ``session:<id>``."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.settings = get_settings()
-        # A host lives as long as the runtime and serves many sessions at once: its connections
-        # are opened up front, not while the first wide tree waits.
-        size = max(4, 2 * self.settings.db_pool_max)
-        self._db = LazyDatabase(max_size=size, min_size=size)
-        self._sessions: dict[uuid.UUID, _HostedSession] = {}
-        self._supervisors: dict[uuid.UUID, HostedSupervisor] = {}
-        # Activation hints from this node arrive here without a Ray call (see local_channel).
-        self._channel = ChannelServer({"signal": self.signal})
-
-    async def database(self) -> Database:
-        return await self._db.get()
-
-    async def ready(self) -> int:
-        await self.database()
-        return os.getpid()
-
-    def _session(self, session_id: str) -> _HostedSession:
-        sid = uuid.UUID(session_id)
-        session = self._sessions.get(sid)
-        if session is None or session.exiting:
-            session = self._sessions[sid] = _HostedSession(sid, self)
-        return session
-
-    async def signal(self, session_id: str) -> bool:
-        return await self._session(session_id).signal()
-
-    async def channel_address(self) -> dict[str, str]:
-        return await self._channel.address()
-
-    async def status(self, session_id: str | None = None) -> dict[str, Any]:
-        if session_id is None:
-            return {"pid": os.getpid(), "index": self.index, "sessions": len(self._sessions),
-                    "trees": len(self._supervisors)}
-        session = self._sessions.get(uuid.UUID(session_id))
-        return session.status() if session is not None else {"pid": os.getpid(), "owner": None, "turn_id": None}
-
-    async def passivate_if_idle(self, owner: str) -> bool:
-        """The directory's eviction: ``owner`` names the session (``session:<id>:<incarnation>``)."""
-        session = self._sessions.get(uuid.UUID(owner.split(":")[1]))
-        if session is None or session.owner != owner:
-            return True  # that incarnation is gone already
-        return await session.passivate_if_idle(owner)
-
-    async def run(self, session: _HostedSession) -> None:
-        """A session's work loop, started at once by its first hint. The dashboard sees it as
-        this actor's task ``session:<id>``, which lasts as long as the loop; the loop does not
-        wait for that task to start (a round trip through Ray on every activation)."""
-        asyncio.get_running_loop().call_later(ANNOUNCE_DELAY_SECONDS, self._show, session)
-        try:
-            await session._main()
-        except Exception:
-            log.exception("session %s stopped; the next hint starts it again", session.session_id)
-            if not session.exiting:
-                session._exit("crashed")
-
-    def _show(self, session: _HostedSession) -> None:
-        _this_actor().run_session.options(name=session_actor_name(session.session_id)).remote(
-            str(session.session_id), session.owner)
-
-    async def run_session(self, session_id: str, owner: str) -> None:
-        """The dashboard's view of a live session: ends when its work loop does."""
-        session = self._sessions.get(uuid.UUID(session_id))
-        if session is None or session.owner != owner or session.work_loop is None:
-            return
-        await asyncio.wait([session.work_loop])  # never cancels the loop, never raises its error
-
-    def forget(self, session: _HostedSession) -> None:
-        if self._sessions.get(session.session_id) is session:
-            del self._sessions[session.session_id]
-
-    async def poke_tree(self, tree_id: str) -> list[str] | None:
-        """A poke for the tree's supervisor, which lives here (created on demand, like a session)."""
-        tid = uuid.UUID(tree_id)
-        supervisor = self._supervisors.get(tid)
-        if supervisor is None or supervisor.exiting:
-            supervisor = self._supervisors[tid] = HostedSupervisor(tid, self)
-        return await supervisor.poke()
-
-    def forget_supervisor(self, supervisor: HostedSupervisor) -> None:
-        if self._supervisors.get(supervisor.tree_id) is supervisor:
-            del self._supervisors[supervisor.tree_id]
-
-
-SessionActor = ray.remote(SessionActorImpl)
-SessionHost = ray.remote(SessionHostImpl)

@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from actors import directory, metrics, sandbox_tools, signals
+from actors import hosting, metrics, sandbox_tools, signals
 from persistence import runs as run_repo
 from persistence import schedules, stream_watchers, turns, waits
 from persistence.db import Database, LazyDatabase
@@ -50,11 +50,12 @@ WHERE status = 'running' AND owner IS NULL AND started_at < now() - make_interva
 class SweeperImpl:
     def __init__(self) -> None:
         self.settings = get_settings()
+        self.placement = hosting.current()
         self._db = LazyDatabase(max_size=2)
         # The sandbox manager to release idle sandboxes with; None: this process's for the database.
         self.sandboxes: Any = None
         self._task: asyncio.Task[None] | None = None
-        self._warm_up: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
         self._sandbox_task: asyncio.Task[None] | None = None
         self.rounds = 0
         self.recoveries = 0
@@ -66,20 +67,15 @@ class SweeperImpl:
     async def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._loop())
-            # In the background, so the runtime's start does not wait for more processes:
-            # shared session hosts (if configured) start with the runtime, not on first use,
-            # and this node's directory starts keeping warm worker processes.
-            self._warm_up = asyncio.create_task(self._start_helpers())
+            # In the background, so the runtime's start does not wait for more processes: what
+            # the placement keeps (shared session hosts) starts with the runtime, not on first use.
+            self._starting = asyncio.create_task(self._start_placement())
 
-    async def _start_helpers(self) -> None:
+    async def _start_placement(self) -> None:
         try:
-            await signals.start_session_hosts()
+            await self.placement.start()
         except Exception:
-            log.exception("starting the session hosts failed; they start on first use")
-        try:
-            await directory.directory_handle().ready.remote()
-        except Exception:
-            log.exception("starting the session directory failed; it starts on first use")
+            log.exception("starting the placement's actors failed; they start on first use")
 
     async def stats(self) -> dict[str, int]:
         return {"rounds": self.rounds, "recoveries": self.recoveries,
@@ -113,7 +109,7 @@ class SweeperImpl:
     async def _resume_due_waits(self, db: Database) -> None:
         async with db.tx() as conn:
             open_waits = await waits.open_waits(conn)
-        await _each(open_waits, lambda wait_id: signals.resume_wait(db, wait_id))
+        await _each(open_waits, lambda wait_id: signals.resume_wait(self.placement, db, wait_id))
 
     async def _fire_schedules(self, db: Database) -> None:
         async with db.tx() as conn:
@@ -131,7 +127,7 @@ class SweeperImpl:
                     started = fired["receipt"]["turn_id"] is not None
                     hints = await signals.change_hints(conn, [fired["session_id"]],
                                                        hand_off_tree=fired["tree_id"] if started else None)
-            await signals.send_hints(db, hints)
+            await signals.send_hints(self.placement, db, hints)
             if fired is None:
                 return
 
@@ -141,9 +137,10 @@ class SweeperImpl:
             queued_trees = [row["tree_id"] for row in await cur.fetchall()]
             cur = await conn.execute(_UNOWNED_GRANTS, (self.settings.heartbeat_seconds,))
             unowned = [row["session_id"] for row in await cur.fetchall()]
-        signals.poke_trees(queued_trees)
+        for tree_id in queued_trees:
+            self.placement.poke_tree(tree_id)
         # Concurrently: a session whose actor is slow to start must not hold up the others.
-        await asyncio.gather(*(_isolated(signals.activate_session, session_id) for session_id in unowned))
+        await asyncio.gather(*(_isolated(self.placement.activate, session_id) for session_id in unowned))
 
     async def _release_idle_sandboxes(self, db: Database) -> None:
         """Start this round's sandbox idle release unless the previous one still runs.
@@ -195,7 +192,7 @@ class SweeperImpl:
         if recovered:
             self.recoveries += 1
             log.warning("recovered run %s of session %s", run_id, recovered["session_id"])
-            await signals.after_change(db, [recovered["session_id"]])
+            await signals.after_change(self.placement, db, [recovered["session_id"]])
 
 
 async def _each(records: list[uuid.UUID], handle: Callable[[uuid.UUID], Awaitable[None]]) -> None:

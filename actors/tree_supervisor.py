@@ -1,4 +1,4 @@
-"""TreeSupervisor: one per active tree, named ``tree:<tree_id>``.
+"""The tree supervisor: one per active tree (``tree:<tree_id>`` in the dedicated shape).
 
 Grants the tree's slots FIFO. The grant is serialised here in memory and committed in
 PostgreSQL under the tree's row lock, so the limit holds across supervisor restarts,
@@ -11,28 +11,20 @@ two grant transactions. ``poke`` answers as soon as the grant is committed; acti
 the granted sessions continues in the background (a supervisor that dies in between
 leaves granted, unowned Runs, which the sweeper re-activates).
 
-With a dedicated actor per session (the default) the supervisor is an actor of its own;
-with shared session hosts (``CANOPY_SESSION_HOSTS``) it lives in the host of the tree's
-root session, like the sessions do (a new process per tree costs ~0.5 s of CPU on a
-small machine, more than a whole wave of model calls). Both run the same ``SupervisorCore``.
+Where it lives is the placement's choice (actors/placement.py): an actor of its own, or
+inside the host of the tree's root session (a new process per tree costs ~0.5 s of CPU on
+a small machine, more than a whole wave of model calls). Both run this ``SupervisorCore``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
-from typing import Protocol
 
-import ray
-
-from actors import directory, signals
-from actors.naming import session_hosts_setting
+from actors.placement import Placement, spawn
 from persistence import runs as run_repo
-from persistence.db import Database, LazyDatabase
+from persistence.db import Database
 from persistence.settings import get_settings
-
-log = logging.getLogger(__name__)
 
 _ACTIVE_RUNS = "SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status IN ('pending', 'running')"
 
@@ -40,15 +32,14 @@ _ACTIVE_RUNS = "SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status IN 
 class SupervisorCore:
     """One tree's grants and idle passivation, in whichever process hosts it."""
 
-    def __init__(self, tree_id: uuid.UUID) -> None:
+    def __init__(self, tree_id: uuid.UUID, placement: Placement) -> None:
         self.tree_id = tree_id
+        self.placement = placement
         self.settings = get_settings()
         self._lock = asyncio.Lock()
         self._dirty = False
         self._pokes = 0
         self.exiting = False
-        # Dedicated session actors start a process each: ask for warm ones while Runs are queued.
-        self._warm_burst = not session_hosts_setting() and directory.warm_workers_setting() > 0
         self._idle_task: asyncio.Task[None] | None = None
 
     # -- what the host provides ----------------------------------------------------------------------
@@ -83,12 +74,8 @@ class SupervisorCore:
             self._dirty = False
             async with db.tx() as conn:
                 granted = await run_repo.grant_slots(conn, self.tree_id, self.settings.lease_seconds)
-                queued = await run_repo.pending_count(conn, self.tree_id) if self._warm_burst else 0
         for row in granted:
-            signals.spawn(signals.activate_session(row["session_id"]))
-        if queued:
-            # More sessions will be activated here soon: have warm worker processes ready for them.
-            directory.expect_activations(min(queued, self.settings.tree_slots))
+            spawn(self.placement.activate(row["session_id"]))
         return [str(row["run_id"]) for row in granted]
 
     async def _passivate_when_idle(self) -> None:
@@ -114,45 +101,3 @@ class SupervisorCore:
                 self.exiting = True
                 await self._exited(db)
                 return
-
-
-class TreeSupervisorImpl(SupervisorCore):
-    """The dedicated shape: this process is the tree's supervisor actor, ``tree:<tree_id>``."""
-
-    def __init__(self, tree_id: str) -> None:
-        super().__init__(uuid.UUID(tree_id))
-        self._db = LazyDatabase(max_size=2)
-
-    async def _database(self) -> Database:
-        return await self._db.get()
-
-    async def _exited(self, db: Database) -> None:
-        try:
-            await asyncio.wait_for(db.close(), timeout=5)
-        except Exception:
-            log.debug("closing the pool of tree %s failed", self.tree_id, exc_info=True)
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-
-
-class SupervisorHost(Protocol):
-    async def database(self) -> Database: ...
-
-    def forget_supervisor(self, supervisor: HostedSupervisor) -> None: ...
-
-
-class HostedSupervisor(SupervisorCore):
-    """The hosted shape (``CANOPY_SESSION_HOSTS``): the supervisor lives in a session host, the
-    same host as the tree's root session, and uses the host's pool; no process per tree."""
-
-    def __init__(self, tree_id: uuid.UUID, host: SupervisorHost) -> None:
-        super().__init__(tree_id)
-        self._host = host
-
-    async def _database(self) -> Database:
-        return await self._host.database()
-
-    async def _exited(self, db: Database) -> None:
-        self._host.forget_supervisor(self)
-
-
-TreeSupervisor = ray.remote(TreeSupervisorImpl)

@@ -18,8 +18,8 @@ also lists every process of the runtime.
 The root's three steps take L each, as the ideal assumes (the first version of this
 benchmark ran them at 0 ms: ``--root-latency-ms 0`` reproduces that).
 
-Shapes (environment): ``CANOPY_SESSION_HOSTS=N`` runs sessions in N shared hosts instead of
-a process each; ``CANOPY_WARM_WORKERS`` sets the warm worker pool.
+Shapes (environment, actors/placement.py): ``CANOPY_SESSION_HOSTS=N`` runs sessions in N shared
+hosts (the default, 2), ``CANOPY_SESSION_HOSTS=0`` a process each.
 """
 
 from __future__ import annotations
@@ -328,11 +328,8 @@ async def main() -> None:
             await profile(runtime, zero_tree, args.children * args.steps + ROOT_STEPS)
         model_steps = args.children * args.steps + ROOT_STEPS
         root_ms = args.latency_ms if args.root_latency_ms is None else args.root_latency_ms
-        from actors.directory import warm_workers_setting
-        from actors.naming import session_hosts_setting
-
-        hosts = session_hosts_setting() or "dedicated actors"
-        print(f"session hosts={hosts} warm workers={warm_workers_setting()}")
+        shape = type(runtime.placement).__name__.lower()
+        print(f"placement={shape} session_hosts={settings.session_hosts}")
         print(
             f"children={args.children} steps={args.steps} latency={args.latency_ms}ms root={root_ms}ms slots={slots} "
             f"max_live_sessions={settings.max_live_sessions}"

@@ -235,13 +235,6 @@ async def recoveries_of_turn(conn: Connection, turn_id: uuid.UUID) -> int:
     return row["n"] if row else 0
 
 
-async def pending_count(conn: Connection, tree_id: uuid.UUID) -> int:
-    """How many Runs of the tree wait in its FIFO queue for a slot."""
-    cur = await conn.execute("SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status = 'pending'", (tree_id,))
-    row = await cur.fetchone()
-    return row["n"] if row else 0
-
-
 async def has_claimable_run(conn: Connection, session_id: uuid.UUID) -> bool:
     """Whether the session holds a granted slot that no actor owns yet (work for its actor)."""
     cur = await conn.execute(

@@ -60,6 +60,16 @@ class Settings(BaseSettings):
         "spawned, counted together so that a chain of spawns cannot escape the limit.")
     actor_idle_seconds: float = Field(default=60.0, gt=0)
     max_live_sessions: int = Field(default=32, ge=1)
+    session_hosts: int = Field(
+        default=2, ge=0,
+        description="Where sessions run (actors/placement.py). 0: a dedicated Ray actor per active session "
+        "(session:<id>) and per active tree supervisor (tree:<id>). N > 0: N long-lived host actors per runtime "
+        "(canopy:sessions:<k>) run the sessions, each as a task named session:<id>, and each tree's supervisor "
+        "runs in the host of its root; no process starts per session. Every Ray process reads it at start.")
+    failpoints: str = Field(
+        default="",
+        description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "
+        "name starts with 'fp-' pauses that long at each point. Off when empty.")
     lease_seconds: float = Field(default=30.0, gt=0)
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     sweep_seconds: float = Field(default=2.0, gt=0)

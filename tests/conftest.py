@@ -23,7 +23,7 @@ from persistence.databases import create_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import Scope
-from persistence.settings import Settings
+from persistence.settings import Settings, get_settings
 from sandbox.manager import SandboxManager
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -91,14 +91,30 @@ async def _remove_sandboxes(database_url: str) -> None:
         await db.close()
 
 
+# The two placements of actors/placement.py, as the environment of a runtime (and its Ray) sets them.
+SHAPES = {"dedicated": {"CANOPY_SESSION_HOSTS": "0"}, "hosted": {"CANOPY_SESSION_HOSTS": "2"}}
+
+
 @pytest.fixture(scope="session")
-async def runtime(database_url: str, data_dir: Path) -> AsyncIterator[Runtime]:
-    os.environ.update(RUNTIME_ENV)
+async def runtime(request: pytest.FixtureRequest, database_url: str, data_dir: Path) -> AsyncIterator[Runtime]:
+    """The runtime on this test session's Ray. tests/actors runs every test that uses it once per
+    shape (``SHAPES``, see tests/actors/conftest.py): each shape starts a Ray of its own with the
+    shape in its environment, and pytest runs all of one shape's tests before the other's. The
+    other suites run on the default shape."""
+    shape = SHAPES.get(getattr(request, "param", ""), {})
+    saved = {name: os.environ.get(name) for name in shape}
+    os.environ.update({**RUNTIME_ENV, **shape})
     os.environ["CANOPY_DATABASE_URL"] = database_url
     os.environ["CANOPY_DATA_DIR"] = str(data_dir)
-    settings = Settings()
-    rt = await Runtime.start(settings, num_cpus=2, include_dashboard=True)
+    get_settings.cache_clear()  # this process's settings follow the shape too
+    rt = await Runtime.start(Settings(), num_cpus=2, include_dashboard=True)
     yield rt
     await rt.close()
     ray.shutdown()
     await _remove_sandboxes(database_url)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    get_settings.cache_clear()

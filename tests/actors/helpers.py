@@ -1,12 +1,12 @@
-"""Helpers for the actor tests: reads of durable facts, polling, scenario runs, and a test actor that
-calls the gateway as a session does (scripts are written with the public builders of
-``actors.scripted``)."""
+"""Helpers for the actor tests: reads of durable facts, polling, and where the placement runs a
+session (killing its process, counting live sessions)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
 import sys
 import urllib.request
 import uuid
@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.state import list_actors
 
-from actors.scripted import script
+from actors.naming import NAMESPACE, host_actor_name
+from actors.placement import Hosted
+from actors.runtime import Runtime
 from persistence.databases import rows
 from persistence.db import Database
 
@@ -52,51 +55,28 @@ async def session_id_at(db: Database, tree_id: uuid.UUID, path: str) -> uuid.UUI
     return found[0]["session_id"]
 
 
-# The name a channel caller keeps its connection to the gateway under.
-GATEWAY = "test-gateway"
+async def kill_session_process(runtime: Runtime, session_id: uuid.UUID, how: str) -> None:
+    """Kill the process that runs the session (its own actor, or its shared host: the host's
+    other sessions die with it) by ``ray.kill`` or ``kill -9``."""
+    if how == "ray.kill":
+        ray.kill(runtime.placement.session_actor(session_id), no_restart=True)
+        return
+    status = await runtime.placement.session_status(session_id)
+    assert status is not None, f"session {session_id} is not live"
+    os.kill(int(status["pid"]), signal.SIGKILL)
 
 
-def model_request(run_id: str, *steps: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of ``complete_for_run`` for a scripted reply."""
-    return {"run_id": run_id, "model": "canopy/scripted", "tools": None, "watch": None,
-            "messages": [{"role": "user", "content": script(*steps)}]}
-
-
-def channel_caller() -> Any:
-    """An async actor that makes model calls like a session does, through ``local_channel`` to the
-    gateway it is given (defined in a function so that Ray ships the class by value)."""
-
-    @ray.remote(num_cpus=0)
-    class Caller:
-        def __init__(self, gateway: Any) -> None:
-            self.gateway = gateway
-            self.running: asyncio.Task[Any] | None = None
-
-        async def call(self, **request: Any) -> dict[str, Any]:
-            from actors import local_channel
-
-            return await local_channel.call(self.gateway, GATEWAY, "complete_for_run", **request)
-
-        async def start(self, **request: Any) -> None:
-            self.running = asyncio.create_task(self.call(**request))
-
-        async def cancel(self) -> None:
-            assert self.running is not None
-            self.running.cancel()
-
-        async def outcome(self) -> str:
-            assert self.running is not None
-            try:
-                return json.dumps(await self.running)
-            except BaseException as error:  # the outcome, cancellation included, is what the test reads
-                return f"{type(error).__name__}: {error}"
-
-        async def transport(self) -> str:
-            from actors import local_channel
-
-            return type(local_channel._channels[asyncio.get_running_loop()].get(GATEWAY)).__name__
-
-    return Caller
+async def live_sessions(runtime: Runtime) -> int:
+    """Sessions live right now, counted where they run: ``session:<id>`` actors, or sessions inside
+    the shared hosts."""
+    placement = runtime.placement
+    if isinstance(placement, Hosted):
+        hosts = [ray.get_actor(host_actor_name(index), namespace=NAMESPACE) for index in range(placement.hosts)]
+        return sum(status["sessions"] for status in await asyncio.gather(*(h.status.remote() for h in hosts)))
+    # The cluster's own address: other Ray clusters may run on the same machine.
+    alive = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                    filters=[("state", "=", "ALIVE")], limit=10_000)
+    return sum(1 for actor in alive if (actor.name or "").startswith("session:"))
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.errors import Conflict
 from persistence.records import Scope
-from tests.actors.helpers import eventually, rows, session_id_at
-from tests.actors.test_recovery import _kill_session_actor, _owned_run
+from tests.actors.helpers import eventually, kill_session_process, rows, session_id_at
+from tests.actors.test_recovery import _owned_run
 
 CHILDREN = 6
 STEPS = 3  # read-only tool steps per task, then the answer
@@ -179,7 +179,7 @@ async def test_the_rollup_equals_the_runs_after_kill_9_mid_turn(runtime: Runtime
     # Killed after its first reply is committed (and charged), before any tool ran.
     await eventually(lambda: rows(runtime.db, "SELECT 1 FROM thread_messages WHERE session_id = %s "
                                   "AND role = 'assistant'", member_id))
-    await _kill_session_actor(member_id, "kill -9")
+    await kill_session_process(runtime, member_id, "kill -9")
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"] == "root done"
     summary = await runtime.wait_tree_idle(scope, tree_id)

@@ -3,18 +3,13 @@ bounded, the original messages stay, and a kill -9 during compaction still leave
 
 from __future__ import annotations
 
-import os
-import signal
 import uuid
 
-import ray
-
-from actors.naming import NAMESPACE, session_actor_name
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.databases import rows
 from persistence.records import Scope
-from tests.actors.helpers import eventually
+from tests.actors.helpers import eventually, kill_session_process
 
 THRESHOLD = 2000  # tokens: about 8,000 characters of history
 
@@ -65,8 +60,7 @@ async def test_a_kill_during_compaction_leaves_exactly_one_summary(runtime: Runt
                           "WHERE r.turn_id = %s", receipt["turn_id"])
 
     await eventually(compaction_answered, timeout=30, every=0.05)  # the summary call is done; not committed
-    status = await ray.get_actor(session_actor_name(child), namespace=NAMESPACE).status.remote()
-    os.kill(int(status["pid"]), signal.SIGKILL)
+    await kill_session_process(runtime, child, "kill -9")
     result = await runtime.wait_result(scope, receipt["input_id"], timeout=90)
     assert result["output"] == "after the summary"
     summaries = await _summaries(runtime, child)

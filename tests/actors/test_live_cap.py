@@ -1,5 +1,5 @@
-"""The live-actor cap (SPEC §10): past ``max_live_sessions`` the least recently used idle
-session actors passivate first, so a fan-out never means one live process per child.
+"""The live-session cap (SPEC §10): past ``max_live_sessions`` the least recently used idle
+sessions passivate first, so a fan-out never means one live session (nor process) per child.
 Also: the sweeper's per-tree sandbox idle release, isolated from the sweep's other steps.
 """
 
@@ -10,8 +10,6 @@ import uuid
 from typing import Any
 
 import pytest
-import ray
-from ray.util.state import list_actors
 
 from actors import directory as directory_client
 from actors.directory import SessionDirectoryImpl, directory_handle
@@ -19,14 +17,7 @@ from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from actors.sweeper import SweeperImpl
 from persistence.records import Scope
-from tests.actors.helpers import eventually, rows
-
-
-async def _live_session_actors() -> int:
-    # The cluster's own address: other Ray clusters may run on the same machine.
-    alive = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
-                                    filters=[("state", "=", "ALIVE")], limit=10_000)
-    return sum(1 for actor in alive if (actor.name or "").startswith("session:"))
+from tests.actors.helpers import eventually, live_sessions, rows
 
 
 async def test_fan_out_stays_under_the_live_cap(runtime: Runtime, scope: Scope) -> None:
@@ -39,7 +30,7 @@ async def test_fan_out_stays_under_the_live_cap(runtime: Runtime, scope: Scope) 
     async def sample() -> None:
         while True:
             try:
-                samples.append(await _live_session_actors())
+                samples.append(await live_sessions(runtime))
             except Exception as error:  # keep sampling; an empty sample list fails the test below
                 print(f"sampling live actors failed: {error}")
             await asyncio.sleep(0.2)
@@ -56,13 +47,13 @@ async def test_fan_out_stays_under_the_live_cap(runtime: Runtime, scope: Scope) 
     finally:
         sampler.cancel()
         await directory.configure.remote(**previous)
-    print(f"live session actors sampled every 0.2 s: {samples}")
+    print(f"live sessions sampled every 0.2 s: {samples}")
     assert (result["status"], result["output"]) == ("completed", "all done")
     tree_id = created["session"]["session_id"]
     done = await rows(runtime.db, "SELECT t.status FROM turns t JOIN sessions s USING (session_id) "
                       "WHERE s.tree_id = %s AND s.parent_id IS NOT NULL", tree_id)
     assert [r["status"] for r in done] == ["completed"] * children
-    # In flight beyond the cap: busy actors, which are never interrupted, and ones still
+    # In flight beyond the cap: busy sessions, which are never interrupted, and ones still
     # starting (together at most one per slot), plus evicted ones still exiting (at most one
     # per slot too). Without the cap all 15 would stay alive for actor_idle_seconds.
     assert samples and max(samples) <= cap + 2 * runtime.settings.tree_slots, samples
@@ -84,7 +75,6 @@ class _FakeSession:
 
 async def test_directory_passivates_least_recently_used_idle_first() -> None:
     directory = SessionDirectoryImpl("node-under-test")
-    directory.warm.enabled = False
     evicted: list[str] = []
     try:
         await directory.configure(max_live_sessions=10)

@@ -62,16 +62,16 @@ async def test_a_turns_lifecycle_is_logged_as_json_lines_with_its_ids(runtime: R
     assert lines["turn_started"]["run_id"] == lines["run_granted"]["run_id"] == runs[0]  # the Turn's first Run
     assert (lines["turn_ended"]["status"], lines["run_ended"]["status"]) == ("completed", "completed")
     assert lines["run_started"]["kind"] == "start"
-    # The child's own actor picked its Run up; the root's actor started its Turn (create_session).
-    assert lines["run_started"]["actor_name"] == f"session:{child}"
-    assert lines["turn_started"]["actor_name"] == f"session:{tree_id}"
+    # The child's actor (its own, or its host) picked its Run up; the root's started its Turn (create_session).
+    assert lines["run_started"]["actor_name"] == runtime.placement.actor_name(child)
+    assert lines["turn_started"]["actor_name"] == runtime.placement.actor_name(tree_id)
     started = [lines[event]["timestamp_ns"] for event in ("turn_started", "run_granted", "run_started",
                                                           "run_ended")]
     assert started == sorted(started)
     # The root created the child, then waited: its Run was interrupted, the wait parked and resumed.
     every = await asyncio.to_thread(_lifecycle_lines)
     created_child = [line for line in every if line["event"] == "session_created" and line["session_id"] == str(child)]
-    assert [line["actor_name"] for line in created_child] == [f"session:{tree_id}"]
+    assert [line["actor_name"] for line in created_child] == [runtime.placement.actor_name(tree_id)]
     root_lines = [line for line in every if line.get("session_id") == str(tree_id)]
     events = {line["event"] for line in root_lines}
     assert {"run_interrupted", "wait_parked", "wait_resumed"} <= events, events

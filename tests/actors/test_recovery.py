@@ -8,27 +8,15 @@ reply (with tool calls) is committed but before any tool ran.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import uuid
 
 import pytest
 import ray
 
-from actors.naming import NAMESPACE, session_actor_name, tree_actor_name
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.records import Scope
-from tests.actors.helpers import eventually, peak_concurrent_runs, rows, session_id_at
-
-
-async def _kill_session_actor(session_id: uuid.UUID, how: str) -> None:
-    handle = ray.get_actor(session_actor_name(session_id), namespace=NAMESPACE)
-    if how == "ray.kill":
-        ray.kill(handle, no_restart=True)
-    else:
-        status = await handle.status.remote()
-        os.kill(int(status["pid"]), signal.SIGKILL)
+from tests.actors.helpers import eventually, kill_session_process, peak_concurrent_runs, rows, session_id_at
 
 
 async def _owned_run(runtime: Runtime, session_id: uuid.UUID) -> bool:
@@ -63,7 +51,7 @@ async def test_kill_member_mid_turn(runtime: Runtime, scope: Scope, how: str, po
         await eventually(lambda: rows(runtime.db, "SELECT 1 FROM thread_messages WHERE session_id = %s "
                                       "AND role = 'assistant'", member_id))
     await asyncio.sleep(0.5)  # inside the 3 s pause
-    await _kill_session_actor(member_id, how)
+    await kill_session_process(runtime, member_id, how)
     result = await _assert_clean_finish(runtime, scope, tree_id, created["input"]["input_id"])
     assert (result["status"], result["output"]) == ("completed", "root got member done g done")
     grandchildren = await rows(runtime.db, "SELECT count(*) AS n FROM sessions WHERE parent_id = %s", member_id)
@@ -89,7 +77,7 @@ async def test_kill_root_during_wait(runtime: Runtime, scope: Scope, how: str) -
     tree_id = created["session"]["session_id"]
     await eventually(lambda: rows(runtime.db, "SELECT 1 FROM turns WHERE session_id = %s AND status = 'waiting'",
                                   tree_id))
-    await _kill_session_actor(tree_id, how)
+    await kill_session_process(runtime, tree_id, how)
     result = await _assert_clean_finish(runtime, scope, tree_id, created["input"]["input_id"])
     assert result["output"] == "root saw a done"
     children = await rows(runtime.db, "SELECT count(*) AS n FROM sessions WHERE parent_id = %s", tree_id)
@@ -105,7 +93,7 @@ async def test_kill_supervisor_mid_grant(runtime: Runtime, scope: Scope) -> None
     for _ in range(4):  # kill it repeatedly while children queue for slots
         await asyncio.sleep(0.7)
         try:
-            ray.kill(ray.get_actor(tree_actor_name(tree_id), namespace=NAMESPACE), no_restart=True)
+            ray.kill(runtime.placement.supervisor_actor(tree_id), no_restart=True)
         except ValueError:
             pass  # between incarnations
     result = await _assert_clean_finish(runtime, scope, tree_id, created["input"]["input_id"])
@@ -121,15 +109,9 @@ async def test_passivation_and_reactivation_with_full_history(runtime: Runtime, 
     tree_id = created["session"]["session_id"]
     await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     kid = await session_id_at(runtime.db, tree_id, "/root/kid")
-    names = {session_actor_name(tree_id), session_actor_name(kid)}
 
     async def none_alive() -> bool:
-        from ray.util.state import list_actors
-
-        # This runtime's cluster only, even when other Ray instances run on the machine.
-        alive = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")],
-                            limit=10_000)
-        return not any(actor.name in names for actor in alive)
+        return all([await runtime.placement.session_status(session_id) is None for session_id in (tree_id, kid)])
 
     await eventually(none_alive, timeout=40, every=1.0)
     receipt = await runtime.submit_input(scope, kid, script(say("second answer")))

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 
+from actors.naming import GATEWAY_NAME, NAMESPACE
 from actors.runtime import Runtime, scripted_log_path
 from actors.scripted import call, create, say, script
 from persistence.errors import NotFound
@@ -112,6 +114,13 @@ async def test_sibling_cancels_exact_turn(runtime: Runtime, scope: Scope) -> Non
                               created["session"]["session_id"])
     assert '"status": "accepted"' in tool_results[0]["content"], tool_results
     assert result["output"] == "completed cancelled killed"
+    # The cancelled Turn's model call (20 s) was aborted in the gateway too, not left to run.
+    gateway = ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE)
+    assert await eventually(lambda: _no_model_call_in_flight(gateway), timeout=5)
+
+
+async def _no_model_call_in_flight(gateway: Any) -> bool:
+    return await gateway.scripted_in_flight_requests.remote() == 0
 
 
 async def test_cancelling_parent_leaves_children_running(runtime: Runtime, scope: Scope) -> None:
@@ -161,10 +170,11 @@ async def _all_turns_ended(runtime: Runtime, scope: Scope, tree_id: uuid.UUID) -
 
 
 async def test_send_message_reaches_next_model_call(runtime: Runtime, scope: Scope) -> None:
-    listener = script(call(("list_agents", {}), delay_ms=2500), say("heard"), task="listen")
+    listener = script(call(("list_agents", {}), delay_ms=6000), say("heard"), task="listen")
     text = script(call(create("listener", listener)),
-                  # Sent while the listener's first model call is in flight.
-                  call(("send_message", {"target": "/root/listener", "text": "hello from root"}), delay_ms=1200),
+                  # Sent while the listener's first model call is in flight (its activation may start a
+                  # worker process: seconds on a loaded machine).
+                  call(("send_message", {"target": "/root/listener", "text": "hello from root"}), delay_ms=3000),
                   call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("ok"))
     created = await runtime.create_root(scope, input_text=text)
     await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
@@ -268,8 +278,6 @@ async def test_a_long_reply_streams_in_pieces_that_fit_a_notification(runtime: R
 
 async def test_ray_workers_preload_canopys_actor_modules(runtime: Runtime) -> None:
     # A warm worker has imported what the actors need before one is placed on it.
-    import ray
-
     from actors.runtime import WORKER_PRELOAD_MODULES
 
     @ray.remote(num_cpus=0)

@@ -13,8 +13,7 @@ from actors.sandbox_tools import DENIED
 from actors.scripted import call, create, say, script
 from persistence import agents
 from persistence.records import Scope
-from tests.actors.helpers import eventually, rows, session_id_at
-from tests.actors.test_recovery import _kill_session_actor
+from tests.actors.helpers import eventually, kill_session_process, rows, session_id_at
 
 
 async def _workdir(runtime: Runtime, tree_id: uuid.UUID) -> Path:
@@ -119,7 +118,7 @@ async def test_finished_command_is_not_rerun_after_a_crash(runtime: Runtime, sco
     await eventually(lambda: rows(runtime.db, "SELECT 1 FROM tool_receipts r JOIN turns t USING (turn_id) "
                                   "WHERE t.session_id = %s AND r.tool_name = 'run_command' AND r.state = 'done'",
                                   runner))
-    await _kill_session_actor(runner, how)
+    await kill_session_process(runtime, runner, how)
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"] == "0"
     workdir = await _workdir(runtime, tree_id)

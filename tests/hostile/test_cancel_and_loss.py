@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import uuid
 
-import ray
-
-from actors.naming import NAMESPACE, session_actor_name
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence import turns
 from persistence.databases import rows
 from persistence.records import Scope
-from tests.actors.helpers import eventually
+from tests.actors.helpers import eventually, kill_session_process
 from tests.hostile.helpers import workdir_of
 
 
@@ -75,9 +71,7 @@ async def test_a_command_of_a_lost_run_is_stopped_and_reported_unknown(runtime: 
     workdir = await workdir_of(runtime, tree_id)
     runner = await eventually(lambda: _member(runtime, tree_id, "/root/runner"))
     await eventually(lambda: _started(workdir / "log.txt"), every=0.05)
-    handle = ray.get_actor(session_actor_name(runner), namespace=NAMESPACE)
-    status = await handle.status.remote()
-    os.kill(int(status["pid"]), signal.SIGKILL)
+    await kill_session_process(runtime, runner, "kill -9")
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"].startswith("unknown: an earlier run of this turn started this command")
     await asyncio.sleep(9)  # past the moment the command would have written "end"

@@ -1,0 +1,218 @@
+"""The actors that run sessions and tree supervisors, for both shapes of actors/placement.py, and
+this process's placement (:func:`current`).
+
+They sit above everything they run: a session's Run activates other sessions and a supervisor
+activates the sessions it grants, both through the placement that this module builds, hands
+the actors' classes to, and gives every session and supervisor it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from typing import Any
+
+import ray
+
+from actors.naming import session_actor_name
+from actors.placement import Placement, ShapeActors, choose
+from actors.session_actor import SessionCore, this_actor
+from actors.tree_supervisor import SupervisorCore
+from persistence.db import Database, LazyDatabase
+from persistence.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+# A hosted session's dashboard task (a Ray call) starts this long after its loop does: during
+# its first model call rather than between its hint and that call.
+ANNOUNCE_DELAY_SECONDS = 0.05
+
+
+async def _close_and_exit(db: LazyDatabase, what: str) -> None:
+    """The end of a dedicated actor: its pool closes, and the actor exits for good (a later hint
+    creates a new one)."""
+    try:
+        await asyncio.wait_for(db.close(), timeout=5)
+    except Exception:
+        log.debug("closing the pool of %s failed", what, exc_info=True)
+    ray.kill(this_actor(), no_restart=True)
+
+
+# -- the dedicated shape: an actor per session, an actor per tree supervisor ---------------------------
+
+
+class SessionActorImpl(SessionCore):
+    """This process is the session's actor, ``session:<id>``."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(uuid.UUID(session_id), current())
+        self._db = LazyDatabase(max_size=2)
+        self._loop_task: asyncio.Task[None] | None = None
+        self._shutdown: asyncio.Task[None] | None = None
+
+    async def _database(self) -> Database:
+        return await self._db.get()
+
+    async def status(self) -> dict[str, str | int | None]:  # type: ignore[override]
+        return SessionCore.status(self)
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.create_task(self._main())
+
+    def _exited(self) -> None:
+        self._shutdown = asyncio.get_running_loop().create_task(
+            _close_and_exit(self._db, f"session {self.session_id}"))
+
+
+class TreeSupervisorImpl(SupervisorCore):
+    """This process is the tree's supervisor actor, ``tree:<tree_id>``."""
+
+    def __init__(self, tree_id: str) -> None:
+        super().__init__(uuid.UUID(tree_id), current())
+        self._db = LazyDatabase(max_size=2)
+
+    async def _database(self) -> Database:
+        return await self._db.get()
+
+    async def _exited(self, db: Database) -> None:
+        await _close_and_exit(self._db, f"tree {self.tree_id}")
+
+
+# -- the hosted shape: sessions and supervisors inside a few long-lived hosts --------------------------
+
+
+class _HostedSession(SessionCore):
+    def __init__(self, session_id: uuid.UUID, host: SessionHostImpl) -> None:
+        super().__init__(session_id, host.placement)
+        self._host = host
+        self.work_loop: asyncio.Task[None] | None = None
+
+    async def _database(self) -> Database:
+        return await self._host.database()
+
+    def _ensure_loop(self) -> None:
+        if self.work_loop is None:
+            self.work_loop = asyncio.get_running_loop().create_task(self._host.run(self))
+
+    def _exited(self) -> None:
+        self._host.forget(self)
+
+
+class _HostedSupervisor(SupervisorCore):
+    """Lives in the host of the tree's root session and uses the host's pool."""
+
+    def __init__(self, tree_id: uuid.UUID, host: SessionHostImpl) -> None:
+        super().__init__(tree_id, host.placement)
+        self._host = host
+
+    async def _database(self) -> Database:
+        return await self._host.database()
+
+    async def _exited(self, db: Database) -> None:
+        self._host.forget_supervisor(self)
+
+
+class SessionHostImpl:
+    """One process runs many sessions, each as a task named ``session:<id>``, and the supervisors
+    of the trees whose root it hosts."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.settings = get_settings()
+        self.placement = current()
+        # A host lives as long as the runtime and serves many sessions at once: its connections
+        # are opened up front, not while the first wide tree waits.
+        size = max(4, 2 * self.settings.db_pool_max)
+        self._db = LazyDatabase(max_size=size, min_size=size)
+        self._sessions: dict[uuid.UUID, _HostedSession] = {}
+        self._supervisors: dict[uuid.UUID, _HostedSupervisor] = {}
+
+    async def database(self) -> Database:
+        return await self._db.get()
+
+    async def ready(self) -> int:
+        await self.database()
+        return os.getpid()
+
+    async def signal(self, session_id: str) -> bool:
+        sid = uuid.UUID(session_id)
+        session = self._sessions.get(sid)
+        if session is None or session.exiting:
+            session = self._sessions[sid] = _HostedSession(sid, self)
+        return await session.signal()
+
+    async def status(self, session_id: str | None = None) -> dict[str, Any]:
+        if session_id is None:
+            return {"pid": os.getpid(), "index": self.index, "sessions": len(self._sessions),
+                    "trees": len(self._supervisors)}
+        session = self._sessions.get(uuid.UUID(session_id))
+        return session.status() if session is not None else {"pid": os.getpid(), "owner": None, "turn_id": None}
+
+    async def passivate_if_idle(self, owner: str) -> bool:
+        """The directory's eviction: ``owner`` names the session (``session:<id>:<incarnation>``)."""
+        session = self._sessions.get(uuid.UUID(owner.split(":")[1]))
+        if session is None or session.owner != owner:
+            return True  # that incarnation is gone already
+        return await session.passivate_if_idle(owner)
+
+    async def run(self, session: _HostedSession) -> None:
+        """A session's work loop, started at once by its first hint. The dashboard sees it as
+        this actor's task ``session:<id>``, which lasts as long as the loop; the loop does not
+        wait for that task to start (a round trip through Ray on every activation)."""
+        asyncio.get_running_loop().call_later(ANNOUNCE_DELAY_SECONDS, self._show, session)
+        try:
+            await session._main()
+        except Exception:
+            log.exception("session %s stopped; the next hint starts it again", session.session_id)
+            if not session.exiting:
+                session._exit("crashed")
+
+    def _show(self, session: _HostedSession) -> None:
+        this_actor().run_session.options(name=session_actor_name(session.session_id)).remote(
+            str(session.session_id), session.owner)
+
+    async def run_session(self, session_id: str, owner: str) -> None:
+        """The dashboard's view of a live session: ends when its work loop does."""
+        session = self._sessions.get(uuid.UUID(session_id))
+        if session is None or session.owner != owner or session.work_loop is None:
+            return
+        await asyncio.wait([session.work_loop])  # never cancels the loop, never raises its error
+
+    def forget(self, session: _HostedSession) -> None:
+        if self._sessions.get(session.session_id) is session:
+            del self._sessions[session.session_id]
+
+    async def poke_tree(self, tree_id: str) -> list[str] | None:
+        """A poke for the tree's supervisor, which lives here (created on demand, like a session)."""
+        tid = uuid.UUID(tree_id)
+        supervisor = self._supervisors.get(tid)
+        if supervisor is None or supervisor.exiting:
+            supervisor = self._supervisors[tid] = _HostedSupervisor(tid, self)
+        return await supervisor.poke()
+
+    def forget_supervisor(self, supervisor: _HostedSupervisor) -> None:
+        if self._supervisors.get(supervisor.tree_id) is supervisor:
+            del self._supervisors[supervisor.tree_id]
+
+
+SHAPE_ACTORS = ShapeActors(session=ray.remote(SessionActorImpl), supervisor=ray.remote(TreeSupervisorImpl),
+                           host=ray.remote(SessionHostImpl))
+
+_current: tuple[Settings, Placement] | None = None
+
+
+def placement_for(settings: Settings) -> Placement:
+    """A placement of the shape ``settings`` ask for, with its own handle caches."""
+    return choose(settings, SHAPE_ACTORS)
+
+
+def current() -> Placement:
+    """This process's placement, chosen once from its settings."""
+    global _current
+    settings = get_settings()
+    if _current is None or _current[0] is not settings:
+        _current = (settings, placement_for(settings))
+    return _current[1]

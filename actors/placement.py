@@ -1,0 +1,301 @@
+"""Where sessions and tree supervisors live, and how to reach them: one interface, two shapes.
+
+- **Dedicated** (setting ``session_hosts = 0``, the SPEC's shape): a Ray actor per active
+  session, ``session:<id>``, and per active tree supervisor, ``tree:<id>``. Killing one kills
+  exactly that session's Run (or that tree's grants); activating a session that has no actor
+  starts a Ray worker process.
+- **Hosted** (``session_hosts = N``): N long-lived host actors, ``canopy:sessions:<k>``, run
+  the sessions (a session always goes to host ``id % N``, so it never runs in two hosts at
+  once), each as a host task named ``session:<id>`` (what the dashboard shows), and each tree's
+  supervisor runs in the host of its root session. Activating a session is a call into a
+  running process; killing a host interrupts all its sessions' Runs, which are recovered by
+  lease expiry exactly like a killed dedicated actor's.
+
+The shape is chosen once per process from the settings (:func:`choose`); every other module
+asks its :class:`Placement` and never branches on the shape. The actors themselves are
+defined above this module (actors/hosting.py) and handed to it, since what they run
+(sessions, supervisors) activates sessions through a placement in turn.
+
+Reaching a session or a supervisor is a hint (see actors/signals.py): handles are cached per
+process (a lookup by name is a blocking round trip to Ray's GCS), a refused or failed call is
+retried on a fresh handle (the actor was passivating or died: get-or-create makes a new
+one), and pokes to one tree coalesce: while one is in flight, any number of further pokes
+from this process become a single follow-up poke.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import dataclasses
+import logging
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+import ray
+
+from actors.naming import NAMESPACE, host_actor_name, named_options, session_actor_name, tree_actor_name
+from persistence.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = 5
+# A hint never blocks its sender for good: an actor that cannot start (an overloaded node)
+# still gets the queued call when it does; meanwhile the sweep retries from the facts.
+_HINT_TIMEOUT_SECONDS = 30.0
+_HANDLE_CACHE_SIZE = 4096
+# Every active session a host runs is one long-running task of the host.
+_HOST_CONCURRENCY = 100_000
+
+# Background hint tasks, kept referenced until done.
+_background: set[asyncio.Task[Any]] = set()
+
+
+def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    """Run a hint in the background of the current event loop, keeping it referenced."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeActors:
+    """The Ray actor classes the shapes place (``ray.remote`` classes, defined in actors/hosting.py):
+    ``session(session_id: str)`` and ``supervisor(tree_id: str)`` for the dedicated shape,
+    ``host(index: int)`` for the hosted one."""
+
+    session: Any
+    supervisor: Any
+    host: Any
+
+
+class _Handles:
+    """Get-or-create handles to named actors, cached (LRU) per process, by a uuid or an index.
+
+    A cached handle may point at an actor that has since exited (passivated, killed):
+    the call then fails with ``RayActorError`` and the caller asks again with ``fresh``.
+    """
+
+    def __init__(self, create: Any) -> None:
+        self._create = create
+        self._cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._cluster: str | None = None
+
+    def get(self, key: Any, *, fresh: bool = False) -> Any:
+        context = ray.get_runtime_context()
+        cluster = f"{context.gcs_address}/{context.get_job_id()}"
+        if cluster != self._cluster:  # Ray was shut down and started again in this process
+            self._cache.clear()
+            self._cluster = cluster
+        if fresh:
+            self._cache.pop(key, None)
+        handle = self._cache.get(key)
+        if handle is None:
+            handle = self._cache[key] = self._create(key)
+            while len(self._cache) > _HANDLE_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return handle
+
+    def forget(self, key: Any, handle: Any) -> None:
+        if self._cache.get(key) is handle:
+            self._cache.pop(key, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """One call that reaches a session or a supervisor: on the actor cached under ``key``."""
+
+    handles: _Handles
+    key: Any
+    method: str
+    args: tuple[str, ...] = ()
+
+
+class _InFlight:
+    """A poke in flight from this process, and whether another is owed after it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.again = False
+
+
+class Placement(abc.ABC):
+    """Where this runtime's sessions and tree supervisors live, and how to reach them."""
+
+    def __init__(self) -> None:
+        self._poking: dict[uuid.UUID, _InFlight] = {}
+
+    # -- what each shape defines -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _session_target(self, session_id: uuid.UUID) -> _Target:
+        """The call that hints a session (``signal``: False means it is on its way out)."""
+
+    @abc.abstractmethod
+    def _supervisor_target(self, tree_id: uuid.UUID) -> _Target:
+        """The call that pokes a tree's supervisor (``poke``: None means it is on its way out)."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start what lives as long as the runtime (called by the sweeper when the runtime starts)."""
+
+    @abc.abstractmethod
+    def actor_name(self, session_id: uuid.UUID) -> str:
+        """The name of the actor that runs the session (and, for a root, its tree's supervisor in
+        the hosted shape): what Ray's dashboard and the log lines of its process show."""
+
+    @abc.abstractmethod
+    def supervisor_actor_name(self, tree_id: uuid.UUID) -> str:
+        """The name of the actor that runs the tree's supervisor."""
+
+    def session_actor(self, session_id: uuid.UUID) -> Any:
+        """The live actor that runs the session, for operators and tests (``status``, a kill);
+        ValueError when there is none."""
+        return ray.get_actor(self.actor_name(session_id), namespace=NAMESPACE)
+
+    def supervisor_actor(self, tree_id: uuid.UUID) -> Any:
+        """The live actor that runs the tree's supervisor; ValueError when there is none."""
+        return ray.get_actor(self.supervisor_actor_name(tree_id), namespace=NAMESPACE)
+
+    @abc.abstractmethod
+    async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
+        """The session's live incarnation (``owner``, ``pid``, ``turn_id``), None when it is not live."""
+
+    # -- reaching ---------------------------------------------------------------------------------------
+
+    async def activate(self, session_id: uuid.UUID) -> None:
+        """Get or create the session and tell it to re-read its work (retrying one that is
+        passivating or died between lookup and call)."""
+        await self._hint(self._session_target(session_id), f"session {session_id}", refused=False)
+
+    def poke_tree(self, tree_id: uuid.UUID) -> None:
+        """Ask the tree's supervisor to grant free slots (fire and forget, coalesced)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop here: a plain fire-and-forget call
+            target = self._supervisor_target(tree_id)
+            try:
+                getattr(target.handles.get(target.key), target.method).remote(*target.args)
+            except Exception:  # a hint: the sweep re-pokes trees with queued runs
+                log.exception("could not poke tree %s", tree_id)
+            return
+        in_flight = self._poking.get(tree_id)
+        if in_flight is not None and in_flight.loop is loop and not loop.is_closed():
+            in_flight.again = True  # one more poke after the one in flight, which may predate our commit
+            return
+        in_flight = self._poking[tree_id] = _InFlight(loop)
+        spawn(self._poke_until_current(tree_id, in_flight))
+
+    async def _poke_until_current(self, tree_id: uuid.UUID, in_flight: _InFlight) -> None:
+        try:
+            while True:
+                await self._hint(self._supervisor_target(tree_id), f"the supervisor of tree {tree_id}", refused=None)
+                if not in_flight.again:
+                    return
+                in_flight.again = False
+        finally:
+            if self._poking.get(tree_id) is in_flight:
+                del self._poking[tree_id]
+
+    async def _hint(self, target: _Target, what: str, *, refused: object) -> None:
+        """Call ``target`` until it accepts: an answer equal to ``refused`` (on its way out) or a
+        dead actor is retried on a fresh handle. A hint never fails its sender: the sweep retries."""
+        for attempt in range(_ATTEMPTS):
+            handle = target.handles.get(target.key, fresh=attempt > 0)
+            try:
+                call = getattr(handle, target.method).remote(*target.args)
+                if await asyncio.wait_for(call, _HINT_TIMEOUT_SECONDS) != refused:
+                    return
+            except ray.exceptions.RayActorError:  # passivated or killed: create it anew
+                pass
+            except TimeoutError:
+                log.warning("%s did not answer a hint in %.0f s; the sweep will retry", what, _HINT_TIMEOUT_SECONDS)
+                return
+            except Exception:
+                log.exception("could not reach %s; the sweep will retry", what)
+                return
+            target.handles.forget(target.key, handle)
+            if attempt:
+                await asyncio.sleep(0.05 * attempt)
+        log.warning("could not reach %s; the sweep will retry", what)
+
+
+class Dedicated(Placement):
+    """A Ray actor per active session and per active tree supervisor."""
+
+    def __init__(self, actors: ShapeActors) -> None:
+        super().__init__()
+        self._sessions = _Handles(lambda session_id: actors.session.options(
+            **named_options(session_actor_name(session_id))).remote(str(session_id)))
+        self._supervisors = _Handles(lambda tree_id: actors.supervisor.options(
+            **named_options(tree_actor_name(tree_id))).remote(str(tree_id)))
+
+    def _session_target(self, session_id: uuid.UUID) -> _Target:
+        return _Target(self._sessions, session_id, "signal")
+
+    def _supervisor_target(self, tree_id: uuid.UUID) -> _Target:
+        return _Target(self._supervisors, tree_id, "poke")
+
+    async def start(self) -> None:
+        """Nothing lives ahead of its session or tree."""
+
+    def actor_name(self, session_id: uuid.UUID) -> str:
+        return session_actor_name(session_id)
+
+    def supervisor_actor_name(self, tree_id: uuid.UUID) -> str:
+        return tree_actor_name(tree_id)
+
+    async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
+        try:
+            return await self.session_actor(session_id).status.remote()
+        except (ValueError, ray.exceptions.RayActorError):
+            return None
+
+
+class Hosted(Placement):
+    """Sessions and tree supervisors inside ``hosts`` long-lived host actors."""
+
+    def __init__(self, actors: ShapeActors, hosts: int) -> None:
+        super().__init__()
+        self.hosts = hosts
+        self._hosts = _Handles(lambda index: actors.host.options(
+            **named_options(host_actor_name(index), max_concurrency=_HOST_CONCURRENCY)).remote(index))
+
+    def host_index(self, key: uuid.UUID) -> int:
+        """The host of a session, or of a tree's supervisor (keyed by its root session's id)."""
+        return key.int % self.hosts
+
+    def _session_target(self, session_id: uuid.UUID) -> _Target:
+        return _Target(self._hosts, self.host_index(session_id), "signal", (str(session_id),))
+
+    def _supervisor_target(self, tree_id: uuid.UUID) -> _Target:
+        return _Target(self._hosts, self.host_index(tree_id), "poke_tree", (str(tree_id),))
+
+    async def start(self) -> None:
+        """Start the hosts (and open their connections) so that no activation waits for a process."""
+        await asyncio.gather(*(self._hosts.get(index).ready.remote() for index in range(self.hosts)))
+
+    def actor_name(self, session_id: uuid.UUID) -> str:
+        return host_actor_name(self.host_index(session_id))
+
+    def supervisor_actor_name(self, tree_id: uuid.UUID) -> str:
+        return host_actor_name(self.host_index(tree_id))
+
+    async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
+        try:
+            status = await self.session_actor(session_id).status.remote(str(session_id))
+        except (ValueError, ray.exceptions.RayActorError):
+            return None
+        return status if status["owner"] is not None else None
+
+
+def choose(settings: Settings, actors: ShapeActors) -> Placement:
+    """The placement the settings ask for (``session_hosts``)."""
+    if settings.session_hosts:
+        return Hosted(actors, settings.session_hosts)
+    return Dedicated(actors)

@@ -1,0 +1,74 @@
+"""Where sessions and tree supervisors run (actors/placement.py), read back from Ray's own state:
+a dedicated actor per session and per tree, or tasks named ``session:<id>`` inside the shared
+hosts with the tree's supervisor there too. What both shapes must do alike (cooperation, slots,
+kills, passivation) is every other test of tests/actors, which runs against both."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import ray
+from ray.util.state import list_actors, list_tasks
+
+from actors.hosting import SHAPE_ACTORS
+from actors.placement import Dedicated, Hosted, choose
+from actors.runtime import Runtime
+from actors.scripted import call, create, say, script
+from persistence.records import Scope
+from persistence.settings import Settings
+from tests.actors.helpers import peak_concurrent_runs, rows
+
+
+def test_the_settings_choose_the_shape() -> None:
+    assert isinstance(choose(Settings(session_hosts=0), SHAPE_ACTORS), Dedicated)
+    hosted = choose(Settings(session_hosts=3), SHAPE_ACTORS)
+    assert isinstance(hosted, Hosted) and hosted.hosts == 3
+    session_id = uuid.uuid4()
+    assert hosted.host_index(session_id) == session_id.int % 3  # stable: a session never runs in two hosts
+
+
+async def test_a_fan_out_runs_where_the_placement_puts_it(runtime: Runtime, scope: Scope) -> None:
+    children = 6
+    text = script(call(*(create(f"h{i}", script(say(f"h{i} done", delay_ms=400))) for i in range(children))),
+                  call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(children)]})),
+                  say("fan-out done"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    address = ray.get_runtime_context().gcs_address
+    actors_seen: set[str] = set()
+    tasks_seen: set[str] = set()
+
+    async def watch() -> None:
+        while True:
+            actors = await asyncio.to_thread(list_actors, address=address, filters=[("state", "=", "ALIVE")],
+                                             limit=10_000)
+            actors_seen.update(a.name for a in actors if a.name)
+            tasks = await asyncio.to_thread(list_tasks, address=address, filters=[("state", "=", "RUNNING")],
+                                            limit=10_000)
+            tasks_seen.update(t.name for t in tasks if t.name.startswith("session:"))
+            await asyncio.sleep(0.2)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=120)
+    finally:
+        watcher.cancel()
+    assert (result["status"], result["output"]) == ("completed", "fan-out done")
+    assert await peak_concurrent_runs(runtime.db, tree_id) == 4
+    members = {f"session:{m['session_id']}"
+               for m in await rows(runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s", tree_id)}
+    session_actors = {name for name in actors_seen if name.startswith("session:")}
+    hosts = sorted(name for name in actors_seen if name.startswith("canopy:sessions:"))
+    if isinstance(runtime.placement, Hosted):
+        assert session_actors == set()  # no process per session...
+        assert hosts == ["canopy:sessions:0", "canopy:sessions:1"]  # ...two hosts for all of them
+        assert tasks_seen & members  # the dashboard shows the sessions as tasks named session:<id>
+        assert f"tree:{tree_id}" not in actors_seen  # the supervisor runs in the root's host
+        status: dict[str, Any] = await runtime.placement.supervisor_actor(tree_id).status.remote()
+        assert status["index"] == runtime.placement.host_index(tree_id)
+    else:
+        assert session_actors & members  # an actor per active session...
+        assert f"tree:{tree_id}" in actors_seen  # ...and per active tree supervisor
+        assert hosts == []
