@@ -194,9 +194,13 @@ def _usage(response: Any) -> dict[str, int]:
     }
 
 
-def _cost(litellm: ModuleType, response: Any, model: str) -> float:
+def _cost(litellm: ModuleType, response: Any, priced: Any, model: str) -> float:
+    """The reply's price: ``priced`` when litellm priced the call already (a whole reply; a stream's
+    figure comes before its usage chunk), else priced from the response."""
     if model.startswith(SCRIPTED_PREFIX):
         return 0.0
+    if isinstance(priced, int | float):
+        return float(priced)
     try:
         return float(litellm.completion_cost(completion_response=response) or 0.0)
     except Exception:  # unknown models have no price; accounting must not fail the call
@@ -302,8 +306,9 @@ def _environment_problem(litellm: ModuleType, params: dict[str, Any]) -> str | N
     missing = litellm.validate_environment(model=model, api_key=params.get("api_key"),
                                            api_base=params.get("api_base")).get("missing_keys") or []
     if missing:
+        instead = "api_base" if all(name.endswith("_API_BASE") for name in missing) else "api_key_ref"
         return (f"the model {model!r} needs {', '.join(missing)}, which the model gateway does not have: set it in "
-                "the environment Canopy starts from (`canopy up`), or give the agent an api_key_ref")
+                f"the environment Canopy starts from (`canopy up`), or give the agent an {instead}")
     return None
 
 
@@ -527,8 +532,10 @@ class ModelGateway:
             if on_delta is None:
                 response = await routes.router.acompletion(**request)
                 hidden = getattr(response, "_hidden_params", {})
+                priced = hidden.get("response_cost")
             else:
                 response, hidden = await _streamed(routes.router, litellm, request, on_delta)
+                priced = None
         except Exception as error:
             attempts = [_attempt(routes, a, model) for a in failed]
             tries = f" (after {len(attempts)} attempts)" if len(attempts) > 1 else ""
@@ -538,7 +545,7 @@ class ModelGateway:
         return {
             "message": _message(response),
             "usage": _usage(response),
-            "cost_usd": _cost(litellm, response, model),
+            "cost_usd": _cost(litellm, response, priced, model),
             "latency_ms": (time.monotonic() - started) * 1000,
             "model": routes.display(_model_group(hidden), model),
             "failed_attempts": [_attempt(routes, a, model) for a in failed],

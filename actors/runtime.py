@@ -377,11 +377,11 @@ class Runtime:
         problem: str | None = await gateway.check_model.remote(model, api_base, api_key_ref)
         return problem
 
-    async def check_default_model(self) -> None:
-        """InvalidArgument naming what the default model (CANOPY_DEFAULT_MODEL) lacks, if anything."""
+    async def default_model_problem(self) -> str | None:
+        """What the default model (CANOPY_DEFAULT_MODEL) lacks, as a sentence naming it; None: nothing."""
         if problem := await self.check_model(self.settings.default_model):
-            raise InvalidArgument(f"the default model {self.settings.default_model!r} (CANOPY_DEFAULT_MODEL) "
-                                  f"cannot be used: {problem}")
+            return f"the default model {self.settings.default_model!r} (CANOPY_DEFAULT_MODEL) cannot be used: {problem}"
+        return None
 
     async def create_agent(self, scope: Scope, fields: dict[str, Any], in_tx: TxHook | None = None) -> Row:
         """Refused, with nothing written, unless the gateway can use its model, api_base and key."""

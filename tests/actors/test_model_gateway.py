@@ -136,6 +136,25 @@ async def test_other_models_pass_through_with_the_named_key_and_base(
     assert replay.requests_for("direct")[0].authorization == "Bearer sk-team"
 
 
+async def test_a_priced_model_is_charged_its_tokens_streamed_or_not(replay: ReplayServer) -> None:
+    import litellm  # the price map, read independently of the gateway
+
+    gw = ModelGateway(timeout_seconds=30, retries=0)
+    replay.script("gpt-4o-mini", say("plain"), say("streamed"))
+    prompt, completion = litellm.cost_per_token(model="gpt-4o-mini", prompt_tokens=11, completion_tokens=7)
+    deltas: list[str] = []
+
+    async def on_delta(delta: str) -> None:
+        deltas.append(delta)
+
+    for streamed in (None, on_delta):
+        result = await gw.complete(model="openai/gpt-4o-mini", messages=scripted([{"say": "x"}]), tools=None,
+                                   api_base=replay.base_url, on_delta=streamed)
+        assert result["usage"] == {"prompt_tokens": 11, "completion_tokens": 7}
+        assert result["cost_usd"] == pytest.approx(prompt + completion) and result["cost_usd"] > 0
+    assert deltas == ["streamed"]
+
+
 async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(
     monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
 ) -> None:
