@@ -213,6 +213,19 @@ async def test_the_models_file_is_reloaded_and_its_rpm_limit_holds_calls_back(
     assert len(replay.requests_for("limited")) == 1, "the limit held the call back before it reached the provider"
 
 
+async def test_the_readmes_models_file_is_one_the_gateway_takes(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = readme.split("**Routes, fallbacks, limits, retries**", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "models.yaml"
+    path.write_text(example)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-readme")
+    gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path), provider_env=("OPENAI_API_KEY",))
+    assert await gw.check_model("smart", None, None) is None and await gw.check_model("local", None, None) is None
+    assert "ANTHROPIC_API_KEY" in (await gw.check_model("smart-backup", None, None) or "")
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("model_list: [", "YAML"),
     ("model_list: []\nlitellm_settings: {}\n", "litellm_settings"),
