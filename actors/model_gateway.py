@@ -59,6 +59,7 @@ _SCRIPTED_ROUTE = {"model_name": SCRIPTED_PREFIX + "*", "litellm_params": {"mode
 _PASS_THROUGH = {"model_name": "*", "litellm_params": {"model": "*"}}
 _ENV_REFERENCE = "os.environ/"
 _MODELS_FILE_KEYS = ("model_list", "router_settings")
+_NO_MODELS_FILE: dict[str, Any] = {"model_list": [], "router_settings": {}}
 # The metadata key that ties litellm's per-attempt failure callbacks to the call they belong to.
 _CALL_KEY = "canopy_call"
 _ERROR_CHARS = 1000
@@ -300,11 +301,11 @@ def _environment_problem(litellm: ModuleType, params: dict[str, Any]) -> str | N
     model = params["model"]
     try:
         litellm.get_llm_provider(model=model, api_base=params.get("api_base"))
+        missing = litellm.validate_environment(model=model, api_key=params.get("api_key"),
+                                               api_base=params.get("api_base")).get("missing_keys") or []
     except Exception:
         return (f"litellm knows no provider for the model {model!r}: write it as provider/model (openai/gpt-4o-mini, "
                 "anthropic/claude-sonnet-4-5, ollama/llama3.1, ...), or name a model of the models file")
-    missing = litellm.validate_environment(model=model, api_key=params.get("api_key"),
-                                           api_base=params.get("api_base")).get("missing_keys") or []
     if missing:
         instead = "api_base" if all(name.endswith("_API_BASE") for name in missing) else "api_key_ref"
         return (f"the model {model!r} needs {', '.join(missing)}, which the model gateway does not have: set it in "
@@ -345,14 +346,21 @@ class _Routes:
         """The name a call is accounted under: the model group, or the agent's model string."""
         return self._endpoints.get(group or "", group or model)
 
-    def target(self, model: str, api_base: str | None, api_key_ref: str | None) -> str:
-        """The model group a call goes to."""
+    def _own_endpoint(self, model: str, api_base: str | None, api_key_ref: str | None) -> dict[str, Any] | None:
+        """The deployment of an agent's own endpoint, or None when the call takes a shared route."""
         if model.startswith(SCRIPTED_PREFIX) or not (api_base or api_key_ref):
-            return model
+            return None
         if any(d["model_name"] == model for d in self.file_models):
             raise ModelError(f"the model {model!r} is a model of the models file {self._path}: its endpoint and key "
                              "come from there; leave api_base and api_key_ref unset")
-        params = self._endpoint_params(model, api_base, api_key_ref)
+        key = self._keys.agent_key(api_key_ref) if api_key_ref else NO_KEY
+        return {"model": model, "api_key": key, **({"api_base": api_base} if api_base else {})}
+
+    def target(self, model: str, api_base: str | None, api_key_ref: str | None) -> str:
+        """The model group a call goes to (an agent's own endpoint is added on its first call)."""
+        params = self._own_endpoint(model, api_base, api_key_ref)
+        if params is None:
+            return model
         identity = json.dumps([model, api_base, api_key_ref]).encode()
         group = "canopy-endpoint-" + hashlib.sha256(identity).hexdigest()[:16]
         if group not in self._endpoints:
@@ -362,20 +370,16 @@ class _Routes:
             self._endpoints[group] = model
         return group
 
-    def _endpoint_params(self, model: str, api_base: str | None, api_key_ref: str | None) -> dict[str, Any]:
-        key = self._keys.agent_key(api_key_ref) if api_key_ref else NO_KEY
-        return {"model": model, "api_key": key, **({"api_base": api_base} if api_base else {})}
-
     def problem(self, model: str, api_base: str | None, api_key_ref: str | None) -> str | None:
-        """Why a call with these would fail before reaching the provider, or None."""
+        """Why a call with these would fail before reaching the provider, or None (changes nothing)."""
         if model.startswith(SCRIPTED_PREFIX):
             return "the scripted model takes no api_base or api_key_ref" if api_base or api_key_ref else None
         try:
-            self.target(model, api_base, api_key_ref)
-            if api_base or api_key_ref:
-                return _environment_problem(self._litellm, self._endpoint_params(model, api_base, api_key_ref))
+            own = self._own_endpoint(model, api_base, api_key_ref)
         except ModelError as error:
             return str(error)
+        if own is not None:
+            return _environment_problem(self._litellm, own)
         exact = [d for d in self.file_models if d["model_name"] == model]
         patterns = [d for d in self.file_models
                     if "*" in d["model_name"] and fnmatch.fnmatchcase(model, d["model_name"])]
@@ -473,10 +477,10 @@ class ModelGateway:
         stamp = (_file_stamp(self._models_file), self._keys.stamp())
         if self._routes is None or stamp != self._routes_stamp:
             self._keys.load_provider_env()
-            config = _read_models_file(self._models_file) if self._models_file else None
             try:
-                self._routes = _Routes(litellm, config or {"model_list": [], "router_settings": {}}, self._keys,
-                                       path=self._models_file, retries=self._retries, timeout=self._timeout)
+                config = _read_models_file(self._models_file) if self._models_file else _NO_MODELS_FILE
+                self._routes = _Routes(litellm, config, self._keys, path=self._models_file, retries=self._retries,
+                                       timeout=self._timeout)
             except ModelError as error:
                 self._routes = str(error)
             self._routes_stamp = stamp
