@@ -342,6 +342,10 @@ class _Routes:
                 params[key] = self._keys.value(value[len(_ENV_REFERENCE):]) or value
         return {**deployment, "litellm_params": params}
 
+    def provider_model(self, model: str) -> str:
+        """The provider's model string behind a model name (the first deployment of a file model)."""
+        return next((d["litellm_params"]["model"] for d in self.file_models if d["model_name"] == model), model)
+
     def display(self, group: str | None, model: str) -> str:
         """The name a call is accounted under: the model group, or the agent's model string."""
         return self._endpoints.get(group or "", group or model)
@@ -560,10 +564,16 @@ class ModelGateway:
         """The prompt tokens a request would send, by litellm's counter for the model (in a thread:
         counting a long history takes a while, and this process serves every model call)."""
         litellm = _litellm()
-        counted = (model if not model.startswith(SCRIPTED_PREFIX) else "openai/" + model[len(SCRIPTED_PREFIX):])
+        if model.startswith(SCRIPTED_PREFIX):
+            counted = "openai/" + model[len(SCRIPTED_PREFIX):]
+        else:
+            counted = model
+            with contextlib.suppress(ModelError):  # a broken models file: count as the model string says
+                counted = self._current_routes().provider_model(model)
         return int(await asyncio.to_thread(litellm.token_counter, model=counted,
                                            messages=to_openai_messages(messages),
                                            tools=to_openai_tools(tools) if tools else None))
+
 
 def _attempt(routes: _Routes, failed: dict[str, Any], model: str) -> dict[str, Any]:
     return {"model": routes.display(failed["group"], model), "error": failed["error"],
