@@ -30,7 +30,6 @@ import fnmatch
 import functools
 import hashlib
 import json
-import logging
 import os
 import re
 import time
@@ -97,10 +96,6 @@ def _litellm() -> ModuleType:
     from actors.scripted import MODEL_ID
 
     litellm.suppress_debug_info = True
-    # Each failure is the caller's: a ModelError, a model_calls row and the Turn's error say it.
-    # litellm's own loggers would repeat it, provider text and all, in every worker log.
-    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
     # litellm prices every reply; a model missing from its price map costs a search through the
     # whole map on each call (~8 % of a scripted call's CPU). The scripted model is free.
     # Every price is given (cache reads and writes too), or litellm warns that it assumes zero.

@@ -23,7 +23,7 @@ from actors.scripted import say as scripted_say
 from actors.scripted import script
 from persistence.errors import InvalidArgument
 from persistence.records import Row, Scope
-from tests.actors.helpers import rows
+from tests.actors.helpers import eventually, rows
 from tests.actors.replay_server import ReplayServer, calls, fail, say
 from tests.conftest import RUNTIME_ENV
 
@@ -71,10 +71,15 @@ async def _agent(runtime: Runtime, scope: Scope, model: str, **fields: Any) -> s
     return agent_id
 
 
-async def _model_calls(runtime: Runtime, tree_id: uuid.UUID) -> list[Row]:
-    return await rows(runtime.db, """
-        SELECT c.model, c.error, c.prompt_tokens, c.completion_tokens FROM model_calls c
-        JOIN runs r ON r.run_id = c.run_id WHERE r.session_id = %s ORDER BY c.created_at, c.id""", tree_id)
+async def _model_calls(runtime: Runtime, session_id: uuid.UUID, count: int) -> list[Row]:
+    """The session's ``count`` model call records (the gateway writes them shortly after each reply)."""
+    async def recorded() -> list[Row]:
+        found = await rows(runtime.db, """
+            SELECT c.model, c.error, c.prompt_tokens, c.completion_tokens FROM model_calls c
+            JOIN runs r ON r.run_id = c.run_id WHERE r.session_id = %s ORDER BY c.created_at, c.id""", session_id)
+        return found if len(found) >= count else []
+
+    return await eventually(recorded, timeout=10)
 
 
 def _secrets_dir(runtime: Runtime) -> Path:
@@ -103,7 +108,7 @@ async def test_a_real_provider_runs_a_roots_tool_calls_with_the_named_key(
     key = (_secrets_dir(runtime) / "OPENAI_API_KEY").read_text()
     assert key == MARKER and first.authorization == second.authorization == f"Bearer {MARKER}"
     assert [(c["model"], c["error"], c["prompt_tokens"], c["completion_tokens"])
-            for c in await _model_calls(runtime, created["session"]["session_id"])] == [
+            for c in await _model_calls(runtime, created["session"]["session_id"], 2)] == [
         (f"openai/{model}", None, 11, 7), (f"openai/{model}", None, 11, 7)]
 
 
@@ -148,7 +153,7 @@ async def test_a_429_with_retry_after_is_waited_out_then_retried(
     first, second = replay.requests_for(model)
     assert first.body.get("stream") and second.body.get("stream")
     assert second.at - first.at >= 1.0, "the retry came before the server's Retry-After"
-    recorded = await _model_calls(runtime, tree_id)
+    recorded = await _model_calls(runtime, tree_id, 2)
     assert [c["model"] for c in recorded] == [f"openai/{model}"] * 2
     assert "429" in recorded[0]["error"] and recorded[1]["error"] is None
 
@@ -164,7 +169,7 @@ async def test_a_failing_model_falls_back_to_the_next_of_the_models_file(
     assert (result["status"], result["output"]) == ("completed", "from the backup")
     tries = runtime.settings.model_retries + 1
     assert len(replay.requests_for("primary-c")) == tries and len(replay.requests_for("backup-c")) == 1
-    recorded = await _model_calls(runtime, created["session"]["session_id"])
+    recorded = await _model_calls(runtime, created["session"]["session_id"], tries + 1)
     assert [c["model"] for c in recorded] == ["flaky-primary"] * tries + ["steady-backup"]
     assert all("500" in c["error"] for c in recorded[:-1]) and recorded[-1]["error"] is None
     assert recorded[-1]["completion_tokens"] == 7
