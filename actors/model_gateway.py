@@ -302,9 +302,9 @@ def _environment_problem(litellm: ModuleType, params: dict[str, Any]) -> str | N
         return (f"litellm knows no provider for the model {model!r}: write it as provider/model (openai/gpt-4o-mini, "
                 "anthropic/claude-sonnet-4-5, ollama/llama3.1, ...), or name a model of the models file")
     if missing:
-        instead = "api_base" if all(name.endswith("_API_BASE") for name in missing) else "api_key_ref"
         return (f"the model {model!r} needs {', '.join(missing)}, which the model gateway does not have: set it in "
-                f"the environment Canopy starts from (`canopy up`), or give the agent an {instead}")
+                "the environment Canopy starts from (`canopy up`), or put it in a file of that name in the secrets "
+                "directory")
     return None
 
 
