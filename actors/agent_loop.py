@@ -352,7 +352,7 @@ class RunExecutor:
             await self._compact_if_due(config, request)
             if self._history[:1] and (self._history[0]["origin"] or {}).get("kind") == "compaction":
                 request = [request[0], *(to_model_message(row) for row in self._history)]
-            return await self._gateway("complete_for_run", run_id=str(self.run.run_id), model=self._model(config),
+            return await self._gateway("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
                                        messages=request, tools=schemas(self._tools),
                                        watch=watch if stream else None, **tracing.carrier())
         except (LeaseLost, asyncio.CancelledError):
@@ -364,6 +364,11 @@ class RunExecutor:
 
     def _model(self, config: dict[str, Any]) -> str:
         return str(config.get("model") or self.settings.default_model)
+
+    def _endpoint(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Where the agent's calls go: its model, with its own api_base and key name (None: the defaults)."""
+        return {"model": self._model(config), "api_base": config.get("api_base"),
+                "api_key_ref": config.get("api_key_ref")}
 
     async def _gateway(self, method: str, **arguments: Any) -> Any:
         call = getattr(self.gateway, method).remote(**arguments)
@@ -389,7 +394,7 @@ class RunExecutor:
             counted = await self._gateway("count_tokens", model=self._model(config), messages=request, tools=tools)
             if counted <= threshold:
                 return
-        reply = await self._gateway("complete_for_run", run_id=str(self.run.run_id), model=self._model(config),
+        reply = await self._gateway("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
                                     messages=compaction.request(earlier, threshold), tools=None, watch=None)
         await failpoints.pause("during_compaction", self._session_name)
         async with self.db.tx() as conn:

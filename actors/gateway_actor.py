@@ -80,9 +80,14 @@ class AccountedGateway(ModelGateway):
                     if publisher is not None:
                         await publisher.drain()  # every delta goes out before the reply is returned
             except Exception as error:
-                self._recorder.add(_Call(run_id, request["model"], {}, 0.0, started, str(error)))
+                # Each request that failed is a row; a call that failed before any request is one too.
+                attempts = getattr(error, "attempts", None)
+                for attempt in attempts or [{"model": request["model"], "error": str(error)}]:
+                    self._recorder.add(_Call.failed(run_id, attempt, started))
                 raise
-        self._recorder.add(_Call(run_id, request["model"], reply["usage"], reply["cost_usd"], started, None))
+        for attempt in reply["failed_attempts"]:
+            self._recorder.add(_Call.failed(run_id, attempt, started))
+        self._recorder.add(_Call(run_id, reply["model"], reply["usage"], reply["cost_usd"], started, None))
         return reply
 
 
@@ -102,6 +107,15 @@ class _Call:
     def __post_init__(self, started: float) -> None:
         self.latency_ms = (time.monotonic() - started) * 1000
         self.ended_at = datetime.datetime.now(datetime.UTC)
+
+    @classmethod
+    def failed(cls, run_id: str, attempt: dict[str, Any], started: float) -> _Call:
+        """A request that failed (``ModelError.attempts``), with its own latency and end when known."""
+        call = cls(run_id, attempt["model"], {}, 0.0, started, attempt["error"])
+        if "ended_at" in attempt:
+            call.latency_ms = attempt["latency_ms"]
+            call.ended_at = datetime.datetime.fromtimestamp(attempt["ended_at"], datetime.UTC)
+        return call
 
     def row(self) -> tuple[Any, ...]:
         return (uuid.UUID(self.run_id), self.model, self.usage.get("prompt_tokens", 0),

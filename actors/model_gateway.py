@@ -5,6 +5,19 @@ actor (``ray.remote(ModelGateway).options(name="canopy:model-gateway", namespace
 max_concurrency=1000, num_cpus=0, max_restarts=-1)``). Every method is a coroutine so
 that, as an actor, all calls share one event loop with the embedded scripted model.
 
+Every call goes through one litellm ``Router``: it retries with exponential backoff and
+jitter (or after the provider's ``Retry-After``), falls back along ``fallbacks``, holds
+calls back at a deployment's ``rpm``/``tpm`` and applies timeouts. Its routes come from the
+models file (``CANOPY_MODELS_FILE``: litellm's own ``model_list`` and ``router_settings``),
+which is reloaded when it changes; every other model string goes to its provider as is. An
+agent's own ``api_base``/``api_key_ref`` make a route of their own (retries and timeouts
+apply, the file's fallbacks do not: they belong to the file's model names).
+
+Keys: the provider variables (``CANOPY_PROVIDER_ENV``) reach this process as files of the
+secrets directory (actors/runtime.py moves them there) and are put into this process's
+environment only, where litellm looks for them. An ``api_key_ref`` names one of them or
+another file of that directory; the key is resolved here, at call time, and never logged.
+
 litellm is imported on first use: it costs seconds and hundreds of MB, and only the
 gateway process should pay that, not every module that imports this one.
 """
@@ -12,13 +25,23 @@ gateway process should pay that, not every module that imports this one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fnmatch
 import functools
+import hashlib
 import json
 import os
+import re
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from persistence.agents import API_KEY_REF_PATTERN
 
 if TYPE_CHECKING:
     from actors.scripted.server import ScriptedModelServer
@@ -26,12 +49,41 @@ if TYPE_CHECKING:
 SCRIPTED_PREFIX = "canopy/"
 # The scripted endpoint ignores the key, but litellm's OpenAI client insists on one.
 SCRIPTED_API_KEY = "canopy-scripted"
-_BACKOFF_BASE_SECONDS = 0.5
-_BACKOFF_MAX_SECONDS = 8.0
+# What an agent's own api_base gets when the agent names no key: never one of the operator's.
+NO_KEY = "canopy-no-key"
+# Routes every configuration has: the scripted model (its endpoint is given per call: it is
+# started on first use) and, unless the models file has its own, any other model string as is.
+_SCRIPTED_ROUTE = {"model_name": SCRIPTED_PREFIX + "*", "litellm_params": {"model": "openai/*",
+                                                                            "api_key": SCRIPTED_API_KEY}}
+_PASS_THROUGH = {"model_name": "*", "litellm_params": {"model": "*"}}
+_ENV_REFERENCE = "os.environ/"
+_MODELS_FILE_KEYS = ("model_list", "router_settings")
+_NO_MODELS_FILE: dict[str, Any] = {"model_list": [], "router_settings": {}}
+# The metadata key that ties litellm's per-attempt failure callbacks to the call they belong to.
+_CALL_KEY = "canopy_call"
+_ERROR_CHARS = 1000
 
 
 class ModelError(Exception):
-    """A model call failed for good; the message carries the provider's error text."""
+    """A model call failed for good; the message carries the provider's error text, and
+    ``attempts`` the requests that failed on the way (model, error, latency_ms, ended_at as
+    seconds since the epoch)."""
+
+    def __init__(self, message: str, attempts: Sequence[dict[str, Any]] = ()) -> None:
+        super().__init__(message)
+        self.attempts = list(attempts)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses Ray with its attempts
+        return type(self), (str(self), self.attempts)
+
+
+# The failed attempts of the calls in flight, by call id (see _litellm's failure callback).
+_failed_attempts: dict[str, list[dict[str, Any]]] = {}
+
+
+def _first_line(error: BaseException | str | None) -> str:
+    text = str(error or "").strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:_ERROR_CHARS]
 
 
 @functools.cache
@@ -39,6 +91,7 @@ def _litellm() -> ModuleType:
     # Without this litellm fetches its price map from GitHub at import time (no network here).
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
+    from litellm.integrations.custom_logger import CustomLogger
 
     from actors.scripted import MODEL_ID
 
@@ -50,21 +103,22 @@ def _litellm() -> ModuleType:
         "litellm_provider": "openai", "mode": "chat", "supports_function_calling": True,
         "input_cost_per_token": 0.0, "output_cost_per_token": 0.0,
         "cache_creation_input_token_cost": 0.0, "cache_read_input_token_cost": 0.0}})
+
+    class FailedAttempts(CustomLogger):  # type: ignore[misc]
+        """Every request the Router made that failed (a retry or a fallback follows, or the call fails)."""
+
+        async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any,
+                                          start_time: Any, end_time: Any) -> None:
+            metadata = (kwargs.get("litellm_params") or {}).get("metadata") or {}
+            attempts = _failed_attempts.get(metadata.get(_CALL_KEY, ""))
+            if attempts is not None:
+                seconds = (end_time - start_time).total_seconds() if end_time and start_time else 0.0
+                attempts.append({"group": metadata.get("model_group") or kwargs.get("model"),
+                                 "error": _first_line(kwargs.get("exception")), "latency_ms": seconds * 1000,
+                                 "ended_at": time.time()})
+
+    litellm.callbacks.append(FailedAttempts())
     return litellm
-
-
-def _transient_errors(litellm: ModuleType) -> tuple[type[BaseException], ...]:
-    return (
-        litellm.RateLimitError,
-        litellm.APIConnectionError,
-        litellm.Timeout,
-        litellm.InternalServerError,
-        litellm.ServiceUnavailableError,
-    )
-
-
-def _backoff_seconds(attempt: int) -> float:
-    return min(_BACKOFF_MAX_SECONDS, _BACKOFF_BASE_SECONDS * 2**attempt)
 
 
 # ---------------------------------------------------------------------------
@@ -136,9 +190,13 @@ def _usage(response: Any) -> dict[str, int]:
     }
 
 
-def _cost(litellm: ModuleType, response: Any, model: str) -> float:
+def _cost(litellm: ModuleType, response: Any, priced: Any, model: str) -> float:
+    """The reply's price: ``priced`` when litellm priced the call already (a whole reply; a stream's
+    figure comes before its usage chunk), else priced from the response."""
     if model.startswith(SCRIPTED_PREFIX):
         return 0.0
+    if isinstance(priced, int | float):
+        return float(priced)
     try:
         return float(litellm.completion_cost(completion_response=response) or 0.0)
     except Exception:  # unknown models have no price; accounting must not fail the call
@@ -146,24 +204,220 @@ def _cost(litellm: ModuleType, response: Any, model: str) -> float:
 
 
 # ---------------------------------------------------------------------------
+# Keys and routes
+# ---------------------------------------------------------------------------
+
+
+def _file_stamp(path: Path | None) -> tuple[int, int, int] | None:
+    try:
+        found = path.stat() if path is not None else None
+    except FileNotFoundError:
+        return None
+    return (found.st_mtime_ns, found.st_size, found.st_ino) if found is not None else None
+
+
+class _Keys:
+    """Keys and endpoints from this process's environment and the secrets directory."""
+
+    def __init__(self, secrets_dir: Path | None, provider_env: Sequence[str]) -> None:
+        self.secrets_dir = secrets_dir
+        self.provider_env = frozenset(provider_env)
+        self._loaded: set[str] = set()
+
+    def stamp(self) -> tuple[int, int, int] | None:
+        """Changes whenever a secret file is written, replaced or removed."""
+        return _file_stamp(self.secrets_dir)
+
+    def _file(self, name: str) -> str | None:
+        if self.secrets_dir is None:
+            return None
+        try:
+            return (self.secrets_dir / name).read_text().rstrip("\r\n")
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def load_provider_env(self) -> None:
+        """The provider variables of the secrets directory into this process's environment, where
+        litellm reads them (a variable whose file went away leaves it again)."""
+        for name in sorted(self.provider_env):
+            value = self._file(name)
+            if value is not None:
+                os.environ[name] = value
+                self._loaded.add(name)
+            elif name in self._loaded:
+                os.environ.pop(name, None)
+                self._loaded.discard(name)
+
+    def value(self, name: str) -> str | None:
+        """Any variable or secret file (the models file is the operator's own word)."""
+        return os.environ.get(name) or self._file(name)
+
+    def agent_key(self, name: str) -> str:
+        """The key an agent's ``api_key_ref`` names: a file of the secrets directory, or a provider
+        variable. Nothing else of this process's environment is an agent's to send anywhere."""
+        if not re.fullmatch(API_KEY_REF_PATTERN, name) or name.startswith("CANOPY_"):
+            raise ModelError(f"api_key_ref {name!r} is not the name of a provider key (upper-case letters, digits "
+                             "and '_', not a CANOPY_ setting)")
+        value = self._file(name) or (os.environ.get(name) if name in self.provider_env else None)
+        if not value:
+            raise ModelError(
+                f"api_key_ref {name!r} names no key the model gateway has: set {name} in the environment Canopy "
+                f"starts from and list it in CANOPY_PROVIDER_ENV, or put it in a file {name} of the secrets "
+                "directory")
+        return value
+
+
+def _read_models_file(path: Path) -> dict[str, Any]:
+    """The models file, checked for the shape litellm's Router takes; ModelError naming the file."""
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ModelError(f"models file {path} (CANOPY_MODELS_FILE) does not exist") from None
+    except (OSError, yaml.YAMLError) as error:
+        raise ModelError(f"models file {path} is not readable YAML: {_first_line(error)}") from None
+    problem = None
+    if not isinstance(config, dict):
+        problem = "it must be a mapping with model_list and router_settings"
+    elif unknown := sorted(set(config) - set(_MODELS_FILE_KEYS)):
+        problem = f"unknown key(s) {', '.join(map(str, unknown))}: it takes {' and '.join(_MODELS_FILE_KEYS)}"
+    elif not isinstance(config.get("model_list", []), list) or not all(
+            isinstance(d, dict) and isinstance(d.get("model_name"), str) and isinstance(d.get("litellm_params"), dict)
+            and isinstance(d["litellm_params"].get("model"), str) for d in config.get("model_list", [])):
+        problem = "each model_list entry needs a model_name and litellm_params with a model"
+    elif not isinstance(config.get("router_settings", {}), dict):
+        problem = "router_settings must be a mapping"
+    if problem:
+        raise ModelError(f"models file {path}: {problem}")
+    return {"model_list": config.get("model_list", []), "router_settings": config.get("router_settings", {})}
+
+
+def _environment_problem(litellm: ModuleType, params: dict[str, Any]) -> str | None:
+    """What litellm needs for a deployment that it does not have (a provider, its variables)."""
+    model = params["model"]
+    try:
+        litellm.get_llm_provider(model=model, api_base=params.get("api_base"))
+        missing = litellm.validate_environment(model=model, api_key=params.get("api_key"),
+                                               api_base=params.get("api_base")).get("missing_keys") or []
+    except Exception:
+        return (f"litellm knows no provider for the model {model!r}: write it as provider/model (openai/gpt-4o-mini, "
+                "anthropic/claude-sonnet-4-5, ollama/llama3.1, ...), or name a model of the models file")
+    if missing:
+        return (f"the model {model!r} needs {', '.join(missing)}, which the model gateway does not have: set it in "
+                "the environment Canopy starts from (`canopy up`), or put it in a file of that name in the secrets "
+                "directory")
+    return None
+
+
+class _Routes:
+    """One Router over the models file, the scripted model, the pass-through route and the
+    agents' own endpoints (added as they are first used)."""
+
+    def __init__(self, litellm: ModuleType, config: dict[str, Any], keys: _Keys, *, path: Path | None,
+                 retries: int, timeout: float) -> None:
+        self._litellm = litellm
+        self._keys = keys
+        self._path = path
+        self.file_models = [self._resolved(d) for d in config["model_list"]]
+        names = {d["model_name"] for d in self.file_models}
+        model_list = [*self.file_models, _SCRIPTED_ROUTE, *([] if "*" in names else [_PASS_THROUGH])]
+        # Canopy's defaults; the file's router_settings win (rpm/tpm of a deployment are enforced).
+        settings = {"num_retries": retries, "timeout": timeout,
+                    "optional_pre_call_checks": ["enforce_model_rate_limits"], **config["router_settings"]}
+        try:
+            self.router = litellm.Router(model_list=model_list, **settings)
+        except Exception as error:
+            raise ModelError(f"models file {path}: litellm's Router refused it: {_first_line(error)}") from None
+        self._endpoints: dict[str, str] = {}  # model group -> the agent's model string
+
+    def _resolved(self, deployment: dict[str, Any]) -> dict[str, Any]:
+        """``os.environ/NAME`` values read from the environment or the secrets directory."""
+        params = dict(deployment["litellm_params"])
+        for key, value in params.items():
+            if isinstance(value, str) and value.startswith(_ENV_REFERENCE):
+                params[key] = self._keys.value(value[len(_ENV_REFERENCE):]) or value
+        return {**deployment, "litellm_params": params}
+
+    def provider_model(self, model: str) -> str:
+        """The provider's model string behind a model name (the first deployment of a file model)."""
+        return next((d["litellm_params"]["model"] for d in self.file_models if d["model_name"] == model), model)
+
+    def display(self, group: str | None, model: str) -> str:
+        """The name a call is accounted under: the model group, or the agent's model string."""
+        return self._endpoints.get(group or "", group or model)
+
+    def _own_endpoint(self, model: str, api_base: str | None, api_key_ref: str | None) -> dict[str, Any] | None:
+        """The deployment of an agent's own endpoint, or None when the call takes a shared route."""
+        if model.startswith(SCRIPTED_PREFIX) or not (api_base or api_key_ref):
+            return None
+        if any(d["model_name"] == model for d in self.file_models):
+            raise ModelError(f"the model {model!r} is a model of the models file {self._path}: its endpoint and key "
+                             "come from there; leave api_base and api_key_ref unset")
+        key = self._keys.agent_key(api_key_ref) if api_key_ref else NO_KEY
+        return {"model": model, "api_key": key, **({"api_base": api_base} if api_base else {})}
+
+    def target(self, model: str, api_base: str | None, api_key_ref: str | None) -> str:
+        """The model group a call goes to (an agent's own endpoint is added on its first call)."""
+        params = self._own_endpoint(model, api_base, api_key_ref)
+        if params is None:
+            return model
+        identity = json.dumps([model, api_base, api_key_ref]).encode()
+        group = "canopy-endpoint-" + hashlib.sha256(identity).hexdigest()[:16]
+        if group not in self._endpoints:
+            from litellm.types.router import Deployment, LiteLLM_Params
+
+            self.router.add_deployment(Deployment(model_name=group, litellm_params=LiteLLM_Params(**params)))
+            self._endpoints[group] = model
+        return group
+
+    def problem(self, model: str, api_base: str | None, api_key_ref: str | None) -> str | None:
+        """Why a call with these would fail before reaching the provider, or None (changes nothing)."""
+        if model.startswith(SCRIPTED_PREFIX):
+            return "the scripted model takes no api_base or api_key_ref" if api_base or api_key_ref else None
+        try:
+            own = self._own_endpoint(model, api_base, api_key_ref)
+        except ModelError as error:
+            return str(error)
+        if own is not None:
+            return _environment_problem(self._litellm, own)
+        exact = [d for d in self.file_models if d["model_name"] == model]
+        patterns = [d for d in self.file_models
+                    if "*" in d["model_name"] and fnmatch.fnmatchcase(model, d["model_name"])]
+        for deployment in exact or patterns[:1]:
+            params = {**deployment["litellm_params"], **({} if exact else {"model": model})}
+            unresolved = [v for v in params.values() if isinstance(v, str) and v.startswith(_ENV_REFERENCE)]
+            if unresolved:
+                return (f"the models file's {deployment['model_name']!r} reads {unresolved[0]}, which the model "
+                        "gateway has neither in its environment nor as a secret file")
+            if problem := _environment_problem(self._litellm, params):
+                return problem
+        return None if exact or patterns else _environment_problem(self._litellm, {"model": model})
+
+
+# ---------------------------------------------------------------------------
 # The gateway
 # ---------------------------------------------------------------------------
 
 
-async def _streamed(litellm: ModuleType, request: dict[str, Any], on_delta: Callable[[str], Awaitable[None]]) -> Any:
-    """Stream the reply, hand over text deltas, and rebuild the whole response from the chunks."""
-    stream = await litellm.acompletion(**request, stream=True, stream_options={"include_usage": True})
+async def _streamed(router: Any, litellm: ModuleType, request: dict[str, Any],
+                    on_delta: Callable[[str], Awaitable[None]]) -> tuple[Any, dict[str, Any]]:
+    """Stream the reply, hand over text deltas, and rebuild the whole response from the chunks;
+    with the stream's hidden params (the whole response built from chunks has none of its own)."""
+    stream = await router.acompletion(**request, stream=True, stream_options={"include_usage": True})
     chunks = []
     async for chunk in stream:
         chunks.append(chunk)
         delta = chunk.choices[0].delta.content if chunk.choices else None
         if delta:
             await on_delta(delta)
-    return litellm.stream_chunk_builder(chunks, messages=request["messages"])
+    return litellm.stream_chunk_builder(chunks, messages=request["messages"]), getattr(stream, "_hidden_params", {})
+
+
+def _model_group(hidden: dict[str, Any]) -> str | None:
+    return (hidden.get("additional_headers") or {}).get("x-litellm-model-group")
 
 
 class ModelGateway:
-    """Model calls with routing, retries, timeouts and cancellation; no persistence here."""
+    """Model calls with routing, retries, fallbacks, limits, timeouts and cancellation; no persistence here."""
 
     def __init__(
         self,
@@ -171,11 +425,20 @@ class ModelGateway:
         log_path: str | None = None,
         timeout_seconds: float = 120.0,
         retries: int = 2,
+        models_file: str | None = None,
+        secrets_dir: str | None = None,
+        provider_env: Sequence[str] = (),
+        agent_api_bases: Sequence[str] | None = None,
     ) -> None:
         self._scripted_port = scripted_port
         self._log_path = log_path
         self._timeout = timeout_seconds
         self._retries = max(0, retries)
+        self._models_file = Path(models_file) if models_file else None
+        self._keys = _Keys(Path(secrets_dir) if secrets_dir else None, provider_env)
+        self._api_bases = None if agent_api_bases is None else tuple(agent_api_bases)
+        self._routes: _Routes | str | None = None  # the routes, or why the configuration has none
+        self._routes_stamp: tuple[Any, ...] | None = None
         self._scripted: ScriptedModelServer | None = None
         self._scripted_lock = asyncio.Lock()
 
@@ -196,8 +459,9 @@ class ModelGateway:
         return self._scripted.in_flight_requests if self._scripted is not None else 0
 
     async def warm_up(self) -> None:
-        """Pay the litellm import up front (optional; complete() does it lazily otherwise)."""
-        _litellm()
+        """Pay the litellm import and the first routes up front (complete() does it lazily otherwise)."""
+        with contextlib.suppress(ModelError):  # a broken models file is reported by every call and check
+            self._current_routes()
 
     async def close(self) -> None:
         """Stop the embedded scripted model, if it was started."""
@@ -205,17 +469,50 @@ class ModelGateway:
             await self._scripted.stop()
             self._scripted = None
 
+    def _current_routes(self) -> _Routes:
+        """The routes of the models file and secrets as they are now: rebuilt when either changed
+        (a stat of each per call; in-flight calls finish on the routes they started with)."""
+        litellm = _litellm()
+        stamp = (_file_stamp(self._models_file), self._keys.stamp())
+        if self._routes is None or stamp != self._routes_stamp:
+            self._keys.load_provider_env()
+            try:
+                config = _read_models_file(self._models_file) if self._models_file else _NO_MODELS_FILE
+                self._routes = _Routes(litellm, config, self._keys, path=self._models_file, retries=self._retries,
+                                       timeout=self._timeout)
+            except ModelError as error:
+                self._routes = str(error)
+            self._routes_stamp = stamp
+        if isinstance(self._routes, str):
+            raise ModelError(self._routes)
+        return self._routes
+
+    def _check_api_base(self, api_base: str | None) -> None:
+        if api_base and self._api_bases is not None and not api_base.startswith(self._api_bases):
+            raise ModelError(f"api_base {api_base!r} is not one of the endpoints agents may use "
+                             f"(CANOPY_AGENT_API_BASES: {', '.join(self._api_bases) or 'none'})")
+
+    async def check_model(self, model: str, api_base: str | None = None, api_key_ref: str | None = None) -> str | None:
+        """Why a call to ``model`` (with an agent's ``api_base``/``api_key_ref``) cannot work, as a
+        sentence that names what is missing; None when litellm has all it needs. Makes no request."""
+        try:
+            self._check_api_base(api_base)
+            return self._current_routes().problem(model, api_base, api_key_ref)
+        except ModelError as error:
+            return str(error)
+
     async def complete(
         self,
         *,
         model: str,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        api_key: str | None = None,
         api_base: str | None = None,
+        api_key_ref: str | None = None,
         on_delta: Callable[[str], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
-        """One model reply. Raises ModelError on a non-transient error or when retries run out.
+        """One model reply. Raises ModelError when the call fails for good (a non-transient error,
+        or retries and fallbacks used up); ``failed_attempts`` are the requests that failed on the way.
 
         With ``on_delta`` the reply is streamed and each text delta is handed over as it
         arrives (for live watchers; a retried call may repeat deltas — only the final
@@ -223,19 +520,38 @@ class ModelGateway:
         call) aborts the HTTP request.
         """
         litellm = _litellm()
-        request = await self._route(model, api_key, api_base)
-        request["messages"] = to_openai_messages(messages)
+        self._check_api_base(api_base)
+        routes = self._current_routes()
+        call_id = uuid.uuid4().hex
+        request: dict[str, Any] = {"model": routes.target(model, api_base, api_key_ref),
+                                   "messages": to_openai_messages(messages), "metadata": {_CALL_KEY: call_id}}
+        if model.startswith(SCRIPTED_PREFIX):
+            request["api_base"] = await self.scripted_base_url()
         if tools:
             request["tools"] = to_openai_tools(tools)
         started = time.monotonic()
-        response, attempts = await self._call_with_retries(litellm, request, on_delta)
+        failed = _failed_attempts[call_id] = []
+        try:
+            if on_delta is None:
+                response = await routes.router.acompletion(**request)
+                hidden = getattr(response, "_hidden_params", {})
+                priced = hidden.get("response_cost")
+            else:
+                response, hidden = await _streamed(routes.router, litellm, request, on_delta)
+                priced = None
+        except Exception as error:
+            attempts = [_attempt(routes, a, model) for a in failed]
+            tries = f" (after {len(attempts)} attempts)" if len(attempts) > 1 else ""
+            raise ModelError(_first_line(error) + tries, attempts) from error
+        finally:
+            del _failed_attempts[call_id]
         return {
             "message": _message(response),
             "usage": _usage(response),
-            "cost_usd": _cost(litellm, response, model),
+            "cost_usd": _cost(litellm, response, priced, model),
             "latency_ms": (time.monotonic() - started) * 1000,
-            "model": model,
-            "attempts": attempts,
+            "model": routes.display(_model_group(hidden), model),
+            "failed_attempts": [_attempt(routes, a, model) for a in failed],
         }
 
     async def count_tokens(self, *, model: str, messages: list[dict[str, Any]],
@@ -243,40 +559,17 @@ class ModelGateway:
         """The prompt tokens a request would send, by litellm's counter for the model (in a thread:
         counting a long history takes a while, and this process serves every model call)."""
         litellm = _litellm()
-        counted = (model if not model.startswith(SCRIPTED_PREFIX) else "openai/" + model[len(SCRIPTED_PREFIX):])
+        if model.startswith(SCRIPTED_PREFIX):
+            counted = "openai/" + model[len(SCRIPTED_PREFIX):]
+        else:
+            counted = model
+            with contextlib.suppress(ModelError):  # a broken models file: count as the model string says
+                counted = self._current_routes().provider_model(model)
         return int(await asyncio.to_thread(litellm.token_counter, model=counted,
                                            messages=to_openai_messages(messages),
                                            tools=to_openai_tools(tools) if tools else None))
 
-    async def _route(self, model: str, api_key: str | None, api_base: str | None) -> dict[str, Any]:
-        if model.startswith(SCRIPTED_PREFIX):
-            route = {
-                "model": "openai/" + model[len(SCRIPTED_PREFIX) :],
-                "api_base": await self.scripted_base_url(),
-                "api_key": SCRIPTED_API_KEY,
-            }
-        else:
-            route = {"model": model}
-            if api_key:
-                route["api_key"] = api_key
-            if api_base:
-                route["api_base"] = api_base
-        # Retries are ours (with backoff and a clear final error); the SDK's would multiply them.
-        return {**route, "timeout": self._timeout, "num_retries": 0, "max_retries": 0}
 
-    async def _call_with_retries(
-        self, litellm: ModuleType, request: dict[str, Any], on_delta: Callable[[str], Awaitable[None]] | None
-    ) -> tuple[Any, int]:
-        transient = _transient_errors(litellm)
-        for attempt in range(self._retries + 1):
-            try:
-                if on_delta is None:
-                    return await litellm.acompletion(**request), attempt + 1
-                return await _streamed(litellm, request, on_delta), attempt + 1
-            except transient as exc:
-                if attempt == self._retries:
-                    raise ModelError(f"model call failed after {attempt + 1} attempt(s): {exc}") from exc
-                await asyncio.sleep(_backoff_seconds(attempt))
-            except Exception as exc:
-                raise ModelError(str(exc)) from exc
-        raise AssertionError("unreachable: the loop returns or raises")
+def _attempt(routes: _Routes, failed: dict[str, Any], model: str) -> dict[str, Any]:
+    return {"model": routes.display(failed["group"], model), "error": failed["error"],
+            "latency_ms": failed["latency_ms"], "ended_at": failed["ended_at"]}

@@ -27,6 +27,7 @@ from actors.toolbox import check_tool_names
 from persistence import agents, projects, schedules, scopes, sessions, stream_watchers, trees, turns, usage, views
 from persistence.cooperation import record_intervention
 from persistence.db import Connection, Database, resolve_database_url
+from persistence.errors import InvalidArgument
 from persistence.messages import steer
 from persistence.migrations import ensure_schema
 from persistence.records import TERMINAL_TURN_STATUSES, Row, Scope
@@ -50,27 +51,54 @@ def default_agent_config(settings: Settings) -> dict[str, Any]:
             "instructions": DEFAULT_INSTRUCTIONS, "tools": [], "approval_mode": "auto"}
 
 
+def secrets_path(settings: Settings) -> Path:
+    """``<data dir>/secrets``: where a runtime writes its secrets and its workers read them."""
+    return settings.data_dir.expanduser().resolve() / "secrets"
+
+
+def _secrets_directory(settings: Settings) -> Path:
+    directory = secrets_path(settings)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    return directory
+
+
+def _write_secret_file(path: Path, value: str) -> None:
+    """Replaced whole (written aside, then renamed), so a reader never sees half a value; 0600."""
+    aside = path.with_name(f".{path.name}.{os.getpid()}")
+    with os.fdopen(os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        handle.write(value)
+    aside.replace(path)
+
+
 def _write_secrets(settings: Settings, database_url: str) -> Path:
     """The runtime's secrets as files only its user can read: ``<data dir>/secrets`` (0700), one
     file per secret setting (0600), named as ``Settings`` reads them from ``CANOPY_SECRETS_DIR``.
-    Each file is replaced whole (written aside, then renamed), so a worker never reads half a
-    value. A data dir serves one runtime configuration: the last runtime started on it wrote
-    what its workers read; a secret the runtime does not have is removed."""
-    directory = settings.data_dir.expanduser().resolve() / "secrets"
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    directory.chmod(0o700)
+    A data dir serves one runtime configuration: the last runtime started on it wrote what its
+    workers read; a secret the runtime does not have is removed."""
+    directory = _secrets_directory(settings)
     values = {name: reveal(getattr(settings, name)) for name in secret_fields()}
     values["database_url"] = database_url
     for name, value in values.items():
         path = directory / f"{ENV_PREFIX}{name}".lower()
         if value is None:
             path.unlink(missing_ok=True)
-            continue
-        aside = path.with_name(f".{path.name}.{os.getpid()}")
-        with os.fdopen(os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
-            handle.write(value)
-        aside.replace(path)
+        else:
+            _write_secret_file(path, value)
     return directory
+
+
+def _move_provider_env(settings: Settings) -> None:
+    """The provider variables (``settings.provider_env``: keys, endpoints) leave this process's
+    environment, which every process it starts would inherit, for files of the secrets
+    directory named like them: only the model gateway reads them there. A file whose variable
+    this process does not have stays (a runtime started earlier moved it, or the operator put
+    it there); removing the file is how an operator takes a key away."""
+    directory = _secrets_directory(settings)
+    for name in settings.provider_env:
+        value = os.environ.pop(name, None)
+        if value:
+            _write_secret_file(directory / name, value)
 
 
 def _worker_env(settings: Settings, database_url: str) -> dict[str, str]:
@@ -121,6 +149,7 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     :data:`WORKER_PRELOAD_MODULES` in its workers (a cluster's nodes set it with
     ``ray start --system-config``, see cluster.yaml).
     """
+    _move_provider_env(settings)
     env = _worker_env(settings, database_url)
     options.setdefault("logging_config", logging_config())
     root_level = logging.getLogger().level
@@ -144,6 +173,29 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     return context
 
 
+def gateway_options(settings: Settings) -> dict[str, Any]:
+    """The ModelGateway's arguments, paths absolute: it runs in a worker with a cwd of its own."""
+    return {"scripted_port": settings.scripted_model_port, "log_path": str(scripted_log_path(settings)),
+            "timeout_seconds": settings.model_timeout_seconds, "retries": settings.model_retries,
+            "models_file": str(settings.models_file.expanduser().resolve()) if settings.models_file else None,
+            "secrets_dir": str(secrets_path(settings)), "provider_env": list(settings.provider_env),
+            "agent_api_bases": settings.agent_api_bases}
+
+
+ModelCheck = Callable[[str, str | None, str | None], Awaitable[str | None]]
+
+
+async def require_usable_model(check: ModelCheck, fields: dict[str, Any]) -> dict[str, Any]:
+    """The agent's model, api_base and api_key_ref, refused (InvalidArgument, 422) unless the
+    gateway can use them: the sentence names the missing variable or key. Makes no request."""
+    endpoint = {field: fields.get(field) for field in agents.ENDPOINT_FIELDS}
+    agents.check_endpoint(endpoint["api_base"], endpoint["api_key_ref"])
+    problem = await check(endpoint["model"], endpoint["api_base"], endpoint["api_key_ref"])
+    if problem:
+        raise InvalidArgument(problem)
+    return endpoint
+
+
 class Runtime:
     def __init__(self, db: Database, settings: Settings, database_url: str) -> None:
         self.db = db
@@ -162,8 +214,7 @@ class Runtime:
                      num_cpus=num_cpus, logging_level=logging.WARNING)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         gateway = GatewayActor.options(**named_options(GATEWAY_NAME, max_concurrency=1000)).remote(
-            scripted_port=settings.scripted_model_port, log_path=str(scripted_log_path(settings)),
-            timeout_seconds=settings.model_timeout_seconds, retries=settings.model_retries)
+            **gateway_options(settings))
         await gateway.warm_up.remote()
         sweeper = Sweeper.options(**named_options(SWEEPER_NAME)).remote()
         await sweeper.start.remote()
@@ -322,8 +373,22 @@ class Runtime:
             await _run_hook(in_tx, conn, project)
         return project
 
+    async def check_model(self, model: str, api_base: str | None = None, api_key_ref: str | None = None) -> str | None:
+        """The gateway's word on a model (see ModelGateway.check_model): None, or what is missing."""
+        gateway = ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE)
+        problem: str | None = await gateway.check_model.remote(model, api_base, api_key_ref)
+        return problem
+
+    async def default_model_problem(self) -> str | None:
+        """What the default model (CANOPY_DEFAULT_MODEL) lacks, as a sentence naming it; None: nothing."""
+        if problem := await self.check_model(self.settings.default_model):
+            return f"the default model {self.settings.default_model!r} (CANOPY_DEFAULT_MODEL) cannot be used: {problem}"
+        return None
+
     async def create_agent(self, scope: Scope, fields: dict[str, Any], in_tx: TxHook | None = None) -> Row:
+        """Refused, with nothing written, unless the gateway can use its model, api_base and key."""
         check_tool_names(fields.get("tools") or [])
+        await require_usable_model(self.check_model, fields)
         async with self.db.tx() as conn:
             agent = await agents.create_agent(conn, scope, fields)
             await _run_hook(in_tx, conn, agent)
@@ -331,10 +396,16 @@ class Runtime:
 
     async def update_agent(self, scope: Scope, agent_id: str, changes: dict[str, Any],
                            in_tx: TxHook | None = None) -> Row:
-        """Only the owner edits; sessions created from the agent keep their frozen copy."""
+        """Only the owner edits; sessions created from the agent keep their frozen copy. An edit of
+        the model, api_base or api_key_ref is checked like a new agent's (with the fields it keeps)."""
         check_tool_names(changes.get("tools") or [])
+        checked = None
+        if changes.keys() & set(agents.ENDPOINT_FIELDS):
+            async with self.db.tx() as conn:
+                current = await agents.get_agent(conn, scope, agent_id)
+            checked = await require_usable_model(self.check_model, {**current, **changes})
         async with self.db.tx() as conn:
-            agent = await agents.update_agent(conn, scope, agent_id, changes)
+            agent = await agents.update_agent(conn, scope, agent_id, changes, checked_endpoint=checked)
             await _run_hook(in_tx, conn, agent)
         return agent
 

@@ -120,7 +120,8 @@ def agents_create(args: argparse.Namespace) -> int:
 
     fields = {"agent_id": args.agent_id, "name": args.name or args.agent_id, "description": args.description,
               "model": args.model, "instructions": args.instructions, "tools": args.tool or [],
-              "approval_mode": args.approval_mode, "shared": args.shared}
+              "approval_mode": args.approval_mode, "shared": args.shared, "api_base": args.api_base,
+              "api_key_ref": args.api_key_ref}
     asyncio.run(create_agent(_scope(args), fields, Console()))
     return 0
 
@@ -208,6 +209,9 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--tool", action="append", help="a tool the agent may use (repeatable; none: all)")
     create.add_argument("--approval-mode", choices=("auto", "ask"), default="auto")
     create.add_argument("--shared", action="store_true", help="visible to every user of the app")
+    create.add_argument("--api-base", default=None, help="where its model calls go (an OpenAI-compatible server)")
+    create.add_argument("--api-key-ref", default=None, metavar="NAME",
+                        help="the NAME of the variable or secret file holding the key (never the key itself)")
     create.set_defaults(handler=agents_create)
 
     sessions = commands.add_parser("sessions", help="sessions").add_subparsers(dest="sessions_command", required=True)

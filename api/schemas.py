@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from persistence.agents import API_BASE_MAX_CHARS, API_BASE_PATTERN, API_KEY_REF_PATTERN
 from persistence.turns import MAX_TEXT
 from persistence.usage import MAX_LIMIT
 from persistence.views import INPUT_PREVIEW
@@ -37,6 +38,13 @@ ScopeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@:-]{1,128}$")
 AgentId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
 ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
+ApiBase = Annotated[str, StringConstraints(pattern=API_BASE_PATTERN, max_length=API_BASE_MAX_CHARS)]
+ApiKeyRef = Annotated[str, StringConstraints(pattern=API_KEY_REF_PATTERN)]
+_API_BASE = "Where the agent's model calls go (an OpenAI-compatible server, a proxy); default: the provider's own."
+_API_KEY_REF = ("The NAME of the variable or secret file that holds the key for the agent's calls (e.g. "
+                "OPENAI_API_KEY), never the key itself; default: the provider's own variable, or no key with api_base.")
+# May be null in a PATCH: null takes the agent back to its provider's default endpoint and key.
+_CLEARABLE = ("api_base", "api_key_ref")
 
 
 class RequestBody(BaseModel):
@@ -179,6 +187,8 @@ class AgentCreate(RequestBody):
         default=None, ge=1000, le=10_000_000,
         description="Compact a session's history when a model call would send more tokens (default: the setting).")
     budget: Budget | None = Field(default=None, description="The default budget of a tree this agent starts.")
+    api_base: ApiBase | None = Field(default=None, description=_API_BASE)
+    api_key_ref: ApiKeyRef | None = Field(default=None, description=_API_KEY_REF)
 
 
 class AgentUpdate(RequestBody):
@@ -192,13 +202,15 @@ class AgentUpdate(RequestBody):
     compact_at_tokens: int | None = Field(default=None, ge=1000, le=10_000_000)
     budget: Budget | None = Field(default=None, description="The default budget of a tree this agent starts "
                                                             "(an empty object: none).")
+    api_base: ApiBase | None = Field(default=None, description=_API_BASE + " null: the default.")
+    api_key_ref: ApiKeyRef | None = Field(default=None, description=_API_KEY_REF + " null: the default.")
 
     @model_validator(mode="before")
     @classmethod
     def _no_nulls(cls, data: Any) -> Any:
         # A PATCH leaves out what it does not change; an explicit null would erase a required field.
         if isinstance(data, dict):
-            nulls = sorted(key for key, value in data.items() if value is None)
+            nulls = sorted(key for key, value in data.items() if value is None and key not in _CLEARABLE)
             if nulls:
                 raise ValueError(f"omit a field instead of sending null: {', '.join(map(str, nulls))}")
         return data
@@ -219,6 +231,8 @@ class Agent(ResponseBody):
     created_at: dt.datetime
     updated_at: dt.datetime
     budget: dict[str, Any] | None = Field(default=None, description="The default budget of a tree it starts.")
+    api_base: str | None = None
+    api_key_ref: str | None = Field(default=None, description="The name of the key's variable or file, not the key.")
 
     @model_validator(mode="before")
     @classmethod

@@ -266,6 +266,8 @@ async def _prepare(settings: Settings) -> str:
     """Start the detached gateway and sweeper, and mint an API key for the default scope."""
     runtime = await Runtime.start(settings)
     try:
+        if problem := await runtime.default_model_problem():  # e.g. its provider's key is missing
+            raise StartupError(problem)
         return await runtime.create_api_key(DEFAULT_SCOPE)
     finally:
         await runtime.close()

@@ -3,20 +3,37 @@ every user of the app when ``shared``."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from persistence.db import Connection
-from persistence.errors import Conflict, NotFound
+from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import Row, Scope
 from persistence.usage import check_budget
 
 _COLUMNS = "agent_id, name, description, model, instructions, tools, approval_mode, shared, owner_user_id, " \
-    "created_at, updated_at, compact_at_tokens, budget"
+    "created_at, updated_at, compact_at_tokens, budget, api_base, api_key_ref"
 _VISIBLE = "app_id = %(app_id)s AND (owner_user_id = %(user_id)s OR shared)"
 EDITABLE_FIELDS = ("name", "description", "model", "instructions", "tools", "approval_mode", "shared",
-                   "compact_at_tokens", "budget")
+                   "compact_at_tokens", "budget", "api_base", "api_key_ref")
+# What decides where an agent's model calls go and with which key: checked together (actors/runtime.py).
+ENDPOINT_FIELDS = ("model", "api_base", "api_key_ref")
+# The NAME of a key (an environment variable or a secret file), never a key: the database holds no key.
+API_KEY_REF_PATTERN = r"^[A-Z][A-Z0-9_]{0,63}$"
+API_BASE_PATTERN = r"^https?://[^\s*]+$"
+API_BASE_MAX_CHARS = 2000
+
+
+def check_endpoint(api_base: str | None, api_key_ref: str | None) -> None:
+    """The shape of an agent's endpoint fields; whether the gateway can use them is the gateway's call."""
+    if api_base is not None and (len(api_base) > API_BASE_MAX_CHARS or not re.fullmatch(API_BASE_PATTERN, api_base)):
+        raise InvalidArgument(f"api_base must be an http:// or https:// URL of at most {API_BASE_MAX_CHARS} "
+                              "characters, without spaces or '*'")
+    if api_key_ref is not None and not re.fullmatch(API_KEY_REF_PATTERN, api_key_ref):
+        raise InvalidArgument("api_key_ref is the NAME of an environment variable or secret file that holds the key "
+                              "(upper-case letters, digits and '_', e.g. OPENAI_API_KEY), never the key itself")
 
 
 def frozen_config(agent: Row) -> dict[str, Any]:
@@ -31,6 +48,8 @@ def frozen_config(agent: Row) -> dict[str, Any]:
         "compact_at_tokens": agent["compact_at_tokens"],
         # The budget a tree it starts gets when its creator names none (persistence/usage.py).
         "budget": agent["budget"],
+        "api_base": agent["api_base"],
+        "api_key_ref": agent["api_key_ref"],
     }
 
 
@@ -41,6 +60,7 @@ def _stored_budget(budget: dict[str, Any] | None) -> Jsonb | None:
 
 
 async def create_agent(conn: Connection, scope: Scope, fields: dict[str, Any]) -> Row:
+    check_endpoint(fields.get("api_base"), fields.get("api_key_ref"))
     params = {
         "app_id": scope.app_id,
         "owner_user_id": scope.user_id,
@@ -54,12 +74,15 @@ async def create_agent(conn: Connection, scope: Scope, fields: dict[str, Any]) -
         "shared": fields.get("shared", False),
         "compact_at_tokens": fields.get("compact_at_tokens"),
         "budget": _stored_budget(fields.get("budget")),
+        "api_base": fields.get("api_base"),
+        "api_key_ref": fields.get("api_key_ref"),
     }
     cur = await conn.execute(
         f"""INSERT INTO agents (app_id, agent_id, owner_user_id, name, description, model, instructions,
-                                tools, approval_mode, shared, compact_at_tokens, budget)
+                                tools, approval_mode, shared, compact_at_tokens, budget, api_base, api_key_ref)
             VALUES (%(app_id)s, %(agent_id)s, %(owner_user_id)s, %(name)s, %(description)s, %(model)s,
-                    %(instructions)s, %(tools)s, %(approval_mode)s, %(shared)s, %(compact_at_tokens)s, %(budget)s)
+                    %(instructions)s, %(tools)s, %(approval_mode)s, %(shared)s, %(compact_at_tokens)s, %(budget)s,
+                    %(api_base)s, %(api_key_ref)s)
             ON CONFLICT DO NOTHING
             RETURNING {_COLUMNS}""",
         params,
@@ -90,19 +113,26 @@ async def list_agents(conn: Connection, scope: Scope) -> list[Row]:
     return await cur.fetchall()
 
 
-async def update_agent(conn: Connection, scope: Scope, agent_id: str, changes: dict[str, Any]) -> Row:
-    """Only the owner edits an agent; sessions created from it keep their frozen copy."""
+async def update_agent(conn: Connection, scope: Scope, agent_id: str, changes: dict[str, Any],
+                       checked_endpoint: dict[str, Any] | None = None) -> Row:
+    """Only the owner edits an agent; sessions created from it keep their frozen copy.
+
+    ``checked_endpoint``: the model, api_base and api_key_ref the caller had checked; an agent
+    whose merged endpoint differs from it (another edit came in between) is a Conflict."""
     current = await get_agent(conn, scope, agent_id)
     if current["owner_user_id"] != scope.user_id:
         raise NotFound(f"no agent {agent_id!r} that you own")
     merged = {field: changes.get(field, current[field]) for field in EDITABLE_FIELDS}
+    check_endpoint(merged["api_base"], merged["api_key_ref"])
+    if checked_endpoint is not None and {f: merged[f] for f in ENDPOINT_FIELDS} != checked_endpoint:
+        raise Conflict(f"agent {agent_id!r} changed while its model was being checked; send the edit again")
     merged["tools"] = Jsonb(merged["tools"])
     merged["budget"] = _stored_budget(merged["budget"])
     cur = await conn.execute(
         f"""UPDATE agents SET name = %(name)s, description = %(description)s, model = %(model)s,
                    instructions = %(instructions)s, tools = %(tools)s, approval_mode = %(approval_mode)s,
                    shared = %(shared)s, compact_at_tokens = %(compact_at_tokens)s, budget = %(budget)s,
-                   updated_at = now()
+                   api_base = %(api_base)s, api_key_ref = %(api_key_ref)s, updated_at = now()
             WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s
             RETURNING {_COLUMNS}""",
         {**merged, "app_id": scope.app_id, "agent_id": agent_id},

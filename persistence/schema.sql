@@ -68,6 +68,9 @@ CREATE TABLE agents (
     -- Compact a session's history when a model call would send more tokens (NULL: the setting).
     compact_at_tokens integer CHECK (compact_at_tokens >= 1000),
     budget          jsonb,                   -- the default budget of a tree it starts: {max_tokens, ...}
+    -- Where the agent's model calls go and the NAME of the key they use (never a key).
+    api_base        text CHECK (api_base ~ '^https?://[^\s*]+$' AND length(api_base) <= 2000),
+    api_key_ref     text CHECK (api_key_ref ~ '^[A-Z][A-Z0-9_]{0,63}$'),
     PRIMARY KEY (app_id, agent_id)
 );
 

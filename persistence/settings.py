@@ -24,6 +24,17 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SecretsSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "CANOPY_"
+# What providers read from the environment (litellm's names): keys, and the endpoints that go with them.
+PROVIDER_ENV = (
+    "OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_ORGANIZATION",
+    "ANTHROPIC_API_KEY", "ANTHROPIC_API_BASE",
+    "AZURE_API_KEY", "AZURE_API_BASE", "AZURE_API_VERSION",
+    "GEMINI_API_KEY", "GOOGLE_API_KEY",
+    "MISTRAL_API_KEY", "GROQ_API_KEY", "DEEPSEEK_API_KEY", "XAI_API_KEY", "OPENROUTER_API_KEY",
+    "TOGETHERAI_API_KEY", "FIREWORKS_AI_API_KEY", "COHERE_API_KEY", "HUGGINGFACE_API_KEY",
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION_NAME",
+    "HOSTED_VLLM_API_KEY", "HOSTED_VLLM_API_BASE", "OLLAMA_API_BASE",
+)
 
 
 def _default_data_dir() -> Path:
@@ -124,8 +135,24 @@ class Settings(BaseSettings):
         default=1024 * 1024, ge=1,
         description="The largest '#!script' (the UTF-8 text after the marker line) the scripted model parses; "
                     "a larger one gets HTTP 400 unparsed.")
-    model_timeout_seconds: float = Field(default=120.0, gt=0)
-    model_retries: int = Field(default=2, ge=0)
+    model_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="Timeout of one model request (the models file's router_settings.timeout "
+                                         "wins).")
+    model_retries: int = Field(
+        default=2, ge=0, description="Retries of a failed model request, with exponential backoff and jitter, or "
+                                     "after the provider's Retry-After (router_settings.num_retries wins).")
+    models_file: Path | None = Field(
+        default=None, description="A YAML file of model routes in litellm's own shape: model_list (deployments "
+        "with rpm/tpm limits) and router_settings (fallbacks, num_retries, timeout, ...). The gateway reloads it "
+        "when it changes. Unset: every model string goes to its provider as is.")
+    provider_env: list[str] = Field(
+        default=list(PROVIDER_ENV), description="Environment variables of model providers (keys and endpoints). "
+        "Starting the runtime moves those it finds from its environment into the secrets directory, where only "
+        "the model gateway reads them; an agent's api_key_ref may name one of them (or a file of that directory).")
+    agent_api_bases: list[str] | None = Field(
+        default=None, description="URL prefixes an agent's api_base must start with. An agent's calls go to its "
+        "api_base with the key its api_key_ref names: where users must not send the operator's keys elsewhere, "
+        "list the endpoints here. Unset: any http(s) URL.")
 
     admin_token: SecretStr | None = Field(default=None, description="The bearer that creates and revokes API keys.")
     metrics_token: SecretStr | None = Field(

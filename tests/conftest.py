@@ -73,6 +73,9 @@ RUNTIME_ENV = {
     # limit leaves room for the other suites sharing the engine (tests/hostile tests the limit itself).
     "CANOPY_SANDBOX_IDLE_SECONDS": "20",
     "CANOPY_SANDBOX_MAX_CONTAINERS": "200",
+    # A provider key the runtime must move out of every environment into the secrets directory; only
+    # the model gateway reads it (tests/actors/test_providers.py looks for it everywhere else).
+    "OPENAI_API_KEY": "sk-canopy-test-7c1e0f3b9a4d4e2f8b6a5d0c1e2f3a4b",
 }
 
 
@@ -106,6 +109,9 @@ async def runtime(request: pytest.FixtureRequest, database_url: str, data_dir: P
     os.environ.update({**RUNTIME_ENV, **shape})
     os.environ["CANOPY_DATABASE_URL"] = database_url
     os.environ["CANOPY_DATA_DIR"] = str(data_dir)
+    # No routes of its own; tests/actors/test_providers.py rewrites it and the gateway reloads it.
+    (data_dir / "models.yaml").write_text("model_list: []\n")
+    os.environ["CANOPY_MODELS_FILE"] = str(data_dir / "models.yaml")
     get_settings.cache_clear()  # this process's settings follow the shape too
     rt = await Runtime.start(Settings(), num_cpus=2, include_dashboard=True)
     yield rt

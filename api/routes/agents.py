@@ -29,6 +29,8 @@ async def list_agents(caller: ScopeDep, runtime: RuntimeDep) -> list[Agent]:
              responses=errors(*COMMON, 409, 413))
 async def create_agent(body: AgentCreate, caller: ScopeDep, runtime: RuntimeDep, request: Request,
                        idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """422, with nothing written, when the model gateway cannot use the model with its api_base and
+    api_key_ref: the sentence names the missing variable or key."""
     fields = body.model_dump()
     fields["model"] = body.model or runtime.settings.default_model
     return await respond_to_write(
@@ -44,6 +46,7 @@ async def get_agent(agent_id: AgentIdPath, caller: ScopeDep, runtime: RuntimeDep
 
 @router.patch("/{agent_id}", response_model=Agent, responses=errors(*COMMON, 404, 413))
 async def update_agent(agent_id: AgentIdPath, body: AgentUpdate, caller: ScopeDep, runtime: RuntimeDep) -> Agent:
-    """Only the owner edits. Sessions already created from the agent keep their frozen copy."""
+    """Only the owner edits. Sessions already created from the agent keep their frozen copy. A new
+    model, api_base or api_key_ref is checked as at creation (422, nothing changed)."""
     changes = body.model_dump(exclude_unset=True)
     return Agent.model_validate(await runtime.update_agent(caller, agent_id, changes))

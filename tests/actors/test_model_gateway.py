@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import ray
+import yaml
 
 from actors.model_gateway import ModelError, ModelGateway
 from actors.scripted import builders
 from actors.scripted.server import ScriptedModelServer, serve_scripted_model
+from tests.actors.replay_server import ReplayServer, say
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -53,6 +55,13 @@ async def gateway(log_path: Path) -> AsyncIterator[ModelGateway]:
     gw = ModelGateway(log_path=str(log_path), timeout_seconds=30, retries=2)
     yield gw
     await gw.close()
+
+
+@pytest.fixture(scope="module")
+def replay() -> Iterator[ReplayServer]:
+    server = ReplayServer().start()
+    yield server
+    server.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -106,21 +115,131 @@ async def test_transient_error_is_retried_then_reported() -> None:
         closed_port = probe.getsockname()[1]
     gw = ModelGateway(timeout_seconds=5, retries=1)
     started = time.monotonic()
-    with pytest.raises(ModelError, match="after 2 attempt"):
+    with pytest.raises(ModelError, match="after 2 attempts") as failed:
         await gw.complete(model="openai/scripted", messages=scripted([{"say": "x"}]), tools=None,
-                          api_key="x", api_base=f"http://127.0.0.1:{closed_port}/v1")
+                          api_base=f"http://127.0.0.1:{closed_port}/v1")
     assert time.monotonic() - started >= 0.5, "backs off before retrying"
+    assert [a["model"] for a in failed.value.attempts] == ["openai/scripted"] * 2
+    assert all("Connection" in a["error"] for a in failed.value.attempts)
 
 
-async def test_other_models_pass_through_with_key_and_base(
-    gateway: ModelGateway, own_server: ScriptedModelServer
+async def test_other_models_pass_through_with_the_named_key_and_base(
+    tmp_path: Path, replay: ReplayServer
 ) -> None:
-    result = await gateway.complete(
-        model="openai/scripted", messages=scripted([{"say": "direct"}]), tools=None,
-        api_key="sk-test", api_base=own_server.base_url,
-    )
-    assert result["message"]["content"] == "direct"
+    (tmp_path / "REPLAY_TEAM_KEY").write_text("sk-team\n")
+    gw = ModelGateway(timeout_seconds=30, retries=0, secrets_dir=str(tmp_path))
+    replay.script("direct", say("direct"))
+    result = await gw.complete(model="openai/direct", messages=scripted([{"say": "ignored"}]), tools=None,
+                               api_key_ref="REPLAY_TEAM_KEY", api_base=replay.base_url)
+    assert result["message"]["content"] == "direct" and result["model"] == "openai/direct"
     assert result["cost_usd"] == 0.0, "an unpriced model costs 0 rather than failing"
+    assert replay.requests_for("direct")[0].authorization == "Bearer sk-team"
+
+
+async def test_a_priced_model_is_charged_its_tokens_streamed_or_not(replay: ReplayServer) -> None:
+    import litellm  # the price map, read independently of the gateway
+
+    gw = ModelGateway(timeout_seconds=30, retries=0)
+    replay.script("gpt-4o-mini", say("plain"), say("streamed"))
+    prompt, completion = litellm.cost_per_token(model="gpt-4o-mini", prompt_tokens=11, completion_tokens=7)
+    deltas: list[str] = []
+
+    async def on_delta(delta: str) -> None:
+        deltas.append(delta)
+
+    for streamed in (None, on_delta):
+        result = await gw.complete(model="openai/gpt-4o-mini", messages=scripted([{"say": "x"}]), tools=None,
+                                   api_base=replay.base_url, on_delta=streamed)
+        assert result["usage"] == {"prompt_tokens": 11, "completion_tokens": 7}
+        assert result["cost_usd"] == pytest.approx(prompt + completion) and result["cost_usd"] > 0
+    assert deltas == ["streamed"]
+
+
+async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(
+    monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-operator-only")
+    gw = ModelGateway(timeout_seconds=30, retries=0, provider_env=("OPENAI_API_KEY",))
+    replay.script("elsewhere", say("hello"))
+    await gw.complete(model="openai/elsewhere", messages=scripted([{"say": "x"}]), tools=None,
+                      api_base=replay.base_url)
+    assert "sk-operator-only" not in (replay.requests_for("elsewhere")[0].authorization or "")
+    # A name outside the provider variables is not a key an agent may use, whatever the environment holds.
+    monkeypatch.setenv("REPLAY_NOT_A_PROVIDER_KEY", "sk-secret")
+    assert "REPLAY_NOT_A_PROVIDER_KEY" in (await gw.check_model("openai/elsewhere", replay.base_url,
+                                                                 "REPLAY_NOT_A_PROVIDER_KEY") or "")
+    with pytest.raises(ModelError, match="REPLAY_NOT_A_PROVIDER_KEY"):
+        await gw.complete(model="openai/elsewhere", messages=scripted([{"say": "x"}]), tools=None,
+                          api_base=replay.base_url, api_key_ref="REPLAY_NOT_A_PROVIDER_KEY")
+    assert len(replay.requests_for("elsewhere")) == 1
+
+
+async def test_api_bases_outside_the_allowed_prefixes_are_refused(replay: ReplayServer) -> None:
+    gw = ModelGateway(timeout_seconds=30, retries=0, agent_api_bases=(replay.base_url,))
+    replay.script("allowed", say("fine"))
+    assert await gw.check_model("openai/allowed", replay.base_url, None) is None
+    assert "CANOPY_AGENT_API_BASES" in (await gw.check_model("openai/allowed", "http://10.0.0.1/v1", None) or "")
+    with pytest.raises(ModelError, match="CANOPY_AGENT_API_BASES"):
+        await gw.complete(model="openai/allowed", messages=scripted([{"say": "x"}]), tools=None,
+                          api_base="http://10.0.0.1/v1")
+    result = await gw.complete(model="openai/allowed", messages=scripted([{"say": "x"}]), tools=None,
+                               api_base=replay.base_url)
+    assert result["message"]["content"] == "fine"
+
+
+def _write(path: Path, config: dict[str, Any]) -> None:
+    aside = path.with_name(path.name + ".writing")
+    aside.write_text(yaml.safe_dump(config))
+    aside.replace(path)
+
+
+async def test_the_models_file_is_reloaded_and_its_rpm_limit_holds_calls_back(
+    tmp_path: Path, replay: ReplayServer
+) -> None:
+    path = tmp_path / "models.yaml"
+    _write(path, {"model_list": []})
+    gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path))
+    assert "'limited'" in (await gw.check_model("limited", None, None) or ""), "not a model before the file names it"
+    assert await gw.check_model("canopy/scripted", None, None) is None
+
+    deployment = {"model": "openai/limited", "api_base": replay.base_url, "api_key": "sk-file", "rpm": 1}
+    _write(path, {"model_list": [{"model_name": "limited", "litellm_params": deployment}]})
+    assert await gw.check_model("limited", None, None) is None
+    replay.script("limited", say("one"), say("two"))
+    first = await gw.complete(model="limited", messages=scripted([{"say": "x"}]), tools=None)
+    assert first["message"]["content"] == "one" and first["model"] == "limited"
+    with pytest.raises(ModelError, match=r"(?i)rate limit"):
+        await gw.complete(model="limited", messages=scripted([{"say": "x"}]), tools=None)
+    assert len(replay.requests_for("limited")) == 1, "the limit held the call back before it reached the provider"
+
+
+async def test_the_readmes_models_file_is_one_the_gateway_takes(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = readme.split("**Routes, fallbacks, limits, retries**", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "models.yaml"
+    path.write_text(example)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-readme")
+    gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path), provider_env=("OPENAI_API_KEY",))
+    assert await gw.check_model("smart", None, None) is None and await gw.check_model("local", None, None) is None
+    assert "ANTHROPIC_API_KEY" in (await gw.check_model("smart-backup", None, None) or "")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("model_list: [", "YAML"),
+    ("model_list: []\nlitellm_settings: {}\n", "litellm_settings"),
+    ("model_list: [{model_name: x}]\n", "litellm_params"),
+    ("router_settings: {no_such_setting: 1}\n", "no_such_setting"),
+])
+async def test_a_broken_models_file_is_a_clear_error(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "models.yaml"
+    path.write_text(text)
+    gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path))
+    problem = await gw.check_model("canopy/scripted", None, None)
+    assert problem is not None and str(path) in problem and says in problem, problem
+    with pytest.raises(ModelError, match=says):
+        await gw.complete(model="canopy/scripted", messages=scripted([{"say": "x"}]), tools=None)
 
 
 async def test_cancellation_aborts_the_http_call(
@@ -128,7 +247,7 @@ async def test_cancellation_aborts_the_http_call(
 ) -> None:
     call = asyncio.create_task(gateway.complete(
         model="openai/scripted", messages=scripted([{"say": "x", "delay_ms": 10000}]), tools=None,
-        api_key="x", api_base=own_server.base_url,
+        api_base=own_server.base_url,
     ))
     await wait_until(lambda: own_server.in_flight_requests == 1)
     await asyncio.sleep(0.5)

@@ -152,3 +152,38 @@ async def test_agents_and_projects(http: httpx.AsyncClient, runtime: Runtime) ->
     found = await rows(runtime.db, "SELECT agent_config FROM sessions WHERE session_id = %s",
                        root.json()["session"]["session_id"])
     assert found[0]["agent_config"]["approval_mode"] == "ask"
+
+
+async def test_an_agents_endpoint_and_key_name_are_checked_and_frozen(http: httpx.AsyncClient, runtime: Runtime,
+                                                                      scope: Scope) -> None:
+    async def stored() -> list[dict[str, object]]:
+        return await rows(runtime.db, "SELECT agent_id, model, api_base, api_key_ref FROM agents WHERE app_id = %s",
+                          scope.app_id)
+
+    refused = await http.post("/api/v1/agents", json={"agent_id": "remote", "name": "Remote", "model": "openai/qwen",
+                                                       "api_base": "http://127.0.0.1:9/v1",
+                                                       "api_key_ref": "NO_SUCH_PROVIDER_KEY"})
+    assert refused.status_code == 422 and "NO_SUCH_PROVIDER_KEY" in refused.json()["detail"], refused.text
+    missing = await http.post("/api/v1/agents", json={"agent_id": "remote", "name": "Remote",
+                                                      "model": "groq/llama-3.1-8b-instant"})
+    assert missing.status_code == 422 and "GROQ_API_KEY" in missing.json()["detail"], missing.text
+    a_key = await http.post("/api/v1/agents", json={"agent_id": "remote", "name": "Remote", "model": "openai/qwen",
+                                                    "api_key_ref": "sk-not-a-name"})
+    assert a_key.status_code == 422 and "api_key_ref" in a_key.json()["detail"], a_key.text
+    assert await stored() == []
+
+    created = await http.post("/api/v1/agents", json={"agent_id": "remote", "name": "Remote", "model": "openai/qwen",
+                                                      "api_base": "http://127.0.0.1:9/v1"})
+    assert created.status_code == 201, created.text
+    assert (created.json()["api_base"], created.json()["api_key_ref"]) == ("http://127.0.0.1:9/v1", None)
+    patched = await http.patch("/api/v1/agents/remote", json={"api_key_ref": "NO_SUCH_PROVIDER_KEY"})
+    assert patched.status_code == 422 and "NO_SUCH_PROVIDER_KEY" in patched.json()["detail"], patched.text
+    assert await stored() == [{"agent_id": "remote", "model": "openai/qwen", "api_base": "http://127.0.0.1:9/v1",
+                               "api_key_ref": None}]
+    root = await http.post("/api/v1/sessions", json={"agent_id": "remote"})
+    found = await rows(runtime.db, "SELECT agent_config FROM sessions WHERE session_id = %s",
+                       root.json()["session"]["session_id"])
+    assert (found[0]["agent_config"]["api_base"], found[0]["agent_config"]["api_key_ref"]) == (
+        "http://127.0.0.1:9/v1", None)
+    cleared = await http.patch("/api/v1/agents/remote", json={"model": "canopy/scripted", "api_base": None})
+    assert cleared.status_code == 200 and cleared.json()["api_base"] is None, cleared.text

@@ -350,3 +350,18 @@ def test_the_port_probe_accepts_time_wait_and_refuses_a_listener() -> None:
     with socket.socket() as plain, pytest.raises(OSError):
         plain.bind(("127.0.0.1", port))
     assert port_free("127.0.0.1", port)
+
+
+def test_a_default_model_without_its_key_is_one_line_naming_the_variable_and_exit_code_2(root: Path) -> None:
+    env = _clean_env(root / "data", root / "ray")
+    env.pop("GROQ_API_KEY", None)
+    env["CANOPY_DEFAULT_MODEL"] = "groq/llama-3.1-8b-instant"
+    done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(free_port()), "--dashboard-port",
+                           str(free_port()), "--data-dir", str(root / "data")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=START_TIMEOUT)
+    assert done.returncode == 2, done
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("canopy: ")]
+    assert line.startswith("canopy: the default model 'groq/llama-3.1-8b-instant' (CANOPY_DEFAULT_MODEL)"), line
+    assert "needs GROQ_API_KEY" in line, line
+    assert "Traceback" not in done.stdout + done.stderr and "Canopy is up" not in done.stdout
+    assert "canopy: stopped" in done.stdout

@@ -59,6 +59,19 @@ async def test_operator_commands(api: ApiServer, runtime: Runtime, scope: Scope)
     assert code == 1 and "no tree" in out, out
 
 
+async def test_agents_create_checks_the_model_and_its_key_name(runtime: Runtime, scope: Scope) -> None:
+    who = ["--user", scope.user_id, "--app", scope.app_id]
+    endpoint = ["--model", "openai/qwen", "--api-base", "http://127.0.0.1:9/v1"]
+    code, out = await canopy(runtime, "agents", "create", "remote", *endpoint, "--api-key-ref", "NO_SUCH_PROVIDER_KEY",
+                             *who)
+    assert code == 1 and "canopy: api_key_ref 'NO_SUCH_PROVIDER_KEY' names no key" in out and "Traceback" not in out
+    assert await rows(runtime.db, "SELECT agent_id FROM agents WHERE app_id = %s", scope.app_id) == []
+    code, out = await canopy(runtime, "agents", "create", "remote", *endpoint, *who)
+    assert code == 0 and "remote" in out, out
+    assert await rows(runtime.db, "SELECT api_base, api_key_ref FROM agents WHERE app_id = %s", scope.app_id) == [
+        {"api_base": "http://127.0.0.1:9/v1", "api_key_ref": None}]
+
+
 async def test_canopy_run_joins_the_cluster_and_prints_the_result(runtime: Runtime, scope: Scope) -> None:
     who = ["--user", scope.user_id, "--app", scope.app_id]
     task = script(call(create("helper", script(say("helped")))),

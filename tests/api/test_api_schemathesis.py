@@ -26,15 +26,17 @@ from tests.api.conftest import ApiServer
 from tests.api.helpers import poll
 
 EXAMPLES_PER_OPERATION = 20
-# A model string litellm refuses without any network call: a Turn with it fails at once.
-BROKEN_MODEL = "canopy-test-no-such-provider/none"
+# An agent whose provider answers 404 (this API has no chat completions): not a failure to retry,
+# so a Turn with it fails at once (an unknown provider is refused when the agent is created).
+BROKEN_MODEL = "openai/none"
+BROKEN_ENDPOINT = "/no-model-here/v1"
 # The live streams never end on a real object: only their 404/422 answers are fuzzed here.
 STREAMING = ("/api/v1/sessions/{session_id}/events", "/api/v1/trees/{tree_id}/events")
 
 
-async def _objects(http: httpx.AsyncClient) -> dict[str, list[str]]:
-    assert (await http.post("/api/v1/agents", json={"agent_id": "broken", "name": "Broken",
-                                                     "model": BROKEN_MODEL})).status_code == 201
+async def _objects(api: ApiServer, http: httpx.AsyncClient) -> dict[str, list[str]]:
+    assert (await http.post("/api/v1/agents", json={"agent_id": "broken", "name": "Broken", "model": BROKEN_MODEL,
+                                                     "api_base": api.url + BROKEN_ENDPOINT})).status_code == 201
     project = (await http.post("/api/v1/projects", json={"name": "fuzz"})).json()["project_id"]
     idle = (await http.post("/api/v1/sessions", json={"agent_id": "broken", "project_id": project})).json()
     parked = (await http.post("/api/v1/sessions", json={
@@ -108,7 +110,7 @@ def _fuzz(base_url: str, api_key: str, real: dict[str, list[str]],
 
 
 async def test_schemathesis_finds_no_server_errors(api: ApiServer, http: httpx.AsyncClient) -> None:
-    real = await _objects(http)
+    real = await _objects(api, http)
     api_key = http.headers["Authorization"].removeprefix("Bearer ")
     statuses: collections.Counter[int] = collections.Counter()
     failures = await asyncio.to_thread(_fuzz, api.url, api_key, real, statuses)

@@ -1,0 +1,128 @@
+"""A tiny OpenAI-compatible chat completions server for provider tests: it replays, per model
+name, a list of steps (tool calls, a final answer, or an HTTP error with headers) and records
+every request it receives (arrival time, model, Authorization header, body). It is not
+Canopy's scripted model: it knows nothing of Canopy and reads no script from the prompt, so a
+test through it exercises litellm's OpenAI provider, its Router and Canopy's routing exactly as
+with a real provider. Served by uvicorn on a free loopback port in a thread of its own."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+
+@dataclasses.dataclass
+class Received:
+    at: float  # time.monotonic() on arrival
+    model: str
+    authorization: str | None
+    body: dict[str, Any]
+
+
+def say(text: str) -> dict[str, Any]:
+    return {"say": text}
+
+
+def calls(*tool_calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"call": [{"name": name, "args": args} for name, args in tool_calls]}
+
+
+def fail(status: int, **headers: str) -> dict[str, Any]:
+    return {"status": status, "headers": headers}
+
+
+def _message(step: dict[str, Any], index: int) -> tuple[dict[str, Any], str]:
+    if "say" in step:
+        return {"role": "assistant", "content": step["say"]}, "stop"
+    tool_calls = [{"id": f"call_{index}_{n}", "type": "function",
+                   "function": {"name": c["name"], "arguments": json.dumps(c["args"])}}
+                  for n, c in enumerate(step["call"])]
+    return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls"
+
+
+_USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+
+
+def _sse(model: str, message: dict[str, Any], finish: str) -> Iterator[str]:
+    """The reply as one content/tool-call delta, then the finish, then the usage chunk."""
+    delta = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{**call, "index": n} for n, call in enumerate(message["tool_calls"])]
+    base = {"id": "chatcmpl-replay", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    for chunk in ({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+                  {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+                  {**base, "choices": [], "usage": _USAGE}):
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+class ReplayServer:
+    """Steps per model name, taken in order; when a model's steps run out, ``then`` answers
+    (by default an HTTP 500 that says so)."""
+
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self._steps: dict[str, list[dict[str, Any]]] = {}
+        self._then: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._server: uvicorn.Server | None = None
+        self.port = 0
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self._chat)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def script(self, model: str, *steps: dict[str, Any], then: dict[str, Any] | None = None) -> None:
+        with self._lock:
+            self._steps[model] = list(steps)
+            self._then[model] = then or fail(500)
+
+    def requests_for(self, model: str) -> list[Received]:
+        return [r for r in self.received if r.model == model]
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.json()
+        model = body["model"]
+        with self._lock:
+            self.received.append(Received(time.monotonic(), model, request.headers.get("authorization"), body))
+            steps = self._steps.get(model, [])
+            step = steps.pop(0) if steps else self._then.get(model, fail(404))
+            index = len(self.requests_for(model))
+        if "status" in step:
+            error = {"error": {"message": f"replay server: HTTP {step['status']} for {model}", "type": "replay",
+                               "code": step["status"]}}
+            return JSONResponse(error, status_code=step["status"], headers=step["headers"])
+        message, finish = _message(step, index)
+        if body.get("stream"):
+            return StreamingResponse(_sse(model, message, finish), media_type="text/event-stream")
+        return JSONResponse({"id": "chatcmpl-replay", "object": "chat.completion", "created": int(time.time()),
+                             "model": model, "usage": _USAGE,
+                             "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+
+    def start(self) -> ReplayServer:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                     lifespan="off"))
+        threading.Thread(target=self._server.run, name="replay-server", daemon=True).start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            assert time.monotonic() < deadline, "the replay server did not start"
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
