@@ -4,13 +4,14 @@ line ``OK`` with what was found, or ``FAIL`` with what to do. Exit code 0 only w
 Checks, in order: the database answers; its schema version against this Canopy's (a missing
 or older schema is fine: ``canopy up`` creates or migrates it); Ray starts (or the cluster of
 ``CANOPY_RAY_ADDRESS`` accepts a driver) and runs a task, and where its token is; the Docker
-engine answers; the sandbox image is there; the default model. A check that needs a failed one
+engine answers; the sandbox image is there; the default model (its route and key, without a request). A check that needs a failed one
 is ``SKIP``ped rather than failed twice; what the doctor cannot verify is a ``NOTE``. Whatever
 the doctor starts (the embedded PostgreSQL when it was not running, a local Ray) it stops again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -184,11 +185,15 @@ class Doctor:
         model = self.settings.default_model
         if model == SCRIPTED_MODEL:
             return f"{model} (CANOPY_DEFAULT_MODEL): built in, needs no network and no key"
-        # Whether litellm has what the model needs (its key, its endpoint) is the model gateway's
-        # to say, and canopy doctor does not ask it yet.
-        raise Unverified(f"{model} (CANOPY_DEFAULT_MODEL): not verified here; `canopy run \"say hi\"` tries it "
-                         "(litellm reads the provider's key from its usual variable, e.g. OPENAI_API_KEY)")
+        # The runtime's gateway would say the same: this one reads the same models file, secrets
+        # directory and provider variables. It makes no request (a key's validity is the provider's).
+        from actors.model_gateway import ModelGateway  # litellm: only this check pays for it
+        from actors.runtime import gateway_options
 
+        gateway = ModelGateway(**gateway_options(self.settings))
+        if problem := asyncio.run(gateway.check_model(model)):
+            raise Problem(f"{model} (CANOPY_DEFAULT_MODEL): {problem}")
+        return f"{model} (CANOPY_DEFAULT_MODEL): litellm has its key and endpoint (not called)"
 
 def main() -> int:
     outcomes = Doctor(get_settings()).run()

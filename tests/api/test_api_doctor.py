@@ -48,7 +48,7 @@ def docker_engine() -> None:
 def doctor(root: Path, **settings: str) -> tuple[int, dict[str, tuple[str, str]], str]:
     """Exit code, {check: (status, detail)}, and everything it printed."""
     env = {key: value for key, value in os.environ.items()
-           if not key.startswith("CANOPY_") and key not in ("RAY_ADDRESS", "RAY_NAMESPACE")}
+           if not key.startswith("CANOPY_") and key not in ("RAY_ADDRESS", "RAY_NAMESPACE", "OPENAI_API_KEY")}
     env.update({"CANOPY_DATA_DIR": str(root / "data"), "RAY_TMPDIR": str(root / "ray"), "PYTHONUNBUFFERED": "1",
                 "CANOPY_SANDBOX_IMAGE": "canopy-sandbox:latest", **settings})
     done = subprocess.run([sys.executable, "-m", "api.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
@@ -112,4 +112,24 @@ def test_doctor_names_an_unreachable_database_and_a_missing_image(root: Path, do
     assert found["Ray"][0] == found["Docker"][0] == found["model"][0] == "OK", printed
     assert printed.rstrip().endswith("not OK: database, schema, sandbox image"), printed
     assert "hunter2" not in printed and "Traceback" not in printed
+    assert _eventually_nothing_under(root) == []
+
+
+def test_doctor_checks_a_provider_model_for_its_key_without_calling_it(root: Path, docker_engine: None) -> None:
+    """A provider's default model fails the check while its key is missing, naming the variable,
+    and passes once the key is in the secrets directory (the doctor makes no request)."""
+    secrets = root / "data" / "secrets"
+    model = {"CANOPY_DEFAULT_MODEL": "openai/gpt-4o-mini", "CANOPY_SECRETS_DIR": str(secrets)}
+    secrets.mkdir(parents=True, exist_ok=True)
+    code, found, printed = doctor(root, **model)
+    assert code == 1, printed
+    assert found["model"][0] == "FAIL" and "OPENAI_API_KEY" in found["model"][1], printed
+    assert printed.rstrip().endswith("not OK: model"), printed
+
+    (secrets / "OPENAI_API_KEY").write_text("sk-doctor-test-not-a-key")
+    code, found, printed = doctor(root, **model)
+    assert code == 0, printed
+    assert found["model"] == ("OK", "openai/gpt-4o-mini (CANOPY_DEFAULT_MODEL): litellm has its key and endpoint "
+                                    "(not called)"), printed
+    assert "sk-doctor-test" not in printed
     assert _eventually_nothing_under(root) == []
