@@ -529,10 +529,7 @@ class RunExecutor:
         wait = await waits.wait_resumed_by(conn, self.run.run_id)
         if wait is None:
             return
-        cur = await conn.execute(
-            "SELECT 1 FROM thread_messages WHERE turn_id = %s AND tool_call_id = %s AND role = 'tool'",
-            (self.run.turn_id, wait["tool_call_id"]))
-        if await cur.fetchone():
+        if await messages.has_tool_result(conn, self.run.turn_id, wait["tool_call_id"]):
             return
         await run_repo.fence(conn, self.run)
         if wait["kind"] == "approval":

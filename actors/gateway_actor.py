@@ -25,6 +25,7 @@ import ray
 from actors import metrics, tracing
 from actors.model_gateway import ModelGateway
 from persistence import metrics as counters
+from persistence import notifications, usage
 from persistence.db import Database, LazyDatabase
 from persistence.settings import get_settings
 
@@ -43,10 +44,6 @@ DELTA_CHANNEL = "canopy_deltas"
 _DELTA_PIECE_CHARS = 600
 # Long enough to gather the calls that end together, short against any model latency.
 _RECORD_DELAY_SECONDS = 0.05
-_RECORD = """
-INSERT INTO model_calls (run_id, model, prompt_tokens, completion_tokens, cost_usd, latency_ms, error, created_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
-"""
 
 
 class AccountedGateway(ModelGateway):
@@ -149,10 +146,10 @@ class _CallRecorder:
             db: Database | None = None
             try:
                 db = await self._database()
-                async with db.tx() as conn, conn.cursor() as cur:
+                async with db.tx() as conn:
                     if not self.labels.seeded:  # the model labels already counted come before any new one
                         self.labels.seed(await counters.known_label_values(conn, counters.MODEL_CALLS, "model"))
-                    await cur.executemany(_RECORD, [call.row() for call in calls])
+                    await usage.record_model_calls(conn, [call.row() for call in calls])
             except Exception:
                 log.exception("recording %d model call(s) failed", len(calls))
             for call in calls:
@@ -197,7 +194,7 @@ class _DeltaPublisher:
                 async with db.tx() as conn:
                     for start in range(0, len(text), _DELTA_PIECE_CHARS):
                         payload = json.dumps({**self._watch, "delta": text[start:start + _DELTA_PIECE_CHARS]})
-                        await conn.execute("SELECT pg_notify(%s, %s)", (DELTA_CHANNEL, payload))
+                        await notifications.notify(conn, DELTA_CHANNEL, payload)
         except Exception:
             log.warning("publishing text deltas of run %s failed; watchers get the final message only",
                         self._watch.get("run_id"), exc_info=True)

@@ -29,6 +29,7 @@ from actors.agent_loop import RunExecutor
 from actors.naming import GATEWAY_NAME, NAMESPACE
 from actors.placement import Placement
 from persistence import runs as run_repo
+from persistence import turns
 from persistence.db import Connection, Database
 from persistence.settings import get_settings
 
@@ -139,9 +140,8 @@ class SessionCore:
             return
         db = await self._database()
         async with db.tx() as conn:
-            cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s", (self._current_turn,))
-            turn = await cur.fetchone()
-        if turn is not None and turn["status"] == "cancelling":
+            status = await turns.turn_status(conn, self._current_turn)
+        if status == "cancelling":
             self._current.cancel()
 
     # -- the work loop ---------------------------------------------------------------------------------

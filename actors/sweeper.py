@@ -40,12 +40,6 @@ _MAX_FIRINGS_PER_ROUND = 20
 # Expired watch marks are ignored by readers; deleting them is housekeeping only.
 _WATCHERS_EVERY_SECONDS = 60.0
 
-_TREES_WITH_QUEUED_RUNS = "SELECT DISTINCT tree_id FROM runs WHERE status = 'pending'"
-_UNOWNED_GRANTS = """
-SELECT DISTINCT session_id FROM runs
-WHERE status = 'running' AND owner IS NULL AND started_at < now() - make_interval(secs => %s)
-"""
-
 
 class SweeperImpl:
     def __init__(self) -> None:
@@ -133,10 +127,8 @@ class SweeperImpl:
 
     async def _poke_queued(self, db: Database) -> None:
         async with db.tx() as conn:
-            cur = await conn.execute(_TREES_WITH_QUEUED_RUNS)
-            queued_trees = [row["tree_id"] for row in await cur.fetchall()]
-            cur = await conn.execute(_UNOWNED_GRANTS, (self.settings.heartbeat_seconds,))
-            unowned = [row["session_id"] for row in await cur.fetchall()]
+            queued_trees = await run_repo.trees_with_queued_runs(conn)
+            unowned = await run_repo.sessions_with_unowned_grants(conn, self.settings.heartbeat_seconds)
         for tree_id in queued_trees:
             self.placement.poke_tree(tree_id)
         # Concurrently: a session whose actor is slow to start must not hold up the others.

@@ -26,8 +26,6 @@ from persistence import runs as run_repo
 from persistence.db import Database
 from persistence.settings import get_settings
 
-_ACTIVE_RUNS = "SELECT count(*) AS n FROM runs WHERE tree_id = %s AND status IN ('pending', 'running')"
-
 
 class SupervisorCore:
     """One tree's grants and idle passivation, in whichever process hosts it."""
@@ -86,9 +84,8 @@ class SupervisorCore:
             pokes = self._pokes
             db = await self._database()
             async with db.tx() as conn:
-                cur = await conn.execute(_ACTIVE_RUNS, (self.tree_id,))
-                row = await cur.fetchone()
-            if row and row["n"]:
+                active = await run_repo.tree_has_active_runs(conn, self.tree_id)
+            if active:
                 idle_since = None
                 await self._grant()
                 continue

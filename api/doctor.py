@@ -26,7 +26,7 @@ from api.up import ray_token_location
 from persistence.db import resolve_database_url
 from persistence.embedded import embedded_url, pgdata, running_postmaster, stop_embedded
 from persistence.errors import CanopyError
-from persistence.migrations import connect, current_version, latest_version
+from persistence.migrations import connect, current_version, latest_version, server_version
 from persistence.settings import Settings, get_settings
 from sandbox.images import build_hint
 
@@ -100,9 +100,9 @@ class Doctor:
         else:
             where, url = self._embedded()
         with connect(url) as conn:  # DatabaseUnreachable says what to do
-            row = conn.execute("SHOW server_version").fetchone()
+            version = server_version(conn)
         self.database_url = url
-        return f"{where} answers: PostgreSQL {row[0] if row else '?'}"
+        return f"{where} answers: PostgreSQL {version}"
 
     def _embedded(self) -> tuple[str, str]:
         path = pgdata(self.settings.data_dir)

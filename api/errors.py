@@ -1,5 +1,5 @@
-"""Every error is ``{"detail": "<a sentence>"}`` with a 4xx status: persistence errors carry
-their own status (``CanopyError.status_code``), validation errors become one sentence."""
+"""Every error is ``{"detail": "<a sentence>"}`` with a 4xx or 5xx status: a Canopy error's status is
+its class's in ``STATUS`` (the nearest listed ancestor's), validation errors become one sentence."""
 
 from __future__ import annotations
 
@@ -10,7 +10,41 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from persistence.errors import CanopyError
+from persistence.errors import (
+    CanopyError,
+    Conflict,
+    DatabaseUnreachable,
+    InvalidArgument,
+    LeaseLost,
+    LimitExceeded,
+    LimitReached,
+    NotFound,
+    SharedDatabaseRequired,
+    TurnCancelled,
+)
+from persistence.idempotency import IdempotencyKeyReused
+from sandbox.base import SandboxError
+
+# The HTTP status of each error class; a subclass not listed answers with its nearest listed ancestor's.
+STATUS: dict[type[CanopyError], int] = {
+    CanopyError: 400,
+    InvalidArgument: 422,
+    IdempotencyKeyReused: 422,  # the IETF idempotency-key draft's answer to a key reused for another request
+    NotFound: 404,
+    Conflict: 409,
+    TurnCancelled: 409,
+    LeaseLost: 409,
+    LimitExceeded: 429,
+    LimitReached: 429,
+    DatabaseUnreachable: 503,
+    SharedDatabaseRequired: 503,
+    SandboxError: 503,
+}
+
+
+def status_of(error: CanopyError) -> int:
+    """The HTTP status ``error`` answers with."""
+    return next(STATUS[cls] for cls in type(error).__mro__ if cls in STATUS)
 
 
 def _location(loc: Any) -> str:
@@ -25,7 +59,7 @@ def _problems(error: RequestValidationError) -> list[dict[str, Any]]:
 
 async def _canopy_error(_: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, CanopyError)
-    return JSONResponse({"detail": str(error)}, status_code=error.status_code)
+    return JSONResponse({"detail": str(error)}, status_code=status_of(error))
 
 
 async def _validation_error(_: Request, error: Exception) -> JSONResponse:

@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 
 from actors.gateway_actor import DELTA_CHANNEL
+from persistence import notifications
 from persistence.records import Scope
 
 log = logging.getLogger(__name__)
@@ -158,9 +159,8 @@ class EventHub:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
-                    await conn.execute(f"LISTEN {DELTA_CHANNEL}")
-                    await conn.execute(f"LISTEN {KEYS_CHANNEL}")
+                    for channel in (EVENTS_CHANNEL, DELTA_CHANNEL, KEYS_CHANNEL):
+                        await notifications.listen(conn, channel)
                     self.listening = True
                     # Anything committed while nobody listened is found by the re-read, and
                     # every key checked meanwhile is checked again.

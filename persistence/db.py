@@ -93,6 +93,11 @@ async def advisory_lock(conn: Connection, key: str) -> None:
     await conn.execute(query("advisory_lock"), {"key": key})
 
 
+async def ping(conn: Connection) -> None:
+    """A round trip to the database; raises when it does not answer."""
+    await conn.execute(query("ping"))
+
+
 def session_options(settings: Settings) -> str:
     """libpq ``options`` bounding every pooled session: a runaway statement, a lock wait and a
     transaction left open end with an error instead of holding a connection (and its locks)

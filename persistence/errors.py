@@ -1,4 +1,5 @@
-"""Errors the repositories raise. Each maps to one HTTP status and one tool-error sentence."""
+"""Errors the repositories raise, each a clear sentence for a person or a model (a tool error's
+text); the API gives each class its HTTP status (api/errors.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import urllib.parse
 class CanopyError(Exception):
     """Base class: ``str(error)`` is a clear sentence for a person or a model."""
 
-    status_code = 400
-
     @property
     def details(self) -> dict[str, object]:
         """Typed fields a tool error carries beside its sentence (none by default)."""
@@ -17,23 +16,19 @@ class CanopyError(Exception):
 
 
 class InvalidArgument(CanopyError):
-    status_code = 422
+    """A value the request or tool call gave is not acceptable; nothing was written."""
 
 
 class NotFound(CanopyError):
     """The object does not exist *in the caller's scope* (another scope's objects look absent)."""
 
-    status_code = 404
-
 
 class Conflict(CanopyError):
-    status_code = 409
+    """The object's state does not allow this now."""
 
 
 class LimitExceeded(CanopyError):
     """A configured limit refuses the request; the sentence names the limit and its setting."""
-
-    status_code = 429
 
 
 class IdempotencyConflict(Conflict):
@@ -55,25 +50,17 @@ class Deadlock(Conflict):
 class TurnCancelled(CanopyError):
     """The calling Turn is being cancelled (or its tree stopped): it runs no further tool call."""
 
-    status_code = 409
-
 
 class LeaseLost(CanopyError):
     """The calling Run no longer holds its lease: a stale incarnation must stop writing."""
-
-    status_code = 409
 
 
 class LimitReached(CanopyError):
     """A per-caller limit is used up; the caller may retry once it has freed something."""
 
-    status_code = 429
-
 
 class DatabaseUnreachable(CanopyError):
     """No connection to the configured database; the sentence names it without its password."""
-
-    status_code = 503
 
     def __init__(self, url: str, reason: str) -> None:
         shown, hidden = redact_url(url)
@@ -103,5 +90,3 @@ def redact_url(url: str) -> tuple[str, bool]:
 
 class SharedDatabaseRequired(CanopyError):
     """A Ray cluster of several nodes and no database they all reach: each node would start its own."""
-
-    status_code = 503

@@ -23,8 +23,6 @@ MAX_KEY_LENGTH = 255
 class IdempotencyKeyReused(CanopyError):
     """The key was already used for a different request (IETF idempotency-key draft: 422)."""
 
-    status_code = 422
-
 
 def request_fingerprint(method: str, path: str, body: Any) -> str:
     """A stable hash of what the request asks for (method, path and the validated body)."""

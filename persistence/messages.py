@@ -239,3 +239,9 @@ async def steer(conn: Connection, scope: Scope, session_id: uuid.UUID, text: str
         raise Conflict(f"session {session['path']} has no running turn to steer")
     message_id = await insert_coop_message(conn, scope, kind="steer", receiver=session, body=text)
     return {"message_id": message_id, "session_id": session_id, "turn_id": turn["turn_id"]}
+
+
+async def has_tool_result(conn: Connection, turn_id: uuid.UUID, tool_call_id: str) -> bool:
+    """Whether the Turn's thread already holds the result of the tool call ``tool_call_id``."""
+    cur = await conn.execute(query("tool_result_exists"), {"turn_id": turn_id, "tool_call_id": tool_call_id})
+    return await cur.fetchone() is not None

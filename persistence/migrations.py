@@ -22,6 +22,7 @@ from typing import LiteralString, cast
 
 import psycopg
 
+from persistence.db import query
 from persistence.errors import DatabaseUnreachable
 
 _HERE = Path(__file__).parent
@@ -76,6 +77,12 @@ def current_version(conn: psycopg.Connection) -> int | None:
         return None
     row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
     return int(row[0]) if row and row[0] is not None else None
+
+
+def server_version(conn: psycopg.Connection) -> str:
+    """The server's PostgreSQL version, as it spells it ("?" if it does not say)."""
+    row = conn.execute(query("server_version")).fetchone()
+    return str(row[0]) if row else "?"
 
 
 def connect(url: str) -> psycopg.Connection:

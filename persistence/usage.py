@@ -146,3 +146,10 @@ async def budget_stopped_trees(conn: Connection) -> int:
     cur = await conn.execute(query("budget_stopped_trees"))
     row = await cur.fetchone()
     return int(row["n"]) if row else 0
+
+
+async def record_model_calls(conn: Connection, calls: list[tuple[Any, ...]]) -> None:
+    """Account for model calls, each as (run_id, model, prompt_tokens, completion_tokens, cost_usd,
+    latency_ms, error, created_at)."""
+    async with conn.cursor() as cur:
+        await cur.executemany(query("model_call_insert"), calls)

@@ -42,8 +42,6 @@ _COMMAND_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 class SandboxError(CanopyError):
     """The sandbox itself failed (engine gone, image missing, container vanished)."""
 
-    status_code = 503
-
 
 class SandboxUnavailable(SandboxError):
     """No sandbox can be made here (no Docker engine answers); nothing ran."""

@@ -15,6 +15,7 @@ from api.auth import require_metrics_reader
 from api.deps import RuntimeDep, errors
 from api.schemas import Health
 from persistence import metrics as figures
+from persistence.db import ping
 
 
 def _ray_reachable() -> str:
@@ -28,7 +29,7 @@ async def healthz(runtime: RuntimeDep) -> JSONResponse:
     """Liveness, plus database and Ray reachability (503 when either is unreachable)."""
     try:
         async with runtime.db.tx() as conn:
-            await conn.execute("SELECT 1")
+            await ping(conn)
         database = "ok"
     except Exception as error:
         database = f"unreachable: {type(error).__name__}"

@@ -139,3 +139,13 @@ async def test_history_reads_every_message_of_a_long_session(db: Database, scope
     assert read[-1]["content"] == "m10050"
     assert [row["id"] for row in read] == sorted(row["id"] for row in read)
     assert limited == read[:3]
+
+
+async def test_a_tool_result_is_found_by_its_turn_and_call(db: Database, scope: Scope) -> None:
+    _, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        assert not await messages.has_tool_result(conn, run.turn_id, "call-1")
+        await messages.append_tool_results(conn, run, [("call-1", '{"ok": true}')])
+    async with db.tx() as conn:
+        assert await messages.has_tool_result(conn, run.turn_id, "call-1")
+        assert not await messages.has_tool_result(conn, run.turn_id, "call-2")

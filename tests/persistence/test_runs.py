@@ -332,3 +332,24 @@ async def test_another_owner_is_fenced(db: Database, scope: Scope) -> None:
         await finish(db, impostor, output="not mine")
     assert await count_rows(db) == before
     assert (await run_row(db, run.run_id))["status"] == "running"
+
+
+async def test_the_sweepers_views_follow_a_run_from_queue_to_end(db: Database, scope: Scope) -> None:
+    """Queued trees, grants no actor took, and a tree's active Runs, as the sweeper and supervisor read them."""
+    tree = await make_tree(db, scope, slot_limit=1)
+    receipt = await submit(db, scope, tree.root_id)
+    async with db.tx() as conn:
+        assert tree.tree_id in await runs.trees_with_queued_runs(conn)
+        assert await runs.tree_has_active_runs(conn, tree.tree_id)
+    await grant(db, tree.tree_id)  # running, and no owner yet
+    async with db.tx() as conn:
+        assert tree.tree_id not in await runs.trees_with_queued_runs(conn)
+        assert tree.root_id not in await runs.sessions_with_unowned_grants(conn, 3600)  # granted too recently
+        assert tree.root_id in await runs.sessions_with_unowned_grants(conn, 0)
+    run = await acquire(db, await latest_run_id(db, receipt["turn_id"]))
+    async with db.tx() as conn:
+        assert tree.root_id not in await runs.sessions_with_unowned_grants(conn, 0)
+        assert await runs.tree_has_active_runs(conn, tree.tree_id)
+    await finish(db, run)
+    async with db.tx() as conn:
+        assert not await runs.tree_has_active_runs(conn, tree.tree_id)

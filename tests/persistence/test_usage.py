@@ -4,6 +4,7 @@ read back from the database (persistence/usage.py, trees.py, cooperation.py)."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import math
 import uuid
 from typing import Any
@@ -466,3 +467,15 @@ def test_budget_limits_are_checked_before_any_statement() -> None:
     assert usage.check_budget(None) == dict.fromkeys(usage.LIMIT_COLUMNS)
     assert usage.describe_reached({"limit": "cost_usd", "used": 0.0123, "max": 0.01}) == \
         "cost (USD) 0.0123 of 0.0100"
+
+
+async def test_model_calls_are_recorded_together(db: Database) -> None:
+    run_id = uuid.uuid4()
+    at = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+    async with db.tx() as conn:
+        await usage.record_model_calls(conn, [(run_id, "m1", 10, 2, 0.5, 120.0, None, at),
+                                              (run_id, "m2", 0, 0, 0.0, 30.0, "timeout", at)])
+    found = await fetch_all(db, "SELECT model, prompt_tokens, completion_tokens, cost_usd, latency_ms, error, "
+                                "created_at FROM model_calls WHERE run_id = %s ORDER BY model", (run_id,))
+    assert [tuple(row.values()) for row in found] == [("m1", 10, 2, 0.5, 120.0, None, at),
+                                                      ("m2", 0, 0, 0.0, 30.0, "timeout", at)]

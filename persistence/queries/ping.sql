@@ -1,0 +1,2 @@
+-- The cheapest round trip: the database answers.
+SELECT 1

@@ -1,0 +1,2 @@
+-- The server's PostgreSQL version, as it spells it.
+SHOW server_version
