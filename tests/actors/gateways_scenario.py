@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,45 +19,49 @@ from typing import Any
 import ray
 from pydantic import SecretStr
 from ray.cluster_utils import Cluster
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray.util.state import list_actors
 
 from actors.gateways import gateway_on, scripted_log_path
+from actors.hosting import SHAPE_ACTORS
+from actors.naming import gateway_actor_name, node_local_options, session_actor_name
 from actors.runtime import Runtime
 from actors.scripted import say, script
 from persistence.databases import rows
-from persistence.db import Database, resolve_database_url
+from persistence.db import Database
 from persistence.records import Scope
-from persistence.settings import Settings, get_settings
+from persistence.settings import Settings
 
 
-@ray.remote(num_cpus=0)
-def create_root_here(user_id: str, app_id: str, text: str) -> dict[str, str]:
-    """A root session created (and activated) from a worker of the node this task is pinned to."""
-
-    async def create() -> dict[str, str]:
-        settings = get_settings()
-        url = resolve_database_url(settings)
-        runtime = Runtime(await Database.connect(url, max_size=2), settings, url)
-        try:
-            created = await runtime.create_root(Scope(user_id, app_id), input_text=text)
-        finally:
-            await runtime.close()
-        return {"session_id": str(created["session"]["session_id"]), "input_id": str(created["input"]["input_id"])}
-
-    return asyncio.run(create())
+async def session_on(runtime: Runtime, scope: Scope, node_id: str, text: str) -> dict[str, Any]:
+    """A root session whose actor runs on ``node_id``, then its first input. Ray places a zero-CPU actor
+    on a node of its choosing, so the actor the placement's get-or-create finds is made first, pinned."""
+    created = await runtime.create_root(scope)
+    session_id = created["session"]["session_id"]
+    actor = SHAPE_ACTORS.session.options(**node_local_options(session_actor_name(session_id), node_id)) \
+        .remote(str(session_id))
+    owner = (await actor.status.remote())["owner"]
+    receipt = await runtime.submit_input(scope, session_id, text)
+    return {"session_id": session_id, "input_id": receipt["input_id"], "owner": owner}
 
 
 def requests_with(settings: Settings, marker: str) -> int:
+    """Requests with ``marker`` the scripted models (every gateway's: one log) read, whole lines only
+    (another request's line may be being appended)."""
     log = Path(scripted_log_path(settings))
-    lines = log.read_text().splitlines() if log.exists() else []
-    return sum(1 for line in lines if marker in json.dumps(json.loads(line)["messages"]))
+    lines = log.read_text().split("\n")[:-1] if log.exists() else []
+    return sum(1 for line in lines if marker in line)
 
 
 def actors(prefix: str) -> list[Any]:
     """Every actor of this cluster (alive or not) whose name starts with ``prefix``, from Ray's actor table."""
     found = list_actors(address=ray.get_runtime_context().gcs_address, limit=10_000, detail=False)
     return [actor for actor in found if (actor.name or "").startswith(prefix)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 async def until(check: Any, timeout: float) -> None:
@@ -70,7 +75,9 @@ async def until(check: Any, timeout: float) -> None:
 async def main() -> None:
     os.environ.pop("CANOPY_SECRETS_DIR", None)
     os.environ["CANOPY_SESSION_HOSTS"] = "0"  # a session's own actor: where its Runs execute is in the actor table
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True})
+    # The dashboard serves Ray's state API (the actor table); other Rays on this machine hold the default port.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True,
+                                                            "dashboard_port": free_port()})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     findings: dict[str, Any] = {}
@@ -82,30 +89,30 @@ async def main() -> None:
         findings.update(head=head, other=other)
         scope = Scope(f"user-{uuid.uuid4().hex[:8]}", f"app-{uuid.uuid4().hex[:8]}")
         marker = f"head done {uuid.uuid4().hex[:8]}"  # in its request's messages too (the script says it)
-        other_started = create_root_here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(other, soft=False))\
-            .remote(scope.user_id, scope.app_id, script(say("other done")))
-        on_head = await runtime.create_root(scope, input_text=script(say(marker, delay_ms=3000)))
-        on_other = await other_started
-        inputs = {"on_head": on_head["input"]["input_id"], "on_other": uuid.UUID(on_other["input_id"])}
-        sessions = {"on_head": on_head["session"]["session_id"], "on_other": uuid.UUID(on_other["session_id"])}
+        started = {"on_head": await session_on(runtime, scope, head, script(say(marker, delay_ms=3000))),
+                   "on_other": await session_on(runtime, scope, other, script(say("other done")))}
         await until(lambda: requests_with(settings, marker) == 1, timeout=60)
         killed = gateway_on(head)
         ray.kill(killed)  # the head session's call is in flight in it
 
-        results = {name: await runtime.wait_result(scope, input_id, timeout=90) for name, input_id in inputs.items()}
+        results = {name: await runtime.wait_result(scope, one["input_id"], timeout=90) for name, one in started.items()}
         findings["results"] = {name: [r["status"], r["output"]] for name, r in results.items()}
         findings["head_marker"] = marker
         findings["head_requests"] = requests_with(settings, marker)
-        findings["killed_gateway_replaced"] = gateway_on(head)._actor_id != killed._actor_id
-        findings["session_nodes"] = {}
-        for name, session_id in sessions.items():
-            nodes = {actor.node_id for actor in actors(f"session:{session_id}")}
+        alive = [actor.actor_id for actor in actors(gateway_actor_name(head)) if actor.state == "ALIVE"]
+        findings["killed_gateway_replaced"] = len(alive) == 1 and alive[0] != killed._actor_id.hex()
+        findings["session_nodes"], findings["run_owners"] = {}, {}
+        for name, one in started.items():
+            nodes = {actor.node_id for actor in actors(session_actor_name(one["session_id"]))}
             findings["session_nodes"][name] = nodes.pop() if len(nodes) == 1 else sorted(nodes)
+            owners = await rows(runtime.db, "SELECT owner FROM runs WHERE session_id = %s", one["session_id"])
+            findings["run_owners"][name] = [run["owner"] == one["owner"] for run in owners]
         findings["gateways"] = {actor.node_id: actor.name for actor in actors("canopy:gateway:")
                                 if actor.state == "ALIVE"}
         findings["call_nodes"], findings["charged"] = {}, {}
-        for name, session_id in sessions.items():
-            runs = await rows(runtime.db, "SELECT run_id, model_calls FROM runs WHERE session_id = %s", session_id)
+        for name, one in started.items():
+            runs = await rows(runtime.db, "SELECT run_id, model_calls FROM runs WHERE session_id = %s",
+                              one["session_id"])
             findings["charged"][name] = sum(run["model_calls"] for run in runs)
             await until_recorded(runtime.db, [run["run_id"] for run in runs])
             calls = await rows(runtime.db, "SELECT node_id FROM model_calls WHERE run_id = ANY(%s) ORDER BY id",

@@ -5,27 +5,20 @@ gateways_scenario.py (a cluster of its own)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from pathlib import Path
 from typing import Any
 
 import ray
 
-from actors.gateways import gateway_on, scripted_log_path
+from actors.gateways import gateway_on
 from actors.runtime import Runtime
 from actors.scripted import say, script
 from persistence.databases import rows
 from persistence.records import Scope
+from tests.actors.gateways_scenario import requests_with
 from tests.actors.helpers import eventually, scenario_findings
 from tests.conftest import RUNTIME_ENV
-
-
-def _requests_with(runtime: Runtime, marker: str) -> int:
-    """Requests the scripted models (every gateway's, one log) read with ``marker`` in them."""
-    log = Path(scripted_log_path(runtime.settings))
-    lines = log.read_text().splitlines() if log.exists() else []
-    return sum(1 for line in lines if marker in json.dumps(json.loads(line)["messages"]))
 
 
 async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime: Runtime, scope: Scope) -> None:
@@ -35,7 +28,7 @@ async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime
     gateway = gateway_on(node_id)
 
     async def in_flight() -> bool:
-        return _requests_with(runtime, marker) == 1
+        return requests_with(runtime.settings, marker) == 1
 
     await eventually(in_flight, timeout=30)
     ray.kill(gateway)  # the call is in flight: its scripted model waits out the delay in the gateway's process
@@ -43,7 +36,7 @@ async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     assert result["status"] == "completed", result
     assert result["output"] == marker
-    assert _requests_with(runtime, marker) == 2  # the lost request, and the one asked again
+    assert requests_with(runtime.settings, marker) == 2  # the lost request, and the one asked again
     successor = gateway_on(node_id)
     assert successor._actor_id != gateway._actor_id  # a fresh gateway answered
 
@@ -78,6 +71,7 @@ async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(data
     assert head != other
     # Where each session's Run executed (Ray's actor table) is where its model calls were made.
     assert findings["session_nodes"] == {"on_head": head, "on_other": other}, findings
+    assert findings["run_owners"] == {"on_head": [True], "on_other": [True]}, findings  # one Run each, in that actor
     assert findings["call_nodes"] == {"on_head": [head], "on_other": [other]}, findings
     # A gateway lives on each node that ran a session, pinned there under the node's name.
     assert findings["gateways"] == {head: f"canopy:gateway:{head}", other: f"canopy:gateway:{other}"}, findings
