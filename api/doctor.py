@@ -4,9 +4,10 @@ line ``OK`` with what was found, or ``FAIL`` with what to do. Exit code 0 only w
 Checks, in order: the database answers; its schema version against this Canopy's (a missing
 or older schema is fine: ``canopy up`` creates or migrates it); Ray starts (or the cluster of
 ``CANOPY_RAY_ADDRESS`` accepts a driver) and runs a task, and where its token is; the Docker
-engine answers; the sandbox image is there; the default model (its route and key, without a request). A check that needs a failed one
-is ``SKIP``ped rather than failed twice; what the doctor cannot verify is a ``NOTE``. Whatever
-the doctor starts (the embedded PostgreSQL when it was not running, a local Ray) it stops again.
+engine answers; the sandbox image is there; the default model (its route and key, without a
+request). A check that needs a failed one is ``SKIP``ped rather than failed twice; what the
+doctor cannot verify is a ``NOTE``. Whatever the doctor starts (the embedded PostgreSQL when it
+was not running, a local Ray) it stops again.
 """
 
 from __future__ import annotations
