@@ -5,13 +5,18 @@ gateways_scenario.py (a cluster of its own)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import ray
+from ray.util.state import list_actors
 
 from actors.gateways import gateway_on
+from actors.naming import gateway_actor_name
 from actors.runtime import Runtime
 from actors.scripted import say, script
 from persistence.databases import rows
@@ -21,24 +26,41 @@ from tests.actors.helpers import eventually, scenario_findings
 from tests.conftest import RUNTIME_ENV
 
 
-async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime: Runtime, scope: Scope) -> None:
+async def _alive_gateway(node_id: str) -> Any:
+    """The node's gateway as Ray's actor table has it (its pid, restarts), once it is alive."""
+
+    async def alive() -> Any:
+        found = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                        filters=[("name", "=", gateway_actor_name(node_id)), ("state", "=", "ALIVE")])
+        return found[0] if found else None
+
+    return await eventually(alive, timeout=30)
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "kill -9"])
+async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime: Runtime, scope: Scope,
+                                                                          how: str) -> None:
+    """``ray.kill``: the gateway is gone for good and a new one is made; ``kill -9``: its process dies
+    and Ray restarts it (``max_restarts``). Either way the call in flight is asked again."""
     marker = f"survived-{uuid.uuid4().hex[:8]}"
     created = await runtime.create_root(scope, input_text=script(say(marker, delay_ms=3000)))
     node_id = ray.get_runtime_context().get_node_id()  # one node: the session's and this process's
-    gateway = gateway_on(node_id)
 
     async def in_flight() -> bool:
         return requests_with(runtime.settings, marker) == 1
 
     await eventually(in_flight, timeout=30)
-    ray.kill(gateway)  # the call is in flight: its scripted model waits out the delay in the gateway's process
+    killed = await _alive_gateway(node_id)  # its scripted model waits out the call's delay in this process
+    if how == "ray.kill":
+        ray.kill(gateway_on(node_id))
+    else:
+        os.kill(killed.pid, signal.SIGKILL)
 
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     assert result["status"] == "completed", result
     assert result["output"] == marker
     assert requests_with(runtime.settings, marker) == 2  # the lost request, and the one asked again
-    successor = gateway_on(node_id)
-    assert successor._actor_id != gateway._actor_id  # a fresh gateway answered
+    assert (await _alive_gateway(node_id)).pid != killed.pid  # another gateway process answered
 
     session_id = created["session"]["session_id"]
     replies = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'assistant'",
