@@ -2,8 +2,7 @@
 
 ``Runtime.start()`` resolves the database (embedded by default), ensures the schema,
 starts or connects to Ray, and makes sure this node's ModelGateway (actors/gateways.py) and the
-sweeper run. Every
-operation commits first, then sends hints.
+sweeper run. Every operation commits first, then sends hints.
 """
 
 from __future__ import annotations

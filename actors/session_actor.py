@@ -33,6 +33,7 @@ from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
 
+
 @functools.cache
 def this_actor() -> Any:
     """The handle of the actor this process runs (one for the process's life; building it is a
