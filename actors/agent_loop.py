@@ -17,9 +17,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-import ray
-
-from actors import budgets, compaction, failpoints, signals, tracing
+from actors import budgets, compaction, failpoints, gateways, signals, tracing
 from actors.metrics import count_tool_call, tool_label
 from actors.placement import Placement
 from actors.toolbox import effective_tools, parse_args, schemas
@@ -198,10 +196,9 @@ class RunExecutor:
     watchers) rides on the last commit, and a final answer ends the Turn in its own commit.
     """
 
-    def __init__(self, db: Database, settings: Settings, gateway: Any, placement: Placement, run: RunRef) -> None:
+    def __init__(self, db: Database, settings: Settings, placement: Placement, run: RunRef) -> None:
         self.db = db
         self.settings = settings
-        self.gateway = gateway
         self.placement = placement
         self.run = run
         self._history: list[Row] = []
@@ -352,7 +349,7 @@ class RunExecutor:
             await self._compact_if_due(config, request)
             if self._history[:1] and (self._history[0]["origin"] or {}).get("kind") == "compaction":
                 request = [request[0], *(to_model_message(row) for row in self._history)]
-            return await self._gateway("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
+            return await gateways.call("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
                                        messages=request, tools=schemas(self._tools),
                                        watch=watch if stream else None, **tracing.carrier())
         except (LeaseLost, asyncio.CancelledError):
@@ -370,14 +367,6 @@ class RunExecutor:
         return {"model": self._model(config), "api_base": config.get("api_base"),
                 "api_key_ref": config.get("api_key_ref")}
 
-    async def _gateway(self, method: str, **arguments: Any) -> Any:
-        call = getattr(self.gateway, method).remote(**arguments)
-        try:
-            return await call
-        except asyncio.CancelledError:  # the Turn is cancelled: abort the provider's request too
-            ray.cancel(call)
-            raise
-
     async def _compact_if_due(self, config: dict[str, Any], request: list[dict[str, Any]]) -> None:
         """Before a model call: if it would send more tokens than the session's threshold (or a human
         asked), commit a summary of the messages before this Turn, which stands for them from now on
@@ -391,10 +380,10 @@ class RunExecutor:
         if not self._compact_requested:
             if compaction.estimate_tokens(request, tools) < threshold // 2:
                 return
-            counted = await self._gateway("count_tokens", model=self._model(config), messages=request, tools=tools)
+            counted = await gateways.call("count_tokens", model=self._model(config), messages=request, tools=tools)
             if counted <= threshold:
                 return
-        reply = await self._gateway("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
+        reply = await gateways.call("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
                                     messages=compaction.request(earlier, threshold), tools=None, watch=None)
         await failpoints.pause("during_compaction", self._session_name)
         async with self.db.tx() as conn:

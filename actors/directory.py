@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from actors.naming import NAMESPACE, directory_actor_name, named_options
+from actors.naming import NAMESPACE, NodeLocal, directory_actor_name, node_local_options
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -173,24 +173,13 @@ SessionDirectory = ray.remote(SessionDirectoryImpl)
 
 # -- client side: used by session actors and supervisors ---------------------------------------------
 
-_handle: Any = None
-_handle_key: str | None = None
+_local = NodeLocal(lambda node_id: SessionDirectory.options(
+    **node_local_options(directory_actor_name(node_id), node_id, max_concurrency=1000)).remote(node_id))
 
 
 def _directory() -> Any:
     """This node's directory (created on first use, pinned to the node)."""
-    global _handle, _handle_key
-    context = ray.get_runtime_context()
-    node_id = context.get_node_id()
-    key = f"{context.gcs_address}/{node_id}"
-    if _handle is None or _handle_key != key:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        _handle = SessionDirectory.options(
-            **named_options(directory_actor_name(node_id), max_concurrency=1000),
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(node_id)
-        _handle_key = key
-    return _handle
+    return _local.handle()
 
 
 def directory_handle(node_id: str | None = None) -> Any:
@@ -198,11 +187,6 @@ def directory_handle(node_id: str | None = None) -> Any:
     if node_id is None:
         return _directory()
     return ray.get_actor(directory_actor_name(node_id), namespace=NAMESPACE)
-
-
-def _forget() -> None:
-    global _handle
-    _handle = None
 
 
 class _Outbox:
@@ -235,7 +219,7 @@ class _Outbox:
         try:
             _directory().report_many.remote(batch)
         except Exception:
-            _forget()
+            _local.forget()
             log.debug("could not report %d session(s) to the directory", len(batch), exc_info=True)
 
 
@@ -253,5 +237,5 @@ def gone(session_id: str, owner: str) -> None:
     try:
         _directory().gone.remote(session_id, owner)
     except Exception:
-        _forget()
+        _local.forget()
 

@@ -47,10 +47,11 @@ _RECORD_DELAY_SECONDS = 0.05
 
 
 class AccountedGateway(ModelGateway):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, node_id: str | None = None, **kwargs: Any) -> None:
+        """``node_id``: the Ray node this gateway serves (actors/gateways.py), on each of its records."""
         super().__init__(*args, **kwargs)
         self._db = LazyDatabase(max_size=4)
-        self._recorder = _CallRecorder(self._database)
+        self._recorder = _CallRecorder(self._database, node_id)
 
     async def _database(self) -> Database:
         return await self._db.get()
@@ -125,8 +126,9 @@ class _CallRecorder:
     provider — records them all in one transaction instead of one each on the gateway's busy
     moment (a record and its metrics cost about as much CPU as litellm's own work per call)."""
 
-    def __init__(self, database: Callable[[], Awaitable[Database]]) -> None:
+    def __init__(self, database: Callable[[], Awaitable[Database]], node_id: str | None) -> None:
         self._database = database
+        self._node_id = node_id
         self._pending: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
         self.labels = counters.ModelLabels(get_settings().default_model)
@@ -149,7 +151,7 @@ class _CallRecorder:
                 async with db.tx() as conn:
                     if not self.labels.seeded:  # the model labels already counted come before any new one
                         self.labels.seed(await counters.known_label_values(conn, counters.MODEL_CALLS, "model"))
-                    await usage.record_model_calls(conn, [call.row() for call in calls])
+                    await usage.record_model_calls(conn, [(*call.row(), self._node_id) for call in calls])
             except Exception:
                 log.exception("recording %d model call(s) failed", len(calls))
             for call in calls:

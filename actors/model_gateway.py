@@ -1,9 +1,8 @@
 """ModelGateway: the only place that imports litellm (SPEC §10, §13).
 
 The class is plain so that tests can use it directly; the runtime wraps it as an async Ray
-actor (``ray.remote(ModelGateway).options(name="canopy:model-gateway", namespace="canopy",
-max_concurrency=1000, num_cpus=0, max_restarts=-1)``). Every method is a coroutine so
-that, as an actor, all calls share one event loop with the embedded scripted model.
+actor, one per node (``canopy:gateway:<node id>``, actors/gateways.py). Every method is a
+coroutine so that, as an actor, all calls share one event loop with the embedded scripted model.
 
 Every call goes through one litellm ``Router``: it retries with exponential backoff and
 jitter (or after the provider's ``Retry-After``), falls back along ``fallbacks``, holds
@@ -443,12 +442,19 @@ class ModelGateway:
         self._scripted_lock = asyncio.Lock()
 
     async def scripted_base_url(self) -> str:
-        """Base URL of the embedded scripted model, started on first use."""
+        """Base URL of the embedded scripted model, started on first use: on ``scripted_port``, or
+        on a free port when that one is taken (each node's gateway runs its own, and the nodes
+        of one machine share its ports; calls are given their gateway's URL, never a fixed one)."""
         async with self._scripted_lock:
             if self._scripted is None or not self._scripted.running:
                 from actors.scripted.server import serve_scripted_model
 
-                self._scripted = await serve_scripted_model(port=self._scripted_port, log_path=self._log_path)
+                try:
+                    self._scripted = await serve_scripted_model(port=self._scripted_port, log_path=self._log_path)
+                except OSError:
+                    if not self._scripted_port:
+                        raise
+                    self._scripted = await serve_scripted_model(port=0, log_path=self._log_path)
             return self._scripted.base_url
 
     async def request_log_path(self) -> str | None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+import ray
+
 NAMESPACE = "canopy"
-GATEWAY_NAME = "canopy:model-gateway"
 SWEEPER_NAME = "canopy:sweeper"
 
 
@@ -19,6 +21,11 @@ def directory_actor_name(node_id: str) -> str:
     return f"canopy:directory:{node_id}"
 
 
+def gateway_actor_name(node_id: str) -> str:
+    """The model gateway of one Ray node (see actors/gateways.py)."""
+    return f"canopy:gateway:{node_id}"
+
+
 def tree_actor_name(tree_id: uuid.UUID | str) -> str:
     return f"tree:{tree_id}"
 
@@ -27,6 +34,37 @@ def named_options(name: str, **extra: Any) -> dict[str, Any]:
     """Detached (no fate-sharing with whoever created it), restartable, zero-CPU, get-or-create."""
     return {"name": name, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached",
             "max_restarts": -1, "num_cpus": 0, **extra}
+
+
+def node_local_options(name: str, node_id: str, **extra: Any) -> dict[str, Any]:
+    """``named_options`` for an actor of one node: pinned there (never moved to another node when
+    it restarts), so every process of the node finds its own under the node's name."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return named_options(name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **extra)
+
+
+class NodeLocal:
+    """This process's handle to its node's instance of a per-node actor, made by ``create(node_id)``
+    (a get-or-create with ``node_local_options``) on first use and kept: a handle stays valid
+    while the actor lives. Keyed by the cluster too, for a driver that joins another one."""
+
+    def __init__(self, create: Callable[[str], Any]) -> None:
+        self._create = create
+        self._handle: Any = None
+        self._key: str | None = None
+
+    def handle(self) -> Any:
+        context = ray.get_runtime_context()
+        node_id = context.get_node_id()
+        key = f"{context.gcs_address}/{node_id}"
+        if self._handle is None or self._key != key:
+            self._handle, self._key = self._create(node_id), key
+        return self._handle
+
+    def forget(self) -> None:
+        """The actor died: the next ``handle()`` gets or creates its successor."""
+        self._handle = None
 
 
 def host_actor_name(index: int) -> str:

@@ -1,8 +1,8 @@
 """The Python entry point: start or join the runtime, and act on sessions as a human or the API.
 
 ``Runtime.start()`` resolves the database (embedded by default), ensures the schema,
-starts or connects to Ray, and makes sure the ModelGateway and the sweeper run. Every
-operation commits first, then sends hints.
+starts or connects to Ray, and makes sure this node's ModelGateway (actors/gateways.py) and the
+sweeper run. Every operation commits first, then sends hints.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 
 import ray
 
-from actors import hosting, signals
+from actors import gateways, hosting, signals
 from actors.agent_loop import DEFAULT_INSTRUCTIONS
-from actors.gateway_actor import GatewayActor
-from actors.naming import GATEWAY_NAME, NAMESPACE, SWEEPER_NAME, named_options
+from actors.gateways import secrets_path
+from actors.naming import NAMESPACE, SWEEPER_NAME, named_options
 from actors.ray_compat import preload_options
 from actors.sweeper import Sweeper
 from actors.toolbox import check_tool_names
@@ -49,11 +49,6 @@ async def _run_hook(hook: TxHook | None, conn: Connection, result: Any) -> None:
 def default_agent_config(settings: Settings) -> dict[str, Any]:
     return {"agent_id": None, "name": "assistant", "model": settings.default_model,
             "instructions": DEFAULT_INSTRUCTIONS, "tools": [], "approval_mode": "auto"}
-
-
-def secrets_path(settings: Settings) -> Path:
-    """``<data dir>/secrets``: where a runtime writes its secrets and its workers read them."""
-    return settings.data_dir.expanduser().resolve() / "secrets"
 
 
 def _secrets_directory(settings: Settings) -> Path:
@@ -173,15 +168,6 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     return context
 
 
-def gateway_options(settings: Settings) -> dict[str, Any]:
-    """The ModelGateway's arguments, paths absolute: it runs in a worker with a cwd of its own."""
-    return {"scripted_port": settings.scripted_model_port, "log_path": str(scripted_log_path(settings)),
-            "timeout_seconds": settings.model_timeout_seconds, "retries": settings.model_retries,
-            "models_file": str(settings.models_file.expanduser().resolve()) if settings.models_file else None,
-            "secrets_dir": str(secrets_path(settings)), "provider_env": list(settings.provider_env),
-            "agent_api_bases": settings.agent_api_bases}
-
-
 ModelCheck = Callable[[str, str | None, str | None], Awaitable[str | None]]
 
 
@@ -213,9 +199,7 @@ class Runtime:
             init_ray(settings, database_url, include_dashboard=include_dashboard, dashboard_host="127.0.0.1",
                      num_cpus=num_cpus, logging_level=logging.WARNING)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        gateway = GatewayActor.options(**named_options(GATEWAY_NAME, max_concurrency=1000)).remote(
-            **gateway_options(settings))
-        await gateway.warm_up.remote()
+        await gateways.local_gateway().warm_up.remote()  # other nodes' gateways start with their first call
         sweeper = Sweeper.options(**named_options(SWEEPER_NAME)).remote()
         await sweeper.start.remote()
         return cls(await Database.connect(database_url), settings, database_url)
@@ -375,8 +359,8 @@ class Runtime:
 
     async def check_model(self, model: str, api_base: str | None = None, api_key_ref: str | None = None) -> str | None:
         """The gateway's word on a model (see ModelGateway.check_model): None, or what is missing."""
-        gateway = ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE)
-        problem: str | None = await gateway.check_model.remote(model, api_base, api_key_ref)
+        problem: str | None = await gateways.call("check_model", model=model, api_base=api_base,
+                                                  api_key_ref=api_key_ref)
         return problem
 
     async def default_model_problem(self) -> str | None:
@@ -473,7 +457,3 @@ class Runtime:
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"tree {tree_id} is still busy after {timeout} s")
             await asyncio.sleep(0.1)
-
-
-def scripted_log_path(settings: Settings) -> os.PathLike[str]:
-    return settings.data_dir / "scripted-requests.jsonl"

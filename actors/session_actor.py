@@ -9,8 +9,8 @@ on demand, and rebuilding it is the same code path as after a crash.
 Both shapes (actors/placement.py: a dedicated actor ``session:<id>``, or a task of that
 name in a shared host) run this ``SessionCore``: the same mailbox, lease owner per
 incarnation, passivation and reports to the directory. Sessions stay small: no model client
-(the ModelGateway is the only importer of litellm), and cached lookups of the gateway and
-the directory.
+(the ModelGateway is the only importer of litellm), and cached lookups of their node's gateway
+(actors/gateways.py) and directory.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import ray
 
 from actors import directory
 from actors.agent_loop import RunExecutor
-from actors.naming import GATEWAY_NAME, NAMESPACE
 from actors.placement import Placement
 from persistence import runs as run_repo
 from persistence import turns
@@ -35,21 +34,12 @@ from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
 
-_gateway: Any = None
-
 
 @functools.cache
 def this_actor() -> Any:
     """The handle of the actor this process runs (one for the process's life; building it is a
     lookup in Ray's runtime context, too slow for every report)."""
     return ray.get_runtime_context().current_actor
-
-
-def _gateway_handle() -> Any:
-    global _gateway
-    if _gateway is None:
-        _gateway = ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE)
-    return _gateway
 
 
 async def wait_for_run(run: asyncio.Task[None], *, exiting: bool = False) -> None:
@@ -195,7 +185,7 @@ class SessionCore:
         return self._executor(db, acquired) if acquired is not None else None
 
     def _executor(self, db: Database, acquired: run_repo.AcquiredRun) -> RunExecutor:
-        return RunExecutor(db, self.settings, _gateway_handle(), self.placement, acquired.run)
+        return RunExecutor(db, self.settings, self.placement, acquired.run)
 
     async def _run_claimable(self) -> bool:
         db = await self._database()

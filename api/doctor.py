@@ -188,8 +188,8 @@ class Doctor:
             return f"{model} (CANOPY_DEFAULT_MODEL): built in, needs no network and no key"
         # The runtime's gateway would say the same: this one reads the same models file, secrets
         # directory and provider variables. It makes no request (a key's validity is the provider's).
+        from actors.gateways import gateway_options
         from actors.model_gateway import ModelGateway  # litellm: only this check pays for it
-        from actors.runtime import gateway_options
 
         gateway = ModelGateway(**gateway_options(self.settings))
         if problem := asyncio.run(gateway.check_model(model)):

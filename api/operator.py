@@ -54,8 +54,9 @@ async def list_agents(scope: Scope, console: Console) -> None:
 async def create_agent(scope: Scope, fields: dict[str, Any], console: Console) -> None:
     """Checked as the API checks it, by a ModelGateway of this process's own (no Ray here) that sees
     what the runtime's gateway would: the secrets directory and this environment's provider variables."""
+    from actors.gateways import gateway_options
     from actors.model_gateway import ModelGateway  # litellm and Ray: only this command pays for them
-    from actors.runtime import gateway_options, require_usable_model
+    from actors.runtime import require_usable_model
 
     check_tool_names(fields.get("tools") or [])
     settings = get_settings()

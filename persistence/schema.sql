@@ -444,7 +444,8 @@ CREATE TABLE model_calls (
     cost_usd            double precision NOT NULL DEFAULT 0,
     latency_ms          double precision NOT NULL,
     error               text,
-    created_at          timestamptz NOT NULL DEFAULT now()
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    node_id             text  -- the Ray node whose gateway made the call (one gateway per node)
 );
 CREATE INDEX model_calls_run ON model_calls (run_id);
 

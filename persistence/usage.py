@@ -150,6 +150,6 @@ async def budget_stopped_trees(conn: Connection) -> int:
 
 async def record_model_calls(conn: Connection, calls: list[tuple[Any, ...]]) -> None:
     """Account for model calls, each as (run_id, model, prompt_tokens, completion_tokens, cost_usd,
-    latency_ms, error, created_at)."""
+    latency_ms, error, created_at, node_id)."""
     async with conn.cursor() as cur:
         await cur.executemany(query("model_call_insert"), calls)

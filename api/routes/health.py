@@ -9,7 +9,7 @@ import ray
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from actors.naming import GATEWAY_NAME, NAMESPACE
+from actors.naming import NAMESPACE, SWEEPER_NAME
 from api import metrics
 from api.auth import require_metrics_reader
 from api.deps import RuntimeDep, errors
@@ -21,7 +21,7 @@ from persistence.db import ping
 def _ray_reachable() -> str:
     if not ray.is_initialized():
         return "not connected"
-    ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE)  # a GCS round trip
+    ray.get_actor(SWEEPER_NAME, namespace=NAMESPACE)  # a GCS round trip (the one sweeper of the cluster)
     return "ok"
 
 

@@ -20,7 +20,8 @@ import ray
 from pydantic import SecretStr
 from ray.cluster_utils import Cluster
 
-from actors.naming import GATEWAY_NAME, NAMESPACE
+from actors.gateways import gateway_on
+from actors.naming import NAMESPACE
 from actors.runtime import Runtime
 from persistence.db import resolve_database_url
 from persistence.errors import SharedDatabaseRequired
@@ -37,7 +38,7 @@ async def start_runtime(settings: Settings) -> dict[str, Any]:
     except SharedDatabaseRequired as error:
         return refusal(error)
     await runtime.close()
-    return {"type": None, "gateway": ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE) is not None}
+    return {"type": None, "gateway": gateway_on(ray.get_runtime_context().get_node_id()) is not None}
 
 
 @ray.remote(num_cpus=0)

@@ -318,3 +318,21 @@ async def test_as_ray_actor(ray_cluster: None, tmp_path: Path) -> None:
                                         tools=None)
     assert after["message"]["content"] == "still here"
     ray.kill(actor)
+
+
+async def test_a_gateway_whose_scripted_port_is_taken_serves_on_a_free_one(log_path: Path) -> None:
+    """Nodes of one machine share its ports: a second gateway configured with the same scripted port
+    still answers (on a port of its own), and the first one keeps its."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        taken = holder.getsockname()[1]
+        holder.listen(1)
+        gateway = ModelGateway(scripted_port=taken, log_path=str(log_path), timeout_seconds=30, retries=0)
+        try:
+            reply = await gateway.complete(model="canopy/scripted", messages=scripted([builders.say("on my own port")]),
+                                           tools=None)
+            url = await gateway.scripted_base_url()
+        finally:
+            await gateway.close()
+    assert reply["message"]["content"] == "on my own port"
+    assert url.startswith("http://127.0.0.1:") and f":{taken}/" not in url, url

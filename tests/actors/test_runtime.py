@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import ray
 
-from actors.naming import GATEWAY_NAME, NAMESPACE
-from actors.runtime import Runtime, scripted_log_path
+from actors.gateways import local_gateway, scripted_log_path
+from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.errors import NotFound
 from persistence.records import Row, Scope
@@ -115,7 +115,7 @@ async def test_sibling_cancels_exact_turn(runtime: Runtime, scope: Scope) -> Non
     assert '"status": "accepted"' in tool_results[0]["content"], tool_results
     assert result["output"] == "completed cancelled killed"
     # The cancelled Turn's model call (20 s) was aborted in the gateway too, not left to run.
-    gateway = ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE)
+    gateway = local_gateway()  # the node's: where the session's calls went
     assert await eventually(lambda: _no_model_call_in_flight(gateway), timeout=5)
 
 

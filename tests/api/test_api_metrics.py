@@ -14,12 +14,11 @@ from typing import Any, ClassVar
 import httpx
 import psycopg
 import pytest
-import ray
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from actors.naming import GATEWAY_NAME, NAMESPACE
+from actors.gateways import local_gateway
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from api.app import create_app
@@ -182,7 +181,7 @@ async def test_scrapes_during_a_fan_out_are_whole_cluster_and_scan_no_table(
 
 async def test_model_labels_are_bounded(api: ApiServer, runtime: Runtime) -> None:
     """Any model string a user writes reaches the gateway; past the bounded set it is counted as other."""
-    gateway = ray.get_actor(GATEWAY_NAME, namespace=NAMESPACE)
+    gateway = local_gateway()
     spread = metrics.MAX_MODEL_LABELS + 5
     prefix = f"canopy/labels-{uuid.uuid4().hex[:8]}"
     messages = [{"role": "user", "content": script(say("ok"))}]

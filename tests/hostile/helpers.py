@@ -7,7 +7,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from actors.runtime import Runtime, scripted_log_path
+from actors.gateways import scripted_log_path
+from actors.runtime import Runtime
 from persistence.databases import rows
 
 

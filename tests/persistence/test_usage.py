@@ -473,9 +473,9 @@ async def test_model_calls_are_recorded_together(db: Database) -> None:
     run_id = uuid.uuid4()
     at = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
     async with db.tx() as conn:
-        await usage.record_model_calls(conn, [(run_id, "m1", 10, 2, 0.5, 120.0, None, at),
-                                              (run_id, "m2", 0, 0, 0.0, 30.0, "timeout", at)])
+        await usage.record_model_calls(conn, [(run_id, "m1", 10, 2, 0.5, 120.0, None, at, "node-a"),
+                                              (run_id, "m2", 0, 0, 0.0, 30.0, "timeout", at, "node-b")])
     found = await fetch_all(db, "SELECT model, prompt_tokens, completion_tokens, cost_usd, latency_ms, error, "
-                                "created_at FROM model_calls WHERE run_id = %s ORDER BY model", (run_id,))
-    assert [tuple(row.values()) for row in found] == [("m1", 10, 2, 0.5, 120.0, None, at),
-                                                      ("m2", 0, 0, 0.0, 30.0, "timeout", at)]
+                                "created_at, node_id FROM model_calls WHERE run_id = %s ORDER BY model", (run_id,))
+    assert [tuple(row.values()) for row in found] == [("m1", 10, 2, 0.5, 120.0, None, at, "node-a"),
+                                                      ("m2", 0, 0, 0.0, 30.0, "timeout", at, "node-b")]

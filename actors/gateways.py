@@ -1,0 +1,101 @@
+"""Which model gateway a process calls: the one of its own Ray node, and a call's retry when it dies.
+
+Every node has its own gateway, ``canopy:gateway:<node id>`` (actors/gateway_actor.py), pinned
+to the node and created by the first process there that needs it (get-or-create), so a model
+call never crosses the cluster and a node that joins needs nothing started by hand. Its
+arguments come from the settings of the process that creates it (each worker has the same).
+
+A gateway holds nothing a successor could not rebuild, so a call whose gateway dies under it
+(killed, its node's memory monitor, a crash) is asked again of a fresh one, up to
+:data:`CALL_ATTEMPTS` times, instead of failing the Turn. Nothing was committed for the lost
+call (the caller commits the reply and its usage only once the reply is back), so the retry
+only re-asks the model and the Run is charged for the reply it gets, once. The dead gateway
+never accounted the lost call either: ``model_calls`` rows are written after a reply is handed
+back. The provider may have billed the lost request; nothing here can know, or avoid it.
+
+Each gateway starts its own scripted model (actors/scripted) on first use, in its own process:
+a gateway's calls go to its own server (the ``api_base`` is given per call), and it dies with
+its gateway, like a provider's connection. Nodes of one machine (``ray.cluster_utils``) share
+its addresses, so ``scripted_model_port`` is the port a gateway tries first; one that finds it
+taken listens on a free port (ModelGateway.scripted_base_url). They share the request log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.gateway_actor import GatewayActor
+from actors.naming import NAMESPACE, NodeLocal, gateway_actor_name, node_local_options
+from persistence.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+# A call is asked of at most this many gateways: one dying under a call is rare, several in a row
+# mean the node is in trouble, and the Turn fails with the error.
+CALL_ATTEMPTS = 3
+# Before asking again: the dead gateway's name is freed and its successor placed meanwhile.
+_RETRY_PAUSE_SECONDS = 0.2
+
+
+def secrets_path(settings: Settings) -> Path:
+    """``<data dir>/secrets``: where a runtime writes its secrets and its workers read them."""
+    return settings.data_dir.expanduser().resolve() / "secrets"
+
+
+def scripted_log_path(settings: Settings) -> os.PathLike[str]:
+    return settings.data_dir / "scripted-requests.jsonl"
+
+
+def gateway_options(settings: Settings) -> dict[str, Any]:
+    """The ModelGateway's arguments, paths absolute: it runs in a worker with a cwd of its own."""
+    return {"scripted_port": settings.scripted_model_port, "log_path": str(scripted_log_path(settings)),
+            "timeout_seconds": settings.model_timeout_seconds, "retries": settings.model_retries,
+            "models_file": str(settings.models_file.expanduser().resolve()) if settings.models_file else None,
+            "secrets_dir": str(secrets_path(settings)), "provider_env": list(settings.provider_env),
+            "agent_api_bases": settings.agent_api_bases}
+
+
+def _create(node_id: str) -> Any:
+    return GatewayActor.options(**node_local_options(gateway_actor_name(node_id), node_id, max_concurrency=1000)) \
+        .remote(node_id=node_id, **gateway_options(get_settings()))
+
+
+_local = NodeLocal(_create)
+
+
+def local_gateway() -> Any:
+    """This node's gateway (created on first use)."""
+    return _local.handle()
+
+
+def gateway_on(node_id: str) -> Any:
+    """A node's gateway, if it runs (ValueError if not): for operators and tests."""
+    return ray.get_actor(gateway_actor_name(node_id), namespace=NAMESPACE)
+
+
+async def call(method: str, **arguments: Any) -> Any:
+    """``method`` of this node's gateway, asked again of a fresh gateway when the one asked dies
+    first (see the module's docstring). Cancelling the caller cancels the call in the gateway (a
+    model call's provider request is aborted). The gateway's own errors (a ModelError) propagate."""
+    attempt = 1
+    while True:
+        pending = getattr(local_gateway(), method).remote(**arguments)
+        try:
+            return await pending
+        except asyncio.CancelledError:
+            ray.cancel(pending)
+            raise
+        except ray.exceptions.RayActorError as error:  # died or unreachable: ActorDiedError, ActorUnavailableError
+            if attempt == CALL_ATTEMPTS:
+                raise
+            log.warning("the model gateway died during %s (attempt %d of %d); asking a fresh one: %s",
+                        method, attempt, CALL_ATTEMPTS, type(error).__name__)
+            _local.forget()
+            await asyncio.sleep(_RETRY_PAUSE_SECONDS * attempt)
+            attempt += 1

@@ -1,0 +1,105 @@
+"""One model gateway per node (actors/gateways.py): a call whose gateway dies under it is asked again
+of a fresh gateway, the Turn completes, and the Run is charged once. Several nodes: see
+gateways_scenario.py (a cluster of its own)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from ray.util.state import list_actors
+
+from actors.gateways import gateway_on
+from actors.naming import gateway_actor_name
+from actors.runtime import Runtime
+from actors.scripted import say, script
+from persistence.databases import rows
+from persistence.records import Scope
+from tests.actors.gateways_scenario import requests_with
+from tests.actors.helpers import eventually, scenario_findings
+from tests.conftest import RUNTIME_ENV
+
+
+async def _alive_gateway(node_id: str) -> Any:
+    """The node's gateway as Ray's actor table has it (its pid, restarts), once it is alive."""
+
+    async def alive() -> Any:
+        found = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                        filters=[("name", "=", gateway_actor_name(node_id)), ("state", "=", "ALIVE")])
+        return found[0] if found else None
+
+    return await eventually(alive, timeout=30)
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "kill -9"])
+async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime: Runtime, scope: Scope,
+                                                                          how: str) -> None:
+    """``ray.kill``: the gateway is gone for good and a new one is made; ``kill -9``: its process dies
+    and Ray restarts it (``max_restarts``). Either way the call in flight is asked again."""
+    marker = f"survived-{uuid.uuid4().hex[:8]}"
+    created = await runtime.create_root(scope, input_text=script(say(marker, delay_ms=3000)))
+    node_id = ray.get_runtime_context().get_node_id()  # one node: the session's and this process's
+
+    async def in_flight() -> bool:
+        return requests_with(runtime.settings, marker) == 1
+
+    await eventually(in_flight, timeout=30)
+    killed = await _alive_gateway(node_id)  # its scripted model waits out the call's delay in this process
+    if how == "ray.kill":
+        ray.kill(gateway_on(node_id))
+    else:
+        os.kill(killed.pid, signal.SIGKILL)
+
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["status"] == "completed", result
+    assert result["output"] == marker
+    assert requests_with(runtime.settings, marker) == 2  # the lost request, and the one asked again
+    assert (await _alive_gateway(node_id)).pid != killed.pid  # another gateway process answered
+
+    session_id = created["session"]["session_id"]
+    replies = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'assistant'",
+                         session_id)
+    assert [reply["content"] for reply in replies] == [marker]
+    runs = await rows(runtime.db, "SELECT run_id, status, prompt_tokens, completion_tokens, model_calls FROM runs "
+                      "WHERE session_id = %s", session_id)
+    assert len(runs) == 1 and runs[0]["status"] == "completed" and runs[0]["model_calls"] == 1, runs
+    assert runs[0]["prompt_tokens"] > 0
+
+    async def recorded() -> list[dict[str, Any]]:
+        return await rows(runtime.db, "SELECT prompt_tokens, completion_tokens, error, node_id FROM model_calls "
+                          "WHERE run_id = %s", runs[0]["run_id"])
+
+    await eventually(recorded, timeout=10)
+    await asyncio.sleep(0.5)  # a second record would have been flushed by now (the gateway writes within 50 ms)
+    calls = await recorded()
+    assert calls == [{"prompt_tokens": runs[0]["prompt_tokens"], "completion_tokens": runs[0]["completion_tokens"],
+                      "error": None, "node_id": node_id}], calls  # the dead gateway recorded nothing
+    usage = await rows(runtime.db, "SELECT prompt_tokens, model_calls FROM tree_usage WHERE tree_id = %s", session_id)
+    assert usage == [{"prompt_tokens": runs[0]["prompt_tokens"], "model_calls": 1}]
+
+
+async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(database_url: str,
+                                                                             tmp_path: Path) -> None:
+    findings = await scenario_findings("tests.actors.gateways_scenario", {
+        **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": database_url}, timeout=240)
+
+    head, other = findings["head"], findings["other"]
+    assert head != other
+    # Where each session's Run executed (Ray's actor table) is where its model calls were made.
+    assert findings["session_nodes"] == {"on_head": head, "on_other": other}, findings
+    assert findings["run_owners"] == {"on_head": [True], "on_other": [True]}, findings  # one Run each, in that actor
+    assert findings["call_nodes"] == {"on_head": [head], "on_other": [other]}, findings
+    # A gateway lives on each node that ran a session, pinned there under the node's name.
+    assert findings["gateways"] == {head: f"canopy:gateway:{head}", other: f"canopy:gateway:{other}"}, findings
+    # The head's gateway was killed during the head session's call: asked again, the Turn completed, charged once.
+    assert findings["results"] == {"on_head": ["completed", findings["head_marker"]],
+                                   "on_other": ["completed", "other done"]}, findings
+    assert findings["killed_gateway_replaced"] is True
+    assert findings["head_requests"] == 2
+    assert findings["charged"] == {"on_head": 1, "on_other": 1}
