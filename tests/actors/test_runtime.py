@@ -171,15 +171,22 @@ async def _all_turns_ended(runtime: Runtime, scope: Scope, tree_id: uuid.UUID) -
 
 async def test_send_message_reaches_next_model_call(runtime: Runtime, scope: Scope) -> None:
     listener = script(call(("list_agents", {}), delay_ms=6000), say("heard"), task="listen")
-    text = script(call(create("listener", listener)),
-                  # Sent while the listener's first model call is in flight (its activation may start a
-                  # worker process: seconds on a loaded machine).
-                  call(("send_message", {"target": "/root/listener", "text": "hello from root"}), delay_ms=3000),
-                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("ok"))
-    created = await runtime.create_root(scope, input_text=text)
+    created = await runtime.create_root(scope, input_text=script(call(create("listener", listener)), say("made")))
     await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     tree_id = created["session"]["session_id"]
     listener_id = await session_id_at(runtime.db, tree_id, "/root/listener")
+    # The message is sent once the listener's first model call is in flight (its activation may
+    # take seconds on a loaded machine): it must reach the call after that one.
+    async def in_flight() -> list[dict[str, Any]]:
+        return _model_requests(runtime, listener_id)
+
+    await eventually(in_flight, timeout=60)
+    sent = await runtime.submit_input(scope, tree_id, script(
+        call(("send_message", {"target": "/root/listener", "text": "hello from root"})), say("sent")))
+    await runtime.wait_result(scope, sent["input_id"], timeout=60)
+    listening = await rows(runtime.db, "SELECT input_id FROM inputs WHERE session_id = %s", listener_id)
+    heard = await runtime.wait_result(scope, listening[0]["input_id"], timeout=60)
+    assert heard["output"] == "heard"
     mine = _model_requests(runtime, listener_id)
     assert len(mine) == 2
     assert "hello from root" not in json.dumps(mine[0]["messages"])
