@@ -150,6 +150,9 @@ class Database:
         metrics.flush_soon(self)  # after the commit: this process's counts reach the table within a second
 
     async def close(self) -> None:
+        # A process that stops (a passivating session actor, a host, the sweeper) closes its pool
+        # last: its counts not yet flushed would otherwise die with it.
+        await metrics.flush(self)
         await self.pool.close()
 
 

@@ -81,3 +81,13 @@ def test_model_labels_stay_bounded() -> None:
     assert labels.label("default-model") == "default-model" and labels.label("seen-before") == "seen-before"
     assert len(set(given)) == metrics.MAX_MODEL_LABELS  # the first ones (one place went to seen-before)...
     assert given[-1] == metrics.OTHER  # ...then other
+
+
+async def test_a_closing_database_adds_the_counts_not_yet_flushed(db: Database, database_url: str) -> None:
+    """A process that stops (a passivating session actor) closes its pool within the flush delay:
+    its counts reach the table then, not never."""
+    labels = _labels()
+    stopping = await Database.connect(database_url, max_size=1)
+    metrics.add(metrics.TOOL_CALLS, amount=3, **labels)
+    await stopping.close()  # no commit scheduled a flush, and less than FLUSH_SECONDS passed
+    assert await _value(db, "canopy_tool_calls", labels) == 3.0
