@@ -31,6 +31,7 @@ from persistence.messages import escape_wrappers
 from persistence.records import Row, RunRef
 from persistence.sessions import session_and_turn_input
 from persistence.settings import Settings
+from persistence.statuses import RunKind, TurnStatus, WaitKind
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,7 @@ class RunExecutor:
         except LeaseLost:
             log.info("run %s lost its lease; stopping without further writes", self.run.run_id)
         except TurnCancelled:
-            await self._finish("cancelled", error="cancelled")
+            await self._finish(TurnStatus.CANCELLED, error="cancelled")
         finally:
             heartbeat.cancel()
 
@@ -240,7 +241,7 @@ class RunExecutor:
         statement read the session and the Turn's input too): a resumed wait's outcome is
         committed, the session, the Turn's input and the history are read, and when the model
         is called next its boundary is taken too."""
-        if self.run.kind == "resume":  # only a resume Run can continue a wait
+        if self.run.kind == RunKind.RESUME:  # only a resume Run can continue a wait
             await self._deliver_wait_outcome(conn)
         if acquired is not None:
             session, input_id = acquired.session, acquired.input_id
@@ -281,13 +282,13 @@ class RunExecutor:
             final = self._final_reply()
             if final is not None:
                 # A resumed Run whose answer was committed by an incarnation that then died.
-                await self._finish("completed", output=final["content"] or "")
+                await self._finish(TurnStatus.COMPLETED, output=final["content"] or "")
                 return
             if boundary is None:
                 async with self.db.tx() as conn:
                     boundary = await self._take_boundary(conn)
             if boundary.cancelling:
-                await self._finish("cancelled", error="cancelled")
+                await self._finish(TurnStatus.CANCELLED, error="cancelled")
                 return
             if boundary.over_budget is not None:
                 if await self._stop_for_budget():
@@ -295,7 +296,8 @@ class RunExecutor:
                 boundary = None  # the budget was raised meanwhile: take the boundary again
                 continue
             if self._model_calls() >= self.settings.max_model_calls_per_turn:
-                await self._finish("failed", error=f"the turn made {self._model_calls()} model calls, the limit per "
+                await self._finish(TurnStatus.FAILED,
+                                   error=f"the turn made {self._model_calls()} model calls, the limit per "
                                    "turn (setting CANOPY_MAX_MODEL_CALLS_PER_TURN); it was stopped")
                 return
             await failpoints.pause("before_model_call", session["name"])
@@ -324,7 +326,7 @@ class RunExecutor:
         stopped): then the caller ends it as cancelled instead of calling the model."""
         boundary = await messages.take_boundary(conn, self.run)
         self._compact_requested = boundary.compact_requested
-        if boundary.turn_status == "cancelling":
+        if boundary.turn_status == TurnStatus.CANCELLING:
             return _Boundary(cancelling=True)
         self._history.extend(boundary.taken)
         return _Boundary(cancelling=False, watched=boundary.watched, over_budget=boundary.budget_reached)
@@ -334,7 +336,7 @@ class RunExecutor:
         cancelled, as the stop cancelled it. False when a raised budget left room meanwhile."""
         if not await budgets.stop_tree(self.placement, self.db, self.run):
             return False
-        await self._finish("cancelled", error="stopped: the tree's budget is used up")
+        await self._finish(TurnStatus.CANCELLED, error="stopped: the tree's budget is used up")
         return True
 
     async def _call_model(self, session: Row, input_id: uuid.UUID, *, stream: bool) -> dict[str, Any] | None:
@@ -356,7 +358,7 @@ class RunExecutor:
             raise
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
             cause = getattr(error, "cause", None) or error
-            await self._finish("failed", error=f"model call failed: {cause}")
+            await self._finish(TurnStatus.FAILED, error=f"model call failed: {cause}")
             return None
 
     def _model(self, config: dict[str, Any]) -> str:
@@ -406,12 +408,12 @@ class RunExecutor:
             session = await turns.lock_session(conn, self.run.scope, self.run.session_id) if final else None
             await self._append_reply(conn, reply)
             if final:
-                await turns.finish_turn(conn, self.run, "completed", output=message["content"] or "",
+                await turns.finish_turn(conn, self.run, TurnStatus.COMPLETED, output=message["content"] or "",
                                         locked_session=session)
                 hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
         await signals.send_hints(self.placement, self.db, hints)  # the freed slot, the waiters on this answer
         if final:
-            tracing.turn_ended("completed")
+            tracing.turn_ended(TurnStatus.COMPLETED)
         return final
 
     async def _append_reply(self, conn: Connection, reply: dict[str, Any]) -> None:
@@ -508,7 +510,7 @@ class RunExecutor:
 
     async def _after_park(self, wait_id: uuid.UUID | None) -> None:
         if wait_id is None:  # the Turn is being cancelled: it ends instead of waiting
-            await self._finish("cancelled", error="cancelled")
+            await self._finish(TurnStatus.CANCELLED, error="cancelled")
             return
         # The condition may have been met between our check and the commit: re-check now.
         await signals.resume_wait(self.placement, self.db, wait_id)
@@ -521,7 +523,7 @@ class RunExecutor:
         if await messages.has_tool_result(conn, self.run.turn_id, wait["tool_call_id"]):
             return
         await run_repo.fence(conn, self.run)
-        if wait["kind"] == "approval":
+        if wait["kind"] == WaitKind.APPROVAL:
             return  # the call runs again and reads the decision (sandbox_tools.run_command)
         outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id)
         await messages.append_tool_results(conn, self.run, [(wait["tool_call_id"], json.dumps(outcome, default=str))])
@@ -538,5 +540,5 @@ class RunExecutor:
         with contextlib.suppress(LeaseLost):
             async with self.db.tx() as conn:
                 status = await turns.turn_status(conn, self.run.turn_id)
-            if status == "cancelling":
-                await self._finish("cancelled", error="cancelled")
+            if status == TurnStatus.CANCELLING:
+                await self._finish(TurnStatus.CANCELLED, error="cancelled")

@@ -30,8 +30,9 @@ from persistence.db import Connection, Database, resolve_database_url
 from persistence.errors import InvalidArgument
 from persistence.messages import steer
 from persistence.migrations import ensure_schema
-from persistence.records import TERMINAL_TURN_STATUSES, Row, Scope
+from persistence.records import Row, Scope
 from persistence.settings import ENV_PREFIX, Settings, get_settings, reveal, secret_env_names, secret_fields
+from persistence.statuses import TERMINAL_TURN_STATUSES, Activity
 
 log = logging.getLogger(__name__)
 
@@ -451,7 +452,7 @@ class Runtime:
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             summary = await self.tree_summary(scope, tree_id)
-            if all(m["activity"] == "idle" and m["turn_status"] in (None, *TERMINAL_TURN_STATUSES)
+            if all(m["activity"] == Activity.IDLE and m["turn_status"] in (None, *TERMINAL_TURN_STATUSES)
                    for m in summary["members"]):
                 return summary
             if asyncio.get_running_loop().time() > deadline:

@@ -31,6 +31,7 @@ from persistence import runs as run_repo
 from persistence import turns
 from persistence.db import Connection, Database
 from persistence.settings import get_settings
+from persistence.statuses import TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class SessionCore:
         db = await self._database()
         async with db.tx() as conn:
             status = await turns.turn_status(conn, self._current_turn)
-        if status == "cancelling":
+        if status == TurnStatus.CANCELLING:
             self._current.cancel()
 
     # -- the work loop ---------------------------------------------------------------------------------

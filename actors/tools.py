@@ -30,6 +30,7 @@ from persistence.errors import InvalidArgument, NotFound
 from persistence.events import session_updates_after
 from persistence.records import Row, RunRef
 from persistence.settings import Settings
+from persistence.statuses import WaitKind
 
 MAX_WAIT_IDS = 100
 LIST_PAGE = 10
@@ -184,7 +185,7 @@ async def wait_inputs(ctx: ToolContext, conn: Connection, call_id: str, args: Wa
         return {"results": [_jsonable(r) for r in results], "timed_out": False}
     await deadlocks.check_wait(conn, ctx.run, ctx.session["path"],
                                input_ids=[r["input_id"] for r in results if not r["terminal"]])
-    return Park(kind="inputs", condition={"input_ids": [str(i) for i in ids]},
+    return Park(kind=WaitKind.INPUTS, condition={"input_ids": [str(i) for i in ids]},
                 timeout_seconds=args.timeout_seconds,
                 targets=list(dict.fromkeys(result["session_id"] for result in results)))
 
@@ -198,7 +199,7 @@ async def wait_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: 
     if updates:
         return {"updates": [_jsonable(u) for u in updates], "cursor": updates[-1]["cursor"], "timed_out": False}
     await deadlocks.check_wait(conn, ctx.run, ctx.session["path"], session_ids=ids)
-    return Park(kind="sessions", condition={"targets": [str(i) for i in ids], "after_cursor": args.after_cursor},
+    return Park(kind=WaitKind.SESSIONS, condition={"targets": [str(i) for i in ids], "after_cursor": args.after_cursor},
                 timeout_seconds=args.timeout_seconds, targets=ids)
 
 
@@ -236,7 +237,7 @@ async def list_agents(ctx: ToolContext, conn: Connection, call_id: str, args: Li
 
 
 async def ask_user(ctx: ToolContext, conn: Connection, call_id: str, args: AskUserArgs) -> ToolResult:
-    return Park(kind="answer", condition={}, timeout_seconds=None, targets=[],
+    return Park(kind=WaitKind.ANSWER, condition={}, timeout_seconds=None, targets=[],
                 request_payload={"question": args.question})
 
 

@@ -24,13 +24,14 @@ from persistence.db import resolve_database_url
 from persistence.errors import CanopyError
 from persistence.records import Row, Scope
 from persistence.settings import Settings, get_settings
+from persistence.statuses import TurnStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 _POLL_SECONDS = 0.25
 
 
 def _status_line(result: Row) -> Text:
-    styles = {"completed": "green", "failed": "bold red", "cancelled": "red"}
+    styles = {TurnStatus.COMPLETED: "green", TurnStatus.FAILED: "bold red", TurnStatus.CANCELLED: "red"}
     return Text(f"root turn: {result['status']}", style=styles.get(result["status"], "yellow"))
 
 
@@ -78,7 +79,7 @@ async def run_task(task: str, *, scope: Scope, agent_id: str | None, model: str 
                           f"`canopy tree {tree_id}`)")
             return EXIT_TIMEOUT
         console.print()
-        if result["status"] == "completed":
+        if result["status"] == TurnStatus.COMPLETED:
             console.print(result["output"] or "", markup=False, highlight=False)
             return EXIT_OK
         console.print(f"[red]{result['status']}[/red]: {result['error']}", highlight=False)

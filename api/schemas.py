@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from persistence.agents import API_BASE_MAX_CHARS, API_BASE_PATTERN, API_KEY_REF_PATTERN
+from persistence.statuses import Activity, InputStatus, RequestKind, RequestStatus, TurnStatus, WaitingFor
 from persistence.turns import MAX_TEXT
 from persistence.usage import MAX_LIMIT
 from persistence.views import INPUT_PREVIEW
@@ -306,8 +307,7 @@ class Session(ResponseBody):
     agent_id: str | None
     project_id: uuid.UUID
     status: Literal["active", "archived"]
-    activity: str = Field(description="idle, queued, running, waiting_cooperation, waiting_approval, "
-                                      "waiting_answer or cancelling")
+    activity: Activity
     current_turn_id: uuid.UUID | None
     queue_paused: bool
     pending_inputs: int
@@ -316,8 +316,8 @@ class Session(ResponseBody):
     updated_at: dt.datetime
     # Beyond the SPEC's shape:
     turn_id: uuid.UUID | None = Field(default=None, description="The latest Turn, open or not.")
-    turn_status: str | None = None
-    waiting_for: str | None = None
+    turn_status: TurnStatus | None = None
+    waiting_for: WaitingFor | None = None
     archived: bool = False
 
 
@@ -341,7 +341,7 @@ class RootSession(Session):
 class InputSummary(ResponseBody):
     input_id: uuid.UUID
     session_id: uuid.UUID
-    status: Literal["pending", "consumed", "cancelled"]
+    status: InputStatus
     text: str = Field(description=f"The input's text, cut to a preview of {INPUT_PREVIEW} characters.")
     truncated: bool = Field(description="The text was longer than its preview.")
     origin: dict[str, Any] = Field(description="Who submitted it: {kind: human|session|api|schedule, ...}.")
@@ -384,9 +384,9 @@ class InputCancelled(ResponseBody):
 class Result(ResponseBody):
     session_id: uuid.UUID
     input_id: uuid.UUID
-    input_status: str
+    input_status: InputStatus
     turn_id: uuid.UUID | None
-    status: str = Field(description="The Turn's status, or the input's while it has no Turn.")
+    status: TurnStatus | InputStatus = Field(description="The Turn's status, or the input's while it has no Turn.")
     terminal: bool
     result_run_id: uuid.UUID | None
     output: str | None
@@ -420,10 +420,10 @@ class MemberPlace(ResponseBody):
 
 
 class Member(MemberPlace):
-    activity: str
+    activity: Activity
     turn_id: uuid.UUID | None
-    turn_status: str | None
-    waiting_for: str | None
+    turn_status: TurnStatus | None
+    waiting_for: WaitingFor | None
     pending_inputs: int
     queue_paused: bool
     usage: Usage = Field(description="This member's usage, summed from its Runs.")
@@ -480,12 +480,12 @@ class TreeContinued(BaseModel):
 
 class HumanRequest(ResponseBody):
     id: uuid.UUID
-    kind: Literal["approval", "question"]
+    kind: RequestKind
     session_id: uuid.UUID
     path: str = Field(description="Where in the tree the request comes from.")
     turn_id: uuid.UUID
     payload: dict[str, Any]
-    status: str
+    status: RequestStatus
     created_at: dt.datetime
 
 

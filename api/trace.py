@@ -12,6 +12,7 @@ import datetime as dt
 from typing import Any
 
 from persistence.records import Row
+from persistence.statuses import RunKind
 
 SLOTS, MODEL, TOOLS = 1, 2, 3
 LANES = {SLOTS: "slots", MODEL: "model calls", TOOLS: "tool calls"}
@@ -33,7 +34,7 @@ def _title(item: Row) -> str:
     if kind == "wait":
         return f"wait ({item['name']})"
     if kind == "run":
-        return "run" if item["name"] == "start" else "run (resume)"
+        return "run" if item["name"] == RunKind.START else "run (resume)"
     return str(kind)
 
 

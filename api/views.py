@@ -9,18 +9,19 @@ from rich.table import Table
 from rich.text import Text
 
 from persistence.records import Row
+from persistence.statuses import Activity, TurnStatus
 
 ACTIVITY_STYLES = {
-    "idle": "dim",
-    "queued": "yellow",
-    "running": "bold green",
-    "waiting_cooperation": "cyan",
-    "waiting_approval": "bold magenta",
-    "waiting_answer": "bold magenta",
-    "cancelling": "red",
+    Activity.IDLE: "dim",
+    Activity.QUEUED: "yellow",
+    Activity.RUNNING: "bold green",
+    Activity.WAITING_COOPERATION: "cyan",
+    Activity.WAITING_APPROVAL: "bold magenta",
+    Activity.WAITING_ANSWER: "bold magenta",
+    Activity.CANCELLING: "red",
 }
-STATUS_STYLES = {"completed": "green", "failed": "bold red", "cancelled": "red", "running": "green",
-                 "waiting": "cyan", "cancelling": "red"}
+STATUS_STYLES = {TurnStatus.COMPLETED: "green", TurnStatus.FAILED: "bold red", TurnStatus.CANCELLED: "red",
+                 TurnStatus.RUNNING: "green", TurnStatus.WAITING: "cyan", TurnStatus.CANCELLING: "red"}
 
 
 def _styled(value: Any, styles: dict[str, str]) -> Text:

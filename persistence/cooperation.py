@@ -17,6 +17,7 @@ from persistence.events import append_event
 from persistence.messages import insert_coop_message
 from persistence.records import Row, RunRef, Scope
 from persistence.sessions import Spawn, check_name, create_child, create_root, get_session_row, resolve_target
+from persistence.statuses import MessageKind
 from persistence.turns import cancel_turn as cancel_turn_row
 from persistence.turns import check_text, submit_first_input
 from persistence.turns import submit_input as submit_input_row
@@ -132,7 +133,7 @@ async def send_message(conn: Connection, run: RunRef, call_id: str, *, target: s
     receiver = await resolve_target(conn, run.scope, run.tree_id, target)
     if receiver["session_id"] == run.session_id:
         raise InvalidArgument("a session cannot send a message to itself")
-    message_id = await insert_coop_message(conn, run.scope, kind="message", receiver=receiver, body=text,
+    message_id = await insert_coop_message(conn, run.scope, kind=MessageKind.MESSAGE, receiver=receiver, body=text,
                                            sender=sender, run=run, tool_call_id=call_id)
     result = {"status": "received", "message_id": str(message_id), "session_id": str(receiver["session_id"])}
     await receipts.store_result(conn, run, call_id, "send_message", args, result)

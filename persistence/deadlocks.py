@@ -27,6 +27,7 @@ from typing import Any
 from persistence.db import Connection, advisory_lock, query
 from persistence.errors import Deadlock
 from persistence.records import RunRef, Scope
+from persistence.statuses import WaitKind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,18 +54,21 @@ async def check_wait(conn: Connection, run: RunRef, label: str, *, input_ids: li
     await advisory_lock(conn, f"canopy.waits:{run.scope.user_id}:{run.scope.app_id}")
     cur = await conn.execute(query("wait_graph"), _scope_params(run.scope))
     open_waits = await cur.fetchall()
-    waits_inputs = [uuid.UUID(i) for w in open_waits if w["kind"] == "inputs" for i in w["condition"]["input_ids"]]
-    waits_sessions = [uuid.UUID(s) for w in open_waits if w["kind"] == "sessions" for s in w["condition"]["targets"]]
+    waits_inputs = [uuid.UUID(i) for w in open_waits if w["kind"] == WaitKind.INPUTS
+                    for i in w["condition"]["input_ids"]]
+    waits_sessions = [uuid.UUID(s) for w in open_waits if w["kind"] == WaitKind.SESSIONS
+                      for s in w["condition"]["targets"]]
     blockers = await _input_blockers(conn, run.scope, [*waits_inputs, *(input_ids or [])])
     open_turns = await _open_turns(conn, run.scope, [*waits_sessions, *(session_ids or [])])
 
     graph: dict[uuid.UUID, _Waiter] = {}
     for wait in open_waits:
-        if wait["kind"] == "inputs":
+        if wait["kind"] == WaitKind.INPUTS:
             on = [blockers.get(uuid.UUID(i)) for i in wait["condition"]["input_ids"]]
         else:
             on = [open_turns.get(uuid.UUID(s)) for s in wait["condition"]["targets"]]
-        graph[wait["turn_id"]] = _Waiter(wait["turn_id"], wait["path"], wait["tree_id"], wait["kind"] == "inputs", on)
+        graph[wait["turn_id"]] = _Waiter(wait["turn_id"], wait["path"], wait["tree_id"],
+                                         wait["kind"] == WaitKind.INPUTS, on)
     on = [blockers.get(i) for i in input_ids] if input_ids is not None else \
         [open_turns.get(s) for s in session_ids or []]
     graph[run.turn_id] = _Waiter(run.turn_id, label, run.tree_id, input_ids is not None, on)

@@ -12,6 +12,7 @@ from persistence.db import Connection, query
 from persistence.errors import Conflict, LeaseLost
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
+from persistence.statuses import MessageKind, TurnStatus
 from persistence.turns import check_text, lock_session, open_turn
 
 _HISTORY = """
@@ -148,7 +149,7 @@ def render_coop_message(message: Row) -> str:
     """How a cooperation message or steer appears to the model: context, never authorisation. The
     wrapper is Canopy's; the body inside it is escaped (see ``escape_wrappers``)."""
     body = escape_wrappers(message["body"])
-    if message["kind"] == "steer":
+    if message["kind"] == MessageKind.STEER:
         return f"<canopy:steer>\n{body}\n</canopy:steer>"
     sender = message["sender_path"] or message["sender_session_id"]
     return (f'<canopy:message from="{sender}" session_id="{message["sender_session_id"]}">\n'
@@ -180,7 +181,7 @@ async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
     status, watched, compact = rows[0]["turn_status"], rows[0]["watched"], bool(rows[0]["compact_requested"])
     reached = rows[0]["budget_reached"]
-    if status == "cancelling":
+    if status == TurnStatus.CANCELLING:
         return Boundary(status, watched, [], compact)
     taken = []
     for message in rows:
@@ -206,7 +207,7 @@ async def insert_coop_message(
     conn: Connection,
     scope: Scope,
     *,
-    kind: str,
+    kind: MessageKind,
     receiver: Row,
     body: str,
     sender: Row | None = None,
@@ -235,9 +236,9 @@ async def steer(conn: Connection, scope: Scope, session_id: uuid.UUID, text: str
     check_text(text)
     session = await lock_session(conn, scope, session_id)
     turn = await open_turn(conn, session_id)
-    if turn is None or turn["status"] != "running":
+    if turn is None or turn["status"] != TurnStatus.RUNNING:
         raise Conflict(f"session {session['path']} has no running turn to steer")
-    message_id = await insert_coop_message(conn, scope, kind="steer", receiver=session, body=text)
+    message_id = await insert_coop_message(conn, scope, kind=MessageKind.STEER, receiver=session, body=text)
     return {"message_id": message_id, "session_id": session_id, "turn_id": turn["turn_id"]}
 
 

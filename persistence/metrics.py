@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from psycopg.types.json import Jsonb
 
-from persistence.records import OPEN_TURN_STATUSES, TERMINAL_TURN_STATUSES
+from persistence.statuses import OPEN_TURN_STATUSES, TERMINAL_TURN_STATUSES, TurnStatus, WaitingFor
 
 if TYPE_CHECKING:
     from persistence.db import Connection, Database
@@ -118,8 +118,8 @@ METRICS: tuple[Metric, ...] = (
 
 # The fixed label values, so a dashboard sees every series (at zero) from the start.
 TURN_END_STATUSES = tuple(sorted(TERMINAL_TURN_STATUSES))
-OPEN_TURN_SERIES = tuple(sorted({(status, "") for status in OPEN_TURN_STATUSES if status != "waiting"}
-                                | {("waiting", kind) for kind in ("answer", "approval", "cooperation")}))
+OPEN_TURN_SERIES = tuple(sorted({(status, "") for status in OPEN_TURN_STATUSES if status != TurnStatus.WAITING}
+                                | {(TurnStatus.WAITING, kind) for kind in WaitingFor}))
 TREE_STATES = ("busy", "stopped")
 SANDBOX_OUTCOMES = ("ok", "failed", "timeout", "error")
 

@@ -17,6 +17,7 @@ from persistence import metrics
 from persistence.db import Connection, query
 from persistence.errors import IdempotencyConflict, LeaseLost
 from persistence.records import Row, RunRef
+from persistence.statuses import ReceiptState
 
 
 def _canonical(value: Any) -> Any:
@@ -28,7 +29,7 @@ class Prior:
     """What a call's receipt says of an earlier attempt: ``done`` with its result, or ``started``
     (a sandbox command began and its outcome was never recorded)."""
 
-    state: str
+    state: ReceiptState
     result: Any
 
 
@@ -49,7 +50,7 @@ async def begin_attempt(
             f"tool call {tool_call_id!r} of this turn already ran {row['tool_name']} with other arguments; "
             "a replay must repeat the call exactly"
         )
-    return Prior(row["state"], row["result"])
+    return Prior(ReceiptState(row["state"]), row["result"])
 
 
 async def begin_call(
@@ -63,14 +64,14 @@ async def begin_call(
 async def store_result(
     conn: Connection, run: RunRef, tool_call_id: str, tool_name: str, arguments: dict[str, Any], result: Any
 ) -> None:
-    await _insert(conn, run, tool_call_id, tool_name, arguments, "done", Jsonb(_canonical(result)))
+    await _insert(conn, run, tool_call_id, tool_name, arguments, ReceiptState.DONE, Jsonb(_canonical(result)))
 
 
 async def start_command(conn: Connection, run: RunRef, tool_call_id: str, tool_name: str,
                         arguments: dict[str, Any]) -> None:
     """Record that a sandbox command is about to start (committed before it starts): a later Run
     of the Turn then knows it may have run, and never runs it again unasked."""
-    await _insert(conn, run, tool_call_id, tool_name, arguments, "started", None)
+    await _insert(conn, run, tool_call_id, tool_name, arguments, ReceiptState.STARTED, None)
 
 
 async def finish_command(conn: Connection, run: RunRef, tool_call_id: str, result: Any) -> None:
@@ -87,7 +88,7 @@ async def started_commands(conn: Connection, run_id: uuid.UUID) -> list[Row]:
 
 
 async def _insert(conn: Connection, run: RunRef, tool_call_id: str, tool_name: str, arguments: dict[str, Any],
-                  state: str, result: Jsonb | None) -> None:
+                  state: ReceiptState, result: Jsonb | None) -> None:
     await conn.execute(
         """INSERT INTO tool_receipts (turn_id, tool_call_id, tool_name, arguments, result, first_run_id, state)
            VALUES (%s, %s, %s, %s, %s, %s, %s)""",

@@ -6,10 +6,10 @@ import dataclasses
 import uuid
 from typing import Any
 
+from persistence.statuses import RunKind
+
 Row = dict[str, Any]
 
-TERMINAL_TURN_STATUSES = frozenset({"completed", "failed", "cancelled"})
-OPEN_TURN_STATUSES = frozenset({"running", "waiting", "cancelling"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +30,7 @@ class RunRef:
     turn_id: uuid.UUID
     run_id: uuid.UUID
     owner: str
-    kind: str = "start"  # or "resume": after a wait, or after its owner died
+    kind: str = RunKind.START  # or resume: after a wait, or after its owner died
 
 
 def new_id() -> uuid.UUID:

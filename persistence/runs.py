@@ -16,6 +16,7 @@ from persistence.errors import LeaseLost
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
 from persistence.sessions import SESSION_COLUMNS
+from persistence.statuses import RunKind
 
 # A turn whose runs keep dying is failed instead of resumed forever.
 MAX_RECOVERIES_PER_TURN = 5
@@ -211,7 +212,8 @@ async def insert_run(conn: Connection, turn_id: uuid.UUID, session_id: uuid.UUID
     await conn.execute(
         """INSERT INTO runs (run_id, turn_id, session_id, tree_id, kind, resumes_run_id)
            VALUES (%s, %s, %s, %s, %s, %s)""",
-        (run_id, turn_id, session_id, tree_id, "resume" if resumes_run_id else "start", resumes_run_id),
+        (run_id, turn_id, session_id, tree_id, RunKind.RESUME if resumes_run_id else RunKind.START,
+         resumes_run_id),
     )
     return run_id
 

@@ -19,6 +19,7 @@ from persistence.errors import Conflict, InvalidArgument, LimitExceeded, NotFoun
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
 from persistence.scopes import ensure_scope
+from persistence.statuses import OPEN_TURN_STATUSES, Activity, RunStatus, TurnStatus
 from persistence.usage import budget_columns
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -52,24 +53,24 @@ def check_name(name: Any) -> str:
     return name
 
 
-def activity(state: Row) -> str:
+def activity(state: Row) -> Activity:
     """The derived activity of a session, for lists and the UI."""
     status = state.get("turn_status")
-    if status == "cancelling":
-        return "cancelling"
-    if status == "waiting":
-        return f"waiting_{state['waiting_for']}"
-    if status == "running":
-        return "running" if state.get("run_status") == "running" else "queued"
+    if status == TurnStatus.CANCELLING:
+        return Activity.CANCELLING
+    if status == TurnStatus.WAITING:
+        return Activity(f"waiting_{state['waiting_for']}")
+    if status == TurnStatus.RUNNING:
+        return Activity.RUNNING if state.get("run_status") == RunStatus.RUNNING else Activity.QUEUED
     if state.get("pending_inputs") and not state.get("queue_paused"):
-        return "queued"
-    return "idle"
+        return Activity.QUEUED
+    return Activity.IDLE
 
 
 def _view(row: Row) -> Row:
     view = dict(row)
     view["activity"] = activity(row)
-    open_turn = row.get("turn_status") in ("running", "waiting", "cancelling")
+    open_turn = row.get("turn_status") in OPEN_TURN_STATUSES
     view["current_turn_id"] = row.get("turn_id") if open_turn else None
     view["status"] = "archived" if row["archived"] else "active"
     return view

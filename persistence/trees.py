@@ -14,6 +14,7 @@ from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.events import append_event
 from persistence.records import Row, Scope
 from persistence.sessions import get_session_row, tree_members
+from persistence.statuses import Activity, RequestKind, RequestStatus, TurnStatus
 from persistence.turns import cancel_open_turn, lock_session, start_next_turn, turn_status
 
 _LOCK_TREE = """
@@ -99,7 +100,8 @@ async def stop_for_budget(conn: Connection, scope: Scope, tree_id: uuid.UUID, tu
     reached = await usage.budget_reached(conn, tree_id)
     if reached is None:
         return None
-    if tree["stopped"] and tree["stop_reason"] == "budget_exceeded" and await turn_status(conn, turn_id) != "running":
+    if (tree["stopped"] and tree["stop_reason"] == "budget_exceeded"
+            and await turn_status(conn, turn_id) != TurnStatus.RUNNING):
         return []
     return await stop_tree(conn, scope, tree_id, reached=reached)
 
@@ -145,7 +147,7 @@ async def archive_root(conn: Connection, scope: Scope, session_id: uuid.UUID) ->
     await lock_tree(conn, scope, found["tree_id"])
     session = await lock_session(conn, scope, session_id)
     members = await tree_members(conn, scope, session["tree_id"])
-    busy = [m for m in members if m["activity"] != "idle"]
+    busy = [m for m in members if m["activity"] != Activity.IDLE]
     if busy:
         raise Conflict(f"{busy[0]['path']} is {busy[0]['activity']}; archive the tree when it is idle")
     # A stopped tree's paused queues look idle, but their inputs are work still to do (SPEC §7).
@@ -201,9 +203,9 @@ async def answer_request(conn: Connection, scope: Scope, request_id: uuid.UUID, 
     request = await cur.fetchone()
     if request is None:
         raise NotFound(f"no request {request_id}")
-    if request["status"] != "pending":
+    if request["status"] != RequestStatus.PENDING:
         raise Conflict(f"request {request_id} is already {request['status']}")
-    if request["kind"] == "approval":
+    if request["kind"] == RequestKind.APPROVAL:
         if response.get("decision") not in ("approve", "deny"):
             raise InvalidArgument("an approval is answered with decision 'approve' or 'deny'")
         response = {"decision": response["decision"]}

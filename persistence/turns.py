@@ -17,7 +17,8 @@ from persistence import runs as run_repo
 from persistence.db import Connection, query
 from persistence.errors import Conflict, InvalidArgument, LeaseLost, NotFound, TurnCancelled
 from persistence.events import append_event
-from persistence.records import TERMINAL_TURN_STATUSES, Row, RunRef, Scope, new_id
+from persistence.records import Row, RunRef, Scope, new_id
+from persistence.statuses import TERMINAL_TURN_STATUSES, InputStatus, RunStatus, TurnStatus, WaitingFor
 
 MAX_TEXT = 100_000
 _PREVIEW = 500
@@ -83,7 +84,8 @@ async def submit_input(
     if session["archived"]:
         raise Conflict(f"session {session_id} is archived")
     current = await open_turn(conn, session_id)
-    if current and current["status"] == "waiting" and current["waiting_for"] in ("approval", "answer"):
+    if current and current["status"] == TurnStatus.WAITING and current["waiting_for"] in (WaitingFor.APPROVAL,
+                                                                                WaitingFor.ANSWER):
         raise Conflict(
             f"session {session['path']} is waiting for a human {current['waiting_for']}; "
             "answer its request before giving it new work"
@@ -210,7 +212,7 @@ async def begin_tool_step(conn: Connection, run: RunRef) -> str:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
     cur = await conn.execute(query("turn_state"), {"turn_id": run.turn_id})
     turn = await cur.fetchone()
-    if turn is None or turn["status"] != "running":
+    if turn is None or turn["status"] != TurnStatus.RUNNING:
         raise TurnCancelled(f"turn {run.turn_id} is being cancelled; no further tool call runs")
     return str(turn["approval_mode"])
 
@@ -243,8 +245,8 @@ async def cancel_open_turn(conn: Connection, session: Row, turn: Row, reason: st
     )
     latest = await cur.fetchone()
     assert latest is not None
-    if latest["status"] == "running":
-        if turn["status"] != "cancelling":
+    if latest["status"] == RunStatus.RUNNING:
+        if turn["status"] != TurnStatus.CANCELLING:
             await conn.execute("UPDATE turns SET status = 'cancelling', waiting_for = NULL WHERE turn_id = %s",
                                (turn["turn_id"],))
             await append_event(conn, _scope_of(session), "turn_cancelling", session_id=session["session_id"],
@@ -267,7 +269,7 @@ async def finalize_cancel(conn: Connection, session: Row, turn_id: uuid.UUID, re
     await conn.execute(
         "UPDATE requests SET status = 'cancelled' WHERE turn_id = %s AND status = 'pending'", (turn_id,)
     )
-    return await _end_turn(conn, session, turn_id, result_run_id, "cancelled", None, reason)
+    return await _end_turn(conn, session, turn_id, result_run_id, TurnStatus.CANCELLED, None, reason)
 
 
 async def cancel_turn(conn: Connection, scope: Scope, session_id: uuid.UUID, turn_id: uuid.UUID,
@@ -301,20 +303,20 @@ async def cancel_input(conn: Connection, scope: Scope, input_id: uuid.UUID) -> R
     cur = await conn.execute("SELECT status FROM inputs WHERE input_id = %s FOR UPDATE", (input_id,))
     current = await cur.fetchone()
     assert current is not None
-    if current["status"] == "consumed":
+    if current["status"] == InputStatus.CONSUMED:
         raise Conflict(f"input {input_id} already has a turn; cancel the turn instead")
-    if current["status"] == "pending":
+    if current["status"] == InputStatus.PENDING:
         await conn.execute(
             "UPDATE inputs SET status = 'cancelled', ended_at = now() WHERE input_id = %s", (input_id,)
         )
         await append_event(conn, scope, "input_cancelled", session_id=session["session_id"],
                            tree_id=session["tree_id"], payload={"input_id": str(input_id)})
-    return {"input_id": input_id, "session_id": session["session_id"], "status": "cancelled"}
+    return {"input_id": input_id, "session_id": session["session_id"], "status": InputStatus.CANCELLED}
 
 
 def _result(row: Row) -> Row:
     status = row["turn_status"] or row["input_status"]
-    terminal = row["turn_status"] in TERMINAL_TURN_STATUSES or row["input_status"] == "cancelled"
+    terminal = row["turn_status"] in TERMINAL_TURN_STATUSES or row["input_status"] == InputStatus.CANCELLED
     return {
         "session_id": row["session_id"],
         "input_id": row["input_id"],
@@ -324,7 +326,7 @@ def _result(row: Row) -> Row:
         "terminal": terminal,
         "result_run_id": row["result_run_id"],
         "output": row["output"],
-        "error": row["error"] if row["turn_status"] != "completed" else None,
+        "error": row["error"] if row["turn_status"] != TurnStatus.COMPLETED else None,
     }
 
 
@@ -368,15 +370,15 @@ async def recover_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None
     expired = await run_repo.lock_expired_run(conn, run_id)
     if expired is None:
         return None
-    await run_repo.end_run(conn, run_id, "interrupted", error=run_repo.LEASE_EXPIRED)
+    await run_repo.end_run(conn, run_id, RunStatus.INTERRUPTED, error=run_repo.LEASE_EXPIRED)
     metrics.count_at_commit(conn, metrics.RECOVERIES)
     lifecycle.log_at_commit(conn, "run_interrupted", tree_id=expired["tree_id"], session_id=expired["session_id"],
                             turn_id=expired["turn_id"], run_id=run_id, reason="lease_expired")
-    if expired["turn_status"] == "cancelling":
+    if expired["turn_status"] == TurnStatus.CANCELLING:
         await finalize_cancel(conn, session, expired["turn_id"], run_id, "cancelled")
     elif await run_repo.recoveries_of_turn(conn, expired["turn_id"]) >= run_repo.MAX_RECOVERIES_PER_TURN:
         await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = %s", (run_id,))
-        await _end_turn(conn, session, expired["turn_id"], run_id, "failed", None,
+        await _end_turn(conn, session, expired["turn_id"], run_id, TurnStatus.FAILED, None,
                         "the turn's runs kept dying; giving up after repeated recoveries")
     else:
         await run_repo.insert_run(conn, expired["turn_id"], expired["session_id"], expired["tree_id"],

@@ -11,6 +11,7 @@ from persistence.errors import NotFound
 from persistence.messages import history
 from persistence.records import Row, Scope
 from persistence.sessions import STATE_JOINS, activity, get_session_row
+from persistence.statuses import Activity, TurnStatus
 
 _TREE = """
 SELECT tree_id, project_id, slot_limit, stopped, archived, created_at FROM trees
@@ -42,8 +43,7 @@ GROUP BY 1, 2, 3, 4, 5, 6
 """
 
 # What a tree's attention counts (SPEC §3 activities), and failed (the member's latest Turn failed).
-ATTENTION_KINDS = ("running", "queued", "waiting_cooperation", "waiting_approval", "waiting_answer", "cancelling",
-                   "failed")
+ATTENTION_KINDS = (*(kind for kind in Activity if kind != Activity.IDLE), TurnStatus.FAILED)
 
 
 async def require_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
@@ -112,7 +112,7 @@ async def tree_attention(conn: Connection, scope: Scope, tree_ids: list[uuid.UUI
         tally = counts[group["tree_id"]]
         tally["members"] += group["members"]
         tally[activity(group)] += group["members"]
-        if group["turn_status"] == "failed":
-            tally["failed"] += group["members"]
+        if group["turn_status"] == TurnStatus.FAILED:
+            tally[TurnStatus.FAILED] += group["members"]
     return {tree_id: {"members": tally["members"], **{kind: tally[kind] for kind in ATTENTION_KINDS}}
             for tree_id, tally in counts.items()}

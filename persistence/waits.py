@@ -16,10 +16,20 @@ from persistence.db import Connection, query
 from persistence.errors import Conflict
 from persistence.events import append_event, session_updates_after
 from persistence.records import Row, RunRef, Scope, new_id
+from persistence.statuses import (
+    RequestKind,
+    RequestStatus,
+    RunStatus,
+    TurnStatus,
+    WaitingFor,
+    WaitKind,
+    WaitStatus,
+)
 from persistence.turns import results_of_inputs
 
-WAITING_FOR = {"inputs": "cooperation", "sessions": "cooperation", "approval": "approval", "answer": "answer"}
-HUMAN_REQUEST_KIND = {"approval": "approval", "answer": "question"}
+WAITING_FOR = {WaitKind.INPUTS: WaitingFor.COOPERATION, WaitKind.SESSIONS: WaitingFor.COOPERATION,
+               WaitKind.APPROVAL: WaitingFor.APPROVAL, WaitKind.ANSWER: WaitingFor.ANSWER}
+HUMAN_REQUEST_KIND = {WaitKind.APPROVAL: RequestKind.APPROVAL, WaitKind.ANSWER: RequestKind.QUESTION}
 
 _LOCK_WAIT = """
 SELECT w.wait_id, w.session_id, w.tree_id, w.turn_id, w.run_id, w.tool_call_id, w.kind, w.condition,
@@ -48,7 +58,7 @@ async def park(
     await run_repo.fence(conn, run)
     cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s FOR NO KEY UPDATE", (run.turn_id,))
     turn = await cur.fetchone()
-    if turn is None or turn["status"] != "running":
+    if turn is None or turn["status"] != TurnStatus.RUNNING:
         raise Conflict(f"turn {run.turn_id} is being cancelled; it cannot wait")
     wait_id = new_id()
     await conn.execute(
@@ -61,7 +71,7 @@ async def park(
     )
     for target in dict.fromkeys(targets):
         await conn.execute("INSERT INTO wait_targets (wait_id, session_id) VALUES (%s, %s)", (wait_id, target))
-    await run_repo.end_run(conn, run.run_id, "interrupted")
+    await run_repo.end_run(conn, run.run_id, RunStatus.INTERRUPTED)
     waiting_for = WAITING_FOR[kind]
     await conn.execute("UPDATE turns SET status = 'waiting', waiting_for = %s WHERE turn_id = %s",
                        (waiting_for, run.turn_id))
@@ -85,11 +95,11 @@ async def park(
 async def _condition_met(conn: Connection, wait: Row) -> bool:
     scope = Scope(wait["user_id"], wait["app_id"])
     condition = wait["condition"]
-    if wait["kind"] == "inputs":
+    if wait["kind"] == WaitKind.INPUTS:
         ids = [uuid.UUID(i) for i in condition["input_ids"]]
         results = await results_of_inputs(conn, scope, ids)
         return all(result["terminal"] for result in results)
-    if wait["kind"] == "sessions":
+    if wait["kind"] == WaitKind.SESSIONS:
         updates = await session_updates_after(
             conn, scope, wait["session_id"], [uuid.UUID(t) for t in condition["targets"]],
             condition["after_cursor"], limit=1,
@@ -97,7 +107,7 @@ async def _condition_met(conn: Connection, wait: Row) -> bool:
         return bool(updates)
     cur = await conn.execute("SELECT status FROM requests WHERE wait_id = %s", (wait["wait_id"],))
     request = await cur.fetchone()
-    return request is not None and request["status"] == "answered"
+    return request is not None and request["status"] == RequestStatus.ANSWERED
 
 
 async def try_resume(conn: Connection, wait_id: uuid.UUID) -> Row | None:
@@ -107,7 +117,7 @@ async def try_resume(conn: Connection, wait_id: uuid.UUID) -> Row | None:
     """
     cur = await conn.execute(_LOCK_WAIT, (wait_id,))
     wait = await cur.fetchone()
-    if wait is None or wait["status"] != "open":
+    if wait is None or wait["status"] != WaitStatus.OPEN:
         return None
     if not (wait["expired"] or await _condition_met(conn, wait)):
         return None
@@ -154,10 +164,10 @@ async def wait_outcome(conn: Connection, scope: Scope, wait: Row, waiter: uuid.U
     """The tool result a resumed Run gives the model for the call that waited (not approvals:
     an approved or denied command call runs again and reads the decision itself)."""
     condition = wait["condition"]
-    if wait["kind"] == "inputs":
+    if wait["kind"] == WaitKind.INPUTS:
         results = await results_of_inputs(conn, scope, [uuid.UUID(i) for i in condition["input_ids"]])
         return {"results": results, "timed_out": not all(r["terminal"] for r in results)}
-    if wait["kind"] == "sessions":
+    if wait["kind"] == WaitKind.SESSIONS:
         updates = await session_updates_after(
             conn, scope, waiter, [uuid.UUID(t) for t in condition["targets"]], condition["after_cursor"]
         )
@@ -175,6 +185,6 @@ async def approval_decision(conn: Connection, turn_id: uuid.UUID, tool_call_id: 
     row = await cur.fetchone()
     if row is None:
         return None
-    if row["request_status"] != "answered":
+    if row["request_status"] != RequestStatus.ANSWERED:
         return "pending"
     return str((row["response"] or {}).get("decision", "deny"))

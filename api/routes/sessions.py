@@ -31,6 +31,7 @@ from api.schemas import (
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import cooperation, projects, sessions, views
 from persistence.records import Row
+from persistence.statuses import InputStatus
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 
@@ -127,7 +128,7 @@ async def list_inputs(
     session_id: uuid.UUID,
     caller: ScopeDep,
     runtime: RuntimeDep,
-    status: Annotated[Literal["pending", "consumed", "cancelled"] | None, Query(
+    status: Annotated[InputStatus | None, Query(
         description="Only inputs in this state; pending ones can be cancelled with POST /inputs/{id}/cancel.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[InputSummary]:
