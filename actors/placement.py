@@ -11,6 +11,12 @@
   running process; killing a host interrupts all its sessions' Runs, which are recovered by
   lease expiry exactly like a killed dedicated actor's.
 
+Where on a Ray cluster the session actors (dedicated) or the hosts (hosted) go follows the
+setting ``session_spread``: ``spread`` asks Ray to spread them over the nodes (its ``SPREAD``
+scheduling strategy), ``pack`` leaves Ray's default, which keeps a zero-CPU actor on the node of
+whoever creates it. A tree's supervisor is one actor wherever it is placed (dedicated: by the
+default; hosted: in its root's host).
+
 The shape is chosen once per process from the settings (:func:`choose`); every other module
 asks its :class:`Placement` and never branches on the shape. The actors themselves are
 defined above this module (actors/hosting.py) and handed to it, since what they run
@@ -228,10 +234,10 @@ class Placement(abc.ABC):
 class Dedicated(Placement):
     """A Ray actor per active session and per active tree supervisor."""
 
-    def __init__(self, actors: ShapeActors) -> None:
+    def __init__(self, actors: ShapeActors, spread: dict[str, Any]) -> None:
         super().__init__()
         self._sessions = _Handles(lambda session_id: actors.session.options(
-            **named_options(session_actor_name(session_id))).remote(str(session_id)))
+            **named_options(session_actor_name(session_id), **spread)).remote(str(session_id)))
         self._supervisors = _Handles(lambda tree_id: actors.supervisor.options(
             **named_options(tree_actor_name(tree_id))).remote(str(tree_id)))
 
@@ -260,11 +266,11 @@ class Dedicated(Placement):
 class Hosted(Placement):
     """Sessions and tree supervisors inside ``hosts`` long-lived host actors."""
 
-    def __init__(self, actors: ShapeActors, hosts: int) -> None:
+    def __init__(self, actors: ShapeActors, hosts: int, spread: dict[str, Any]) -> None:
         super().__init__()
         self.hosts = hosts
         self._hosts = _Handles(lambda index: actors.host.options(
-            **named_options(host_actor_name(index), max_concurrency=_HOST_CONCURRENCY)).remote(index))
+            **named_options(host_actor_name(index), max_concurrency=_HOST_CONCURRENCY, **spread)).remote(index))
 
     def host_index(self, key: uuid.UUID) -> int:
         """The host of a session, or of a tree's supervisor (keyed by its root session's id)."""
@@ -294,8 +300,14 @@ class Hosted(Placement):
         return status if status["owner"] is not None else None
 
 
+def scheduling_options(settings: Settings) -> dict[str, Any]:
+    """The Ray options that place session actors and hosts over a cluster's nodes (``session_spread``)."""
+    return {"scheduling_strategy": "SPREAD"} if settings.session_spread == "spread" else {}
+
+
 def choose(settings: Settings, actors: ShapeActors) -> Placement:
-    """The placement the settings ask for (``session_hosts``)."""
+    """The placement the settings ask for (``session_hosts``, ``session_spread``)."""
+    spread = scheduling_options(settings)
     if settings.session_hosts:
-        return Hosted(actors, settings.session_hosts)
-    return Dedicated(actors)
+        return Hosted(actors, settings.session_hosts, spread)
+    return Dedicated(actors, spread)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SecretsSettingsSource, SettingsConfigDict
@@ -77,6 +77,13 @@ class Settings(BaseSettings):
         "(session:<id>) and per active tree supervisor (tree:<id>). N > 0: N long-lived host actors per runtime "
         "(canopy:sessions:<k>) run the sessions, each as a task named session:<id>, and each tree's supervisor "
         "runs in the host of its root; no process starts per session. Every Ray process reads it at start.")
+    session_spread: Literal["spread", "pack"] = Field(
+        default="pack",
+        description="Where on a Ray cluster of several nodes the session actors (session_hosts = 0) or the hosts "
+        "(N > 0) go. spread: over the nodes (Ray's SPREAD scheduling), for trees larger than one node. pack: Ray's "
+        "default, which keeps a zero-CPU actor on the node of whoever creates it, so a tree stays near its model "
+        "gateway and its sandbox. The default is pack because a tree's sandbox workdir lives on one node's disk: "
+        "members spread to other machines would each see a workdir of their own. The same on one machine.")
     failpoints: str = Field(
         default="",
         description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "
