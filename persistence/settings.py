@@ -79,11 +79,11 @@ class Settings(BaseSettings):
         "runs in the host of its root; no process starts per session. Every Ray process reads it at start.")
     session_spread: Literal["spread", "pack"] = Field(
         default="pack",
-        description="Where on a Ray cluster of several nodes the session actors (session_hosts = 0) or the hosts "
-        "(N > 0) go. spread: over the nodes (Ray's SPREAD scheduling), for trees larger than one node. pack: Ray's "
-        "default, which keeps a zero-CPU actor on the node of whoever creates it, so a tree stays near its model "
-        "gateway and its sandbox. The default is pack because a tree's sandbox workdir lives on one node's disk: "
-        "members spread to other machines would each see a workdir of their own. The same on one machine.")
+        description="Where on a Ray cluster of several nodes the session actors and tree supervisors "
+        "(session_hosts = 0) or the hosts (N > 0) go (actors/placement.py). pack: on the node of the process that "
+        "creates them, so a tree gathers on one node. spread: over the nodes (Ray's SPREAD; host k on the k-th "
+        "node), for trees larger than one node. pack is the default because a tree's sandbox workdir lives on one "
+        "node's disk: members on other machines would each see a workdir of their own. Alike on one machine.")
     failpoints: str = Field(
         default="",
         description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "

@@ -151,6 +151,8 @@ async def run_case(case: str, cluster: Cluster, runtime: Runtime, findings: dict
     findings["member_nodes"] = {sid: sorted(watch.nodes[runtime.placement.actor_name(uuid.UUID(sid))])
                                 for sid in facts["members"]}
     findings["gateway_nodes"] = sorted(watch.nodes[GATEWAY_NAME])
+    findings["canopy_actors"] = {name: sorted(nodes) for name, nodes in watch.nodes.items()
+                                 if name.startswith(("canopy:", "tree:"))}
 
 
 def free_port() -> int:
