@@ -18,8 +18,9 @@ affinity is as good as ignored, and Ray's ``SPREAD`` from several raylets at onc
 actors on one node (two hosts on one of three nodes, seen in tests/actors/test_cluster_placement.py).
 So the node is chosen here, with a hard node affinity, where it matters:
 
-- ``pack``: each actor goes to the node of the process that creates it, so a tree's members
-  gather where it started.
+- ``pack``: a dedicated actor goes to the node of the process that creates it, so a tree's
+  members gather where it started; every host goes to the first live node (by node id), so
+  every hosted session runs there.
 - ``spread``: dedicated actors use Ray's ``SPREAD``; host ``k`` goes to the ``k``-th live node
   (mod their number), so N hosts cover min(N, nodes) nodes.
 
@@ -285,7 +286,7 @@ class Hosted(Placement):
         self.hosts = hosts
         self._hosts = _Handles(lambda index: actors.host.options(
             **named_options(host_actor_name(index), max_concurrency=_HOST_CONCURRENCY,
-                            **(_nth_live_node(index) if spread else _this_node()))).remote(index))
+                            **_nth_live_node(index if spread else 0))).remote(index))
 
     def host_index(self, key: uuid.UUID) -> int:
         """The host of a session, or of a tree's supervisor (keyed by its root session's id)."""
@@ -316,7 +317,7 @@ class Hosted(Placement):
 
 
 def _this_node() -> dict[str, Any]:
-    """Ray options that put an actor on the node of the process creating it (``pack``)."""
+    """Ray options that put a dedicated actor on the node of the process creating it (``pack``)."""
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
                                                                   soft=False)}
 
@@ -326,7 +327,7 @@ def _ray_spread() -> dict[str, Any]:
 
 
 def _nth_live_node(index: int) -> dict[str, Any]:
-    """Ray options that put host ``index`` on the ``index``-th live node, mod their number (``spread``)."""
+    """Ray options that put a host on the ``index``-th live node by node id, mod their number."""
     nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=False)}
 

@@ -80,10 +80,11 @@ class Settings(BaseSettings):
     session_spread: Literal["spread", "pack"] = Field(
         default="pack",
         description="Where on a Ray cluster of several nodes the session actors and tree supervisors "
-        "(session_hosts = 0) or the hosts (N > 0) go (actors/placement.py). pack: on the node of the process that "
-        "creates them, so a tree gathers on one node. spread: over the nodes (Ray's SPREAD; host k on the k-th "
-        "node), for trees larger than one node. pack is the default because a tree's sandbox workdir lives on one "
-        "node's disk: members on other machines would each see a workdir of their own. Alike on one machine.")
+        "(session_hosts = 0) or the hosts (N > 0) go (actors/placement.py). pack: a dedicated actor on the node "
+        "of the process that creates it, so a tree gathers where it started; every host on one node. spread: "
+        "over the nodes (Ray's SPREAD; host k on the k-th node), for trees larger than one node. pack is the "
+        "default because a tree's sandbox workdir lives on one node's disk: members on other machines would "
+        "each see a workdir of their own. Alike on one machine.")
     failpoints: str = Field(
         default="",
         description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "

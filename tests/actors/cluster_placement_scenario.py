@@ -1,10 +1,10 @@
-"""A tree on a Ray cluster of three nodes (``ray.cluster_utils.Cluster``, all on this machine), its
-sessions spread over the nodes (``CANOPY_SESSION_SPREAD=spread``), in the shape the environment
-asks for (``CANOPY_SESSION_HOSTS``). Run by test_cluster_placement.py (one Ray per process, so not
-in the test session's); prints one JSON line of findings.
+"""A tree on a Ray cluster of three nodes (``ray.cluster_utils.Cluster``, all on this machine), in
+the shape the environment asks for (``CANOPY_SESSION_HOSTS``). Run by test_cluster_placement.py
+(one Ray per process, so not in the test session's); prints one JSON line of findings.
 
-- ``SCENARIO_CASE=spread``: a root fans out to children whose Turns run at once; the findings
-  name the nodes on which Ray's actor table showed the actor of each member.
+- ``SCENARIO_CASE=spread`` (or ``pack``: ``CANOPY_SESSION_SPREAD`` is set to the case, ``spread``
+  for the next one): a root fans out to children whose Turns run at once; the findings name
+  the nodes on which Ray's actor table showed the actor of each member.
 - ``SCENARIO_CASE=node_lost``: while the children's Turns run, a worker node that runs some of
   them (never the head, where the driver and the model gateway are) is removed; the findings
   are the tree's Turns, Runs and messages read back from the database once the root finished.
@@ -33,11 +33,12 @@ from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.databases import rows
 from persistence.records import Scope
+from persistence.runs import LEASE_EXPIRED
 from persistence.settings import Settings
 
 CHILDREN = 6
 # Long enough for the node to go while Turns run; lease expiry (5 s) then recovers them.
-STEP_MS = {"spread": 1500, "node_lost": 4000}
+STEP_MS = {"spread": 1500, "pack": 1500, "node_lost": 4000}
 
 
 class ActorWatch:
@@ -111,7 +112,8 @@ async def tree_facts(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
     sessions = await rows(runtime.db, "SELECT session_id, name FROM sessions WHERE tree_id = %s", tree_id)
     turns = await rows(runtime.db, "SELECT t.status FROM turns t JOIN sessions s USING (session_id) "
                        "WHERE s.tree_id = %s", tree_id)
-    runs = await rows(runtime.db, "SELECT kind, status FROM runs WHERE tree_id = %s", tree_id)
+    runs = await rows(runtime.db, "SELECT r.kind, r.status, r.error, s.name FROM runs r JOIN sessions s "
+                      "USING (session_id) WHERE r.tree_id = %s", tree_id)
     messages = await rows(runtime.db, "SELECT s.name, m.role, m.content, m.tool_calls IS NOT NULL AS calls "
                           "FROM thread_messages m JOIN sessions s USING (session_id) WHERE s.tree_id = %s", tree_id)
     replies: dict[str, list[str]] = defaultdict(list)
@@ -127,6 +129,7 @@ async def tree_facts(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
     return {"members": {str(s["session_id"]): s["name"] for s in sessions},
             "turns": sorted(t["status"] for t in turns),
             "runs": sorted(f"{r['kind']}:{r['status']}" for r in runs),
+            "lost_runs": sorted(r["name"] for r in runs if r["error"] == LEASE_EXPIRED),
             "replies": replies, "tool_replies": tool_replies, "tool_results": tool_results}
 
 
@@ -166,7 +169,7 @@ async def main() -> None:
     case = os.environ["SCENARIO_CASE"]
     for name in ("CANOPY_RAY_ADDRESS", "CANOPY_SECRETS_DIR", "CANOPY_DATABASE_URL"):
         os.environ.pop(name, None)
-    os.environ["CANOPY_SESSION_SPREAD"] = "spread"
+    os.environ["CANOPY_SESSION_SPREAD"] = "pack" if case == "pack" else "spread"
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True,
                                                             "dashboard_host": "127.0.0.1",
                                                             "dashboard_port": free_port()})
