@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import time
 import uuid
 from collections import defaultdict
@@ -158,21 +157,15 @@ async def run_case(case: str, cluster: Cluster, runtime: Runtime, findings: dict
                                  if name.startswith(("canopy:", "tree:"))}
 
 
-def free_port() -> int:
-    """A port for the dashboard (Ray's state API answers through it): other Rays on the machine hold 8265."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 async def main() -> None:
     case = os.environ["SCENARIO_CASE"]
     for name in ("CANOPY_RAY_ADDRESS", "CANOPY_SECRETS_DIR", "CANOPY_DATABASE_URL"):
         os.environ.pop(name, None)
     os.environ["CANOPY_SESSION_SPREAD"] = "pack" if case == "pack" else "spread"
+    # The dashboard answers Ray's state API; other Rays on the machine may hold its port, 8265
+    # (None: Ray tries the next ones).
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True,
-                                                            "dashboard_host": "127.0.0.1",
-                                                            "dashboard_port": free_port()})
+                                                            "dashboard_host": "127.0.0.1", "dashboard_port": None})
     for _ in range(2):
         cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
