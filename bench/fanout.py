@@ -306,7 +306,7 @@ def sessions_per_node(runtime: Runtime, members: list[uuid.UUID]) -> dict[str, i
     included) gives for the actor that runs each (its own, or its host)."""
     nodes: dict[str, set[str]] = {}
     address = ray.get_runtime_context().gcs_address
-    for actor in list_actors(address=address, limit=100_000, raise_on_missing_output=False):
+    for actor in list_actors(address=address, limit=10_000, raise_on_missing_output=False):
         if actor.name:
             nodes.setdefault(actor.name, set()).add(actor.node_id)
     counts: dict[str, int] = {}
