@@ -25,7 +25,8 @@ hosts (the default, 2), ``CANOPY_SESSION_HOSTS=0`` a process each.
 (``ray.cluster_utils.Cluster``, ``--node-cpus`` each; the database is started first, so it is
 the one of this machine that every node reaches) with ``CANOPY_SESSION_SPREAD`` (default here:
 spread), and prints how many members of the measured tree ran on each node (Ray's actor table:
-a member counts once on every node it ran on).
+a member counts once on every node it ran on). Its peak live sessions are then the head node's
+only (each node's directory counts its own).
 """
 
 from __future__ import annotations
