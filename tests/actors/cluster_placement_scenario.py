@@ -25,10 +25,12 @@ from typing import Any
 import ray
 from pydantic import SecretStr
 from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray.util.state import list_actors
 
-from actors.naming import GATEWAY_NAME
-from actors.runtime import Runtime
+from actors.gateway_actor import GatewayActor
+from actors.naming import GATEWAY_NAME, named_options
+from actors.runtime import Runtime, gateway_options, init_ray
 from actors.scripted import call, create, say, script
 from persistence.databases import rows
 from persistence.records import Scope
@@ -157,6 +159,16 @@ async def run_case(case: str, cluster: Cluster, runtime: Runtime, findings: dict
                                  if name.startswith(("canopy:", "tree:"))}
 
 
+def gateway_on_the_head(settings: Settings, database_url: str, head: str) -> None:
+    """Join the cluster and start the model gateway on the head, where the runtime then finds it.
+    It is one actor, placed on a random node otherwise (it asks for no resources); the node the
+    scenario removes must not be its (a gateway lost mid-call is another test's subject)."""
+    init_ray(settings, database_url)
+    GatewayActor.options(**named_options(GATEWAY_NAME, max_concurrency=1000),
+                         scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote(
+        **gateway_options(settings))
+
+
 async def main() -> None:
     case = os.environ["SCENARIO_CASE"]
     for name in ("CANOPY_RAY_ADDRESS", "CANOPY_SECRETS_DIR", "CANOPY_DATABASE_URL"):
@@ -172,8 +184,10 @@ async def main() -> None:
     findings: dict[str, Any] = {"case": case, "head": cluster.head_node.node_id,
                                 "workers": [node.node_id for node in cluster.worker_nodes]}
     try:
-        runtime = await Runtime.start(Settings(ray_address=cluster.address,
-                                               database_url=SecretStr(os.environ["SCENARIO_DATABASE_URL"])))
+        database_url = os.environ["SCENARIO_DATABASE_URL"]
+        settings = Settings(ray_address=cluster.address, database_url=SecretStr(database_url))
+        gateway_on_the_head(settings, database_url, cluster.head_node.node_id)
+        runtime = await Runtime.start(settings)
         findings["shape"] = type(runtime.placement).__name__
         await run_case(case, cluster, runtime, findings)
         await runtime.close()
