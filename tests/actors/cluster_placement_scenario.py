@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import time
+import traceback
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -191,6 +192,9 @@ async def main() -> None:
         findings["shape"] = type(runtime.placement).__name__
         await run_case(case, cluster, runtime, findings)
         await runtime.close()
+    except BaseException:
+        findings["error"] = traceback.format_exc(limit=6)
+        raise
     finally:
         print("FINDINGS " + json.dumps(findings), flush=True)  # what was found, even before a failure
         ray.shutdown()

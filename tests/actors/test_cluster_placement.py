@@ -20,10 +20,12 @@ SHAPES = {"dedicated": {"CANOPY_SESSION_HOSTS": "0"}, "hosted": {"CANOPY_SESSION
 
 
 async def findings_of(case: str, shape: str, database_url: str, data_dir: Path) -> dict[str, Any]:
-    return await scenario_findings("tests.actors.cluster_placement_scenario", {
+    findings = await scenario_findings("tests.actors.cluster_placement_scenario", {
         **RUNTIME_ENV, **SHAPES[shape], "CANOPY_LEASE_SECONDS": "5", "CANOPY_HEARTBEAT_SECONDS": "1",
         "CANOPY_SWEEP_SECONDS": "1", "CANOPY_DATA_DIR": str(data_dir), "SCENARIO_CASE": case,
         "SCENARIO_DATABASE_URL": database_url}, timeout=420)
+    assert "error" not in findings, findings["error"]
+    return findings
 
 
 def assert_every_turn_completed_once(findings: dict[str, Any]) -> None:
