@@ -145,9 +145,9 @@ async def run_case(case: str, cluster: Cluster, runtime: Runtime, findings: dict
         if case == "node_lost":
             findings["removed"] = await remove_a_worker_node(cluster, runtime, tree_id, watch)
         started = time.monotonic()
-        result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=150)
+        result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=240)
         findings["seconds_after_removal"] = round(time.monotonic() - started, 1)
-        await runtime.wait_tree_idle(scope, tree_id, timeout=60)
+        await runtime.wait_tree_idle(scope, tree_id, timeout=90)
     finally:
         watch.stop()
     findings["result"] = {"status": result["status"], "output": result["output"]}
