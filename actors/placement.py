@@ -11,6 +11,23 @@
   running process; killing a host interrupts all its sessions' Runs, which are recovered by
   lease expiry exactly like a killed dedicated actor's.
 
+Where on a Ray cluster they go follows the setting ``session_spread``. Canopy's actors ask for
+no resources, and Ray hands the creation of such an actor to a random node's raylet, which then
+applies the actor's strategy from its own view: Ray's default means a random node, a soft node
+affinity is as good as ignored, and Ray's ``SPREAD`` from several raylets at once can stack
+actors on one node (two hosts on one of three nodes, seen in tests/actors/test_cluster_placement.py).
+So the node is chosen here, with a hard node affinity, where it matters:
+
+- ``pack``: a dedicated actor goes to the node of the process that creates it, so a tree's
+  members gather where it started; every host goes to the first live node (by node id), so
+  every hosted session runs there.
+- ``spread``: dedicated actors use Ray's ``SPREAD``; host ``k`` goes to the ``k``-th live node
+  (mod their number), so N hosts cover min(N, nodes) nodes.
+
+When a pinned actor's node is gone, Ray refuses to restart it elsewhere
+(``ActorUnschedulableError``): the next hint treats it like a dead actor and creates it anew, on
+a live node, from a process that is alive.
+
 The shape is chosen once per process from the settings (:func:`choose`); every other module
 asks its :class:`Placement` and never branches on the shape. The actors themselves are
 defined above this module (actors/hosting.py) and handed to it, since what they run
@@ -35,6 +52,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.naming import NAMESPACE, host_actor_name, named_options, session_actor_name, tree_actor_name
 from persistence.settings import Settings
@@ -46,6 +64,8 @@ _ATTEMPTS = 5
 # still gets the queued call when it does; meanwhile the sweep retries from the facts.
 _HINT_TIMEOUT_SECONDS = 30.0
 _HANDLE_CACHE_SIZE = 4096
+# A call to an actor that is gone: it exited or was killed, or its pinned node is gone.
+_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
 # Every active session a host runs is one long-running task of the host.
 _HOST_CONCURRENCY = 100_000
 
@@ -75,8 +95,8 @@ class ShapeActors:
 class _Handles:
     """Get-or-create handles to named actors, cached (LRU) per process, by a uuid or an index.
 
-    A cached handle may point at an actor that has since exited (passivated, killed):
-    the call then fails with ``RayActorError`` and the caller asks again with ``fresh``.
+    A cached handle may point at an actor that has since exited (passivated, killed, its pinned
+    node lost): the call then fails (``_GONE``) and the caller asks again with ``fresh``.
     """
 
     def __init__(self, create: Any) -> None:
@@ -211,7 +231,7 @@ class Placement(abc.ABC):
                 call = getattr(handle, target.method).remote(*target.args)
                 if await asyncio.wait_for(call, _HINT_TIMEOUT_SECONDS) != refused:
                     return
-            except ray.exceptions.RayActorError:  # passivated or killed: create it anew
+            except _GONE:  # passivated, killed or its node lost: create it anew
                 pass
             except TimeoutError:
                 log.warning("%s did not answer a hint in %.0f s; the sweep will retry", what, _HINT_TIMEOUT_SECONDS)
@@ -228,12 +248,13 @@ class Placement(abc.ABC):
 class Dedicated(Placement):
     """A Ray actor per active session and per active tree supervisor."""
 
-    def __init__(self, actors: ShapeActors) -> None:
+    def __init__(self, actors: ShapeActors, spread: bool) -> None:
         super().__init__()
+        where = _ray_spread if spread else _this_node
         self._sessions = _Handles(lambda session_id: actors.session.options(
-            **named_options(session_actor_name(session_id))).remote(str(session_id)))
+            **named_options(session_actor_name(session_id), **where())).remote(str(session_id)))
         self._supervisors = _Handles(lambda tree_id: actors.supervisor.options(
-            **named_options(tree_actor_name(tree_id))).remote(str(tree_id)))
+            **named_options(tree_actor_name(tree_id), **where())).remote(str(tree_id)))
 
     def _session_target(self, session_id: uuid.UUID) -> _Target:
         return _Target(self._sessions, session_id, "signal")
@@ -253,18 +274,19 @@ class Dedicated(Placement):
     async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
         try:
             return await self.session_actor(session_id).status.remote()
-        except (ValueError, ray.exceptions.RayActorError):
+        except (ValueError, *_GONE):
             return None
 
 
 class Hosted(Placement):
     """Sessions and tree supervisors inside ``hosts`` long-lived host actors."""
 
-    def __init__(self, actors: ShapeActors, hosts: int) -> None:
+    def __init__(self, actors: ShapeActors, hosts: int, spread: bool) -> None:
         super().__init__()
         self.hosts = hosts
         self._hosts = _Handles(lambda index: actors.host.options(
-            **named_options(host_actor_name(index), max_concurrency=_HOST_CONCURRENCY)).remote(index))
+            **named_options(host_actor_name(index), max_concurrency=_HOST_CONCURRENCY,
+                            **_nth_live_node(index if spread else 0))).remote(index))
 
     def host_index(self, key: uuid.UUID) -> int:
         """The host of a session, or of a tree's supervisor (keyed by its root session's id)."""
@@ -289,13 +311,30 @@ class Hosted(Placement):
     async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
         try:
             status = await self.session_actor(session_id).status.remote(str(session_id))
-        except (ValueError, ray.exceptions.RayActorError):
+        except (ValueError, *_GONE):
             return None
         return status if status["owner"] is not None else None
 
 
+def _this_node() -> dict[str, Any]:
+    """Ray options that put a dedicated actor on the node of the process creating it (``pack``)."""
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
+                                                                  soft=False)}
+
+
+def _ray_spread() -> dict[str, Any]:
+    return {"scheduling_strategy": "SPREAD"}
+
+
+def _nth_live_node(index: int) -> dict[str, Any]:
+    """Ray options that put a host on the ``index``-th live node by node id, mod their number."""
+    nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=False)}
+
+
 def choose(settings: Settings, actors: ShapeActors) -> Placement:
-    """The placement the settings ask for (``session_hosts``)."""
+    """The placement the settings ask for (``session_hosts``, ``session_spread``)."""
+    spread = settings.session_spread == "spread"
     if settings.session_hosts:
-        return Hosted(actors, settings.session_hosts)
-    return Dedicated(actors)
+        return Hosted(actors, settings.session_hosts, spread)
+    return Dedicated(actors, spread)

@@ -20,6 +20,13 @@ benchmark ran them at 0 ms: ``--root-latency-ms 0`` reproduces that).
 
 Shapes (environment, actors/placement.py): ``CANOPY_SESSION_HOSTS=N`` runs sessions in N shared
 hosts (the default, 2), ``CANOPY_SESSION_HOSTS=0`` a process each.
+
+``--nodes 3`` runs the same on a simulated cluster of that many nodes on this machine
+(``ray.cluster_utils.Cluster``, ``--node-cpus`` each; the database is started first, so it is
+the one of this machine that every node reaches) with ``CANOPY_SESSION_SPREAD`` (default here:
+spread), and prints how many members of the measured tree ran on each node (Ray's actor table:
+a member counts once on every node it ran on). Its peak live sessions are then the head node's
+only (each node's directory counts its own).
 """
 
 from __future__ import annotations
@@ -41,10 +48,15 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import psutil
+import ray
+from pydantic import SecretStr
+from ray.cluster_utils import Cluster
+from ray.util.state import list_actors
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.databases import rows
+from persistence.db import resolve_database_url
 from persistence.records import Scope
 from persistence.settings import Settings
 
@@ -290,6 +302,30 @@ def critical_path(children: list[dict[str, Any]], root_runs: list[dict[str, Any]
         print(f"  {name:14s} granted {at(run['started_at'])} {spans} ended {ended}")
 
 
+def sessions_per_node(runtime: Runtime, members: list[uuid.UUID]) -> dict[str, int]:
+    """How many of ``members`` ran on each node: the nodes Ray's actor table (dead actors
+    included) gives for the actor that runs each (its own, or its host)."""
+    nodes: dict[str, set[str]] = {}
+    address = ray.get_runtime_context().gcs_address
+    for actor in list_actors(address=address, limit=10_000, raise_on_missing_output=False):
+        if actor.name:
+            nodes.setdefault(actor.name, set()).add(actor.node_id)
+    counts: dict[str, int] = {}
+    for member in members:
+        for node in nodes.get(runtime.placement.actor_name(member), ()):
+            counts[node] = counts.get(node, 0) + 1
+    return counts
+
+
+def simulated_cluster(nodes: int, cpus: int) -> Cluster:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "include_dashboard": True,
+                                                            "dashboard_host": "127.0.0.1", "dashboard_port": None})
+    for _ in range(nodes - 1):
+        cluster.add_node(num_cpus=cpus)
+    cluster.wait_for_nodes()
+    return cluster
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--children", type=int, default=12)
@@ -306,10 +342,18 @@ async def main() -> None:
     parser.add_argument("--repeat", type=int, default=3,
                         help="measured fan-outs at L; the makespan reported is their median (the first "
                              "after start is printed too: it pays one-time costs)")
+    parser.add_argument("--nodes", type=int, default=1, help="a simulated Ray cluster of this many nodes")
+    parser.add_argument("--node-cpus", type=int, default=1, help="CPUs of each simulated node")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
         os.environ["CANOPY_DATA_DIR"] = data_dir
         settings = Settings(data_dir=Path(data_dir))
+        cluster = None
+        if args.nodes > 1:
+            os.environ.setdefault("CANOPY_SESSION_SPREAD", "spread")
+            url = resolve_database_url(settings)  # before the cluster: the embedded server of this machine
+            cluster = simulated_cluster(args.nodes, args.node_cpus)
+            settings = Settings(data_dir=Path(data_dir), ray_address=cluster.address, database_url=SecretStr(url))
         runtime = await Runtime.start(settings)
         slots = settings.tree_slots
         # Warm up at full size and L=0: the session hosts' pooled connections, the statements
@@ -329,7 +373,8 @@ async def main() -> None:
         model_steps = args.children * args.steps + ROOT_STEPS
         root_ms = args.latency_ms if args.root_latency_ms is None else args.root_latency_ms
         shape = type(runtime.placement).__name__.lower()
-        print(f"placement={shape} session_hosts={settings.session_hosts}")
+        print(f"placement={shape} session_hosts={settings.session_hosts} nodes={args.nodes} "
+              f"session_spread={settings.session_spread}")
         print(
             f"children={args.children} steps={args.steps} latency={args.latency_ms}ms root={root_ms}ms slots={slots} "
             f"max_live_sessions={settings.max_live_sessions}"
@@ -348,6 +393,14 @@ async def main() -> None:
             )
             if args.profile:
                 print("  CPU by process:", ", ".join(f"{k} {v:.2f}" for k, v in s.cpu_by_kind().items() if v >= 0.01))
+        if cluster is not None:
+            members = [m["session_id"] for m in await rows(
+                runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s", tree)]
+            per_node = sessions_per_node(runtime, members)
+            head = cluster.head_node.node_id
+            print(f"members per node    {len(members)} members of the measured tree: " + ", ".join(
+                f"{node[:8]}{' (head)' if node == head else ''} {per_node.get(node, 0)}"
+                for node in [head, *sorted(n.node_id for n in cluster.worker_nodes)]))
         if os.environ.get("FANOUT_PS"):
             for proc in psutil.Process().children(recursive=True):
                 try:
@@ -357,6 +410,8 @@ async def main() -> None:
                 except psutil.Error:
                     pass
         await runtime.close(shutdown_ray=True)
+        if cluster is not None:
+            cluster.shutdown()
         if not os.environ.get("CANOPY_DATABASE_URL"):
             from persistence.embedded import stop_embedded
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SecretsSettingsSource, SettingsConfigDict
@@ -90,6 +90,14 @@ class Settings(BaseSettings):
         "(session:<id>) and per active tree supervisor (tree:<id>). N > 0: N long-lived host actors per runtime "
         "(canopy:sessions:<k>) run the sessions, each as a task named session:<id>, and each tree's supervisor "
         "runs in the host of its root; no process starts per session. Every Ray process reads it at start.")
+    session_spread: Literal["spread", "pack"] = Field(
+        default="pack",
+        description="Where on a Ray cluster of several nodes the session actors and tree supervisors "
+        "(session_hosts = 0) or the hosts (N > 0) go (actors/placement.py). pack: a dedicated actor on the node "
+        "of the process that creates it, so a tree gathers where it started; every host on one node. spread: "
+        "over the nodes (Ray's SPREAD; host k on the k-th node), for trees larger than one node. pack is the "
+        "default because a tree's sandbox workdir lives on one node's disk: members on other machines would "
+        "each see a workdir of their own. Alike on one machine.")
     failpoints: str = Field(
         default="",
         description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "

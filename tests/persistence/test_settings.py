@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from persistence.settings import Settings, reveal, secret_env_names
 
@@ -13,7 +14,8 @@ from persistence.settings import Settings, reveal, secret_env_names
 @pytest.fixture
 def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """No Canopy variable of the test session, and a current directory of the test's own."""
-    for name in ("CANOPY_DATABASE_URL", "DATABASE_URL", "CANOPY_TREE_SLOTS", "CANOPY_SECRETS_DIR"):
+    for name in ("CANOPY_DATABASE_URL", "DATABASE_URL", "CANOPY_TREE_SLOTS", "CANOPY_SECRETS_DIR",
+                 "CANOPY_SESSION_SPREAD"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -47,3 +49,13 @@ def test_secret_files_still_count_after_the_environment(clean: Path, monkeypatch
 def test_the_alias_is_a_secret_variable_too() -> None:
     # Canopy takes secret variables out of the environment its Ray processes inherit.
     assert {"CANOPY_DATABASE_URL", "DATABASE_URL", "CANOPY_ADMIN_TOKEN"} <= secret_env_names()
+
+
+def test_session_spread_is_pack_unless_set_and_refuses_anything_else(clean: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().session_spread == "pack"
+    monkeypatch.setenv("CANOPY_SESSION_SPREAD", "spread")
+    assert Settings().session_spread == "spread"
+    monkeypatch.setenv("CANOPY_SESSION_SPREAD", "everywhere")
+    with pytest.raises(ValidationError, match="session_spread"):
+        Settings()

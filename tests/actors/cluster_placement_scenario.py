@@ -1,0 +1,214 @@
+"""A tree on a Ray cluster of three nodes (``ray.cluster_utils.Cluster``, all on this machine), in
+the shape the environment asks for (``CANOPY_SESSION_HOSTS``). Run by test_cluster_placement.py
+(one Ray per process, so not in the test session's); prints one JSON line of findings.
+
+- ``SCENARIO_CASE=spread`` (or ``pack``: ``CANOPY_SESSION_SPREAD`` is set to the case, ``spread``
+  for the next one): a root fans out to children whose Turns run at once; the findings name
+  the nodes on which Ray's actor table showed the actor of each member.
+- ``SCENARIO_CASE=node_lost``: while the children's Turns run, a worker node that runs some of
+  them (never the head, where the driver, the model gateway and the sweeper are) is removed; the findings
+  are the tree's Turns, Runs and messages read back from the database once the root finished.
+
+    SCENARIO_CASE=spread SCENARIO_DATABASE_URL=... python -m tests.actors.cluster_placement_scenario
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import traceback
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import ray
+from pydantic import SecretStr
+from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.state import list_actors
+
+from actors.gateway_actor import GatewayActor
+from actors.naming import GATEWAY_NAME, SWEEPER_NAME, named_options
+from actors.runtime import Runtime, gateway_options, init_ray
+from actors.scripted import call, create, say, script
+from actors.sweeper import Sweeper
+from persistence.databases import rows
+from persistence.records import Scope
+from persistence.runs import LEASE_EXPIRED
+from persistence.settings import Settings
+
+CHILDREN = 6
+# Long enough for the node to go while Turns run; lease expiry (5 s) then recovers them.
+STEP_MS = {"spread": 1500, "pack": 1500, "node_lost": 4000}
+
+
+class ActorWatch:
+    """The nodes Ray's actor table showed each live named actor on, polled while the tree runs."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.nodes: dict[str, set[str]] = defaultdict(set)
+        self.errors: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def poll(self) -> None:
+        actors = await asyncio.to_thread(list_actors, address=self.address, filters=[("state", "=", "ALIVE")],
+                                         limit=10_000)
+        for actor in actors:
+            if actor.name:
+                self.nodes[actor.name].add(actor.node_id)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception as error:  # the state API may not answer while a node goes: poll again
+                self.errors.append(repr(error)[:200])
+            await asyncio.sleep(0.3)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def child_script(index: int, step_ms: int) -> str:
+    """A tool step (its reply committed before the tool runs), then the final reply."""
+    return script(call(("list_agents", {}), delay_ms=step_ms), say(f"c{index} done", delay_ms=step_ms))
+
+
+def root_script(step_ms: int) -> str:
+    return script(call(*(create(f"c{i}", child_script(i, step_ms)) for i in range(CHILDREN))),
+                  call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(CHILDREN)]})),
+                  say("all done"))
+
+
+async def running_members(runtime: Runtime, tree_id: uuid.UUID) -> list[uuid.UUID]:
+    found = await rows(runtime.db, "SELECT session_id FROM runs WHERE tree_id = %s AND status = 'running' "
+                       "AND owner IS NOT NULL AND session_id <> %s", tree_id, tree_id)
+    return [row["session_id"] for row in found]
+
+
+async def remove_a_worker_node(cluster: Cluster, runtime: Runtime, tree_id: uuid.UUID,
+                               watch: ActorWatch) -> dict[str, Any]:
+    """Remove a worker node whose actors run some of the children right now (not the gateway's or
+    the sweeper's)."""
+    workers = {node.node_id: node for node in cluster.worker_nodes}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        await watch.poll()
+        running = await running_members(runtime, tree_id)
+        spared = watch.nodes[GATEWAY_NAME] | watch.nodes[SWEEPER_NAME]
+        on_node: dict[str, list[str]] = defaultdict(list)
+        for member in running:
+            for node_id in watch.nodes[runtime.placement.actor_name(member)]:
+                if node_id in workers and node_id not in spared:
+                    on_node[node_id].append(str(member))
+        if on_node:
+            victim = max(on_node, key=lambda node_id: len(on_node[node_id]))
+            await asyncio.to_thread(cluster.remove_node, workers[victim])
+            return {"node": victim, "members": on_node[victim], "running": len(running)}
+        await asyncio.sleep(0.2)
+    return {"node": None, "members": [], "running": 0}
+
+
+async def tree_facts(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
+    sessions = await rows(runtime.db, "SELECT session_id, name FROM sessions WHERE tree_id = %s", tree_id)
+    turns = await rows(runtime.db, "SELECT t.status FROM turns t JOIN sessions s USING (session_id) "
+                       "WHERE s.tree_id = %s", tree_id)
+    runs = await rows(runtime.db, "SELECT r.kind, r.status, r.error, s.name FROM runs r JOIN sessions s "
+                      "USING (session_id) WHERE r.tree_id = %s", tree_id)
+    messages = await rows(runtime.db, "SELECT s.name, m.role, m.content, m.tool_calls IS NOT NULL AS calls "
+                          "FROM thread_messages m JOIN sessions s USING (session_id) WHERE s.tree_id = %s", tree_id)
+    replies: dict[str, list[str]] = defaultdict(list)
+    tool_replies: dict[str, int] = defaultdict(int)
+    tool_results: dict[str, int] = defaultdict(int)
+    for message in messages:
+        if message["role"] == "assistant" and message["calls"]:
+            tool_replies[message["name"]] += 1
+        elif message["role"] == "assistant":
+            replies[message["name"]].append(message["content"])
+        elif message["role"] == "tool":
+            tool_results[message["name"]] += 1
+    return {"members": {str(s["session_id"]): s["name"] for s in sessions},
+            "turns": sorted(t["status"] for t in turns),
+            "runs": sorted(f"{r['kind']}:{r['status']}" for r in runs),
+            "lost_runs": sorted(r["name"] for r in runs if r["error"] == LEASE_EXPIRED),
+            "replies": replies, "tool_replies": tool_replies, "tool_results": tool_results}
+
+
+async def run_case(case: str, cluster: Cluster, runtime: Runtime, findings: dict[str, Any]) -> None:
+    scope = Scope(f"user-{uuid.uuid4().hex[:8]}", f"app-{uuid.uuid4().hex[:8]}")
+    watch = ActorWatch(ray.get_runtime_context().gcs_address)
+    created = await runtime.create_root(scope, input_text=root_script(STEP_MS[case]))
+    tree_id = created["session"]["session_id"]
+    watch.start()
+    try:
+        if case == "node_lost":
+            findings["removed"] = await remove_a_worker_node(cluster, runtime, tree_id, watch)
+        started = time.monotonic()
+        result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=240)
+        findings["seconds_to_result"] = round(time.monotonic() - started, 1)  # from the removal, if any
+        await runtime.wait_tree_idle(scope, tree_id, timeout=90)
+    finally:
+        watch.stop()
+    findings["result"] = {"status": result["status"], "output": result["output"]}
+    facts = await tree_facts(runtime, tree_id)
+    findings.update(facts)
+    findings["member_nodes"] = {sid: sorted(watch.nodes[runtime.placement.actor_name(uuid.UUID(sid))])
+                                for sid in facts["members"]}
+    findings["canopy_actors"] = {name: sorted(nodes) for name, nodes in watch.nodes.items()
+                                 if name.startswith(("canopy:", "tree:"))}
+    findings["watch_errors"] = watch.errors
+
+
+def singletons_on_the_head(settings: Settings, database_url: str, head: str) -> None:
+    """Join the cluster and start the model gateway and the sweeper on the head, where the runtime
+    then finds them. Each is one actor, placed on a random node otherwise (they ask for no
+    resources), and the node the scenario removes must not be theirs: a gateway lost mid-call is
+    another test's subject, and a sweeper that Ray restarts elsewhere does not sweep until
+    something calls its ``start`` again (nothing does yet)."""
+    init_ray(settings, database_url)
+    on_head = NodeAffinitySchedulingStrategy(head, soft=False)
+    GatewayActor.options(**named_options(GATEWAY_NAME, max_concurrency=1000), scheduling_strategy=on_head).remote(
+        **gateway_options(settings))
+    Sweeper.options(**named_options(SWEEPER_NAME), scheduling_strategy=on_head).remote()
+
+
+async def main() -> None:
+    case = os.environ["SCENARIO_CASE"]
+    for name in ("CANOPY_RAY_ADDRESS", "CANOPY_SECRETS_DIR", "CANOPY_DATABASE_URL"):
+        os.environ.pop(name, None)
+    os.environ["CANOPY_SESSION_SPREAD"] = "pack" if case == "pack" else "spread"
+    # The dashboard answers Ray's state API; other Rays on the machine may hold its port, 8265
+    # (None: Ray tries the next ones).
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True,
+                                                            "dashboard_host": "127.0.0.1", "dashboard_port": None})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    findings: dict[str, Any] = {"case": case, "head": cluster.head_node.node_id,
+                                "workers": [node.node_id for node in cluster.worker_nodes]}
+    try:
+        database_url = os.environ["SCENARIO_DATABASE_URL"]
+        settings = Settings(ray_address=cluster.address, database_url=SecretStr(database_url))
+        singletons_on_the_head(settings, database_url, cluster.head_node.node_id)
+        runtime = await Runtime.start(settings)
+        findings["shape"] = type(runtime.placement).__name__
+        await run_case(case, cluster, runtime, findings)
+        await runtime.close()
+    except BaseException:
+        findings["error"] = traceback.format_exc(limit=6)
+        raise
+    finally:
+        print("FINDINGS " + json.dumps(findings), flush=True)  # what was found, even before a failure
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

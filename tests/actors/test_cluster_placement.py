@@ -1,0 +1,83 @@
+"""A tree on a Ray cluster of three nodes (actors/placement.py), in both session shapes: with
+``session_spread = spread`` its members run on several nodes, read from Ray's actor table, and a
+worker node that runs some of them is removed mid-run, yet every Turn completes and no committed
+reply happens twice; with ``pack`` a hosted tree runs on one node. The cluster is
+``ray.cluster_utils.Cluster`` in a process of its own: see cluster_placement_scenario.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.actors.helpers import scenario_findings
+from tests.conftest import RUNTIME_ENV
+
+CHILDREN = [f"c{i}" for i in range(6)]
+# A host per node: seven members all in one of three hosts is rare (3/3^7), in one of two is not.
+SHAPES = {"dedicated": {"CANOPY_SESSION_HOSTS": "0"}, "hosted": {"CANOPY_SESSION_HOSTS": "3"}}
+
+
+async def findings_of(case: str, shape: str, database_url: str, data_dir: Path) -> dict[str, Any]:
+    findings = await scenario_findings("tests.actors.cluster_placement_scenario", {
+        **RUNTIME_ENV, **SHAPES[shape], "CANOPY_LEASE_SECONDS": "5", "CANOPY_HEARTBEAT_SECONDS": "1",
+        "CANOPY_SWEEP_SECONDS": "1", "CANOPY_DATA_DIR": str(data_dir), "SCENARIO_CASE": case,
+        "SCENARIO_DATABASE_URL": database_url}, timeout=420)
+    assert "error" not in findings, findings["error"]
+    return findings
+
+
+def assert_every_turn_completed_once(findings: dict[str, Any]) -> None:
+    assert findings["result"] == {"status": "completed", "output": "all done"}, findings
+    assert sorted(findings["members"].values()) == sorted(["root", *CHILDREN])  # each create ran once
+    assert findings["turns"] == ["completed"] * 7
+    for child in CHILDREN:  # its tool step and its final reply, each committed once
+        assert findings["replies"][child] == [f"{child} done"], findings
+        assert findings["tool_replies"][child] == 1 and findings["tool_results"][child] == 1, findings
+    assert findings["replies"]["root"] == ["all done"]
+    assert findings["tool_results"]["root"] == len(CHILDREN) + 1  # the creates and the wait
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_a_spread_tree_runs_on_several_nodes(shape: str, database_url: str, tmp_path: Path) -> None:
+    findings = await findings_of("spread", shape, database_url, tmp_path)
+
+    assert_every_turn_completed_once(findings)
+    nodes = {*findings["workers"], findings["head"]}
+    member_nodes = findings["member_nodes"]
+    assert all(member_nodes.values()), findings  # every member's actor was seen in Ray's actor table...
+    used = {node for seen in member_nodes.values() for node in seen}
+    assert used <= nodes and len(used) >= 2, findings  # ...on two nodes or three
+    if shape == "hosted":  # host k on the k-th node
+        hosts = [findings["canopy_actors"][f"canopy:sessions:{k}"] for k in range(3)]
+        assert sorted(node for seen in hosts for node in seen) == sorted(nodes), findings
+
+
+async def test_a_packed_tree_runs_on_one_node(database_url: str, tmp_path: Path) -> None:
+    """Hosted: every host runs on one node (whoever starts it), so the whole tree runs there."""
+    findings = await findings_of("pack", "hosted", database_url, tmp_path)
+
+    assert_every_turn_completed_once(findings)
+    hosts = {node for k in range(3) for node in findings["canopy_actors"][f"canopy:sessions:{k}"]}
+    assert len(hosts) == 1, findings
+    assert {node for seen in findings["member_nodes"].values() for node in seen} == hosts, findings
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_a_tree_survives_losing_a_node_mid_run(shape: str, database_url: str, tmp_path: Path) -> None:
+    findings = await findings_of("node_lost", shape, database_url, tmp_path)
+
+    removed = findings["removed"]
+    assert removed["node"] in findings["workers"] and removed["members"], findings  # it ran some of the children
+    assert removed["node"] not in findings["canopy_actors"]["canopy:model-gateway"]
+    assert removed["node"] not in findings["canopy_actors"]["canopy:sweeper"]
+    assert_every_turn_completed_once(findings)
+    # Runs were lost with the node (their leases expired), all of members that ran there...
+    names = {name: sid for sid, name in findings["members"].items()}
+    assert findings["lost_runs"], findings
+    for name in findings["lost_runs"]:
+        assert removed["node"] in findings["member_nodes"][names[name]], findings
+    # ...and the members running there when it went ran again elsewhere.
+    for member in removed["members"]:
+        assert set(findings["member_nodes"][member]) - {removed["node"]}, findings
