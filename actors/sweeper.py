@@ -22,6 +22,7 @@ from typing import Any
 import ray
 
 from actors import hosting, metrics, sandbox_tools, signals
+from actors.naming import NAMESPACE, SWEEPER_NAME
 from persistence import runs as run_repo
 from persistence import schedules, stream_watchers, turns, waits
 from persistence.db import Database, LazyDatabase
@@ -49,6 +50,11 @@ class SweeperImpl:
         # The sandbox manager to release idle sandboxes with; None: this process's for the database.
         self.sandboxes: Any = None
         self._task: asyncio.Task[None] | None = None
+        # Ray restarts a lost sweeper (its process killed, its node gone) by running this constructor
+        # again, and nothing else calls ``start`` then: a restarted sweeper starts itself (the call
+        # waits in its queue until the constructor returns).
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            ray.get_actor(SWEEPER_NAME, namespace=NAMESPACE).start.remote()
         self._starting: asyncio.Task[None] | None = None
         self._sandbox_task: asyncio.Task[None] | None = None
         self.rounds = 0

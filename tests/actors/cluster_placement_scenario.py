@@ -6,7 +6,7 @@ the shape the environment asks for (``CANOPY_SESSION_HOSTS``). Run by test_clust
   for the next one): a root fans out to children whose Turns run at once; the findings name
   the nodes on which Ray's actor table showed the actor of each member.
 - ``SCENARIO_CASE=node_lost``: while the children's Turns run, a worker node that runs some of
-  them (never the head, where the driver, the model gateway and the sweeper are) is removed; the findings
+  them (never the head, where the driver, its model gateway and the sweeper are) is removed; the findings
   are the tree's Turns, Runs and messages read back from the database once the root finished.
 
     SCENARIO_CASE=spread SCENARIO_DATABASE_URL=... python -m tests.actors.cluster_placement_scenario
@@ -29,9 +29,8 @@ from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray.util.state import list_actors
 
-from actors.gateway_actor import GatewayActor
-from actors.naming import GATEWAY_NAME, SWEEPER_NAME, named_options
-from actors.runtime import Runtime, gateway_options, init_ray
+from actors.naming import SWEEPER_NAME, named_options
+from actors.runtime import Runtime, init_ray
 from actors.scripted import call, create, say, script
 from actors.sweeper import Sweeper
 from persistence.databases import rows
@@ -95,14 +94,13 @@ async def running_members(runtime: Runtime, tree_id: uuid.UUID) -> list[uuid.UUI
 
 async def remove_a_worker_node(cluster: Cluster, runtime: Runtime, tree_id: uuid.UUID,
                                watch: ActorWatch) -> dict[str, Any]:
-    """Remove a worker node whose actors run some of the children right now (not the gateway's or
-    the sweeper's)."""
+    """Remove a worker node whose actors run some of the children right now (not the sweeper's)."""
     workers = {node.node_id: node for node in cluster.worker_nodes}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         await watch.poll()
         running = await running_members(runtime, tree_id)
-        spared = watch.nodes[GATEWAY_NAME] | watch.nodes[SWEEPER_NAME]
+        spared = watch.nodes[SWEEPER_NAME]
         on_node: dict[str, list[str]] = defaultdict(list)
         for member in running:
             for node_id in watch.nodes[runtime.placement.actor_name(member)]:
@@ -166,16 +164,13 @@ async def run_case(case: str, cluster: Cluster, runtime: Runtime, findings: dict
     findings["watch_errors"] = watch.errors
 
 
-def singletons_on_the_head(settings: Settings, database_url: str, head: str) -> None:
-    """Join the cluster and start the model gateway and the sweeper on the head, where the runtime
-    then finds them. Each is one actor, placed on a random node otherwise (they ask for no
-    resources), and the node the scenario removes must not be theirs: a gateway lost mid-call is
-    another test's subject, and a sweeper that Ray restarts elsewhere does not sweep until
-    something calls its ``start`` again (nothing does yet)."""
+def sweeper_on_the_head(settings: Settings, database_url: str, head: str) -> None:
+    """Join the cluster and start the sweeper on the head, where the runtime then finds it: the
+    node the scenario removes must not be its (a sweeper restarted elsewhere sweeps again, see
+    tests/actors/test_schedules.py, but its restart would add seconds this scenario does not
+    measure). Each node's model gateway starts with the first model call there and dies with it."""
     init_ray(settings, database_url)
     on_head = NodeAffinitySchedulingStrategy(head, soft=False)
-    GatewayActor.options(**named_options(GATEWAY_NAME, max_concurrency=1000), scheduling_strategy=on_head).remote(
-        **gateway_options(settings))
     Sweeper.options(**named_options(SWEEPER_NAME), scheduling_strategy=on_head).remote()
 
 
@@ -196,7 +191,7 @@ async def main() -> None:
     try:
         database_url = os.environ["SCENARIO_DATABASE_URL"]
         settings = Settings(ray_address=cluster.address, database_url=SecretStr(database_url))
-        singletons_on_the_head(settings, database_url, cluster.head_node.node_id)
+        sweeper_on_the_head(settings, database_url, cluster.head_node.node_id)
         runtime = await Runtime.start(settings)
         findings["shape"] = type(runtime.placement).__name__
         await run_case(case, cluster, runtime, findings)
