@@ -161,8 +161,9 @@ async def test_scrapes_during_a_fan_out_are_whole_cluster_and_scan_no_table(
     assert {"runs", "inputs", "requests", "turns", "trees", "metric_counters"} <= accessed.keys()
 
     # The same names in Ray's export, with Ray's prefix: every gauge (published by the sweeper) and
-    # every counter and histogram that has counted something.
-    names = {name for (name, _), value in after.items() if value}
+    # every counter and histogram that counted during this fan-out (the table also holds what processes
+    # of an earlier Ray on the same database counted, which this Ray never exported).
+    names = {name for (name, labels), value in after.items() if value > before.get((name, labels), 0.0)}
     names |= {sample for metric in metrics.METRICS if metric.kind == "gauge" for sample in metric.samples()}
 
     async def in_ray() -> set[str] | None:
@@ -197,7 +198,9 @@ async def test_model_labels_are_bounded(api: ApiServer, runtime: Runtime) -> Non
         samples = await poll(scraped, timeout=30)
     models = {dict(labels)["model"] for name, labels in samples if name == "canopy_model_calls_total"}
     assert len(models) <= metrics.MAX_MODEL_LABELS + 2, sorted(models)  # the default, the first N, other
-    assert metrics.OTHER in models and f"{prefix}-{spread - 1}" not in models
+    # The calls end in any order: which of them got a label of their own is not fixed, how many is.
+    assert metrics.OTHER in models and len({model for model in models if model.startswith(prefix)}) <= \
+        metrics.MAX_MODEL_LABELS
     stored = await _label_values(runtime)
     assert len(stored) <= metrics.MAX_MODEL_LABELS + 2, stored  # the table stays as small
 
