@@ -55,6 +55,8 @@ OTHER = "other"
 MAX_MODEL_LABELS = 20
 # How long a process gathers its counts before adding them to the table in one statement.
 FLUSH_SECONDS = 1.0
+# A flush that failed is retried after a delay that doubles up to this.
+_MAX_RETRY_SECONDS = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,11 +209,13 @@ class _Buffer:
 
     async def _flush_later(self, db: Database) -> None:
         # Counts made while a flush runs are flushed by this task too: the flush's own commit cannot
-        # schedule them (this task is still running), and the process may commit nothing else.
+        # schedule them (this task is still running), and the process may commit nothing else — which
+        # is also why a failed flush (a busy database) is retried here, later each time, not left to a
+        # next commit that may never come.
+        delay = FLUSH_SECONDS
         while self.pending:
-            await asyncio.sleep(FLUSH_SECONDS)
-            if not await self.flush(db):
-                return  # the next commit schedules a retry
+            await asyncio.sleep(delay)
+            delay = FLUSH_SECONDS if await self.flush(db) else min(delay * 2, _MAX_RETRY_SECONDS)
 
     async def flush(self, db: Database) -> bool:
         """Add the pending counts to the table in one statement; on failure they stay pending (False)."""
