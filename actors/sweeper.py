@@ -53,7 +53,8 @@ class SweeperImpl:
         # Ray restarts a lost sweeper (its process killed, its node gone) by running this constructor
         # again, and nothing else calls ``start`` then: a restarted sweeper starts itself (the call
         # waits in its queue until the constructor returns).
-        if ray.get_runtime_context().was_current_actor_reconstructed:
+        context = ray.get_runtime_context()
+        if context.get_actor_id() is not None and context.was_current_actor_reconstructed:
             ray.get_actor(SWEEPER_NAME, namespace=NAMESPACE).start.remote()
         self._starting: asyncio.Task[None] | None = None
         self._sandbox_task: asyncio.Task[None] | None = None
