@@ -26,6 +26,11 @@ def gateway_actor_name(node_id: str) -> str:
     return f"canopy:gateway:{node_id}"
 
 
+def sandbox_host_name(node_id: str) -> str:
+    """The sandbox host of one Ray node (see actors/sandbox_hosts.py)."""
+    return f"canopy:sandbox:{node_id}"
+
+
 def tree_actor_name(tree_id: uuid.UUID | str) -> str:
     return f"tree:{tree_id}"
 

@@ -10,43 +10,32 @@ replaces that when it ends. A Run that finds its call ``started`` knows an earli
 Turn began the command and died or lost its lease before recording how it ended: the command
 is stopped if it still runs, and the model is told its outcome is unknown — never run again
 silently. (The sweeper also stops such commands before it resumes the Turn in a new Run.)
+
+Every call runs in the sandbox host of the node holding the tree's sandbox and workdir
+(actors/sandbox_hosts.py ``host_for``). The call that finds that node gone says so in its result
+(``workdir_lost``, ``notice``), recorded with it, and runs in a new sandbox on its own node.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import uuid
-from pathlib import Path
 
 from pydantic import Field
 
-from actors import failpoints
+from actors import failpoints, sandbox_hosts
 from actors.tools import Park, SandboxTool, ToolArgs, ToolContext, ToolResult
 from persistence import projects, receipts, waits
 from persistence import runs as run_repo
 from persistence.db import Database
-from sandbox import files
+from persistence.errors import CanopyError
 from sandbox.base import SandboxError
-from sandbox.manager import SandboxManager
 
 DENIED = "the human denied this call; it did not run"
 UNKNOWN_OUTCOME = (
     "an earlier run of this turn started this command and stopped (it lost its lease or its process died) "
     "before the command's outcome was recorded: it may have run partly or fully. It was stopped if it still "
     "ran, and it is not run again: check its effects before deciding to run it again")
-
-_managers: dict[Database, SandboxManager] = {}
-_managers_lock = asyncio.Lock()
-
-
-async def sandbox_manager(db: Database) -> SandboxManager:
-    """One manager per process and database (it holds the Docker client)."""
-    async with _managers_lock:
-        if db not in _managers:
-            _managers[db] = await asyncio.to_thread(SandboxManager.from_settings, db)
-        return _managers[db]
-
 
 def command_id(turn_id: uuid.UUID, call_id: str) -> str:
     """The sandbox's id of a call's command: the same for every Run of the Turn, so any of them
@@ -61,9 +50,8 @@ async def stop_started_commands(db: Database, run_id: uuid.UUID) -> None:
         started = await receipts.started_commands(conn, run_id)
     if not started:
         return
-    manager = await sandbox_manager(db)
     for row in started:
-        await manager.kill_command(row["tree_id"], command_id(row["turn_id"], row["tool_call_id"]))
+        await sandbox_hosts.kill_command(db, row["tree_id"], command_id(row["turn_id"], row["tool_call_id"]))
 
 
 class RunCommandArgs(ToolArgs):
@@ -80,12 +68,28 @@ class WriteFileArgs(ToolArgs):
     content: str = Field(max_length=10_000_000)
 
 
-async def _workdir(ctx: ToolContext) -> Path:
+async def _workdir(ctx: ToolContext) -> str:
+    """The project's workdir path, on the node of the host that uses it (which makes it)."""
     async with ctx.db.tx() as conn:
         project = await projects.get_project(conn, ctx.run.scope, ctx.session["project_id"])
-    workdir = Path(project["workdir"])
-    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
-    return workdir
+    return str(project["workdir"])
+
+
+async def _in_sandbox(ctx: ToolContext, method: str, *args: object) -> ToolResult:
+    """``method`` of the host of the tree's sandbox: its result, or an ``error`` result when the sandbox
+    failed (a command that could not start did not run); with the lost-workdir notice when this call
+    found the tree's node gone. A tool error (a bad path, a missing file) is raised, but is an
+    ``error`` result too when the workdir was lost, so that the notice reaches the model."""
+    host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id)
+    try:
+        result = await sandbox_hosts.call(host, method, *args)
+    except SandboxError as error:
+        result = {"error": str(error)}
+    except CanopyError as error:
+        if not lost:
+            raise
+        result = {"error": str(error), **error.details}
+    return {**result, "workdir_lost": True, "notice": sandbox_hosts.WORKDIR_LOST} if lost else result
 
 
 async def _approved(ctx: ToolContext, call_id: str, request: dict[str, object]) -> ToolResult | None:
@@ -106,11 +110,10 @@ async def run_command(ctx: ToolContext, call_id: str, args: RunCommandArgs) -> T
     key = {"command": args.command, "timeout_seconds": args.timeout_seconds}
     async with ctx.db.tx() as conn:
         prior = await receipts.begin_attempt(conn, ctx.run, call_id, "run_command", key)
-    manager = await sandbox_manager(ctx.db)
     if prior is not None and prior.state == "done":
         return prior.result
     if prior is not None:  # started by an earlier Run that never recorded how it ended
-        await manager.kill_command(ctx.run.tree_id, command_id(ctx.run.turn_id, call_id))
+        await sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command_id(ctx.run.turn_id, call_id))
         return await _record_outcome(ctx, call_id, {"outcome": "unknown", "error": UNKNOWN_OUTCOME})
     refused = await _approved(ctx, call_id, {"tool": "run_command", "command": args.command})
     if refused is not None:
@@ -119,12 +122,8 @@ async def run_command(ctx: ToolContext, call_id: str, args: RunCommandArgs) -> T
     async with ctx.db.tx() as conn:  # committed before the command starts: it never runs twice unasked
         await run_repo.fence(conn, ctx.run)
         await receipts.start_command(conn, ctx.run, call_id, "run_command", key)
-    try:
-        result = await manager.run_command(ctx.run.tree_id, workdir, args.command, args.timeout_seconds,
-                                           command_id=command_id(ctx.run.turn_id, call_id))
-        outcome = result.as_tool_result()
-    except SandboxError as error:  # the sandbox could not start it: it did not run
-        outcome = {"error": str(error)}
+    outcome = await _in_sandbox(ctx, "run_command", ctx.run.tree_id, workdir, args.command,
+                                args.timeout_seconds, command_id(ctx.run.turn_id, call_id))
     outcome = await _record_outcome(ctx, call_id, outcome)
     await failpoints.pause("after_command_receipt", ctx.session["name"])
     return outcome
@@ -138,9 +137,7 @@ async def _record_outcome(ctx: ToolContext, call_id: str, outcome: ToolResult) -
 
 
 async def read_file(ctx: ToolContext, call_id: str, args: ReadFileArgs) -> ToolResult:
-    workdir = await _workdir(ctx)
-    content = await asyncio.to_thread(files.read_file, workdir, args.path)
-    return {"path": args.path, "content": content}
+    return await _in_sandbox(ctx, "read_file", await _workdir(ctx), args.path)
 
 
 async def write_file(ctx: ToolContext, call_id: str, args: WriteFileArgs) -> ToolResult:
@@ -154,9 +151,7 @@ async def write_file(ctx: ToolContext, call_id: str, args: WriteFileArgs) -> Too
                                              "preview": args.content[:500]})
     if refused is not None:
         return refused
-    workdir = await _workdir(ctx)
-    written = await asyncio.to_thread(files.write_file, workdir, args.path, args.content)
-    outcome = {"path": args.path, "bytes": written}
+    outcome = await _in_sandbox(ctx, "write_file", await _workdir(ctx), args.path, args.content)
     async with ctx.db.tx() as conn:  # a write that is replayed before this commit writes the same bytes again
         await run_repo.fence(conn, ctx.run)
         await receipts.store_result(conn, ctx.run, call_id, "write_file", key, outcome)

@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from actors import hosting, metrics, sandbox_tools, signals
+from actors import hosting, metrics, sandbox_hosts, sandbox_tools, signals
 from actors.naming import NAMESPACE, SWEEPER_NAME
 from persistence import runs as run_repo
 from persistence import schedules, stream_watchers, turns, waits
@@ -47,7 +47,7 @@ class SweeperImpl:
         self.settings = get_settings()
         self.placement = hosting.current()
         self._db = LazyDatabase(max_size=2)
-        # The sandbox manager to release idle sandboxes with; None: this process's for the database.
+        # The sandbox manager to release idle sandboxes with; None: every node's sandbox host.
         self.sandboxes: Any = None
         self._task: asyncio.Task[None] | None = None
         # Ray restarts a lost sweeper (its process killed, its node gone) by running this constructor
@@ -147,13 +147,14 @@ class SweeperImpl:
         In the background: releasing a container can take seconds (and is bounded only by
         the manager's own timeout), and recovery must never wait for Docker."""
         if self._sandbox_task is None or self._sandbox_task.done():
-            self._sandbox_task = asyncio.create_task(self._release_idle_sandboxes_now(db))
+            self._sandbox_task = asyncio.create_task(self._release_idle_sandboxes_now())
 
-    async def _release_idle_sandboxes_now(self, db: Database) -> None:
-        """Per-tree sandbox idle release, and now and then orphan reaping; each sandbox is
-        isolated inside the manager's ``release_idle`` and ``reap_orphans``."""
+    async def _release_idle_sandboxes_now(self) -> None:
+        """Per-tree sandbox idle release, and now and then orphan reaping, in every node's sandbox
+        host (actors/sandbox_hosts.py ``EveryNode``); each sandbox is isolated inside the manager's
+        ``release_idle`` and ``reap_orphans``, each node inside ``EveryNode``."""
         try:
-            sandboxes = self.sandboxes or await sandbox_tools.sandbox_manager(db)
+            sandboxes = self.sandboxes or sandbox_hosts.EveryNode()
             released = await sandboxes.release_idle()
             self.sandboxes_released += len(released)
             if self._due("orphans", _ORPHANS_EVERY_SECONDS):

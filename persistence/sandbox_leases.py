@@ -41,6 +41,8 @@ class SandboxLease:
     state: str
     last_used_at: datetime.datetime
     updated_at: datetime.datetime
+    node_id: str | None  # the Ray node holding the sandbox and its workdir; None: whichever asks
+    workdir_lost_at: datetime.datetime | None  # when a command last found that node gone
     stale: bool  # creating/releasing for longer than TRANSITION_STALE_SECONDS
 
     @classmethod
@@ -70,9 +72,11 @@ async def get(conn: Connection, tree_id: uuid.UUID) -> SandboxLease | None:
     return SandboxLease.from_row(row) if row else None
 
 
-async def begin(conn: Connection, tree_id: uuid.UUID, state: str, backend: str, handle: str | None) -> None:
-    """Announce ``creating`` (handle None) or ``releasing`` (the handle to remove); call under ``lock``."""
-    params = {"tree_id": tree_id, "state": state, "backend": backend, "handle": handle}
+async def begin(conn: Connection, tree_id: uuid.UUID, state: str, backend: str, handle: str | None,
+                node_id: str | None = None) -> None:
+    """Announce ``creating`` (handle None, on ``node_id``) or ``releasing`` (the handle to remove);
+    call under ``lock``."""
+    params = {"tree_id": tree_id, "state": state, "backend": backend, "handle": handle, "node_id": node_id}
     await conn.execute(query("sandbox_lease_begin"), params)
 
 
@@ -112,17 +116,20 @@ async def touch(conn: Connection, tree_id: uuid.UUID) -> bool:
 
 
 async def idle_trees(
-    conn: Connection, idle_seconds: float, now: datetime.datetime | None = None, limit: int = 100
+    conn: Connection, idle_seconds: float, now: datetime.datetime | None = None, limit: int = 100,
+    node_id: str | None = None,
 ) -> list[uuid.UUID]:
-    """Trees whose active sandbox was unused for ``idle_seconds`` before ``now`` (None: DB clock)."""
-    params = {"idle_seconds": idle_seconds, "now": now, "limit": limit}
+    """Trees whose active sandbox was unused for ``idle_seconds`` before ``now`` (None: DB clock), on
+    ``node_id`` or no node in particular (``node_id`` None: on any node)."""
+    params = {"idle_seconds": idle_seconds, "now": now, "limit": limit, "node_id": node_id}
     cur = await conn.execute(query("sandbox_lease_idle"), params)
     return [row["tree_id"] for row in await cur.fetchall()]
 
 
-async def stale_releases(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
-    """Trees whose release was announced more than ``TRANSITION_STALE_SECONDS`` ago and never settled."""
-    params = {"stale_seconds": TRANSITION_STALE_SECONDS, "limit": limit}
+async def stale_releases(conn: Connection, limit: int = 100, node_id: str | None = None) -> list[uuid.UUID]:
+    """Trees whose release was announced more than ``TRANSITION_STALE_SECONDS`` ago and never settled,
+    on ``node_id`` or no node in particular (``node_id`` None: on any node)."""
+    params = {"stale_seconds": TRANSITION_STALE_SECONDS, "limit": limit, "node_id": node_id}
     cur = await conn.execute(query("sandbox_lease_stale"), params)
     return [row["tree_id"] for row in await cur.fetchall()]
 
@@ -147,3 +154,15 @@ async def tree_known(conn: Connection, tree_id: uuid.UUID) -> bool:
     cur = await conn.execute(query("sandbox_tree_known"), {"tree_id": tree_id})
     row = await cur.fetchone()
     return bool(row and row["known"])
+
+
+async def move_lost(conn: Connection, tree_id: uuid.UUID, lost_node_id: str, node_id: str) -> bool:
+    """``lost_node_id`` left the cluster with the tree's sandbox and workdir: the lease is released,
+    names ``node_id`` for the next sandbox, and records the loss. False, nothing changed, if the
+    lease no longer names the lost node (another caller moved it first)."""
+    params = {"tree_id": tree_id, "lost_node_id": lost_node_id, "node_id": node_id}
+    cur = await conn.execute(query("sandbox_lease_lost"), params)
+    moved = await cur.fetchone() is not None
+    if moved:
+        lifecycle.log_at_commit(conn, "sandbox_workdir_lost", tree_id=tree_id, node_id=lost_node_id)
+    return moved

@@ -457,7 +457,9 @@ CREATE TABLE sandbox_leases (
     handle          text,                    -- container id or local sandbox dir
     state           text NOT NULL CHECK (state IN ('active', 'creating', 'releasing', 'released')),
     last_used_at    timestamptz NOT NULL DEFAULT now(),
-    updated_at      timestamptz NOT NULL DEFAULT now()  -- when the state began
+    updated_at      timestamptz NOT NULL DEFAULT now(),  -- when the state began
+    node_id         text,        -- the Ray node holding the sandbox and its workdir (actors/sandbox_hosts.py)
+    workdir_lost_at timestamptz  -- when a command last found that node gone and moved the tree to a new one
 );
 
 -- Trees whose live model text someone watches (an API stream that asked for deltas). The

@@ -51,6 +51,10 @@ class SandboxGone(SandboxError):
     """The handle no longer names a live sandbox; claim the tree again."""
 
 
+class SandboxMoved(SandboxError):
+    """The tree's lease names another node's sandbox: nothing ran here; ask that node's host."""
+
+
 class PathRejected(InvalidArgument):
     """A read_file/write_file path that is absolute, climbs out with ``..``, escapes by symlink,
     or names something other than a regular file (a FIFO, a device, a socket)."""

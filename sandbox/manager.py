@@ -34,6 +34,11 @@ settled by a compare-and-set (see ``persistence.sandbox_leases``). On that:
 - ``kill_command`` kills one command by the id its caller gave ``run_command``, from any
   process, even after the one that started it died.
 
+The lease names the node the sandbox is on (``node_id``, a manager's own node when it has
+one): a manager with a node never claims a sandbox its lease puts on another node
+(``SandboxMoved``: the caller asks that node's host, actors/sandbox_hosts.py), and its idle sweep
+takes only its node's sandboxes (and those with no node).
+
 Only the lease row is ever locked, and briefly, so every other write of the tree —
 messages, runs, the ``trees`` row — keeps committing during a release (SPEC §12).
 """
@@ -58,6 +63,7 @@ from sandbox.base import (
     CommandResult,
     SandboxBackend,
     SandboxGone,
+    SandboxMoved,
     SandboxOptions,
     check_command_id,
 )
@@ -79,8 +85,12 @@ class SandboxManager:
         backend: SandboxBackend,
         idle_seconds: float | None = None,
         options: SandboxOptions | None = None,
+        node_id: str | None = None,
     ) -> None:
         self.db = db
+        # The Ray node this manager's sandboxes are on (actors/sandbox_hosts.py), recorded in each
+        # lease it creates; None: no node in particular (one machine, tests).
+        self.node_id = node_id
         self.backend = backend
         self.idle_seconds = idle_seconds if idle_seconds is not None else get_settings().sandbox_idle_seconds
         self.options = options or SandboxOptions.from_settings(get_settings())
@@ -89,10 +99,12 @@ class SandboxManager:
         self._in_flight: collections.Counter[uuid.UUID] = collections.Counter()
 
     @classmethod
-    def from_settings(cls, db: Database, settings: Settings | None = None) -> SandboxManager:
+    def from_settings(cls, db: Database, settings: Settings | None = None, node_id: str | None = None) \
+            -> SandboxManager:
         settings = settings or get_settings()
         return cls(
-            db, choose_backend(settings), settings.sandbox_idle_seconds, SandboxOptions.from_settings(settings)
+            db, choose_backend(settings), settings.sandbox_idle_seconds, SandboxOptions.from_settings(settings),
+            node_id,
         )
 
     # -- use -------------------------------------------------------------------------
@@ -106,7 +118,7 @@ class SandboxManager:
                 if step == "reuse":
                     await leases.touch(conn, tree_id)
                 elif step == "create":
-                    await leases.begin(conn, tree_id, "creating", self.backend.name, None)
+                    await leases.begin(conn, tree_id, "creating", self.backend.name, None, self.node_id)
                 elif step == "take over release":
                     await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
             if step == "wait":
@@ -127,6 +139,10 @@ class SandboxManager:
                 return handle
 
     def _claim_step(self, lease: SandboxLease) -> str:
+        if self.node_id is not None and lease.node_id not in (None, self.node_id):
+            # Its sandbox and workdir are another node's: a sandbox made here would silently start
+            # from an empty workdir. The caller picked this node from an older lease; it asks again.
+            raise SandboxMoved(f"the tree's sandbox is on another node ({lease.node_id}); ask again")
         if lease.state == "active" and lease.handle is not None:
             if lease.backend == self.backend.name:
                 return "reuse"
@@ -227,8 +243,8 @@ class SandboxManager:
         here, or a claim in progress are skipped; a failing tree is logged and skipped.
         """
         async with self.db.tx() as conn:
-            candidates = await leases.idle_trees(conn, self.idle_seconds, now)
-            stalled = await leases.stale_releases(conn)
+            candidates = await leases.idle_trees(conn, self.idle_seconds, now, node_id=self.node_id)
+            stalled = await leases.stale_releases(conn, node_id=self.node_id)
         released = []
         for tree_id in candidates:
             if self._in_flight[tree_id]:

@@ -13,6 +13,7 @@ import pytest
 
 from persistence import sandbox_leases as leases
 from persistence.sandbox_leases import TRANSITION_STALE_SECONDS, SandboxLease
+from sandbox.base import SandboxMoved
 from sandbox.manager import SandboxManager
 from tests.sandbox.conftest import GatedBackend, SandboxKit, open_transactions
 
@@ -30,6 +31,11 @@ async def _leave_lease(kit: SandboxKit, tree: uuid.UUID, state: str, handle: str
             "WHERE tree_id = %s",
             (state, handle, age, tree),
         )
+
+
+async def _sandboxes_of(kit: SandboxKit, tree: uuid.UUID) -> list[str]:
+    """The tree's sandboxes the backend has (an engine may hold other tests' too)."""
+    return [handle for handle, owner in (await kit.backend.sandboxes()).items() if owner == tree]
 
 
 async def _marker(manager: SandboxManager, tree: uuid.UUID, workdir: Path) -> str:
@@ -157,3 +163,25 @@ async def test_a_failed_claim_leaves_the_lease_as_it_was(sandbox: SandboxKit) ->
     assert first is None  # a failed first claim leaves no row
     assert second is not None and (second.state, second.handle) == ("released", None)
     assert not_a_dir.read_text() == "a file where the workdir should be"
+
+
+async def test_a_manager_never_claims_or_releases_another_nodes_sandbox(sandbox: SandboxKit) -> None:
+    """A lease names the node of its sandbox and workdir: another node's manager refuses to use it
+    (a sandbox built there would start from an empty workdir) and its idle sweep leaves it alone."""
+    here, there = (SandboxManager(sandbox.db, sandbox.backend, 0, sandbox.options, node_id=node)
+                   for node in ("node-a", "node-b"))
+    tree, workdir = await sandbox.new_tree()
+    await here.run_command(tree, workdir, 'echo kept > "$CANOPY_TMP/m"', 30)
+    made = await _lease(sandbox, tree)
+    assert made is not None and (made.state, made.node_id) == ("active", "node-a")
+    sandboxes = await _sandboxes_of(sandbox, tree)
+
+    with pytest.raises(SandboxMoved):
+        await there.run_command(tree, workdir, "echo never", 30)
+    released_there = await there.release_idle()
+
+    assert await _lease(sandbox, tree) == made
+    assert await _sandboxes_of(sandbox, tree) == sandboxes == [made.handle]
+    assert tree not in released_there
+    assert (await here.run_command(tree, workdir, 'cat "$CANOPY_TMP/m"', 30)).stdout == "kept\n"
+    assert tree in await here.release_idle()

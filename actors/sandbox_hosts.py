@@ -1,0 +1,194 @@
+"""Which node's sandbox a tree uses, and the per-node sandbox host that runs the tree's commands there.
+
+A tree's sandbox (a container, or the local backend's directory) and its workdir live on one Ray
+node, the one its lease names (``sandbox_leases.node_id``). Every node has a sandbox host,
+``canopy:sandbox:<node id>`` (pinned to the node, created by the first process there that needs
+it), which owns the node's SandboxManager (sandbox/manager.py) and so its Docker client: every
+command, file read and write and kill of a tree whose sandbox is on that node runs in that host,
+wherever the session asking runs. ``host_for`` is the one place that decides which host.
+
+A tree with no node yet (no lease, or one from before nodes were recorded) uses the caller's
+node, and its first claim records it. A host is never created on another node: one is looked up
+by name, and only on a node Ray lists alive. When the lease's node has left the cluster (or its
+host is gone for good) the sandbox and its workdir went with it: the lease is released, moved to
+the caller's node and stamped ``workdir_lost_at`` in one compare-and-set, so exactly one caller
+learns of the loss, and that call's tool result tells the model (``workdir_lost`` and
+:data:`WORKDIR_LOST`). The command then runs in a new sandbox on the caller's node, from what is
+durable: nothing of the old workdir is carried over, and no model is left to find it empty.
+
+Idle release and orphan reaping run per node, in each host (``EveryNode``: the
+sweeper asks every live node's existing host), because only a node's own engine can remove its
+sandboxes. Killing a command goes to the host of the lease's node; a lost node's commands died
+with it, so there is nothing to kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.naming import NAMESPACE, NodeLocal, node_local_options, sandbox_host_name
+from persistence import sandbox_leases as leases
+from persistence.db import Database, LazyDatabase
+from persistence.sandbox_leases import SandboxLease
+from sandbox import files
+from sandbox.base import SandboxError
+from sandbox.manager import SandboxManager
+
+log = logging.getLogger(__name__)
+
+WORKDIR_LOST = (
+    "the node that held this tree's sandbox left the cluster, and the workdir went with it: files written "
+    "and programs installed before are gone. This and later calls run in a new, empty sandbox on another node")
+HOST_LOST = ("the sandbox host stopped while this call ran (its node left the cluster, or it died): whether "
+             "the call took effect is unknown")
+
+
+class SandboxHostImpl:
+    """One node's sandboxes: the SandboxManager of the node, for the callers of every node."""
+
+    def __init__(self, node_id: str) -> None:
+        self._node_id = node_id
+        self._db = LazyDatabase(max_size=4)
+        self._manager: SandboxManager | None = None
+        self._lock = asyncio.Lock()
+
+    async def _sandboxes(self) -> SandboxManager:
+        async with self._lock:
+            if self._manager is None:
+                db = await self._db.get()
+                self._manager = await asyncio.to_thread(SandboxManager.from_settings, db, node_id=self._node_id)
+            return self._manager
+
+    # The tool methods answer the tool's result (the sandbox tools, actors/sandbox_tools.py).
+
+    async def run_command(self, tree_id: uuid.UUID, workdir: str, command: str, timeout_seconds: float,
+                          command_id: str) -> dict[str, object]:
+        manager = await self._sandboxes()
+        await asyncio.to_thread(Path(workdir).mkdir, parents=True, exist_ok=True)
+        result = await manager.run_command(tree_id, Path(workdir), command, timeout_seconds, command_id=command_id)
+        return result.as_tool_result()
+
+    async def kill_command(self, tree_id: uuid.UUID, command_id: str) -> bool:
+        return await (await self._sandboxes()).kill_command(tree_id, command_id)
+
+    async def read_file(self, workdir: str, path: str) -> dict[str, object]:
+        await asyncio.to_thread(Path(workdir).mkdir, parents=True, exist_ok=True)
+        return {"path": path, "content": await asyncio.to_thread(files.read_file, Path(workdir), path)}
+
+    async def write_file(self, workdir: str, path: str, content: str) -> dict[str, object]:
+        await asyncio.to_thread(Path(workdir).mkdir, parents=True, exist_ok=True)
+        return {"path": path, "bytes": await asyncio.to_thread(files.write_file, Path(workdir), path, content)}
+
+    async def release_idle(self) -> list[uuid.UUID]:
+        return await (await self._sandboxes()).release_idle()
+
+    async def reap_orphans(self) -> list[str]:
+        return await (await self._sandboxes()).reap_orphans()
+
+
+SandboxHost = ray.remote(SandboxHostImpl)
+
+
+def _create(node_id: str) -> Any:
+    return SandboxHost.options(**node_local_options(sandbox_host_name(node_id), node_id, max_concurrency=1000)) \
+        .remote(node_id)
+
+
+_local = NodeLocal(_create)
+
+
+def _here() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+async def _alive_nodes() -> set[str]:
+    return {node["NodeID"] for node in await asyncio.to_thread(ray.nodes) if node["Alive"]}
+
+
+async def _existing_host(node_id: str) -> Any | None:
+    """The host of ``node_id`` if that node is alive and its host exists; never creates one."""
+    if node_id not in await _alive_nodes():
+        return None
+    try:
+        return ray.get_actor(sandbox_host_name(node_id), namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+async def _lease(db: Database, tree_id: uuid.UUID) -> SandboxLease | None:
+    async with db.tx() as conn:
+        return await leases.get(conn, tree_id)
+
+
+async def host_for(db: Database, tree_id: uuid.UUID) -> tuple[Any, bool]:
+    """The host to run the tree's sandbox work in, and whether this call found the tree's workdir
+    lost (its node gone: the lease is moved to this node, see the module's docstring)."""
+    lease = await _lease(db, tree_id)
+    here = _here()
+    if lease is None or lease.node_id is None or lease.node_id == here:
+        return _local.handle(), False
+    host = await _existing_host(lease.node_id)
+    if host is not None:
+        return host, False
+    async with db.tx() as conn:
+        moved = await leases.move_lost(conn, tree_id, lease.node_id, here)
+    if moved:
+        log.warning("tree %s: the node %s of its sandbox is gone; its workdir is lost", tree_id, lease.node_id)
+    return _local.handle(), moved
+
+
+async def call(host: Any, method: str, *args: Any) -> Any:
+    """``method`` of a sandbox host. Cancelling the caller cancels it in the host (a command is
+    killed); the host's own errors are raised as themselves, not as Ray's wrapper."""
+    pending = getattr(host, method).remote(*args)
+    try:
+        return await pending
+    except asyncio.CancelledError:
+        ray.cancel(pending)
+        raise
+    except ray.exceptions.RayTaskError as error:
+        raise error.cause from None
+    except ray.exceptions.RayActorError as error:  # died or unreachable mid-call: what it did is unknown
+        _local.forget()  # if it was this node's, the next call gets its successor
+        raise SandboxError(HOST_LOST) from error
+
+
+async def kill_command(db: Database, tree_id: uuid.UUID, command_id: str) -> bool:
+    """Kill the tree's command ``command_id`` in the host of its sandbox's node; False if it did not
+    run (a lost node's commands died with it)."""
+    lease = await _lease(db, tree_id)
+    if lease is None or lease.node_id is None or lease.node_id == _here():
+        host = _local.handle()
+    elif (host := await _existing_host(lease.node_id)) is None:
+        return False
+    return bool(await call(host, "kill_command", tree_id, command_id))
+
+
+class EveryNode:
+    """Every live node's sandboxes, for the sweeper as one manager: each call asks each node's host.
+    The sweeper's own node's host is made if missing, another node's only asked if it exists (a node
+    whose processes never used a sandbox has none). One node's failure is logged and skipped."""
+
+    async def release_idle(self) -> list[uuid.UUID]:
+        return await self._each_node("release_idle")
+
+    async def reap_orphans(self) -> list[str]:
+        return await self._each_node("reap_orphans")
+
+    async def _each_node(self, method: str) -> list[Any]:
+        here, found = _here(), []
+        for node_id in sorted(await _alive_nodes()):
+            host = _local.handle() if node_id == here else await _existing_host(node_id)
+            if host is None:
+                continue
+            try:
+                found += await call(host, method)
+            except Exception:
+                log.exception("%s in the sandbox host of node %s failed; the next round retries", method, node_id)
+        return found

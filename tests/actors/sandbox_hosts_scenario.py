@@ -1,0 +1,121 @@
+"""A tree's sandbox on a Ray cluster of two nodes (``ray.cluster_utils.Cluster``, both on this machine)
+with one database: the tree's first command, from a session on the second node, makes its sandbox
+there; the same session moved to the head runs its next command in that sandbox (the second node's
+sandbox host); the second node is removed, and the next command from the head is told the workdir
+was lost and runs in a new sandbox on the head. Run by test_sandbox_hosts.py (one Ray per process);
+prints one JSON line. The local backend (CANOPY_SANDBOX_BACKEND=local, set by the test).
+
+    CANOPY_DATA_DIR=... SCENARIO_DATABASE_URL=... python -m tests.actors.sandbox_hosts_scenario
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ray
+from pydantic import SecretStr
+from ray.cluster_utils import Cluster
+
+from actors.hosting import SHAPE_ACTORS
+from actors.naming import NAMESPACE, node_local_options, session_actor_name
+from actors.runtime import Runtime
+from actors.scripted import call, say, script
+from persistence.databases import rows
+from persistence.records import Scope
+from persistence.settings import Settings
+from tests.actors.gateways_scenario import actors, free_port, session_on, until
+
+FIRST = 'echo first > "$CANOPY_TMP/marker" && echo from-node-2 > note.txt && echo started'
+AGAIN = 'cat "$CANOPY_TMP/marker" note.txt'
+
+
+def command(text: str) -> str:
+    """A Turn that runs ``text`` and answers the whole tool result, as JSON."""
+    return script(call(("run_command", {"command": text})), say("${0}"))
+
+
+async def answer(runtime: Runtime, scope: Scope, input_id: uuid.UUID) -> dict[str, Any]:
+    result = await runtime.wait_result(scope, input_id, timeout=60)
+    return json.loads(result["output"]) if result["status"] == "completed" else {"status": result["status"]}
+
+
+async def lease(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
+    found = await rows(runtime.db, "SELECT state, handle, node_id, workdir_lost_at IS NOT NULL AS lost "
+                       "FROM sandbox_leases WHERE tree_id = %s", tree_id)
+    return found[0]
+
+
+def sandbox_hosts() -> dict[str, str]:
+    """Alive sandbox hosts by node, from Ray's actor table."""
+    return {actor.name: actor.node_id for actor in actors("canopy:sandbox:") if actor.state == "ALIVE"}
+
+
+async def move_session(session_id: uuid.UUID, node_id: str) -> str:
+    """Kill the session's actor and make it again pinned to ``node_id`` (it rebuilds from the database)."""
+    name = session_actor_name(session_id)
+    ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+    await until(lambda: not [a for a in actors(name) if a.state != "DEAD"], timeout=30)
+    actor = SHAPE_ACTORS.session.options(**node_local_options(name, node_id)).remote(str(session_id))
+    return str((await actor.status.remote())["owner"])
+
+
+async def main() -> None:
+    os.environ.pop("CANOPY_SECRETS_DIR", None)
+    os.environ["CANOPY_SESSION_HOSTS"] = "0"  # a session's own actor: where its Runs execute is in the actor table
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True,
+                                                            "dashboard_port": free_port()})
+    second = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    findings: dict[str, Any] = {}
+    try:
+        settings = Settings(ray_address=cluster.address, database_url=SecretStr(os.environ["SCENARIO_DATABASE_URL"]))
+        runtime = await Runtime.start(settings)
+        head = ray.get_runtime_context().get_node_id()
+        other = second.node_id
+        findings.update(head=head, other=other)
+        scope = Scope(f"user-{uuid.uuid4().hex[:8]}", f"app-{uuid.uuid4().hex[:8]}")
+
+        started = await session_on(runtime, scope, other, command(FIRST))
+        tree_id = started["session_id"]
+        findings["first"] = await answer(runtime, scope, started["input_id"])
+        findings["first_lease"] = await lease(runtime, tree_id)
+        findings["hosts_after_first"] = sandbox_hosts()
+
+        await move_session(tree_id, head)
+        receipt = await runtime.submit_input(scope, tree_id, command(AGAIN))
+        findings["second"] = await answer(runtime, scope, receipt["input_id"])
+        findings["second_lease"] = await lease(runtime, tree_id)
+        findings["session_node"] = sorted({a.node_id for a in actors(session_actor_name(tree_id))
+                                           if a.state == "ALIVE"})
+
+        cluster.remove_node(second)
+        await until(lambda: not any(node["Alive"] for node in ray.nodes() if node["NodeID"] == other), timeout=30)
+        # Both nodes are this machine's: what the removed node held on its disk goes by hand.
+        shutil.rmtree(findings["first_lease"]["handle"])
+        workdir = (await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
+                              "WHERE s.session_id = %s", tree_id))[0]["workdir"]
+        shutil.rmtree(workdir)
+
+        receipt = await runtime.submit_input(scope, tree_id, command(AGAIN))
+        findings["third"] = await answer(runtime, scope, receipt["input_id"])
+        findings["third_lease"] = await lease(runtime, tree_id)
+        findings["hosts_after_loss"] = sandbox_hosts()
+        findings["receipts"] = [row["result"] for row in await rows(
+            runtime.db, "SELECT r.result FROM tool_receipts r JOIN turns t USING (turn_id) "
+            "WHERE t.session_id = %s ORDER BY r.created_at", tree_id)]
+        findings["workdir_exists"] = Path(workdir).is_dir()
+        await runtime.close()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        print("FINDINGS " + json.dumps(findings, default=str), flush=True)  # what was found, even before a failure
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,81 @@
+"""A tree's sandbox on the node of its lease (actors/sandbox_hosts.py), reached from every node; a lost
+node's workdir is reported, never silently replaced. The cluster: see sandbox_hosts_scenario.py."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.state import list_actors
+
+from actors.naming import sandbox_host_name
+from actors.runtime import Runtime
+from actors.sandbox_hosts import WORKDIR_LOST
+from actors.scripted import call, say, script
+from persistence.records import Scope
+from sandbox.manager import choose_backend
+from tests.actors.helpers import eventually, rows, scenario_findings
+from tests.conftest import RUNTIME_ENV
+
+
+async def test_the_sweeper_releases_an_idle_sandbox_in_its_nodes_host(runtime: Runtime, scope: Scope) -> None:
+    """Commands run in the node's sandbox host, and the sweeper's idle release goes through it
+    (CANOPY_SANDBOX_IDLE_SECONDS is 20 in the tests' runtime)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    created = await runtime.create_root(scope, input_text=script(
+        call(("run_command", {"command": "echo hi"})), call(("read_file", {"path": "missing.txt"})),
+        say("${0.stdout}|${1.error}")))
+    tree_id = created["session"]["session_id"]
+    output = (await runtime.wait_result(scope, created["input"]["input_id"], timeout=60))["output"]
+    # The host's error reaches the model as its own sentence, not Ray's wrapper and traceback.
+    assert output.startswith("hi\n|") and "missing.txt" in output, output
+    assert "Ray" not in output and "Traceback" not in output, output
+    query = "SELECT state, handle, node_id FROM sandbox_leases WHERE tree_id = %s"
+    [lease] = await rows(runtime.db, query, tree_id)
+    assert (lease["state"], lease["node_id"]) == ("active", node_id)
+    hosts = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                    filters=[("name", "=", sandbox_host_name(node_id)), ("state", "=", "ALIVE")])
+    assert [host.node_id for host in hosts] == [node_id]
+
+    async def released() -> Any:
+        found = await rows(runtime.db, query, tree_id)
+        return found if found[0]["state"] == "released" else None
+
+    assert await eventually(released, timeout=90) == [{"state": "released", "handle": None, "node_id": node_id}]
+    assert not await choose_backend().exists(lease["handle"])
+
+
+async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(database_url: str,
+                                                                               tmp_path: Path) -> None:
+    findings = await scenario_findings("tests.actors.sandbox_hosts_scenario", {
+        **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": database_url,
+        "CANOPY_SANDBOX_BACKEND": "local"}, timeout=240)
+    head, other = findings["head"], findings["other"]
+    assert head != other
+
+    # The first command, from a session on the second node, made the tree's sandbox there.
+    assert findings["first"] == {"exit_code": 0, "stdout": "started\n", "stderr": ""}, findings
+    first = findings["first_lease"]
+    assert (first["state"], first["node_id"], first["lost"]) == ("active", other, False), findings
+    assert findings["hosts_after_first"].get(f"canopy:sandbox:{other}") == other, findings
+
+    # The same session, now on the head, ran its next command in that sandbox: its private /tmp and
+    # the workdir the first wrote (the head's own host would have refused a lease of another node).
+    assert findings["session_node"] == [head], findings
+    assert findings["second"] == {"exit_code": 0, "stdout": "first\nfrom-node-2\n", "stderr": ""}, findings
+    assert findings["second_lease"] == first, findings
+
+    # The second node left: the next command was told the workdir was lost, and ran in a new sandbox
+    # on the head, from nothing (no marker, no note).
+    third = findings["third"]
+    assert third["workdir_lost"] is True and third["notice"] == WORKDIR_LOST, findings
+    assert third["exit_code"] != 0 and "marker" in third["stderr"] and "note.txt" in third["stderr"], findings
+    lease = findings["third_lease"]
+    assert (lease["state"], lease["node_id"], lease["lost"]) == ("active", head, True), findings
+    assert findings["hosts_after_loss"].get(f"canopy:sandbox:{head}") == head, findings
+    assert f"canopy:sandbox:{other}" not in findings["hosts_after_loss"], findings
+    # The receipt keeps what the model was told: a replay of that Turn answers the same.
+    assert findings["receipts"][-1] == third, findings
+    assert findings["workdir_exists"] is True
