@@ -15,7 +15,8 @@ grant to its first model call (activation), the overhead between model calls, ho
 freed slot stayed empty, the critical path (the chain of Runs that decided the makespan, each
 model call's start and end on it), and the CPU each kind of process used. ``FANOUT_PS=1``
 also lists every process of the runtime.
-The root's three steps take L each, as the ideal assumes (the first version of this
+The root's steps (its create replies of at most 32 calls, a wait per hundred children, the
+summary: three for twelve children) take L each, as the ideal assumes (the first version of this
 benchmark ran them at 0 ms: ``--root-latency-ms 0`` reproduces that).
 
 Shapes (environment, actors/placement.py): ``CANOPY_SESSION_HOSTS=N`` runs sessions in N shared
@@ -55,12 +56,20 @@ from ray.util.state import list_actors
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from actors.tools import MAX_WAIT_IDS
 from persistence.databases import rows
 from persistence.db import resolve_database_url
 from persistence.records import Scope
 from persistence.settings import Settings
 
-ROOT_STEPS = 3  # create all, wait, summarise
+# A reply holds at most this many tool calls (the max_tool_calls_per_reply setting's default): a
+# wider fan-out creates its children over several replies.
+CREATES_PER_REPLY = Settings().max_tool_calls_per_reply
+
+
+def root_steps(children: int) -> int:
+    """The root's model steps: its create replies, its waits, the summary."""
+    return math.ceil(children / CREATES_PER_REPLY) + math.ceil(children / MAX_WAIT_IDS) + 1
 # Sampling every process costs CPU on a small machine: often enough for the peaks, no more.
 SAMPLE_SECONDS = 0.25
 # Ray titles an actor's process ray::<class>, or ray::<task name> while a named task runs.
@@ -73,10 +82,17 @@ def child_script(steps: int, latency_ms: int) -> str:
 
 
 def root_script(children: int, steps: int, latency_ms: int, root_latency_ms: int) -> str:
-    # The ideal counts the root's three steps at L each, so by default they take L each.
+    # The ideal counts the root's steps at L each, so by default they take L each. The creates come
+    # first, so call i of the Turn is child i's create whichever reply it is in.
+    creates = [create(f"c{i}", child_script(steps, latency_ms)) for i in range(children)]
     return script(
-        call(*(create(f"c{i}", child_script(steps, latency_ms)) for i in range(children)), delay_ms=root_latency_ms),
-        call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(children)]}), delay_ms=root_latency_ms),
+        *(call(*creates[first:first + CREATES_PER_REPLY], delay_ms=root_latency_ms)
+          for first in range(0, children, CREATES_PER_REPLY)),
+        # A wait names at most MAX_WAIT_IDS inputs: one wait step per hundred children.
+        *(call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(first, min(first + MAX_WAIT_IDS,
+                                                                                          children))]}),
+               delay_ms=root_latency_ms)
+          for first in range(0, children, MAX_WAIT_IDS)),
         say("summary", delay_ms=root_latency_ms),
     )
 
@@ -364,13 +380,13 @@ async def main() -> None:
         makespans = [m[0] for m in measured]
         makespan, sampler, tree = sorted(measured, key=lambda m: m[0])[len(measured) // 2]
         if args.profile:
-            await profile(runtime, tree, args.children * args.steps + ROOT_STEPS)
-        ideal = (math.ceil(args.children / slots) * args.steps + ROOT_STEPS) * args.latency_ms / 1000
+            await profile(runtime, tree, args.children * args.steps + root_steps(args.children))
+        ideal = (math.ceil(args.children / slots) * args.steps + root_steps(args.children)) * args.latency_ms / 1000
         zero, zero_sampler, zero_tree = await one(runtime, Path(data_dir), args.children, args.steps, 0)
         if args.profile:
             print("at L=0:")
-            await profile(runtime, zero_tree, args.children * args.steps + ROOT_STEPS)
-        model_steps = args.children * args.steps + ROOT_STEPS
+            await profile(runtime, zero_tree, args.children * args.steps + root_steps(args.children))
+        model_steps = args.children * args.steps + root_steps(args.children)
         root_ms = args.latency_ms if args.root_latency_ms is None else args.root_latency_ms
         shape = type(runtime.placement).__name__.lower()
         print(f"placement={shape} session_hosts={settings.session_hosts} nodes={args.nodes} "
