@@ -177,11 +177,15 @@ _MEMBER_FIELDS = ("session_id", "parent_id", "name", "path", "depth", "title", "
 async def tree_summary(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
     """All members in two statements whatever the tree's size, and no output bodies: the tree's
     state, budget and usage with its members' usage (``usage.tree_head``), and the members' states."""
+    # Two statements are two snapshots (read committed): the members are read first, so a summary
+    # whose members are all settled has usage that includes all of their work (read the other way
+    # round, a last reply and its Turn's end committed in between would be missing from the usage).
+    found = await tree_members(conn, scope, tree_id)
     head = await usage.tree_head(conn, scope, tree_id)
     spent = head.pop("member_usage")
     members = [{**{field: member[field] for field in _MEMBER_FIELDS},
                 "usage": spent.get(member["session_id"], usage.NO_USAGE)}
-               for member in await tree_members(conn, scope, tree_id)]
+               for member in found]
     return {**head, "members": members}
 
 
