@@ -13,12 +13,3 @@ from tests.conftest import SHAPES
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "runtime" in metafunc.fixturenames:
         metafunc.parametrize("runtime", list(SHAPES), indirect=True, scope="session")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``) all of one shape's tests go to one worker, so each
-    worker starts a shape's Ray once instead of switching shapes test by test."""
-    for item in items:
-        shape = getattr(getattr(item, "callspec", None), "params", {}).get("runtime")
-        if shape in SHAPES:
-            item.add_marker(pytest.mark.xdist_group(f"shape-{shape}"))
