@@ -51,10 +51,9 @@ class SweeperImpl:
         self.sandboxes: Any = None
         self._task: asyncio.Task[None] | None = None
         # Ray restarts a lost sweeper (its process killed, its node gone) by running this constructor
-        # again, and nothing else calls ``start`` then: a restarted sweeper starts itself (the call
-        # waits in its queue until the constructor returns).
-        context = ray.get_runtime_context()
-        if context.get_actor_id() is not None and context.was_current_actor_reconstructed:
+        # again, and nothing else calls ``start`` then: the sweeper asks itself to start (the call
+        # waits in its queue until the constructor returns; a no-op after Runtime.start's own call).
+        if ray.get_runtime_context().get_actor_id() is not None:
             ray.get_actor(SWEEPER_NAME, namespace=NAMESPACE).start.remote()
         self._starting: asyncio.Task[None] | None = None
         self._sandbox_task: asyncio.Task[None] | None = None
