@@ -31,6 +31,7 @@ from typing import Any
 import ray
 
 from actors.gateway_actor import GatewayActor
+from actors.model_gateway import ModelGateway
 from actors.naming import NAMESPACE, NodeLocal, gateway_actor_name, node_local_options
 from persistence.settings import Settings, get_settings
 
@@ -59,6 +60,12 @@ def gateway_options(settings: Settings) -> dict[str, Any]:
             "models_file": str(settings.models_file.expanduser().resolve()) if settings.models_file else None,
             "secrets_dir": str(secrets_path(settings)), "provider_env": list(settings.provider_env),
             "agent_api_bases": settings.agent_api_bases}
+
+
+def gateway_here(settings: Settings) -> ModelGateway:
+    """A ModelGateway in this process (no Ray) that sees what the runtime's would: the same models
+    file, secrets directory and provider variables — for checks made outside the runtime."""
+    return ModelGateway(**gateway_options(settings))
 
 
 def _create(node_id: str) -> Any:

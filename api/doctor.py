@@ -188,11 +188,9 @@ class Doctor:
             return f"{model} (CANOPY_DEFAULT_MODEL): built in, needs no network and no key"
         # The runtime's gateway would say the same: this one reads the same models file, secrets
         # directory and provider variables. It makes no request (a key's validity is the provider's).
-        from actors.gateways import gateway_options
-        from actors.model_gateway import ModelGateway  # litellm: only this check pays for it
+        from actors.gateways import gateway_here  # litellm: only this check pays for it
 
-        gateway = ModelGateway(**gateway_options(self.settings))
-        if problem := asyncio.run(gateway.check_model(model)):
+        if problem := asyncio.run(gateway_here(self.settings).check_model(model)):
             raise Problem(f"{model} (CANOPY_DEFAULT_MODEL): {problem}")
         return f"{model} (CANOPY_DEFAULT_MODEL): litellm has its key and endpoint (not called)"
 

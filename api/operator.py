@@ -54,14 +54,13 @@ async def list_agents(scope: Scope, console: Console) -> None:
 async def create_agent(scope: Scope, fields: dict[str, Any], console: Console) -> None:
     """Checked as the API checks it, by a ModelGateway of this process's own (no Ray here) that sees
     what the runtime's gateway would: the secrets directory and this environment's provider variables."""
-    from actors.gateways import gateway_options
-    from actors.model_gateway import ModelGateway  # litellm and Ray: only this command pays for them
+    from actors.gateways import gateway_here  # litellm and Ray: only this command pays for them
     from actors.runtime import require_usable_model
 
     check_tool_names(fields.get("tools") or [])
     settings = get_settings()
     fields = {**fields, "model": fields.get("model") or settings.default_model}
-    await require_usable_model(ModelGateway(**gateway_options(settings)).check_model, fields)
+    await require_usable_model(gateway_here(settings).check_model, fields)
     agent = await in_database(lambda conn: agents.create_agent(conn, scope, fields))
     console.print(agents_table([agent]))
 
