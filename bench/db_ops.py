@@ -70,6 +70,14 @@ def p99(samples: list[float]) -> float:
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
+def print_results(results: dict[str, list[float]]) -> None:
+    """One line per operation: how many samples, their mean and p99 in milliseconds."""
+    width = max(len(name) for name in results)
+    print(f"{'operation':<{width}}  {'n':>5}  {'mean ms':>8}  {'p99 ms':>8}")
+    for name, samples in results.items():
+        print(f"{name:<{width}}  {len(samples):>5}  {statistics.fmean(samples):>8.2f}  {p99(samples):>8.2f}")
+
+
 async def bench_turn_cycle(db: Database, scope: Scope, project_id: uuid.UUID, n: int) -> dict[str, list[float]]:
     """n independent roots, each: submit an input, claim its Run, complete its Turn."""
     async with db.tx() as conn:
@@ -188,10 +196,7 @@ async def main(iterations: int, members: int, summary_iterations: int) -> int:
             results |= await bench_wait_check(db, scope, project["project_id"], members, summary_iterations)
         finally:
             await db.close()
-    width = max(len(name) for name in results)
-    print(f"{'operation':<{width}}  {'n':>5}  {'mean ms':>8}  {'p99 ms':>8}")
-    for name, samples in results.items():
-        print(f"{name:<{width}}  {len(samples):>5}  {statistics.fmean(samples):>8.2f}  {p99(samples):>8.2f}")
+    print_results(results)
     print(f"total {time.perf_counter() - started:.1f} s (database: "
           f"{'CANOPY_DATABASE_URL' if os.environ.get('CANOPY_DATABASE_URL') else 'embedded PostgreSQL'})")
     return 0

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.db_ops import AGENT_CONFIG, HUMAN, LEASE_SECONDS, bench_database, p99, timed
+from bench.db_ops import AGENT_CONFIG, HUMAN, LEASE_SECONDS, bench_database, print_results, timed
 from persistence import messages, projects, runs, sessions, trees, turns, usage
 from persistence.db import Connection, Database
 from persistence.records import RunRef, Scope
@@ -179,10 +178,7 @@ async def main(members: int, iterations: int, steps: int, rounds: int, think_ms:
                 results |= await bench_hot_row(db, scope, project["project_id"], steps, rounds, think)
         finally:
             await db.close()
-    width = max(len(name) for name in results)
-    print(f"{'operation':<{width}}  {'n':>5}  {'mean ms':>8}  {'p99 ms':>8}")
-    for name, samples in results.items():
-        print(f"{name:<{width}}  {len(samples):>5}  {statistics.fmean(samples):>8.2f}  {p99(samples):>8.2f}")
+    print_results(results)
     print(f"total {time.perf_counter() - started:.1f} s")
     return 0
 
