@@ -152,7 +152,7 @@ class Database:
     async def close(self) -> None:
         # A process that stops (a passivating session actor, a host, the sweeper) closes its pool
         # last: its counts not yet flushed would otherwise die with it.
-        await metrics.flush(self)
+        await metrics.flush_and_forget(self)
         await self.pool.close()
 
 

@@ -192,12 +192,17 @@ class _Buffer:
     def __init__(self) -> None:
         self.pending: dict[tuple[str, Labels], float] = {}
         self._flusher: asyncio.Task[None] | None = None
+        # The pool of the latest commit: a process may hold several (a session host, one per
+        # hosted session) and close them as sessions passivate, so a flush uses the newest
+        # rather than the one that scheduled it, which may have closed since.
+        self._db: Database | None = None
 
     def add(self, name: str, labels: dict[str, str], amount: float) -> None:
         key = (name, tuple(labels.items()))
         self.pending[key] = self.pending.get(key, 0.0) + amount
 
     def flush_soon(self, db: Database) -> None:
+        self._db = db
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no running loop (a synchronous caller): the next transaction schedules it
@@ -205,9 +210,13 @@ class _Buffer:
         # A flush pending on another loop (one that may have stopped) does not count.
         if self._flusher is not None and not self._flusher.done() and self._flusher.get_loop() is loop:
             return
-        self._flusher = loop.create_task(self._flush_later(db))
+        self._flusher = loop.create_task(self._flush_later())
 
-    async def _flush_later(self, db: Database) -> None:
+    def forget(self, db: Database) -> None:
+        if self._db is db:
+            self._db = None
+
+    async def _flush_later(self) -> None:
         # Counts made while a flush runs are flushed by this task too: the flush's own commit cannot
         # schedule them (this task is still running), and the process may commit nothing else — which
         # is also why a failed flush (a busy database) is retried here, later each time, not left to a
@@ -215,7 +224,9 @@ class _Buffer:
         delay = FLUSH_SECONDS
         while self.pending:
             await asyncio.sleep(delay)
-            delay = FLUSH_SECONDS if await self.flush(db) else min(delay * 2, _MAX_RETRY_SECONDS)
+            db = self._db
+            flushed = db is not None and await self.flush(db)  # no open pool: the next commit brings one
+            delay = FLUSH_SECONDS if flushed else min(delay * 2, _MAX_RETRY_SECONDS)
 
     async def flush(self, db: Database) -> bool:
         """Add the pending counts to the table in one statement; on failure they stay pending (False)."""
@@ -250,8 +261,15 @@ def flush_soon(db: Database) -> None:
         _buffer.flush_soon(db)
 
 
+async def flush_and_forget(db: Database) -> bool:
+    """Add this process's pending counts to the table now through ``db``, which is closing: later
+    flushes use another pool (a process that stops, or a hosted session that passivates)."""
+    _buffer.forget(db)
+    return await _buffer.flush(db)
+
+
 async def flush(db: Database) -> bool:
-    """Add this process's pending counts to the table now (a process that stops calls it)."""
+    """Add this process's pending counts to the table now."""
     return await _buffer.flush(db)
 
 

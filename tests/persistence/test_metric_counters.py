@@ -91,3 +91,24 @@ async def test_a_closing_database_adds_the_counts_not_yet_flushed(db: Database, 
     metrics.add(metrics.TOOL_CALLS, amount=3, **labels)
     await stopping.close()  # no commit scheduled a flush, and less than FLUSH_SECONDS passed
     assert await _value(db, "canopy_tool_calls", labels) == 3.0
+
+
+async def test_counts_reach_the_table_after_the_pool_that_scheduled_a_flush_closed(
+        db: Database, database_url: str) -> None:
+    """A session host's hosted sessions each open a pool and close it when they passivate, while
+    the process's counts are one buffer: a flush scheduled by a pool that closed meanwhile must
+    use a pool still open, not retry on the closed one while later counts pile up behind it."""
+    closing = await Database.connect(database_url, max_size=1)
+    async with closing.tx() as conn:
+        metrics.add(metrics.TOOL_CALLS, **_labels())
+        await conn.execute("SELECT 1")  # schedules the flush with this pool
+    await closing.pool.close()  # closed before the flush runs (not through close(), which flushes)
+    labels = _labels()
+    metrics.add(metrics.TOOL_CALLS, amount=2, **labels)
+    async with db.tx() as conn:  # another pool of the same process commits
+        await conn.execute("SELECT 1")
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while await _value(db, "canopy_tool_calls", labels) != 2.0:
+        assert asyncio.get_running_loop().time() < deadline, "the counts never reached the table"
+        await asyncio.sleep(0.1)
