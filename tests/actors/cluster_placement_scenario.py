@@ -4,7 +4,8 @@ the shape the environment asks for (``CANOPY_SESSION_HOSTS``). Run by test_clust
 
 - ``SCENARIO_CASE=spread`` (or ``pack``: ``CANOPY_SESSION_SPREAD`` is set to the case, ``spread``
   for the next one): a root fans out to children whose Turns run at once; the findings name
-  the nodes on which Ray's actor table showed the actor of each member.
+  the nodes each member ran on: those of the gateways its model calls went through (each
+  node's own, read from ``model_calls``) and those Ray's actor table showed its actor on.
 - ``SCENARIO_CASE=node_lost``: while the children's Turns run, a worker node that runs some of
   them (never the head, where the driver, its model gateway and the sweeper are) is removed; the findings
   are the tree's Turns, Runs and messages read back from the database once the root finished.
@@ -122,6 +123,11 @@ async def tree_facts(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
                       "USING (session_id) WHERE r.tree_id = %s", tree_id)
     messages = await rows(runtime.db, "SELECT s.name, m.role, m.content, m.tool_calls IS NOT NULL AS calls "
                           "FROM thread_messages m JOIN sessions s USING (session_id) WHERE s.tree_id = %s", tree_id)
+    calls = await rows(runtime.db, "SELECT DISTINCT r.session_id, c.node_id FROM model_calls c JOIN runs r "
+                       "USING (run_id) WHERE r.tree_id = %s AND c.node_id IS NOT NULL", tree_id)
+    call_nodes: dict[str, list[str]] = defaultdict(list)
+    for call_row in calls:  # a member's model calls go through its own node's gateway
+        call_nodes[str(call_row["session_id"])].append(call_row["node_id"])
     replies: dict[str, list[str]] = defaultdict(list)
     tool_replies: dict[str, int] = defaultdict(int)
     tool_results: dict[str, int] = defaultdict(int)
@@ -136,7 +142,7 @@ async def tree_facts(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
             "turns": sorted(t["status"] for t in turns),
             "runs": sorted(f"{r['kind']}:{r['status']}" for r in runs),
             "lost_runs": sorted(r["name"] for r in runs if r["error"] == LEASE_EXPIRED),
-            "replies": replies, "tool_replies": tool_replies, "tool_results": tool_results}
+            "call_nodes": call_nodes, "replies": replies, "tool_replies": tool_replies, "tool_results": tool_results}
 
 
 async def run_case(case: str, cluster: Cluster, runtime: Runtime, findings: dict[str, Any]) -> None:
@@ -157,8 +163,11 @@ async def run_case(case: str, cluster: Cluster, runtime: Runtime, findings: dict
     findings["result"] = {"status": result["status"], "output": result["output"]}
     facts = await tree_facts(runtime, tree_id)
     findings.update(facts)
-    findings["member_nodes"] = {sid: sorted(watch.nodes[runtime.placement.actor_name(uuid.UUID(sid))])
-                                for sid in facts["members"]}
+    # Where each member ran: the nodes of its model calls' gateways (durable), and wherever the
+    # watch saw its actor (a short-lived actor can come and go between two polls of a busy machine).
+    findings["member_nodes"] = {
+        sid: sorted({*facts["call_nodes"].get(sid, []), *watch.nodes[runtime.placement.actor_name(uuid.UUID(sid))]})
+        for sid in facts["members"]}
     findings["canopy_actors"] = {name: sorted(nodes) for name, nodes in watch.nodes.items()
                                  if name.startswith(("canopy:", "tree:"))}
     findings["watch_errors"] = watch.errors
