@@ -1,8 +1,17 @@
-"""Shared fixtures: one real PostgreSQL database per test run, a fresh scope per test, and one
-real local Ray with the Canopy runtime on that database (shared by the actor and API tests).
+"""Shared fixtures: one real PostgreSQL database per test process, a fresh scope per test, and
+one real local Ray per session shape with the Canopy runtime on that database (shared by the
+actor, API and browser tests).
 
 The database is ``CANOPY_DATABASE_URL`` when set (a new database is created in that
 server), else the embedded server started in a temporary data directory.
+
+The suite runs in two pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml): the
+tests are mostly waits on scripted model latency, sandboxes and Ray, so two processes on two
+cores finish in a little over half the time. Each worker has its own database server and its
+own Rays. Every test that uses ``runtime`` is grouped by its shape (``xdist_group``), so each
+shape's tests run in one worker, one after another, on one Ray started once; the tests that
+need no runtime (persistence, sandbox backends, the multi-node scenarios and ``canopy up``,
+which start Rays of their own) fill in around them.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ def data_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def database_url(data_dir: Path) -> Iterator[str]:
     external = os.environ.get("CANOPY_DATABASE_URL")
-    url = create_database(external or embedded_url(data_dir), "canopy_test")
+    # One database per xdist worker ("gw0", ...), should the workers share an external server.
+    url = create_database(external or embedded_url(data_dir), f"canopy_test{os.environ.get('PYTEST_XDIST_WORKER', '')}")
     yield url
     if not external:
         stop_embedded(data_dir)
@@ -96,15 +106,32 @@ async def _remove_sandboxes(database_url: str) -> None:
 
 # The two placements of actors/placement.py, as the environment of a runtime (and its Ray) sets them.
 SHAPES = {"dedicated": {"CANOPY_SESSION_HOSTS": "0"}, "hosted": {"CANOPY_SESSION_HOSTS": "2"}}
+DEFAULT_SHAPE = "hosted"  # what canopy up runs (Settings.session_hosts defaults to 2)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every actor test that uses ``runtime`` runs against both placements, like a conformance
+    suite; every other test that uses it runs on the default shape's runtime — the same Ray as
+    the actor tests of that shape, not a third one."""
+    if "runtime" in metafunc.fixturenames:
+        actors = Path(__file__).parent / "actors"
+        shapes = list(SHAPES) if metafunc.definition.path.is_relative_to(actors) else [DEFAULT_SHAPE]
+        metafunc.parametrize("runtime", shapes, indirect=True, scope="session")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "runtime" in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(f"runtime-{callspec.params['runtime']}"))
 
 
 @pytest.fixture(scope="session")
 async def runtime(request: pytest.FixtureRequest, database_url: str, data_dir: Path) -> AsyncIterator[Runtime]:
-    """The runtime on this test session's Ray. tests/actors runs every test that uses it once per
-    shape (``SHAPES``, see tests/actors/conftest.py): each shape starts a Ray of its own with the
-    shape in its environment, and pytest runs all of one shape's tests before the other's. The
-    other suites run on the default shape."""
-    shape = SHAPES.get(getattr(request, "param", ""), {})
+    """The runtime of one shape (``pytest_generate_tests``): each shape starts a Ray of its own
+    with the shape in its environment, and runs all of its tests before the other's."""
+    shape = SHAPES[request.param]
     saved = {name: os.environ.get(name) for name in shape}
     os.environ.update({**RUNTIME_ENV, **shape})
     os.environ["CANOPY_DATABASE_URL"] = database_url
