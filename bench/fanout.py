@@ -3,7 +3,9 @@
 Prints the makespan, the ideal ceil(N/slots)·K·L (plus the root's own steps), their
 ratio, the runtime overhead per model step at L = 0, the peak of live session actors,
 and the peak RSS of this runtime's processes (the driver, every Ray process it started,
-and the embedded PostgreSQL) — other Ray clusters on the machine are not counted.
+and the embedded PostgreSQL) — other Ray clusters on the machine are not counted — with
+where it went by process kind at that peak, and the RSS of a session process idle after
+the fan-out (a dedicated session actor, or a host).
 
     python bench/fanout.py --children 12 --steps 3 --latency-ms 200 [--profile]
 
@@ -14,7 +16,8 @@ children from the durable facts: how long a Run waited for its slot, how long fr
 grant to its first model call (activation), the overhead between model calls, how long a
 freed slot stayed empty, the critical path (the chain of Runs that decided the makespan, each
 model call's start and end on it), and the CPU each kind of process used. ``FANOUT_PS=1``
-also lists every process of the runtime.
+also lists every process of the runtime. ``--quick`` skips the warm-up and the run at L = 0
+(for a wide fan-out such as ``--children 500 --steps 2 --latency-ms 2000 --repeat 1``).
 The root's steps (its create replies of at most 32 calls, a wait per hundred children, the
 summary: three for twelve children) take L each, as the ideal assumes (the first version of this
 benchmark ran them at 0 ms: ``--root-latency-ms 0`` reproduces that).
@@ -108,6 +111,7 @@ class Sampler:
         self.peak_rss = 0
         self.peak_sessions = 0  # processes running sessions (dedicated actors or shared hosts)
         self.peak_live = 0  # live sessions, as the node's directory counts them
+        self.peak_by_kind: dict[str, list[int]] = {}  # at the peak RSS: kind -> [processes, RSS]
         self._cpu_first: dict[int, float] = {}
         self._cpu_last: dict[int, float] = {}
         self._kind: dict[int, str] = {}
@@ -122,7 +126,7 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
-    def _processes(self) -> list[psutil.Process]:
+    def processes(self) -> list[psutil.Process]:
         me = psutil.Process()
         procs = [me, *me.children(recursive=True)]
         for proc in psutil.process_iter(["cmdline"]):
@@ -145,12 +149,14 @@ class Sampler:
             kinds[kind] = kinds.get(kind, 0.0) + last - self._cpu_first.get(pid, 0.0)
         return dict(sorted(kinds.items(), key=lambda item: -item[1]))
 
-    def sample(self) -> tuple[int, int]:
+    def sample(self) -> tuple[int, int, dict[str, list[int]]]:
         rss = sessions = 0
+        by_kind: dict[str, list[int]] = {}
         first = not self._cpu_last
-        for proc in self._processes():
+        for proc in self.processes():
             try:
-                rss += proc.memory_info().rss
+                used_memory = proc.memory_info().rss
+                rss += used_memory
                 times = proc.cpu_times()
                 used = times.user + times.system
                 if first:
@@ -158,15 +164,22 @@ class Sampler:
                 self._cpu_last[proc.pid] = used
                 if self._kind.get(proc.pid, "ray worker").startswith("ray worker"):
                     self._kind[proc.pid] = _kind(proc)
+                kind = self._kind[proc.pid]
                 if any(name in " ".join(proc.cmdline()) for name in SESSION_PROCESSES):
                     sessions += 1
+                    kind = "session process"
+                counted = by_kind.setdefault(kind, [0, 0])
+                counted[0] += 1
+                counted[1] += used_memory
             except psutil.Error:
                 continue
-        return rss, sessions
+        return rss, sessions, by_kind
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            rss, sessions = self.sample()
+            rss, sessions, by_kind = self.sample()
+            if rss > self.peak_rss:
+                self.peak_by_kind = by_kind
             self.peak_rss = max(self.peak_rss, rss)
             self.peak_sessions = max(self.peak_sessions, sessions)
             try:
@@ -177,6 +190,18 @@ class Sampler:
             except Exception:
                 pass
             self._stop.wait(SAMPLE_SECONDS)
+
+
+def idle_session_rss(data_dir: Path) -> list[int]:
+    """The RSS of each process that runs sessions, sampled once while none has work."""
+    found = []
+    for proc in Sampler(data_dir).processes():
+        try:
+            if any(name in " ".join(proc.cmdline()) for name in SESSION_PROCESSES):
+                found.append(proc.memory_info().rss)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _kind(proc: psutil.Process) -> str:
@@ -358,6 +383,9 @@ async def main() -> None:
     parser.add_argument("--repeat", type=int, default=3,
                         help="measured fan-outs at L; the makespan reported is their median (the first "
                              "after start is printed too: it pays one-time costs)")
+    parser.add_argument("--quick", action="store_true",
+                        help="no warm-up fan-out and no run at L=0 (for a wide fan-out, where each would take "
+                             "longer than the measured run)")
     parser.add_argument("--nodes", type=int, default=1, help="a simulated Ray cluster of this many nodes")
     parser.add_argument("--node-cpus", type=int, default=1, help="CPUs of each simulated node")
     args = parser.parse_args()
@@ -374,7 +402,8 @@ async def main() -> None:
         slots = settings.tree_slots
         # Warm up at full size and L=0: the session hosts' pooled connections, the statements
         # they prepare, litellm, the actors. The figures below are the steady state's.
-        await one(runtime, Path(data_dir), args.children, args.steps, 0)
+        if not args.quick:
+            await one(runtime, Path(data_dir), args.children, args.steps, 0)
         measured = [await one(runtime, Path(data_dir), args.children, args.steps, args.latency_ms,
                               args.root_latency_ms) for _ in range(max(1, args.repeat))]
         makespans = [m[0] for m in measured]
@@ -382,10 +411,11 @@ async def main() -> None:
         if args.profile:
             await profile(runtime, tree, args.children * args.steps + root_steps(args.children))
         ideal = (math.ceil(args.children / slots) * args.steps + root_steps(args.children)) * args.latency_ms / 1000
-        zero, zero_sampler, zero_tree = await one(runtime, Path(data_dir), args.children, args.steps, 0)
-        if args.profile:
+        idle = idle_session_rss(Path(data_dir))  # the fan-out's sessions are done; their processes linger
+        zero_run = None if args.quick else await one(runtime, Path(data_dir), args.children, args.steps, 0)
+        if zero_run is not None and args.profile:
             print("at L=0:")
-            await profile(runtime, zero_tree, args.children * args.steps + root_steps(args.children))
+            await profile(runtime, zero_run[2], args.children * args.steps + root_steps(args.children))
         model_steps = args.children * args.steps + root_steps(args.children)
         root_ms = args.latency_ms if args.root_latency_ms is None else args.root_latency_ms
         shape = type(runtime.placement).__name__.lower()
@@ -398,15 +428,22 @@ async def main() -> None:
         print(f"makespan            {makespan:8.2f} s   (median of {', '.join(f'{m:.2f}' for m in makespans)})")
         print(f"ideal               {ideal:8.2f} s   (ceil(N/{slots})*K*L + root steps)")
         print(f"ratio               {makespan / ideal:8.2f} x ideal" if ideal else "ratio                 n/a (L=0)")
-        print(
-            f"overhead at L=0     {zero / model_steps * 1000:8.1f} ms per model step "
-            f"({zero:.2f} s for {model_steps} steps)"
-        )
-        for name, s in (("L", sampler), ("L=0", zero_sampler)):
+        if zero_run is not None:
+            zero = zero_run[0]
+            print(f"overhead at L=0     {zero / model_steps * 1000:8.1f} ms per model step "
+                  f"({zero:.2f} s for {model_steps} steps)")
+        if idle:
+            print(f"idle session process RSS  median {statistics.median(idle) / 2**20:.0f} MiB, "
+                  f"max {max(idle) / 2**20:.0f} MiB ({len(idle)} processes)")
+        runs = [("L", sampler)] + ([] if zero_run is None else [("L=0", zero_run[1])])
+        for name, s in runs:
             print(
                 f"run at {name:4s}  peak live sessions {s.peak_live:4d}   session processes {s.peak_sessions:4d}   "
                 f"peak RSS {s.peak_rss / 2**20:6.0f} MiB   CPU used {s.cpu_seconds:6.1f} s"
             )
+            print("  RSS at the peak by process kind:", ", ".join(
+                f"{kind} {count} x {rss / count / 2**20:.0f} = {rss / 2**20:.0f} MiB"
+                for kind, (count, rss) in sorted(s.peak_by_kind.items(), key=lambda item: -item[1][1])))
             if args.profile:
                 print("  CPU by process:", ", ".join(f"{k} {v:.2f}" for k, v in s.cpu_by_kind().items() if v >= 0.01))
         if cluster is not None:
