@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import RunRef, Scope
+from persistence.settings import Settings
 
 LEASE_SECONDS = 30.0
 HUMAN = {"kind": "human"}
@@ -47,7 +47,8 @@ AGENT_CONFIG = {"agent_id": None, "model": "canopy/scripted", "instructions": ""
 @asynccontextmanager
 async def bench_database() -> AsyncIterator[str]:
     """A fresh database with the schema: in the configured server, or an embedded one."""
-    external = os.environ.get("CANOPY_DATABASE_URL")
+    configured = Settings().database_url
+    external = configured.get_secret_value() if configured else None
     with tempfile.TemporaryDirectory(prefix="canopy-bench-") as data_dir:
         url = create_database(external or embedded_url(Path(data_dir)), "canopy_bench")
         try:
@@ -198,7 +199,7 @@ async def main(iterations: int, members: int, summary_iterations: int) -> int:
             await db.close()
     print_results(results)
     print(f"total {time.perf_counter() - started:.1f} s (database: "
-          f"{'CANOPY_DATABASE_URL' if os.environ.get('CANOPY_DATABASE_URL') else 'embedded PostgreSQL'})")
+          f"{'CANOPY_DATABASE_URL' if Settings().database_url else 'embedded PostgreSQL'})")
     return 0
 
 

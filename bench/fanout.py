@@ -465,7 +465,7 @@ async def main() -> None:
         await runtime.close(shutdown_ray=True)
         if cluster is not None:
             cluster.shutdown()
-        if not os.environ.get("CANOPY_DATABASE_URL"):
+        if not Settings().database_url:
             from persistence.embedded import stop_embedded
 
             stop_embedded(Path(data_dir))  # the embedded server outlives its starter otherwise
