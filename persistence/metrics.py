@@ -200,6 +200,10 @@ class _Buffer:
     def add(self, name: str, labels: dict[str, str], amount: float) -> None:
         key = (name, tuple(labels.items()))
         self.pending[key] = self.pending.get(key, 0.0) + amount
+        # A count made after the process's last commit (a sandbox command counted once its receipt
+        # is in) is flushed all the same, with the pool of that commit, not when a next one comes.
+        if self._db is not None:
+            self.flush_soon(self._db)
 
     def flush_soon(self, db: Database) -> None:
         self._db = db

@@ -7,6 +7,7 @@ import asyncio
 import json
 import uuid
 
+import psycopg
 import pytest
 
 from persistence import metrics
@@ -112,3 +113,24 @@ async def test_counts_reach_the_table_after_the_pool_that_scheduled_a_flush_clos
     while await _value(db, "canopy_tool_calls", labels) != 2.0:
         assert asyncio.get_running_loop().time() < deadline, "the counts never reached the table"
         await asyncio.sleep(0.1)
+
+
+async def test_a_count_made_after_the_last_commit_reaches_the_table(db: Database, database_url: str) -> None:
+    """A sandbox host counts a command once its receipt is committed, and may commit nothing
+    more for a long time: the count must not wait for a next commit."""
+    async with db.tx() as conn:
+        await conn.execute("SELECT 1")
+    labels = _labels()
+    metrics.add(metrics.TOOL_CALLS, amount=4, **labels)  # no commit after it
+
+    async def value() -> float | None:  # read outside Database.tx, whose commit would schedule a flush
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT value FROM metric_counters WHERE name = %s AND labels = %s::jsonb",
+                                     ("canopy_tool_calls", json.dumps(labels)))
+            found = await cur.fetchone()
+        return float(found[0]) if found else None
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while await value() != 4.0:
+        assert asyncio.get_running_loop().time() < deadline, "the count waited for a commit that never came"
+        await asyncio.sleep(0.2)
