@@ -28,7 +28,7 @@ import ray
 
 from actors.runtime import Runtime
 from persistence import sandbox_leases
-from persistence.databases import create_database
+from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import Scope
@@ -50,11 +50,21 @@ def data_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def database_url(data_dir: Path) -> Iterator[str]:
     external = os.environ.get("CANOPY_DATABASE_URL")
-    # One database per xdist worker ("gw0", ...), should the workers share an external server.
-    url = create_database(external or embedded_url(data_dir), f"canopy_test{os.environ.get('PYTEST_XDIST_WORKER', '')}")
+    url = create_database(external or embedded_url(data_dir), "canopy_test")
     yield url
     if not external:
         stop_embedded(data_dir)
+
+
+@pytest.fixture
+def own_database_url(database_url: str) -> Iterator[str]:
+    """A database of the test's own on the suite's server, for a deployment the test starts beside
+    the suite's runtimes (a scenario's Ray cluster): deployments sharing a database work each
+    other's sessions (every sweeper re-activates what the rows say is due), so where a tree ran
+    would be another deployment's doing, and a deployment shut down takes its unflushed counts."""
+    url = create_database(database_url, "canopy_own")
+    yield url
+    drop_database(url)
 
 
 @pytest.fixture(scope="session")

@@ -40,8 +40,8 @@ def assert_every_turn_completed_once(findings: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-async def test_a_spread_tree_runs_on_several_nodes(shape: str, database_url: str, tmp_path: Path) -> None:
-    findings = await findings_of("spread", shape, database_url, tmp_path)
+async def test_a_spread_tree_runs_on_several_nodes(shape: str, own_database_url: str, tmp_path: Path) -> None:
+    findings = await findings_of("spread", shape, own_database_url, tmp_path)
 
     assert_every_turn_completed_once(findings)
     nodes = {*findings["workers"], findings["head"]}
@@ -54,9 +54,9 @@ async def test_a_spread_tree_runs_on_several_nodes(shape: str, database_url: str
         assert sorted(node for seen in hosts for node in seen) == sorted(nodes), findings
 
 
-async def test_a_packed_tree_runs_on_one_node(database_url: str, tmp_path: Path) -> None:
+async def test_a_packed_tree_runs_on_one_node(own_database_url: str, tmp_path: Path) -> None:
     """Hosted: every host runs on one node (whoever starts it), so the whole tree runs there."""
-    findings = await findings_of("pack", "hosted", database_url, tmp_path)
+    findings = await findings_of("pack", "hosted", own_database_url, tmp_path)
 
     assert_every_turn_completed_once(findings)
     hosts = {node for k in range(3) for node in findings["canopy_actors"][f"canopy:sessions:{k}"]}
@@ -65,8 +65,8 @@ async def test_a_packed_tree_runs_on_one_node(database_url: str, tmp_path: Path)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-async def test_a_tree_survives_losing_a_node_mid_run(shape: str, database_url: str, tmp_path: Path) -> None:
-    findings = await findings_of("node_lost", shape, database_url, tmp_path)
+async def test_a_tree_survives_losing_a_node_mid_run(shape: str, own_database_url: str, tmp_path: Path) -> None:
+    findings = await findings_of("node_lost", shape, own_database_url, tmp_path)
 
     removed = findings["removed"]
     assert removed["node"] in findings["workers"] and removed["members"], findings  # it ran some of the children

@@ -84,10 +84,10 @@ async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime
     assert usage == [{"prompt_tokens": runs[0]["prompt_tokens"], "model_calls": 1}]
 
 
-async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(database_url: str,
+async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(own_database_url: str,
                                                                              tmp_path: Path) -> None:
     findings = await scenario_findings("tests.actors.gateways_scenario", {
-        **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": database_url}, timeout=240)
+        **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": own_database_url}, timeout=240)
 
     head, other = findings["head"], findings["other"]
     assert head != other

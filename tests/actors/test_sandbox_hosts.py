@@ -47,10 +47,10 @@ async def test_the_sweeper_releases_an_idle_sandbox_in_its_nodes_host(runtime: R
     assert not await choose_backend().exists(lease["handle"])
 
 
-async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(database_url: str,
+async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(own_database_url: str,
                                                                                tmp_path: Path) -> None:
     findings = await scenario_findings("tests.actors.sandbox_hosts_scenario", {
-        **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": database_url,
+        **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": own_database_url,
         "CANOPY_SANDBOX_BACKEND": "local"}, timeout=240)
     head, other = findings["head"], findings["other"]
     assert head != other
