@@ -2,15 +2,18 @@
 the shape the environment asks for (``CANOPY_SESSION_HOSTS``). Run by test_cluster_placement.py
 (one Ray per process, so not in the test session's); prints one JSON line of findings.
 
-- ``SCENARIO_CASE=spread`` (or ``pack``: ``CANOPY_SESSION_SPREAD`` is set to the case, ``spread``
-  for the next one): a root fans out to children whose Turns run at once; the findings name
+``SCENARIO_CASES`` names the cases to run, one after another on the same cluster and runtime
+(``spread,node_lost``: the node goes last), or ``pack`` alone (``CANOPY_SESSION_SPREAD`` is
+``pack`` then, ``spread`` otherwise); the findings hold each case's under its name.
+
+- ``spread`` (or ``pack``): a root fans out to children whose Turns run at once; the findings name
   the nodes each member ran on: those of the gateways its model calls went through (each
   node's own, read from ``model_calls``) and those Ray's actor table showed its actor on.
-- ``SCENARIO_CASE=node_lost``: while the children's Turns run, a worker node that runs some of
+- ``node_lost``: while the children's Turns run, a worker node that runs some of
   them (never the head, where the driver, its model gateway and the sweeper are) is removed; the findings
   are the tree's Turns, Runs and messages read back from the database once the root finished.
 
-    SCENARIO_CASE=spread SCENARIO_DATABASE_URL=... python -m tests.actors.cluster_placement_scenario
+    SCENARIO_CASES=spread,node_lost SCENARIO_DATABASE_URL=... python -m tests.actors.cluster_placement_scenario
 """
 
 from __future__ import annotations
@@ -184,10 +187,10 @@ def sweeper_on_the_head(settings: Settings, database_url: str, head: str) -> Non
 
 
 async def main() -> None:
-    case = os.environ["SCENARIO_CASE"]
+    cases = os.environ["SCENARIO_CASES"].split(",")
     for name in ("CANOPY_RAY_ADDRESS", "CANOPY_SECRETS_DIR", "CANOPY_DATABASE_URL"):
         os.environ.pop(name, None)
-    os.environ["CANOPY_SESSION_SPREAD"] = "pack" if case == "pack" else "spread"
+    os.environ["CANOPY_SESSION_SPREAD"] = "pack" if cases == ["pack"] else "spread"
     # The dashboard answers Ray's state API; other Rays on the machine may hold its port, 8265
     # (None: Ray tries the next ones).
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True,
@@ -195,15 +198,16 @@ async def main() -> None:
     for _ in range(2):
         cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
-    findings: dict[str, Any] = {"case": case, "head": cluster.head_node.node_id,
-                                "workers": [node.node_id for node in cluster.worker_nodes]}
+    nodes = {"head": cluster.head_node.node_id, "workers": [node.node_id for node in cluster.worker_nodes]}
+    findings: dict[str, Any] = {}
     try:
         database_url = os.environ["SCENARIO_DATABASE_URL"]
         settings = Settings(ray_address=cluster.address, database_url=SecretStr(database_url))
         sweeper_on_the_head(settings, database_url, cluster.head_node.node_id)
         runtime = await Runtime.start(settings)
-        findings["shape"] = type(runtime.placement).__name__
-        await run_case(case, cluster, runtime, findings)
+        for case in cases:
+            findings[case] = {"case": case, **nodes, "shape": type(runtime.placement).__name__}
+            await run_case(case, cluster, runtime, findings[case])
         await runtime.close()
     except BaseException:
         findings["error"] = traceback.format_exc(limit=6)

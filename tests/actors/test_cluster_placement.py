@@ -2,15 +2,19 @@
 ``session_spread = spread`` its members run on several nodes, read from Ray's actor table, and a
 worker node that runs some of them is removed mid-run, yet every Turn completes and no committed
 reply happens twice; with ``pack`` a hosted tree runs on one node. The cluster is
-``ray.cluster_utils.Cluster`` in a process of its own: see cluster_placement_scenario.py."""
+``ray.cluster_utils.Cluster`` in a process of its own: see cluster_placement_scenario.py. The
+spread and node-loss cases of a shape run in one cluster, one after the other (the node goes
+last), once for both tests: the tests of a shape are one xdist group."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from persistence.databases import create_database, drop_database
 from tests.actors.helpers import scenario_findings
 from tests.conftest import RUNTIME_ENV
 
@@ -19,13 +23,43 @@ CHILDREN = [f"c{i}" for i in range(6)]
 SHAPES = {"dedicated": {"CANOPY_SESSION_HOSTS": "0"}, "hosted": {"CANOPY_SESSION_HOSTS": "3"}}
 
 
-async def findings_of(case: str, shape: str, database_url: str, data_dir: Path) -> dict[str, Any]:
+async def findings_of(cases: list[str], shape: str, database_url: str, data_dir: Path) -> dict[str, Any]:
     findings = await scenario_findings("tests.actors.cluster_placement_scenario", {
         **RUNTIME_ENV, **SHAPES[shape], "CANOPY_LEASE_SECONDS": "5", "CANOPY_HEARTBEAT_SECONDS": "1",
-        "CANOPY_SWEEP_SECONDS": "1", "CANOPY_DATA_DIR": str(data_dir), "SCENARIO_CASE": case,
+        "CANOPY_SWEEP_SECONDS": "1", "CANOPY_DATA_DIR": str(data_dir), "SCENARIO_CASES": ",".join(cases),
         "SCENARIO_DATABASE_URL": database_url}, timeout=420)
     assert "error" not in findings, findings["error"]
     return findings
+
+
+@pytest.fixture(scope="module")
+def scenario_database_url(database_url: str) -> Iterator[str]:
+    """The scenarios' own database: the suite's runtimes would otherwise work their sessions."""
+    url = create_database(database_url, "canopy_cluster")
+    yield url
+    drop_database(url)
+
+
+Scenario = Callable[[str], Awaitable[dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def spread_then_node_lost(scenario_database_url: str, tmp_path_factory: pytest.TempPathFactory,
+                          ) -> Scenario:
+    """Each shape's run of both cases, made by the first test that asks for it."""
+    runs: dict[str, dict[str, Any]] = {}
+
+    async def of(shape: str) -> dict[str, Any]:
+        if shape not in runs:
+            runs[shape] = await findings_of(["spread", "node_lost"], shape, scenario_database_url,
+                                            tmp_path_factory.mktemp(f"cluster-{shape}"))
+        return runs[shape]
+
+    return of
+
+
+# One group per shape: both tests of a shape in the worker that ran its cluster.
+BY_SHAPE = [pytest.param(shape, marks=pytest.mark.xdist_group(f"cluster-{shape}")) for shape in SHAPES]
 
 
 def assert_every_turn_completed_once(findings: dict[str, Any]) -> None:
@@ -39,9 +73,9 @@ def assert_every_turn_completed_once(findings: dict[str, Any]) -> None:
     assert findings["tool_results"]["root"] == len(CHILDREN) + 1  # the creates and the wait
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-async def test_a_spread_tree_runs_on_several_nodes(shape: str, own_database_url: str, tmp_path: Path) -> None:
-    findings = await findings_of("spread", shape, own_database_url, tmp_path)
+@pytest.mark.parametrize("shape", BY_SHAPE)
+async def test_a_spread_tree_runs_on_several_nodes(shape: str, spread_then_node_lost: Scenario) -> None:
+    findings = (await spread_then_node_lost(shape))["spread"]
 
     assert_every_turn_completed_once(findings)
     nodes = {*findings["workers"], findings["head"]}
@@ -56,7 +90,7 @@ async def test_a_spread_tree_runs_on_several_nodes(shape: str, own_database_url:
 
 async def test_a_packed_tree_runs_on_one_node(own_database_url: str, tmp_path: Path) -> None:
     """Hosted: every host runs on one node (whoever starts it), so the whole tree runs there."""
-    findings = await findings_of("pack", "hosted", own_database_url, tmp_path)
+    findings = (await findings_of(["pack"], "hosted", own_database_url, tmp_path))["pack"]
 
     assert_every_turn_completed_once(findings)
     hosts = {node for k in range(3) for node in findings["canopy_actors"][f"canopy:sessions:{k}"]}
@@ -64,9 +98,9 @@ async def test_a_packed_tree_runs_on_one_node(own_database_url: str, tmp_path: P
     assert {node for seen in findings["member_nodes"].values() for node in seen} == hosts, findings
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-async def test_a_tree_survives_losing_a_node_mid_run(shape: str, own_database_url: str, tmp_path: Path) -> None:
-    findings = await findings_of("node_lost", shape, own_database_url, tmp_path)
+@pytest.mark.parametrize("shape", BY_SHAPE)
+async def test_a_tree_survives_losing_a_node_mid_run(shape: str, spread_then_node_lost: Scenario) -> None:
+    findings = (await spread_then_node_lost(shape))["node_lost"]
 
     removed = findings["removed"]
     assert removed["node"] in findings["workers"] and removed["members"], findings  # it ran some of the children
