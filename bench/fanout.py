@@ -68,11 +68,16 @@ from persistence.settings import Settings
 # A reply holds at most this many tool calls (the max_tool_calls_per_reply setting's default): a
 # wider fan-out creates its children over several replies.
 CREATES_PER_REPLY = Settings().max_tool_calls_per_reply
+# Children whose scripts the root's input holds inline (about 250 characters each).
+INLINE_CHILDREN = 200
 
 
 def root_steps(children: int) -> int:
-    """The root's model steps: its create replies, its waits, the summary."""
-    return math.ceil(children / CREATES_PER_REPLY) + math.ceil(children / MAX_WAIT_IDS) + 1
+    """The root's model steps: its create replies, its waits, the summary (and the template's two)."""
+    template = 2 if children > INLINE_CHILDREN else 0
+    return template + math.ceil(children / CREATES_PER_REPLY) + math.ceil(children / MAX_WAIT_IDS) + 1
+
+
 # Sampling every process costs CPU on a small machine: often enough for the peaks, no more.
 SAMPLE_SECONDS = 0.25
 # Ray titles an actor's process ray::<class>, or ray::<task name> while a named task runs.
@@ -85,17 +90,32 @@ def child_script(steps: int, latency_ms: int) -> str:
 
 
 def root_script(children: int, steps: int, latency_ms: int, root_latency_ms: int) -> str:
-    # The ideal counts the root's steps at L each, so by default they take L each. The creates come
-    # first, so call i of the Turn is child i's create whichever reply it is in.
-    creates = [create(f"c{i}", child_script(steps, latency_ms)) for i in range(children)]
+    """The root's script. Its steps take L each by default, as the ideal counts them.
+
+    Up to ``INLINE_CHILDREN`` the children's scripts are written into the root's input, one per
+    create. A wider fan-out would not fit an input (``persistence.turns.MAX_TEXT``), so the root
+    first creates a ``template`` member whose reply, at once, is the children's script, waits for
+    it, and hands that reply to every create by reference (two more root steps, one more member).
+    """
+    child = child_script(steps, latency_ms)
+    if children > INLINE_CHILDREN:
+        first = 2  # the template's create and wait come first
+        description = "${1.results.0.output}"
+        before = [call(create("template", script(say(child))), delay_ms=root_latency_ms),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]}), delay_ms=root_latency_ms)]
+    else:
+        first, description, before = 0, child, []
+    creates = [create(f"c{i}", description) for i in range(children)]
     return script(
-        *(call(*creates[first:first + CREATES_PER_REPLY], delay_ms=root_latency_ms)
-          for first in range(0, children, CREATES_PER_REPLY)),
+        *before,
+        # The creates come first after it, so call first + i of the Turn is child i's create.
+        *(call(*creates[start:start + CREATES_PER_REPLY], delay_ms=root_latency_ms)
+          for start in range(0, children, CREATES_PER_REPLY)),
         # A wait names at most MAX_WAIT_IDS inputs: one wait step per hundred children.
-        *(call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(first, min(first + MAX_WAIT_IDS,
-                                                                                          children))]}),
+        *(call(("wait_inputs", {"input_ids": [f"${{{first + i}.input_id}}"
+                                              for i in range(start, min(start + MAX_WAIT_IDS, children))]}),
                delay_ms=root_latency_ms)
-          for first in range(0, children, MAX_WAIT_IDS)),
+          for start in range(0, children, MAX_WAIT_IDS)),
         say("summary", delay_ms=root_latency_ms),
     )
 
