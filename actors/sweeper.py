@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -40,6 +42,23 @@ _GAUGES_EVERY_SECONDS = 5.0
 _MAX_FIRINGS_PER_ROUND = 20
 # Expired watch marks are ignored by readers; deleting them is housekeeping only.
 _WATCHERS_EVERY_SECONDS = 60.0
+# A restarted sweeper asks itself to start until a call comes back (``_ask_to_start``).
+_START_ASKS_AFTER_SECONDS = (0.0, 2.0, 5.0, 10.0, 20.0, 30.0)
+
+
+def _ask_to_start() -> None:
+    """Call this sweeper's ``start`` until one call comes back. A restarted actor's constructor
+    runs while Ray still has the actor restarting, and a call it makes to itself then was seen
+    never to run (a restarted sweeper that never swept), so one is not trusted: ``start`` is a
+    no-op once the loop runs, and asking again costs nothing."""
+    for delay in _START_ASKS_AFTER_SECONDS:
+        time.sleep(delay)
+        try:
+            # A future, not ray.get: Ray warns of any blocking get inside an async actor.
+            ray.get_actor(SWEEPER_NAME, namespace=NAMESPACE).start.remote().future().result(timeout=20)
+            return
+        except Exception:
+            log.warning("asking the restarted sweeper to start failed; asking again", exc_info=True)
 
 
 class SweeperImpl:
@@ -51,10 +70,10 @@ class SweeperImpl:
         self.sandboxes: Any = None
         self._task: asyncio.Task[None] | None = None
         # Ray restarts a lost sweeper (its process killed, its node gone) by running this constructor
-        # again, and nothing else calls ``start`` then: the sweeper asks itself to start (the call
-        # waits in its queue until the constructor returns; a no-op after Runtime.start's own call).
+        # again, and nothing else calls ``start`` then: the sweeper asks itself to start, from a
+        # thread, so the asking can wait for the answer (a no-op after Runtime.start's own call).
         if ray.get_runtime_context().get_actor_id() is not None:
-            ray.get_actor(SWEEPER_NAME, namespace=NAMESPACE).start.remote()
+            threading.Thread(target=_ask_to_start, name="canopy-sweeper-start", daemon=True).start()
         self._starting: asyncio.Task[None] | None = None
         self._sandbox_task: asyncio.Task[None] | None = None
         self.rounds = 0
