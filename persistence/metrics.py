@@ -192,9 +192,9 @@ class _Buffer:
     def __init__(self) -> None:
         self.pending: dict[tuple[str, Labels], float] = {}
         self._flusher: asyncio.Task[None] | None = None
-        # The pool of the latest commit: a process may hold several (a session host, one per
-        # hosted session) and close them as sessions passivate, so a flush uses the newest
-        # rather than the one that scheduled it, which may have closed since.
+        # The pool of the latest commit: a process may open and close several over its life (a
+        # one-off pool of an operator command beside the runtime's, a test's), so a flush uses the
+        # newest rather than the one that scheduled it, which may have closed since.
         self._db: Database | None = None
 
     def add(self, name: str, labels: dict[str, str], amount: float) -> None:
@@ -229,8 +229,10 @@ class _Buffer:
         while self.pending:
             await asyncio.sleep(delay)
             db = self._db
-            flushed = db is not None and await self.flush(db)  # no open pool: the next commit brings one
-            delay = FLUSH_SECONDS if flushed else min(delay * 2, _MAX_RETRY_SECONDS)
+            if db is None:  # no open pool: the next commit brings one; look again soon, nothing failed
+                delay = FLUSH_SECONDS
+                continue
+            delay = FLUSH_SECONDS if await self.flush(db) else min(delay * 2, _MAX_RETRY_SECONDS)
 
     async def flush(self, db: Database) -> bool:
         """Add the pending counts to the table in one statement; on failure they stay pending (False)."""
