@@ -146,16 +146,6 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
-    def processes(self) -> list[psutil.Process]:
-        me = psutil.Process()
-        procs = [me, *me.children(recursive=True)]
-        for proc in psutil.process_iter(["cmdline"]):
-            cmd = proc.info["cmdline"] or []
-            if cmd and "postgres" in cmd[0] and self.pg_dir in " ".join(cmd):
-                procs.append(proc)
-                procs.extend(proc.children())
-        return procs
-
     @property
     def cpu_seconds(self) -> float:
         """CPU time the runtime's processes used while sampled (processes that exited count up to their
@@ -173,7 +163,7 @@ class Sampler:
         rss = sessions = 0
         by_kind: dict[str, list[int]] = {}
         first = not self._cpu_last
-        for proc in self.processes():
+        for proc in runtime_processes(self.pg_dir):
             try:
                 used_memory = proc.memory_info().rss
                 rss += used_memory
@@ -185,7 +175,7 @@ class Sampler:
                 if self._kind.get(proc.pid, "ray worker").startswith("ray worker"):
                     self._kind[proc.pid] = _kind(proc)
                 kind = self._kind[proc.pid]
-                if any(name in " ".join(proc.cmdline()) for name in SESSION_PROCESSES):
+                if runs_sessions(proc):
                     sessions += 1
                     kind = "session process"
                 counted = by_kind.setdefault(kind, [0, 0])
@@ -212,12 +202,29 @@ class Sampler:
             self._stop.wait(SAMPLE_SECONDS)
 
 
+def runtime_processes(pg_dir: str) -> list[psutil.Process]:
+    """This process, every process it started (Ray's), and the PostgreSQL serving ``pg_dir``."""
+    me = psutil.Process()
+    procs = [me, *me.children(recursive=True)]
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd and "postgres" in cmd[0] and pg_dir in " ".join(cmd):
+            procs.append(proc)
+            procs.extend(proc.children())
+    return procs
+
+
+def runs_sessions(proc: psutil.Process) -> bool:
+    """Whether ``proc`` runs sessions (a dedicated session actor or a host)."""
+    return any(name in " ".join(proc.cmdline()) for name in SESSION_PROCESSES)
+
+
 def idle_session_rss(data_dir: Path) -> list[int]:
     """The RSS of each process that runs sessions, sampled once while none has work."""
     found = []
-    for proc in Sampler(data_dir).processes():
+    for proc in runtime_processes(str(data_dir / "pg")):
         try:
-            if any(name in " ".join(proc.cmdline()) for name in SESSION_PROCESSES):
+            if runs_sessions(proc):
                 found.append(proc.memory_info().rss)
         except psutil.Error:
             continue
