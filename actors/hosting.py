@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 # A hosted session's dashboard task (a Ray call) starts this long after its loop does: during
 # its first model call rather than between its hint and that call.
 ANNOUNCE_DELAY_SECONDS = 0.05
+# Connections a session host keeps open while idle: its supervisors' sweeps and a first session.
+_HOST_POOL_MIN = 2
 
 
 async def _close_and_exit(db: LazyDatabase, what: str) -> None:
@@ -123,10 +125,10 @@ class SessionHostImpl:
         self.index = index
         self.settings = get_settings()
         self.placement = current()
-        # A host lives as long as the runtime and serves many sessions at once: its connections
-        # are opened up front, not while the first wide tree waits.
-        size = max(4, 2 * self.settings.db_pool_max)
-        self._db = LazyDatabase(max_size=size, min_size=size)
+        # A host serves many sessions at once, so it may hold more connections than other processes;
+        # it opens them as its sessions need them (each is a PostgreSQL backend of ~10 MiB held
+        # until it has been idle for the pool's max_idle), not all up front.
+        self._db = LazyDatabase(max_size=max(4, 2 * self.settings.db_pool_max), min_size=_HOST_POOL_MIN)
         self._sessions: dict[uuid.UUID, _HostedSession] = {}
         self._supervisors: dict[uuid.UUID, _HostedSupervisor] = {}
 

@@ -1,11 +1,18 @@
 """Fan-out benchmark: a root creates N children, each does K model steps of L ms.
 
 Prints the makespan, the ideal ceil(N/slots)·K·L (plus the root's own steps), their
-ratio, the runtime overhead per model step at L = 0, the peak of live session actors,
-and the peak RSS of this runtime's processes (the driver, every Ray process it started,
-and the embedded PostgreSQL) — other Ray clusters on the machine are not counted — with
-where it went by process kind at that peak, and the RSS of a session process idle after
-the fan-out (a dedicated session actor, or a host).
+ratio, the runtime overhead per model step at L = 0 beside the model client's own floor (the
+same call through litellm in one process), the peak of live session actors, and the peak memory
+of this runtime's processes (the driver, every Ray process it started — the dashboard too, as
+``canopy up`` runs it — and the embedded PostgreSQL; other Ray clusters on the machine are not
+counted) with where it went by process kind at that peak, and the RSS of a session process idle
+after the fan-out (a dedicated session actor, or a host).
+
+Memory is summed two ways. RSS counts a page shared by several processes once in each of them:
+PostgreSQL's shared buffers in every backend, the dashboard's modules forked from one process,
+the libraries every Ray worker maps. PSS (proportional set size) splits each shared page among
+its sharers, so its sum is the memory the runtime really holds; it is read at the peak of RSS
+(within 2 %).
 
     python bench/fanout.py --children 12 --steps 3 --latency-ms 200 [--profile]
 
@@ -81,6 +88,9 @@ def root_steps(children: int) -> int:
 # Sampling every process costs CPU on a small machine: often enough for the peaks, no more.
 SAMPLE_SECONDS = 0.25
 # Ray titles an actor's process ray::<class>, or ray::<task name> while a named task runs.
+# The by-kind figures (PSS among them) are read again when the RSS passes its peak by this factor:
+# at every new peak they would be read at nearly every sample, as RSS creeps up.
+PSS_READ_STEP = 1.02
 SESSION_PROCESSES = ("SessionActorImpl", "SessionHostImpl", "ray::session:")
 
 
@@ -131,7 +141,7 @@ class Sampler:
         self.peak_rss = 0
         self.peak_sessions = 0  # processes running sessions (dedicated actors or shared hosts)
         self.peak_live = 0  # live sessions, as the node's directory counts them
-        self.peak_by_kind: dict[str, list[int]] = {}  # at the peak RSS: kind -> [processes, RSS]
+        self.peak_by_kind: dict[str, list[int]] = {}  # near the peak RSS: kind -> [processes, RSS, PSS]
         self._cpu_first: dict[int, float] = {}
         self._cpu_last: dict[int, float] = {}
         self._kind: dict[int, str] = {}
@@ -159,14 +169,14 @@ class Sampler:
             kinds[kind] = kinds.get(kind, 0.0) + last - self._cpu_first.get(pid, 0.0)
         return dict(sorted(kinds.items(), key=lambda item: -item[1]))
 
-    def sample(self) -> tuple[int, int, dict[str, list[int]]]:
+    def sample(self) -> tuple[int, int, list[tuple[psutil.Process, str, int]]]:
+        """The RSS of the runtime's processes, the number that run sessions, and (process, kind, RSS) each."""
         rss = sessions = 0
-        by_kind: dict[str, list[int]] = {}
+        seen: list[tuple[psutil.Process, str, int]] = []
         first = not self._cpu_last
         for proc in runtime_processes(self.pg_dir):
             try:
                 used_memory = proc.memory_info().rss
-                rss += used_memory
                 times = proc.cpu_times()
                 used = times.user + times.system
                 if first:
@@ -178,18 +188,37 @@ class Sampler:
                 if runs_sessions(proc):
                     sessions += 1
                     kind = "session process"
-                counted = by_kind.setdefault(kind, [0, 0])
-                counted[0] += 1
-                counted[1] += used_memory
             except psutil.Error:
                 continue
-        return rss, sessions, by_kind
+            rss += used_memory
+            seen.append((proc, kind, used_memory))
+        return rss, sessions, seen
+
+    @staticmethod
+    def by_kind(seen: list[tuple[psutil.Process, str, int]]) -> dict[str, list[int]]:
+        """kind -> [processes, RSS, PSS]. Reading a PSS walks the process's page tables (a few ms for a
+        large one): done only near a new peak, so that sampling does not take the CPU it measures."""
+        kinds: dict[str, list[int]] = {}
+        for proc, kind, rss in seen:
+            try:
+                pss = proc.memory_full_info().pss
+            except psutil.Error:
+                continue
+            counted = kinds.setdefault(kind, [0, 0, 0])
+            counted[0] += 1
+            counted[1] += rss
+            counted[2] += pss
+        return kinds
+
+    @property
+    def pss_at_peak(self) -> int:
+        return sum(pss for _, _, pss in self.peak_by_kind.values())
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            rss, sessions, by_kind = self.sample()
-            if rss > self.peak_rss:
-                self.peak_by_kind = by_kind
+            rss, sessions, seen = self.sample()
+            if rss > self.peak_rss * PSS_READ_STEP:
+                self.peak_by_kind = self.by_kind(seen)
             self.peak_rss = max(self.peak_rss, rss)
             self.peak_sessions = max(self.peak_sessions, sessions)
             try:
@@ -232,12 +261,19 @@ def idle_session_rss(data_dir: Path) -> list[int]:
 
 
 def _kind(proc: psutil.Process) -> str:
-    cmd = " ".join(proc.cmdline())
+    argv = proc.cmdline()
+    cmd = " ".join(argv)
     if cmd.startswith("ray::"):
         return cmd.split()[0].split(".")[0]
+    if cmd.startswith("ray-dashboard-"):
+        return "dashboard module"  # the dashboard's head modules, forked from one process
+    program = Path(argv[0]).name if argv else ""
+    if program in ("gcs_server", "raylet"):  # the raylet's arguments name the worker script
+        return program
     if "default_worker" in cmd:
         return "ray worker (starting)"
-    for marker in ("gcs_server", "raylet", "dashboard", "runtime_env", "log_monitor", "postgres"):
+    for marker in ("dashboard", "runtime_env", "log_monitor", "monitor.py", "forkserver", "resource_tracker",
+                   "postgres"):
         if marker in cmd:
             return marker
     return "driver" if proc.pid == os.getpid() else cmd[:40]
@@ -385,6 +421,30 @@ def sessions_per_node(runtime: Runtime, members: list[uuid.UUID]) -> dict[str, i
     return counts
 
 
+async def model_client_floor(calls: int = 100, rounds: int = 3) -> float:
+    """Milliseconds per model call of a ModelGateway in this process, the scripted model at 0 ms:
+    what litellm's Router and the local HTTP model cost on their own, the part of a model step at
+    L = 0 that is not Canopy's (imports litellm here: call it after the last sample). The best of
+    ``rounds``: a floor, which the runtime's idle processes can only raise."""
+    from actors.model_gateway import ModelGateway
+
+    gateway = ModelGateway()
+    request = {"model": "canopy/scripted", "tools": None,
+               "messages": [{"role": "user", "content": child_script(3, 0)}]}
+    try:
+        for _ in range(20):  # the first calls pay imports and connection setup
+            await gateway.complete(**request)
+        best = math.inf
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for _ in range(calls):
+                await gateway.complete(**request)
+            best = min(best, (time.perf_counter() - started) / calls * 1000)
+        return best
+    finally:
+        await gateway.close()
+
+
 def simulated_cluster(nodes: int, cpus: int) -> Cluster:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "include_dashboard": True,
                                                             "dashboard_host": "127.0.0.1", "dashboard_port": None})
@@ -425,7 +485,7 @@ async def main() -> None:
             url = resolve_database_url(settings)  # before the cluster: the embedded server of this machine
             cluster = simulated_cluster(args.nodes, args.node_cpus)
             settings = Settings(data_dir=Path(data_dir), ray_address=cluster.address, database_url=SecretStr(url))
-        runtime = await Runtime.start(settings)
+        runtime = await Runtime.start(settings, include_dashboard=True)  # as `canopy up` runs it
         slots = settings.tree_slots
         # Warm up at full size and L=0: the session hosts' pooled connections, the statements
         # they prepare, litellm, the actors. The figures below are the steady state's.
@@ -466,11 +526,12 @@ async def main() -> None:
         for name, s in runs:
             print(
                 f"run at {name:4s}  peak live sessions {s.peak_live:4d}   session processes {s.peak_sessions:4d}   "
-                f"peak RSS {s.peak_rss / 2**20:6.0f} MiB   CPU used {s.cpu_seconds:6.1f} s"
+                f"peak RSS {s.peak_rss / 2**20:6.0f} MiB   PSS then {s.pss_at_peak / 2**20:6.0f} MiB   "
+                f"CPU used {s.cpu_seconds:6.1f} s"
             )
-            print("  RSS at the peak by process kind:", ", ".join(
-                f"{kind} {count} x {rss / count / 2**20:.0f} = {rss / 2**20:.0f} MiB"
-                for kind, (count, rss) in sorted(s.peak_by_kind.items(), key=lambda item: -item[1][1])))
+            print("  at the peak RSS, by process kind (processes x RSS = RSS, PSS):", ", ".join(
+                f"{kind} {count} x {rss / count / 2**20:.0f} = {rss / 2**20:.0f}, {pss / 2**20:.0f} MiB"
+                for kind, (count, rss, pss) in sorted(s.peak_by_kind.items(), key=lambda item: -item[1][1])))
             if args.profile:
                 print("  CPU by process:", ", ".join(f"{k} {v:.2f}" for k, v in s.cpu_by_kind().items() if v >= 0.01))
         if cluster is not None:
@@ -489,6 +550,10 @@ async def main() -> None:
                           f"rss {proc.memory_info().rss / 2**20:5.0f} {' '.join(proc.cmdline())[:60]}")
                 except psutil.Error:
                     pass
+        if not args.quick:
+            floor = await model_client_floor()
+            print(f"model client floor  {floor:8.1f} ms per call (the same scripted call through litellm's Router, "
+                  "in one process: no Ray, no database)")
         await runtime.close(shutdown_ray=True)
         if cluster is not None:
             cluster.shutdown()
