@@ -16,7 +16,6 @@ from typing import Any
 
 import ray
 
-from actors import ray_compat
 from actors.naming import session_actor_name
 from actors.placement import Placement, ShapeActors, choose
 from actors.session_actor import SessionCore, this_actor
@@ -46,20 +45,11 @@ async def _close_and_exit(db: LazyDatabase, what: str) -> None:
 # -- the dedicated shape: an actor per session, an actor per tree supervisor ---------------------------
 
 
-def _replace_this_worker(settings: Settings) -> None:
-    """A dedicated actor took a worker process of its node (a prestarted one, or one started for it):
-    the node is asked for another, so that the next session or supervisor activated here starts in a
-    running process instead of waiting ~0.6 s for one (a wait on the critical path of every Run that
-    activates a session). Unused, the worker exits after ``actor_idle_seconds``."""
-    ray_compat.prestart_worker(settings.actor_idle_seconds)
-
-
 class SessionActorImpl(SessionCore):
     """This process is the session's actor, ``session:<id>``."""
 
     def __init__(self, session_id: str) -> None:
         super().__init__(uuid.UUID(session_id), current())
-        _replace_this_worker(self.settings)
         self._db = LazyDatabase(max_size=2)
         self._loop_task: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
@@ -84,7 +74,6 @@ class TreeSupervisorImpl(SupervisorCore):
 
     def __init__(self, tree_id: str) -> None:
         super().__init__(uuid.UUID(tree_id), current())
-        _replace_this_worker(self.settings)
         self._db = LazyDatabase(max_size=2)
 
     async def _database(self) -> Database:

@@ -10,24 +10,12 @@ tests/hostile/test_api_exposure.py checks the Serve rebinding):
 - ``rewrite_replica_grpc_address``: Serve starts each replica's inter-deployment gRPC
   server through ``ray.serve._private.replica.add_port_to_grpc_server`` with ``[::]:0``,
   and has no option for the address (api/serve_app.py).
-- ``prestart_worker``: the raylet's ``PrestartWorkers`` RPC (``ray.core.generated``'s
-  node manager stubs, over ``ray._private.grpc_utils.init_grpc_channel``, which adds Ray's
-  token authentication), reached at ``ray._private.worker.global_worker.node``'s address. Ray
-  2.60 has no Python API for it (later Rays call it through ``CoreWorker.prestart_workers``);
-  tests/actors/test_runtime.py checks that a dedicated actor starts in a prestarted worker.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
-
-import ray
-
-log = logging.getLogger(__name__)
 
 
 def preload_options(modules: Sequence[str]) -> dict[str, Any]:
@@ -45,39 +33,3 @@ def rewrite_replica_grpc_address(rewrite: Callable[[str], str]) -> None:
         return int(bind(server, rewrite(address)))
 
     replica.add_port_to_grpc_server = bind_rewritten
-
-
-@functools.cache
-def _node_manager(address: str) -> Any:
-    from ray._private.grpc_utils import init_grpc_channel
-    from ray.core.generated import node_manager_pb2_grpc
-
-    return node_manager_pb2_grpc.NodeManagerServiceStub(init_grpc_channel(address))
-
-
-def _prestart(keep_alive_seconds: int) -> None:
-    from ray._private.worker import global_worker
-    from ray.core.generated import common_pb2, node_manager_pb2, runtime_environment_pb2
-
-    node, context = global_worker.node, ray.get_runtime_context()
-    request = node_manager_pb2.PrestartWorkersRequest(
-        language=common_pb2.PYTHON, job_id=ray.JobID.from_hex(context.get_job_id()).binary(),
-        runtime_env_info=runtime_environment_pb2.RuntimeEnvInfo(
-            serialized_runtime_env=context.get_runtime_env_string()),
-        keep_alive_duration_secs=keep_alive_seconds, num_workers=1)
-    _node_manager(f"{node.node_ip_address}:{node.node_manager_port}").PrestartWorkers(request, timeout=10)
-
-
-def prestart_worker(keep_alive_seconds: float) -> None:
-    """Ask this node's raylet, in the background, to start one idle worker for this process's job
-    and runtime env: the next actor of that job placed on this node starts in it at once instead
-    of waiting for a process to start. Unused, the worker exits after ``keep_alive_seconds``.
-    A hint: when the raylet cannot be asked, the next actor starts a process as usual."""
-
-    def ask() -> None:
-        try:
-            _prestart(max(1, round(keep_alive_seconds)))
-        except Exception:
-            log.debug("asking the raylet to prestart a worker failed", exc_info=True)
-
-    threading.Thread(target=ask, name="canopy-prestart", daemon=True).start()
