@@ -88,8 +88,8 @@ def root_steps(children: int) -> int:
 # Sampling every process costs CPU on a small machine: often enough for the peaks, no more.
 SAMPLE_SECONDS = 0.25
 # Ray titles an actor's process ray::<class>, or ray::<task name> while a named task runs.
-# The by-kind figures (PSS among them) are read again when the RSS passes its peak by this factor:
-# at every new peak they would be read at nearly every sample, as RSS creeps up.
+# The by-kind figures (PSS among them) are read again when the RSS passes the RSS of their last
+# reading by this factor: at every new peak they would be read at nearly every sample, as RSS creeps up.
 PSS_READ_STEP = 1.02
 SESSION_PROCESSES = ("SessionActorImpl", "SessionHostImpl", "ray::session:")
 
@@ -142,6 +142,7 @@ class Sampler:
         self.peak_sessions = 0  # processes running sessions (dedicated actors or shared hosts)
         self.peak_live = 0  # live sessions, as the node's directory counts them
         self.peak_by_kind: dict[str, list[int]] = {}  # near the peak RSS: kind -> [processes, RSS, PSS]
+        self._by_kind_rss = 0  # the RSS when peak_by_kind was read
         self._cpu_first: dict[int, float] = {}
         self._cpu_last: dict[int, float] = {}
         self._kind: dict[int, str] = {}
@@ -217,8 +218,8 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             rss, sessions, seen = self.sample()
-            if rss > self.peak_rss * PSS_READ_STEP:
-                self.peak_by_kind = self.by_kind(seen)
+            if rss > self._by_kind_rss * PSS_READ_STEP:
+                self.peak_by_kind, self._by_kind_rss = self.by_kind(seen), rss
             self.peak_rss = max(self.peak_rss, rss)
             self.peak_sessions = max(self.peak_sessions, sessions)
             try:
