@@ -16,6 +16,7 @@ from typing import Any
 
 import ray
 
+from actors import directory
 from actors.naming import session_actor_name
 from actors.placement import Placement, ShapeActors, choose
 from actors.session_actor import SessionCore, this_actor
@@ -50,6 +51,7 @@ class SessionActorImpl(SessionCore):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(uuid.UUID(session_id), current())
+        directory.worker_taken()  # the next actor activated on this node finds a process running
         self._db = LazyDatabase(max_size=2)
         self._loop_task: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
@@ -74,6 +76,7 @@ class TreeSupervisorImpl(SupervisorCore):
 
     def __init__(self, tree_id: str) -> None:
         super().__init__(uuid.UUID(tree_id), current())
+        directory.worker_taken()
         self._db = LazyDatabase(max_size=2)
 
     async def _database(self) -> Database:

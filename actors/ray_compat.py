@@ -10,12 +10,22 @@ tests/hostile/test_api_exposure.py checks the Serve rebinding):
 - ``rewrite_replica_grpc_address``: Serve starts each replica's inter-deployment gRPC
   server through ``ray.serve._private.replica.add_port_to_grpc_server`` with ``[::]:0``,
   and has no option for the address (api/serve_app.py).
+- ``prestart_worker``: the raylet's ``PrestartWorkers`` RPC (``ray.core.generated``'s
+  node manager stubs, over ``ray._private.grpc_utils.init_grpc_channel``, which adds Ray's
+  token authentication), reached at ``ray._private.worker.global_worker.node``'s address. Ray
+  2.60 has no Python API for it (later Rays call it through ``CoreWorker.prestart_workers``);
+  tests/actors/test_runtime.py checks that a dedicated actor starts in a prestarted worker.
+  Only a node's session directory calls it (actors/directory.py): the stubs weigh ~14 MiB,
+  which no session process needs to carry.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import ray
 
 
 def preload_options(modules: Sequence[str]) -> dict[str, Any]:
@@ -33,3 +43,27 @@ def rewrite_replica_grpc_address(rewrite: Callable[[str], str]) -> None:
         return int(bind(server, rewrite(address)))
 
     replica.add_port_to_grpc_server = bind_rewritten
+
+
+@functools.cache
+def _node_manager(address: str) -> Any:
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import node_manager_pb2_grpc
+
+    return node_manager_pb2_grpc.NodeManagerServiceStub(init_grpc_channel(address))
+
+
+def prestart_worker(job_id: str, runtime_env: str, keep_alive_seconds: float) -> None:
+    """Ask this node's raylet to start one idle worker process for ``job_id`` (hex) and
+    ``runtime_env`` (serialized, as ``get_runtime_env_string`` gives it): the next actor of that
+    job and runtime env placed on this node starts in it at once. Unused, it exits after
+    ``keep_alive_seconds``. Blocks for the RPC (call it from a thread)."""
+    from ray._private.worker import global_worker
+    from ray.core.generated import common_pb2, node_manager_pb2, runtime_environment_pb2
+
+    node = global_worker.node
+    request = node_manager_pb2.PrestartWorkersRequest(
+        language=common_pb2.PYTHON, job_id=ray.JobID.from_hex(job_id).binary(),
+        runtime_env_info=runtime_environment_pb2.RuntimeEnvInfo(serialized_runtime_env=runtime_env),
+        keep_alive_duration_secs=max(1, round(keep_alive_seconds)), num_workers=1)
+    _node_manager(f"{node.node_ip_address}:{node.node_manager_port}").PrestartWorkers(request, timeout=10)

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import ray
+from ray.util.state import list_workers
 
 from actors.gateways import local_gateway, scripted_log_path
+from actors.placement import Dedicated
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.errors import NotFound
@@ -295,3 +300,35 @@ async def test_ray_workers_preload_canopys_actor_modules(runtime: Runtime) -> No
 
     command = await worker_command_line.remote()
     assert f"--worker-preload-modules={','.join(WORKER_PRELOAD_MODULES)}" in command
+
+
+async def _idle_workers(runtime: Runtime) -> int:
+    """Worker processes of this runtime's Ray that run nothing yet (Ray titles them ``ray::IDLE``)."""
+    workers = await asyncio.to_thread(list_workers, address=ray.get_runtime_context().gcs_address,
+                                      filters=[("is_alive", "=", True), ("worker_type", "=", "WORKER")], limit=10_000,
+                                      raise_on_missing_output=False)
+    idle = 0
+    for worker in workers:
+        with contextlib.suppress(psutil.Error):
+            idle += psutil.Process(worker.pid).cmdline()[:1] == ["ray::IDLE"]
+    return idle
+
+
+async def test_an_activated_session_runs_in_a_process_started_before(runtime: Runtime, scope: Scope) -> None:
+    """Activation starts no process on the Run's critical path: a hosted session runs in its host;
+    a dedicated session's actor takes a worker its node prestarted when an earlier dedicated actor
+    (here the first tree's supervisor and root) took one."""
+    first = await runtime.create_root(scope, input_text=script(say("warm")))
+    assert (await runtime.wait_result(scope, first["input"]["input_id"], timeout=60))["status"] == "completed"
+    if isinstance(runtime.placement, Dedicated):  # the next supervisor and session each find one running
+        async def two_idle() -> bool:
+            return await _idle_workers(runtime) >= 2
+
+        await eventually(two_idle, timeout=30)
+    activated_at = time.time()
+    second = await runtime.create_root(scope, input_text=script(say("second")))
+    assert (await runtime.wait_result(scope, second["input"]["input_id"], timeout=60))["status"] == "completed"
+
+    status = await runtime.placement.session_status(uuid.UUID(str(second["session"]["session_id"])))
+    assert status is not None
+    assert psutil.Process(int(status["pid"])).create_time() < activated_at
