@@ -200,8 +200,8 @@ class Settings(BaseSettings):
                     "process); unset: off.")
 
     db_pool_max: int = Field(
-        default=4, ge=1, description="PostgreSQL connections of a process's pool (a session host keeps twice as "
-                                     "many, at least 4).")
+        default=4, ge=1, description="PostgreSQL connections a process's pool may open (a session host twice as "
+                                     "many, at least 4, opened as its sessions need them).")
     # No transaction of the runtime waits on Docker or a model, so these bound only database work:
     # a runaway statement, a lock held by a stuck transaction, a transaction left open.
     db_statement_timeout_seconds: float = Field(
