@@ -80,15 +80,6 @@ class SessionDirectoryImpl:
         for session_id, owner, handle, busy in reports:
             await self.report(session_id, owner, handle, busy)
 
-    async def gone(self, session_id: str, owner: str) -> None:
-        """A session actor exits (idle timeout, eviction)."""
-        entry = self._entries.get(session_id)
-        if entry is not None and entry.owner == owner:
-            del self._entries[session_id]
-            self._evicting.discard(session_id)
-
-    # -- supervisors and operators -----------------------------------------------------------------
-
     async def prestart_worker(self, job_id: str, runtime_env: str) -> None:
         """A dedicated actor of this node took a worker process (see :func:`worker_taken`): the
         raylet is asked for another, so that the next session or supervisor activated here starts
@@ -100,6 +91,15 @@ class SessionDirectoryImpl:
                                     self.settings.actor_idle_seconds)
         except Exception:  # a hint: the next actor then starts a process, as without it
             log.debug("asking the raylet to prestart a worker failed", exc_info=True)
+
+    async def gone(self, session_id: str, owner: str) -> None:
+        """A session actor exits (idle timeout, eviction)."""
+        entry = self._entries.get(session_id)
+        if entry is not None and entry.owner == owner:
+            del self._entries[session_id]
+            self._evicting.discard(session_id)
+
+    # -- supervisors and operators -----------------------------------------------------------------
 
     async def configure(self, max_live_sessions: int | None = None) -> dict[str, int]:
         """Change the cap at run time (operators, tests); returns the previous value."""

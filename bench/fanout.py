@@ -87,10 +87,10 @@ def root_steps(children: int) -> int:
 
 # Sampling every process costs CPU on a small machine: often enough for the peaks, no more.
 SAMPLE_SECONDS = 0.25
-# Ray titles an actor's process ray::<class>, or ray::<task name> while a named task runs.
 # The by-kind figures (PSS among them) are read again when the RSS passes the RSS of their last
 # reading by this factor: at every new peak they would be read at nearly every sample, as RSS creeps up.
 PSS_READ_STEP = 1.02
+# Ray titles an actor's process ray::<class>, or ray::<task name> while a named task runs.
 SESSION_PROCESSES = ("SessionActorImpl", "SessionHostImpl", "ray::session:")
 
 
@@ -273,7 +273,8 @@ def _kind(proc: psutil.Process) -> str:
         return program
     if "default_worker" in cmd:
         return "ray worker (starting)"
-    for marker in ("dashboard", "runtime_env", "log_monitor", "monitor.py", "forkserver", "resource_tracker",
+    # The forkserver's command line names the dashboard's modules it forks: it is matched first.
+    for marker in ("forkserver", "dashboard", "runtime_env", "log_monitor", "monitor.py", "resource_tracker",
                    "postgres"):
         if marker in cmd:
             return marker
