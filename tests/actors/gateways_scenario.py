@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from persistence.databases import rows
 from persistence.db import Database
 from persistence.records import Scope
 from persistence.settings import Settings
+from tests.ports import free_port
 
 
 async def session_on(runtime: Runtime, scope: Scope, node_id: str, text: str) -> dict[str, Any]:
@@ -56,12 +56,6 @@ def actors(prefix: str) -> list[Any]:
     """Every actor of this cluster (alive or not) whose name starts with ``prefix``, from Ray's actor table."""
     found = list_actors(address=ray.get_runtime_context().gcs_address, limit=10_000, detail=False)
     return [actor for actor in found if (actor.name or "").startswith(prefix)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def until(check: Any, timeout: float) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tests.ports import free_port
 
 
 @dataclasses.dataclass
@@ -111,9 +112,7 @@ class ReplayServer:
                              "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
 
     def start(self) -> ReplayServer:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
                                                      lifespan="off"))
         threading.Thread(target=self._server.run, name="replay-server", daemon=True).start()

@@ -29,7 +29,8 @@ from actors.scripted import call, say, script
 from persistence.databases import rows
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.gateways_scenario import actors, free_port, session_on, until
+from tests.actors.gateways_scenario import actors, session_on, until
+from tests.ports import free_port
 
 FIRST = 'echo first > "$CANOPY_TMP/marker" && echo from-node-2 > note.txt && echo started'
 AGAIN = 'cat "$CANOPY_TMP/marker" note.txt'

@@ -20,6 +20,7 @@ from actors.model_gateway import ModelError, ModelGateway
 from actors.scripted import builders
 from actors.scripted.server import ScriptedModelServer, serve_scripted_model
 from tests.actors.replay_server import ReplayServer, say
+from tests.ports import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -110,9 +111,7 @@ async def test_fail_raises_model_error_without_retry(gateway: ModelGateway, log_
 
 
 async def test_transient_error_is_retried_then_reported() -> None:
-    with socket.socket() as probe:  # a port that was free a moment ago: connections are refused
-        probe.bind(("127.0.0.1", 0))
-        closed_port = probe.getsockname()[1]
+    closed_port = free_port()  # nothing listens there: connections are refused
     gw = ModelGateway(timeout_seconds=5, retries=1)
     started = time.monotonic()
     with pytest.raises(ModelError, match="after 2 attempts") as failed:

@@ -19,7 +19,8 @@ from actors.runtime import Runtime
 from api.app import create_app
 from api.sse import StreamSettings
 from persistence.records import Scope
-from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, free_port
+from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client
+from tests.ports import free_port
 
 # Fast heartbeats and polls, so the tests see them within a second or two.
 TEST_STREAMS = StreamSettings(heartbeat_seconds=1.0, poll_seconds=2.0, fallback_poll_seconds=0.2, retry_ms=500)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -17,15 +16,10 @@ from ray import serve
 from actors.runtime import Runtime, worker_env
 from api.up import LOOPBACK, start_serve
 from tests.actors.helpers import eventually, rows  # noqa: F401  (re-exported)
+from tests.ports import free_port
 
 ADMIN_TOKEN = "test-admin-token"
 METRICS_TOKEN = "test-metrics-token"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.asynccontextmanager

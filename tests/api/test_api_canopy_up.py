@@ -33,7 +33,7 @@ import pytest
 
 from actors.scripted import say, script
 from api.up import port_free
-from tests.api.helpers import free_port
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 240.0

@@ -24,7 +24,7 @@ import pytest
 from persistence.migrations import latest_version
 from sandbox.base import SandboxUnavailable
 from sandbox.docker_backend import connect
-from tests.api.helpers import free_port
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = ["database", "schema", "Ray", "Docker", "sandbox image", "model"]

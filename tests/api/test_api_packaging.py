@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api.helpers import free_port
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 FRONTEND = REPO / "frontend"

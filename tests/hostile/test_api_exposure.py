@@ -40,7 +40,7 @@ from psycopg.conninfo import make_conninfo
 
 from actors.scripted import say, script
 from persistence.databases import create_database, drop_database
-from tests.api.helpers import free_port
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 240.0

@@ -64,7 +64,7 @@ class UiServer:
 async def ui_server(runtime: Runtime) -> AsyncIterator[UiServer]:
     from api.app import create_app
     from api.sse import StreamSettings
-    from tests.api.helpers import free_port
+    from tests.ports import free_port
 
     # Quick heartbeats and polls: a test never waits on a slow timer.
     streams = StreamSettings(heartbeat_seconds=2.0, poll_seconds=2.0, fallback_poll_seconds=0.3, retry_ms=500)
