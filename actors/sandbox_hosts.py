@@ -18,8 +18,10 @@ durable: nothing of the old workdir is carried over, and no model is left to fin
 
 Idle release and orphan reaping run per node, in each host (``EveryNode``: the
 sweeper asks every live node's existing host), because only a node's own engine can remove its
-sandboxes. Killing a command goes to the host of the lease's node; a lost node's commands died
-with it, so there is nothing to kill.
+sandboxes. A lost node has no host left to ask: the sweeper releases its sandboxes itself
+(``release_on_lost_nodes``), keeping the lost node in each lease, so the tree's next command is
+still the one told of the loss. Killing a command goes to the host of the lease's node; a lost
+node's commands died with it, so there is nothing to kill.
 """
 
 from __future__ import annotations
@@ -168,6 +170,17 @@ async def kill_command(db: Database, tree_id: uuid.UUID, command_id: str) -> boo
     elif (host := await _existing_host(lease.node_id)) is None:
         return False
     return bool(await call(host, "kill_command", tree_id, command_id))
+
+
+async def release_on_lost_nodes(db: Database) -> list[uuid.UUID]:
+    """Release the sandboxes of nodes that left the cluster (their trees' next commands are told the
+    workdir is lost); the trees released. Ray declares a node dead for good: it never comes back."""
+    alive = await _alive_nodes()
+    async with db.tx() as conn:
+        released = await leases.release_on_lost_nodes(conn, alive)
+    if released:
+        log.warning("released the sandboxes of %d tree(s) whose node left the cluster", len(released))
+    return released
 
 
 class EveryNode:

@@ -4,7 +4,8 @@ On start and every ``sweep_seconds`` it recovers Runs whose lease expired, resum
 waits whose condition or deadline is met, fires scheduled inputs that are due
 (persistence/schedules.py), pokes trees with queued Runs,
 re-activates sessions holding a granted but unowned Run, and releases the sandboxes of
-trees idle for ``sandbox_idle_seconds`` (SPEC §12); every few seconds it also publishes the
+trees idle for ``sandbox_idle_seconds`` (SPEC §12) and of nodes that left the cluster
+(actors/sandbox_hosts.py); every few seconds it also publishes the
 runtime's state gauges (actors/metrics.py), and now and then deletes expired watch marks
 (persistence/stream_watchers.py). Each record is handled in its own
 transaction; one failing record is logged and skipped, the rest proceed, and one failing
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 _ORPHANS_EVERY_SECONDS = 60.0
 # Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
 _GAUGES_EVERY_SECONDS = 5.0
+# Ray declares a node dead after ~30 s of failed health checks: looking more often finds nothing new.
+_LOST_NODES_EVERY_SECONDS = 10.0
 # A schedule catching up on every missed due time fires at most this many per round (the rest next round).
 _MAX_FIRINGS_PER_ROUND = 20
 # Expired watch marks are ignored by readers; deleting them is housekeeping only.
@@ -113,7 +116,8 @@ class SweeperImpl:
         db = db or await self._db.get()
         # Each step is isolated too: a failing step (say, a query) never stops the others.
         for step in (self._recover_expired, self._resume_due_waits, self._fire_schedules, self._poke_queued,
-                     self._release_idle_sandboxes, self._publish_gauges, self._delete_expired_watchers):
+                     self._release_idle_sandboxes, self._release_lost_nodes_sandboxes, self._publish_gauges,
+                     self._delete_expired_watchers):
             try:
                 await step(db)
             except Exception:
@@ -179,6 +183,12 @@ class SweeperImpl:
                 self.sandboxes_reaped += len(await sandboxes.reap_orphans())
         except Exception:
             log.exception("sandbox idle release failed; the next round retries")
+
+    async def _release_lost_nodes_sandboxes(self, db: Database) -> None:
+        """A lost node's sandboxes are released now, not at their trees' next commands: until then they
+        would count as active, and no host is left on that node to release them when idle."""
+        if self._due("lost_nodes", _LOST_NODES_EVERY_SECONDS):
+            self.sandboxes_released += len(await sandbox_hosts.release_on_lost_nodes(db))
 
     async def _publish_gauges(self, db: Database) -> None:
         """The runtime's state gauges for ``ray.util.metrics`` (actors/metrics.py)."""

@@ -156,6 +156,20 @@ async def tree_known(conn: Connection, tree_id: uuid.UUID) -> bool:
     return bool(row and row["known"])
 
 
+async def release_on_lost_nodes(conn: Connection, alive: set[str]) -> list[uuid.UUID]:
+    """Release every sandbox whose node is not in ``alive`` (Ray's live nodes): it went with its node.
+    Each lease keeps naming that node, so its tree's next command still finds the node gone and is
+    told the workdir is lost (``move_lost``). An empty ``alive`` (a failed listing) releases nothing."""
+    if not alive:
+        return []
+    cur = await conn.execute(query("sandbox_lease_release_lost"), {"alive": sorted(alive)})
+    released = await cur.fetchall()
+    for row in released:
+        lifecycle.log_at_commit(conn, "sandbox_released", tree_id=row["tree_id"], node_id=row["node_id"],
+                                reason="node_lost")
+    return [row["tree_id"] for row in released]
+
+
 async def move_lost(conn: Connection, tree_id: uuid.UUID, lost_node_id: str, node_id: str) -> bool:
     """``lost_node_id`` left the cluster with the tree's sandbox and workdir: the lease is released,
     names ``node_id`` for the next sandbox, and records the loss. False, nothing changed, if the

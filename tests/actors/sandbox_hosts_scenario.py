@@ -52,6 +52,16 @@ async def lease(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
     return found[0]
 
 
+async def swept(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any] | None:
+    """The lease once it is no longer active (the sweeper's doing), or None if it stays active for a minute."""
+    for _ in range(120):
+        found = await lease(runtime, tree_id)
+        if found["state"] != "active":
+            return found
+        await asyncio.sleep(0.5)
+    return None
+
+
 def sandbox_hosts() -> dict[str, str]:
     """Alive sandbox hosts by node, from Ray's actor table."""
     return {actor.name: actor.node_id for actor in actors("canopy:sandbox:") if actor.state == "ALIVE"}
@@ -102,6 +112,8 @@ async def main() -> None:
         workdir = (await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
                               "WHERE s.session_id = %s", tree_id))[0]["workdir"]
         shutil.rmtree(workdir)
+        # With no command of the tree meanwhile, the sweeper finds the sandbox gone with its node.
+        findings["swept_lease"] = await swept(runtime, tree_id)
 
         receipt = await runtime.submit_input(scope, tree_id, command(AGAIN))
         findings["third"] = await answer(runtime, scope, receipt["input_id"])

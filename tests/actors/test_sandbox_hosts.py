@@ -67,6 +67,11 @@ async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(o
     assert findings["second"] == {"exit_code": 0, "stdout": "first\nfrom-node-2\n", "stderr": ""}, findings
     assert findings["second_lease"] == first, findings
 
+    # The second node left, and the sweeper released the sandbox that went with it (a lease left
+    # active would be counted, and never idle-released: no host of that node is left to ask). The
+    # lease still names the lost node, and no command has been told yet: the next one is.
+    assert findings["swept_lease"] == {"state": "released", "handle": None, "node_id": other, "lost": False}, findings
+
     # The second node left: the next command was told the workdir was lost, and ran in a new sandbox
     # on the head, from nothing (no marker, no note).
     third = findings["third"]

@@ -185,3 +185,35 @@ async def test_a_manager_never_claims_or_releases_another_nodes_sandbox(sandbox:
     assert tree not in released_there
     assert (await here.run_command(tree, workdir, 'cat "$CANOPY_TMP/m"', 30)).stdout == "kept\n"
     assert tree in await here.release_idle()
+
+
+async def test_the_sandboxes_of_a_lost_node_are_released_still_naming_it(sandbox: SandboxKit) -> None:
+    """A node that left the cluster took its sandboxes along, whatever their leases were doing: they
+    are released and keep naming that node, so each tree's next command is the one told its workdir
+    is lost. Other nodes' leases do not change, and an empty list of live nodes changes nothing."""
+    alive, gone = (SandboxManager(sandbox.db, sandbox.backend, 300, sandbox.options, node_id=node)
+                   for node in ("node-a", "node-b"))
+    kept, kept_workdir = await sandbox.new_tree()
+    await alive.run_command(kept, kept_workdir, "true", 30)
+    lost: dict[str, uuid.UUID] = {}
+    for state in ("active", "releasing", "creating"):
+        lost[state], workdir = await sandbox.new_tree()
+        await gone.run_command(lost[state], workdir, "true", 30)
+    made = {state: await _lease(sandbox, tree) for state, tree in lost.items()}
+    await _leave_lease(sandbox, lost["releasing"], "releasing", made["releasing"].handle, 0)
+    await _leave_lease(sandbox, lost["creating"], "creating", None, 0)
+    before = {tree: await _lease(sandbox, tree) for tree in [kept, *lost.values()]}
+
+    async with sandbox.db.tx() as conn:
+        nothing = await leases.release_on_lost_nodes(conn, set())
+    unchanged = {tree: await _lease(sandbox, tree) for tree in before}
+    async with sandbox.db.tx() as conn:
+        released = await leases.release_on_lost_nodes(conn, {"node-a", "node-c"})
+
+    assert nothing == [] and unchanged == before
+    assert sorted(released) == sorted(lost.values())
+    for tree in lost.values():
+        lease = await _lease(sandbox, tree)
+        assert lease is not None
+        assert (lease.state, lease.handle, lease.node_id, lease.workdir_lost_at) == ("released", None, "node-b", None)
+    assert await _lease(sandbox, kept) == before[kept]
