@@ -34,8 +34,8 @@ _HOST_POOL_MIN = 2
 
 
 async def _close_and_exit(db: LazyDatabase, what: str) -> None:
-    """The end of a dedicated actor: its pool closes, and the actor exits for good (a later hint
-    creates a new one)."""
+    """The end of a passivated actor (a dedicated one, or a host that moves): its pool closes, and
+    the actor exits for good (a later hint creates a new one)."""
     try:
         await asyncio.wait_for(db.close(), timeout=5)
     except Exception:
@@ -134,6 +134,7 @@ class SessionHostImpl:
         self._db = LazyDatabase(max_size=max(4, 2 * self.settings.db_pool_max), min_size=_HOST_POOL_MIN)
         self._sessions: dict[uuid.UUID, _HostedSession] = {}
         self._supervisors: dict[uuid.UUID, _HostedSupervisor] = {}
+        self._leaving: asyncio.Task[None] | None = None
 
     async def database(self) -> Database:
         return await self._db.get()
@@ -143,6 +144,8 @@ class SessionHostImpl:
         return os.getpid()
 
     async def signal(self, session_id: str) -> bool:
+        if self._leaving:
+            return False  # its sender makes the host anew, where it now belongs
         sid = uuid.UUID(session_id)
         session = self._sessions.get(sid)
         if session is None or session.exiting:
@@ -192,6 +195,8 @@ class SessionHostImpl:
 
     async def poke_tree(self, tree_id: str) -> list[str] | None:
         """A poke for the tree's supervisor, which lives here (created on demand, like a session)."""
+        if self._leaving:
+            return None
         tid = uuid.UUID(tree_id)
         supervisor = self._supervisors.get(tid)
         if supervisor is None or supervisor.exiting:
@@ -201,6 +206,29 @@ class SessionHostImpl:
     def forget_supervisor(self, supervisor: _HostedSupervisor) -> None:
         if self._supervisors.get(supervisor.tree_id) is supervisor:
             del self._supervisors[supervisor.tree_id]
+
+    async def leave_if_idle(self, node_id: str) -> bool:
+        """Exit if this host is on another node than ``node_id`` (where the placement now puts it)
+        and no Run of its sessions is in progress: its idle sessions and supervisors passivate
+        first, and the next hint makes the host again on ``node_id``. False, with nothing stopped
+        that was busy, when it stays."""
+        if self._leaving:
+            return True
+        if ray.get_runtime_context().get_node_id() == node_id:
+            return False
+        if any(session.busy() for session in self._sessions.values()):
+            return False  # no idle session is passivated for a move that cannot happen yet
+        for session in list(self._sessions.values()):
+            if not await session.passivate_if_idle(session.owner, why="passivated: its host moves"):
+                return False
+        for supervisor in list(self._supervisors.values()):
+            if not await supervisor.passivate_if_idle():
+                return False
+        if self._sessions or self._supervisors:  # a hint made one meanwhile
+            return False
+        log.info("session host %d leaves its node for %s", self.index, node_id)
+        self._leaving = asyncio.create_task(_close_and_exit(self._db, f"session host {self.index}"))
+        return True
 
 
 SHAPE_ACTORS = ShapeActors(session=ray.remote(SessionActorImpl), supervisor=ray.remote(TreeSupervisorImpl),

@@ -22,7 +22,10 @@ So the node is chosen here, with a hard node affinity, where it matters:
   members gather where it started; every host goes to the first live node (by node id), so
   every hosted session runs there.
 - ``spread``: dedicated actors use Ray's ``SPREAD``; host ``k`` goes to the ``k``-th live node
-  (mod their number), so N hosts cover min(N, nodes) nodes.
+  (mod their number), so N hosts cover min(N, nodes) nodes. When nodes join or leave, a host no
+  longer on its ``k``-th node moves there at its first idle moment (``follow_nodes``, asked by
+  the sweeper): it passivates its idle sessions and supervisors, exits, and is made again there.
+  A host with a Run in progress stays where it is until it has none.
 
 When a pinned actor's node is gone, Ray refuses to restart it elsewhere
 (``ActorUnschedulableError``): the next hint treats it like a dead actor and creates it anew, on
@@ -164,6 +167,11 @@ class Placement(abc.ABC):
     async def start(self) -> None:
         """Start what lives as long as the runtime (called by the sweeper when the runtime starts)."""
 
+    async def follow_nodes(self) -> list[str]:
+        """Move what this shape placed by the cluster's nodes to where their current list puts it,
+        as far as it is idle (called by the sweeper now and then); the names of the actors moved."""
+        return []  # a dedicated actor is placed when it is made, and lives only while its session works
+
     @abc.abstractmethod
     def actor_name(self, session_id: uuid.UUID) -> str:
         """The name of the actor that runs the session (and, for a root, its tree's supervisor in
@@ -284,6 +292,7 @@ class Hosted(Placement):
     def __init__(self, actors: ShapeActors, hosts: int, spread: bool) -> None:
         super().__init__()
         self.hosts = hosts
+        self._spread = spread
         self._hosts = _Handles(lambda index: actors.host.options(
             **named_options(host_actor_name(index), max_concurrency=_HOST_CONCURRENCY,
                             **_nth_live_node(index if spread else 0))).remote(index))
@@ -301,6 +310,34 @@ class Hosted(Placement):
     async def start(self) -> None:
         """Start the hosts (and open their connections) so that no activation waits for a process."""
         await asyncio.gather(*(self._hosts.get(index).ready.remote() for index in range(self.hosts)))
+
+    async def follow_nodes(self) -> list[str]:
+        """Spread: a host that is not on the node its index now names (nodes joined or left) moves
+        there at its first idle moment; asked here, it exits, and is made again on that node. A
+        busy host stays: moving it would interrupt its Runs. Pack keeps the hosts where they are."""
+        if not self._spread:
+            return []
+        nodes = await asyncio.to_thread(_live_nodes)
+        moved = []
+        for index in range(self.hosts):
+            try:
+                if await self._move_if_idle(index, nodes[index % len(nodes)]):
+                    moved.append(host_actor_name(index))
+            except Exception:
+                log.exception("moving session host %d failed; the next round asks again", index)
+        return moved
+
+    async def _move_if_idle(self, index: int, node_id: str) -> bool:
+        name = host_actor_name(index)
+        try:
+            host = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+            if not await host.leave_if_idle.remote(node_id):
+                return False
+        except (ValueError, *_GONE):
+            return False  # not running: it is made where it belongs when next needed
+        await _until_gone(name)
+        await self._hosts.get(index, fresh=True).ready.remote()  # no activation waits for its start
+        return True
 
     def actor_name(self, session_id: uuid.UUID) -> str:
         return host_actor_name(self.host_index(session_id))
@@ -326,10 +363,26 @@ def _ray_spread() -> dict[str, Any]:
     return {"scheduling_strategy": "SPREAD"}
 
 
+def _live_nodes() -> list[str]:
+    """The cluster's live nodes by node id."""
+    return sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+
+
 def _nth_live_node(index: int) -> dict[str, Any]:
     """Ray options that put a host on the ``index``-th live node by node id, mod their number."""
-    nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+    nodes = _live_nodes()
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=False)}
+
+
+async def _until_gone(name: str, timeout: float = _HINT_TIMEOUT_SECONDS) -> None:
+    """Until Ray no longer knows a live actor of that name (an exiting actor still holds it)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        await asyncio.sleep(0.1)
 
 
 def choose(settings: Settings, actors: ShapeActors) -> Placement:

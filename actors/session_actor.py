@@ -101,24 +101,26 @@ class SessionCore:
         return {"owner": self.owner, "pid": os.getpid(),
                 "turn_id": str(self._current_turn) if self._current_turn else None}
 
-    async def passivate_if_idle(self, owner: str) -> bool:
-        """The directory needs room: exit now unless there is work. True if this session exits."""
+    async def passivate_if_idle(self, owner: str, why: str = "evicted under max_live_sessions") -> bool:
+        """The directory needs room (or the host moves): exit now unless there is work. True if this
+        session exits."""
         if owner != self.owner:
             self._report()  # the directory knew a previous incarnation: tell it about this one
             return False
-        if self._busy():
+        if self.busy():
             return False
         db = await self._database()
         async with db.tx() as conn:
             work = await run_repo.has_claimable_run(conn, self.session_id)
-        if work or self._busy():
+        if work or self.busy():
             if work:
                 self._wake.set()
             return False
-        self._exit("evicted under max_live_sessions")
+        self._exit(why)
         return True
 
-    def _busy(self) -> bool:
+    def busy(self) -> bool:
+        """Exiting, working, or woken for work: not to be passivated now."""
         return self.exiting or self._working or self._wake.is_set()
 
     def _report(self) -> None:

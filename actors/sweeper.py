@@ -5,7 +5,8 @@ waits whose condition or deadline is met, fires scheduled inputs that are due
 (persistence/schedules.py), pokes trees with queued Runs,
 re-activates sessions holding a granted but unowned Run, and releases the sandboxes of
 trees idle for ``sandbox_idle_seconds`` (SPEC §12) and of nodes that left the cluster
-(actors/sandbox_hosts.py); every few seconds it also publishes the
+(actors/sandbox_hosts.py), and moves idle session hosts to the nodes the placement now puts
+them on (actors/placement.py); every few seconds it also publishes the
 runtime's state gauges (actors/metrics.py), and now and then deletes expired watch marks
 (persistence/stream_watchers.py). Each record is handled in its own
 transaction; one failing record is logged and skipped, the rest proceed, and one failing
@@ -39,8 +40,9 @@ log = logging.getLogger(__name__)
 _ORPHANS_EVERY_SECONDS = 60.0
 # Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
 _GAUGES_EVERY_SECONDS = 5.0
-# Ray declares a node dead after ~30 s of failed health checks: looking more often finds nothing new.
-_LOST_NODES_EVERY_SECONDS = 10.0
+# Nodes join and leave rarely, and Ray declares a lost one dead only after ~30 s of failed health
+# checks: looking at the node list more often finds nothing new.
+_NODES_EVERY_SECONDS = 10.0
 # A schedule catching up on every missed due time fires at most this many per round (the rest next round).
 _MAX_FIRINGS_PER_ROUND = 20
 # Expired watch marks are ignored by readers; deleting them is housekeeping only.
@@ -78,7 +80,8 @@ class SweeperImpl:
         if ray.get_runtime_context().get_actor_id() is not None:
             threading.Thread(target=_ask_to_start, name="canopy-sweeper-start", daemon=True).start()
         self._starting: asyncio.Task[None] | None = None
-        self._sandbox_task: asyncio.Task[None] | None = None
+        # The steps whose slow work runs beside the rounds (Docker, process starts), by step.
+        self.beside: dict[str, asyncio.Task[None]] = {}
         self.rounds = 0
         self.recoveries = 0
         self.sandboxes_released = 0
@@ -116,8 +119,8 @@ class SweeperImpl:
         db = db or await self._db.get()
         # Each step is isolated too: a failing step (say, a query) never stops the others.
         for step in (self._recover_expired, self._resume_due_waits, self._fire_schedules, self._poke_queued,
-                     self._release_idle_sandboxes, self._release_lost_nodes_sandboxes, self._publish_gauges,
-                     self._delete_expired_watchers):
+                     self._release_idle_sandboxes, self._release_lost_nodes_sandboxes, self._move_idle_hosts,
+                     self._publish_gauges, self._delete_expired_watchers):
             try:
                 await step(db)
             except Exception:
@@ -168,8 +171,7 @@ class SweeperImpl:
 
         In the background: releasing a container can take seconds (and is bounded only by
         the manager's own timeout), and recovery must never wait for Docker."""
-        if self._sandbox_task is None or self._sandbox_task.done():
-            self._sandbox_task = asyncio.create_task(self._release_idle_sandboxes_now())
+        self._beside("sandboxes", self._release_idle_sandboxes_now)
 
     async def _release_idle_sandboxes_now(self) -> None:
         """Per-tree sandbox idle release, and now and then orphan reaping, in every node's sandbox
@@ -187,8 +189,27 @@ class SweeperImpl:
     async def _release_lost_nodes_sandboxes(self, db: Database) -> None:
         """A lost node's sandboxes are released now, not at their trees' next commands: until then they
         would count as active, and no host is left on that node to release them when idle."""
-        if self._due("lost_nodes", _LOST_NODES_EVERY_SECONDS):
+        if self._due("lost_nodes", _NODES_EVERY_SECONDS):
             self.sandboxes_released += len(await sandbox_hosts.release_on_lost_nodes(db))
+
+    async def _move_idle_hosts(self, db: Database) -> None:
+        """What the placement put by node follows nodes that joined or left (actors/placement.py), in
+        the background: a move waits for a process to exit and another to start."""
+        if self._due("hosts", _NODES_EVERY_SECONDS):
+            self._beside("hosts", self._move_idle_hosts_now)
+
+    async def _move_idle_hosts_now(self) -> None:
+        try:
+            for name in await self.placement.follow_nodes():
+                log.info("%s moved to the node the placement now puts it on", name)
+        except Exception:
+            log.exception("moving idle session hosts failed; the next round retries")
+
+    def _beside(self, step: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Start ``work`` beside the rounds unless the step's previous one still runs."""
+        running = self.beside.get(step)
+        if running is None or running.done():
+            self.beside[step] = asyncio.create_task(work())
 
     async def _publish_gauges(self, db: Database) -> None:
         """The runtime's state gauges for ``ray.util.metrics`` (actors/metrics.py)."""

@@ -93,8 +93,27 @@ class SupervisorCore:
             if self._pokes != pokes or self._lock.locked():
                 idle_since = None  # a poke arrived meanwhile: not idle after all
             elif loop.time() - idle_since >= self.settings.actor_idle_seconds:
-                # No await between the check and this flag: every later poke is refused (its
-                # sender creates a fresh supervisor), so none is accepted and then lost.
-                self.exiting = True
-                await self._exited(db)
+                await self._exit(db)
                 return
+
+    async def passivate_if_idle(self) -> bool:
+        """Exit now unless the tree has active Runs (its host is moving, actors/hosting.py): True if
+        this supervisor exits (or already was)."""
+        if self.exiting:
+            return True
+        pokes = self._pokes
+        db = await self._database()
+        async with db.tx() as conn:
+            active = await run_repo.tree_has_active_runs(conn, self.tree_id)
+        if active or self._pokes != pokes or self._lock.locked():
+            return False
+        await self._exit(db)
+        return True
+
+    async def _exit(self, db: Database) -> None:
+        # Called with no await since the idle check: from this flag on every poke is refused (its
+        # sender creates a fresh supervisor), so none is accepted and then lost.
+        self.exiting = True
+        if self._idle_task is not None and self._idle_task is not asyncio.current_task():
+            self._idle_task.cancel()
+        await self._exited(db)

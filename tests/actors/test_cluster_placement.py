@@ -114,3 +114,27 @@ async def test_a_tree_survives_losing_a_node_mid_run(shape: str, spread_then_nod
     # ...and the members running there when it went ran again elsewhere.
     for member in removed["members"]:
         assert set(findings["member_nodes"][member]) - {removed["node"]}, findings
+
+
+async def test_an_idle_host_moves_to_a_node_that_joined(own_database_url: str, tmp_path: Path) -> None:
+    """Hosted, spread, two hosts on a cluster of one node; a second node joins while a session of
+    each host runs a Turn. No host moves while busy; once idle, the host whose index now names the
+    new node moves there (and only it), and both sessions' next Turns run, none of their Runs lost."""
+    findings = await scenario_findings("tests.actors.node_join_scenario", {
+        **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": own_database_url}, timeout=300)
+    assert "error" not in findings, findings["error"]
+    head, joined = findings["head"], findings["joined"]
+    where = {f"canopy:sessions:{k}": sorted([head, joined])[k % 2] for k in range(2)}  # host k on the k-th node
+    [mover] = [name for name, node in where.items() if node == joined]
+
+    assert {name: host["node"] for name, host in findings["hosts_at_start"].items()} == dict.fromkeys(where, head)
+    assert findings["long"] == [{"status": "completed", "output": "long"}] * 2, findings
+    assert findings["hosts_after_long"] == findings["hosts_at_start"], findings  # busy: nobody moved
+    assert findings["move"]["left"] == [mover], findings
+    assert findings["after"] == [{"status": "completed", "output": "after"}] * 2, findings
+    after = findings["hosts_after_move"]
+    assert {name: host["node"] for name, host in after.items()} == where, findings
+    stayed = next(name for name in where if name != mover)
+    assert after[stayed] == findings["hosts_at_start"][stayed], findings  # the same process, never restarted
+    # Every Run of both sessions ran once and completed: none was cut off by the move.
+    assert findings["runs"] == {"0": ["start:completed:None"] * 3, "1": ["start:completed:None"] * 3}, findings

@@ -145,9 +145,9 @@ async def test_sweeper_releases_idle_sandboxes_in_isolation(runtime: Runtime, mo
 
     monkeypatch.setattr(sweeper, "_recover_expired", broken)
     await sweeper.sweep_once(runtime.db)  # the recovery step and the release fail: the round still completes
-    await sweeper._sandbox_task  # the release runs beside the round, never holding up recovery
+    await sweeper.beside["sandboxes"]  # the release runs beside the round, never holding up recovery
     await sweeper.sweep_once(runtime.db)
-    await sweeper._sandbox_task
+    await sweeper.beside["sandboxes"]
     assert sandboxes.calls == 2
     assert (await sweeper.stats())["rounds"] == 2
     assert (await sweeper.stats())["sandboxes_released"] == 1
