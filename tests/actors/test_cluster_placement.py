@@ -4,7 +4,8 @@ worker node that runs some of them is removed mid-run, yet every Turn completes 
 reply happens twice; with ``pack`` a hosted tree runs on one node. The cluster is
 ``ray.cluster_utils.Cluster`` in a process of its own: see cluster_placement_scenario.py. The
 spread and node-loss cases of a shape run in one cluster, one after the other (the node goes
-last), once for both tests: the tests of a shape are one xdist group."""
+last), once for both tests: the tests of a shape are one xdist group. A node that joins a running
+cluster gets its session host (node_join_scenario.py)."""
 
 from __future__ import annotations
 
