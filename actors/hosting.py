@@ -218,14 +218,16 @@ class SessionHostImpl:
             return False
         if any(session.busy() for session in self._sessions.values()):
             return False  # no idle session is passivated for a move that cannot happen yet
+        for supervisor in list(self._supervisors.values()):  # first: a tree busy in another host keeps it
+            if not await supervisor.passivate_if_idle():
+                return False
         for session in list(self._sessions.values()):
             if not await session.passivate_if_idle(session.owner, why="passivated: its host moves"):
                 return False
-        for supervisor in list(self._supervisors.values()):
-            if not await supervisor.passivate_if_idle():
-                return False
         if self._sessions or self._supervisors:  # a hint made one meanwhile
             return False
+        if self._leaving:  # another call decided meanwhile
+            return True
         log.info("session host %d leaves its node for %s", self.index, node_id)
         self._leaving = asyncio.create_task(_close_and_exit(self._db, f"session host {self.index}"))
         return True
