@@ -35,6 +35,9 @@ _STALE_BUSY_SECONDS = 10.0
 _PRUNE_EVERY_SECONDS = 5.0
 # A process's reports go out together this long after the first of them (see _Outbox).
 REPORT_DELAY_SECONDS = 0.05
+# Departed incarnations remembered, so that a report of one that arrives after its departure is
+# dropped: far more than depart within the time a call can lag behind another.
+_DEPARTED_KEPT = 10_000
 
 
 @dataclasses.dataclass
@@ -53,6 +56,8 @@ class SessionDirectoryImpl:
         # Least recently used first.
         self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._evicting: set[str] = set()
+        # Owners (session incarnations, never reused) that departed, oldest first.
+        self._departed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._prune_task: asyncio.Task[None] | None = None
         self.evictions = 0
@@ -63,6 +68,10 @@ class SessionDirectoryImpl:
     async def report(self, session_id: str, owner: str, handle: Any, busy: bool) -> None:
         """A session actor started, picked up work (busy) or went idle."""
         self._ensure_pruning()
+        if owner in self._departed:
+            # Ray keeps no order between two calls to an async actor: this report was made before
+            # the departure that overtook it.
+            return
         now = time.monotonic()
         entry = self._entries.get(session_id)
         if entry is None or entry.owner != owner:
@@ -94,6 +103,9 @@ class SessionDirectoryImpl:
 
     async def gone(self, session_id: str, owner: str) -> None:
         """A session actor exits (idle timeout, eviction)."""
+        self._departed[owner] = None
+        while len(self._departed) > _DEPARTED_KEPT:
+            self._departed.popitem(last=False)
         entry = self._entries.get(session_id)
         if entry is not None and entry.owner == owner:
             del self._entries[session_id]

@@ -122,6 +122,23 @@ async def test_reports_keep_the_latest_per_session_and_precede_a_departure(runti
         await handle.configure.remote(**previous)
 
 
+async def test_a_report_that_arrives_after_its_departure_is_dropped(runtime: Runtime) -> None:
+    """Ray runs an async actor's calls in no guaranteed order: a report can reach the directory
+    after the departure sent behind it. It is dropped (an incarnation never comes back); a new
+    incarnation of the same session is known again."""
+    handle = directory_handle()
+    session_id = f"late-{uuid.uuid4().hex[:8]}"
+    try:
+        await handle.gone.remote(session_id, f"{session_id}-1")
+        await handle.report.remote(session_id, f"{session_id}-1", None, False)
+        overtaken = await handle.entry.remote(session_id)
+        await handle.report.remote(session_id, f"{session_id}-2", None, True)
+        assert overtaken is None
+        assert await handle.entry.remote(session_id) == {"owner": f"{session_id}-2", "busy": True}
+    finally:
+        await handle.gone.remote(session_id, f"{session_id}-2")
+
+
 class _FakeSandboxes:
     def __init__(self) -> None:
         self.calls = 0
