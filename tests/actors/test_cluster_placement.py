@@ -119,7 +119,7 @@ async def test_a_tree_survives_losing_a_node_mid_run(shape: str, spread_then_nod
 
 async def test_an_idle_host_moves_to_a_node_that_joined(own_database_url: str, tmp_path: Path) -> None:
     """Hosted, spread, two hosts on a cluster of one node; a second node joins while a session of
-    each host runs a Turn. No host moves while busy; once idle, the host whose index now names the
+    each host runs a 25 s Turn. No host moves while busy; once idle, the host whose index now names the
     new node moves there (and only it), and both sessions' next Turns run, none of their Runs lost."""
     findings = await scenario_findings("tests.actors.node_join_scenario", {
         **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": own_database_url}, timeout=300)
