@@ -331,12 +331,13 @@ class Hosted(Placement):
         name = host_actor_name(index)
         try:
             host = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
-            if not await host.leave_if_idle.remote(node_id):
+            if not await asyncio.wait_for(host.leave_if_idle.remote(node_id), _HINT_TIMEOUT_SECONDS):
                 return False
         except (ValueError, *_GONE):
             return False  # not running: it is made where it belongs when next needed
         await _until_gone(name)
-        await self._hosts.get(index, fresh=True).ready.remote()  # no activation waits for its start
+        # Made now, so that no activation waits for its start (a hint would make it all the same).
+        await asyncio.wait_for(self._hosts.get(index, fresh=True).ready.remote(), _HINT_TIMEOUT_SECONDS)
         return True
 
     def actor_name(self, session_id: uuid.UUID) -> str:
