@@ -49,6 +49,12 @@ def node_local_options(name: str, node_id: str, **extra: Any) -> dict[str, Any]:
     return named_options(name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **extra)
 
 
+def live_nodes() -> list[str]:
+    """The cluster's live nodes by node id, for options that name a node (a blocking call to Ray's
+    GCS: from async code, in a thread)."""
+    return sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+
+
 class NodeLocal:
     """This process's handle to its node's instance of a per-node actor, made by ``create(node_id)``
     (a get-or-create with ``node_local_options``) on first use and kept: a handle stays valid

@@ -57,7 +57,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.naming import NAMESPACE, host_actor_name, named_options, session_actor_name, tree_actor_name
+from actors.naming import NAMESPACE, host_actor_name, live_nodes, named_options, session_actor_name, tree_actor_name
 from persistence.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -317,7 +317,7 @@ class Hosted(Placement):
         busy host stays: moving it would interrupt its Runs. Pack keeps the hosts where they are."""
         if not self._spread:
             return []
-        nodes = await asyncio.to_thread(_live_nodes)
+        nodes = await asyncio.to_thread(live_nodes)
         moved = []
         for index in range(self.hosts):
             try:
@@ -364,14 +364,9 @@ def _ray_spread() -> dict[str, Any]:
     return {"scheduling_strategy": "SPREAD"}
 
 
-def _live_nodes() -> list[str]:
-    """The cluster's live nodes by node id."""
-    return sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
-
-
 def _nth_live_node(index: int) -> dict[str, Any]:
     """Ray options that put a host on the ``index``-th live node by node id, mod their number."""
-    nodes = _live_nodes()
+    nodes = live_nodes()
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=False)}
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 
-from actors.naming import NAMESPACE, NodeLocal, node_local_options, sandbox_host_name
+from actors.naming import NAMESPACE, NodeLocal, live_nodes, node_local_options, sandbox_host_name
 from persistence import sandbox_leases as leases
 from persistence.db import Database, LazyDatabase
 from persistence.sandbox_leases import SandboxLease
@@ -110,7 +110,7 @@ def _here() -> str:
 
 
 async def _alive_nodes() -> set[str]:
-    return {node["NodeID"] for node in await asyncio.to_thread(ray.nodes) if node["Alive"]}
+    return set(await asyncio.to_thread(live_nodes))
 
 
 async def _existing_host(node_id: str) -> Any | None:
