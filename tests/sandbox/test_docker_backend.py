@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
 from persistence import sandbox_leases as leases
+from persistence.settings import Settings
 from sandbox.base import SandboxError, parse_user
 from sandbox.docker_backend import LABEL_MANAGED, DockerBackend
 from sandbox.manager import SandboxManager
@@ -92,3 +95,26 @@ async def test_a_root_user_is_refused_and_nothing_is_made(docker_kit: SandboxKit
     assert docker_kit.backend.containers_for(tree) == [] and not (workdir / "made.txt").exists()
     async with docker_kit.db.tx() as conn:
         assert await leases.get(conn, tree) is None
+
+
+@pytest.mark.timeout(900)
+async def test_the_default_image_builds_and_runs_what_an_agent_expects(docker_kit: SandboxKit) -> None:
+    """sandbox/image/build.sh makes the image ``canopy up`` uses by default; in the sandbox (read-only
+    root, no capability, the sandbox user) it runs Python with pip and venv, git, and writes the workdir.
+    The first build takes about a minute (Debian's mirror); the script keeps an image of its recipe's version."""
+    image = Settings.model_fields["sandbox_image"].default
+    build = Path(__file__).resolve().parents[2] / "sandbox" / "image" / "build.sh"
+    built = await asyncio.to_thread(subprocess.run, ["bash", str(build), image], capture_output=True, text=True,
+                                    timeout=1500)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    tree, workdir = await docker_kit.new_tree()
+    options = dataclasses.replace(docker_kit.options, image=image)
+
+    result = await SandboxManager(docker_kit.db, docker_kit.backend, 300, options).run_command(
+        tree, workdir, "id -un; python3 -c 'import ssl, venv; print(6 * 7)'; git --version; python3 -m pip --version;"
+        " echo made > made.txt", 120)
+
+    assert result.exit_code == 0, result
+    name, answer, git, pip = result.stdout.splitlines()
+    assert (name, answer) == ("canopy", "42") and git.startswith("git version") and pip.startswith("pip ")
+    assert (workdir / "made.txt").read_text() == "made\n"
