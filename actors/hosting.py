@@ -31,6 +31,12 @@ log = logging.getLogger(__name__)
 ANNOUNCE_DELAY_SECONDS = 0.05
 # Connections a session host keeps open while idle: its supervisors' sweeps and a first session.
 _HOST_POOL_MIN = 2
+# A moving host looks this often for sessions whose Run has ended, to passivate them.
+_DRAIN_POLL_SECONDS = 0.2
+# How long a move request waits for the drain to end (an idle host's ends at once).
+_MOVE_WAIT_SECONDS = 1.0
+# A drain that gave up (settings.host_drain_seconds) is tried again this many times as long later.
+_DRAIN_AGAIN_FACTOR = 10
 
 
 async def _close_and_exit(db: LazyDatabase, what: str) -> None:
@@ -98,6 +104,9 @@ class _HostedSession(SessionCore):
     async def _database(self) -> Database:
         return await self._host.database()
 
+    def _may_begin(self) -> bool:
+        return not self._host.moving
+
     def _ensure_loop(self) -> None:
         if self.work_loop is None:
             self.work_loop = asyncio.get_running_loop().create_task(self._host.run(self))
@@ -134,7 +143,14 @@ class SessionHostImpl:
         self._db = LazyDatabase(max_size=max(4, 2 * self.settings.db_pool_max), min_size=_HOST_POOL_MIN)
         self._sessions: dict[uuid.UUID, _HostedSession] = {}
         self._supervisors: dict[uuid.UUID, _HostedSupervisor] = {}
+        self._draining: asyncio.Task[None] | None = None
+        self._drain_again_at = 0.0
         self._leaving: asyncio.Task[None] | None = None
+
+    @property
+    def moving(self) -> bool:
+        """Moving to another node: no Run begins here, no session or supervisor is made here."""
+        return self._draining is not None
 
     async def database(self) -> Database:
         return await self._db.get()
@@ -149,13 +165,17 @@ class SessionHostImpl:
         sid = uuid.UUID(session_id)
         session = self._sessions.get(sid)
         if session is None or session.exiting:
+            if self.moving:
+                # Not made here, and no use retrying now: the work waits in the database, and the
+                # sweep hands it on once the host is made again where it now belongs.
+                return True
             session = self._sessions[sid] = _HostedSession(sid, self)
         return await session.signal()
 
     async def status(self, session_id: str | None = None) -> dict[str, Any]:
         if session_id is None:
             return {"pid": os.getpid(), "index": self.index, "sessions": len(self._sessions),
-                    "trees": len(self._supervisors)}
+                    "trees": len(self._supervisors), "moving": self.moving}
         session = self._sessions.get(uuid.UUID(session_id))
         return session.status() if session is not None else {"pid": os.getpid(), "owner": None, "turn_id": None}
 
@@ -200,6 +220,8 @@ class SessionHostImpl:
         tid = uuid.UUID(tree_id)
         supervisor = self._supervisors.get(tid)
         if supervisor is None or supervisor.exiting:
+            if self.moving:
+                return []  # as for a session: nothing granted here now, the sweep pokes again later
             supervisor = self._supervisors[tid] = _HostedSupervisor(tid, self)
         return await supervisor.poke()
 
@@ -207,30 +229,51 @@ class SessionHostImpl:
         if self._supervisors.get(supervisor.tree_id) is supervisor:
             del self._supervisors[supervisor.tree_id]
 
-    async def leave_if_idle(self, node_id: str) -> bool:
-        """Exit if this host is on another node than ``node_id`` (where the placement now puts it)
-        and no Run of its sessions is in progress: its idle sessions and supervisors passivate
-        first, and the next hint makes the host again on ``node_id``. False, with nothing stopped
-        that was busy, when it stays."""
+    async def move(self, node_id: str) -> bool:
+        """Leave for ``node_id`` (where the placement now puts this host) without cutting a Run off:
+        the host drains (no Run begins here and no session or supervisor is made here; each session
+        passivates once its Run has ended; the supervisors, which go on granting meanwhile, once no
+        session is left), then exits, and the next hint makes it on ``node_id``. The work left
+        waits in the database meanwhile (the sweep hands it on): a drain is bounded, since it
+        holds up the host's other sessions (``host_drain_seconds``). True once the host is
+        leaving; False while it drains, or when it already is on ``node_id`` (a drain under way
+        stops)."""
         if self._leaving:
             return True
         if ray.get_runtime_context().get_node_id() == node_id:
+            if self._draining is not None:  # the nodes changed back
+                self._draining.cancel()
+                self._draining = None
             return False
-        if any(session.busy() for session in self._sessions.values()):
-            return False  # no idle session is passivated for a move that cannot happen yet
-        for supervisor in list(self._supervisors.values()):  # first: a tree busy in another host keeps it
-            if not await supervisor.passivate_if_idle():
+        if self._draining is None:
+            if asyncio.get_running_loop().time() < self._drain_again_at:
                 return False
-        for session in list(self._sessions.values()):
-            if not await session.passivate_if_idle(session.owner, why="passivated: its host moves"):
-                return False
-        if self._sessions or self._supervisors:  # a hint made one meanwhile
-            return False
-        if self._leaving:  # another call decided meanwhile
-            return True
-        log.info("session host %d leaves its node for %s", self.index, node_id)
+            log.info("session host %d drains to move to node %s", self.index, node_id)
+            self._draining = asyncio.create_task(self._drain())
+        await asyncio.wait([self._draining], timeout=_MOVE_WAIT_SECONDS)
+        return self._leaving is not None
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        limit = self.settings.host_drain_seconds
+        deadline = loop.time() + limit
+        while True:
+            for session in list(self._sessions.values()):
+                session.leave_between_runs("passivated: its host moves")
+            if not self._sessions:
+                break
+            if loop.time() > deadline:
+                # The host's sessions that are not live wait while it drains: not for any Run's length.
+                log.warning("session host %d stays on its node: a Run was still in progress after %.0f s of "
+                            "draining; it tries again in %.0f s", self.index, limit, _DRAIN_AGAIN_FACTOR * limit)
+                self._drain_again_at = loop.time() + _DRAIN_AGAIN_FACTOR * limit
+                self._draining = None  # a session that began no Run meanwhile is handed it by the sweep
+                return
+            await asyncio.sleep(_DRAIN_POLL_SECONDS)
+        for supervisor in list(self._supervisors.values()):
+            await supervisor.passivate_now()
+        log.info("session host %d leaves its node", self.index)
         self._leaving = asyncio.create_task(_close_and_exit(self._db, f"session host {self.index}"))
-        return True
 
 
 SHAPE_ACTORS = ShapeActors(session=ray.remote(SessionActorImpl), supervisor=ray.remote(TreeSupervisorImpl),

@@ -23,9 +23,11 @@ So the node is chosen here, with a hard node affinity, where it matters:
   every hosted session runs there.
 - ``spread``: dedicated actors use Ray's ``SPREAD``; host ``k`` goes to the ``k``-th live node
   (mod their number), so N hosts cover min(N, nodes) nodes. When nodes join or leave, a host no
-  longer on its ``k``-th node moves there at its first idle moment (``follow_nodes``, asked by
-  the sweeper): it passivates its idle sessions and supervisors, exits, and is made again there.
-  A host with a Run in progress stays where it is until it has none.
+  longer on its ``k``-th node moves there (``follow_nodes``, asked by the sweeper): it drains
+  (begins no Run, makes no session; each session passivates once its Run has ended, then the
+  supervisors), exits, and is made again there. No Run is cut off; the work that arrives meanwhile
+  waits in the database until the host is made again. A drain that a Run keeps going longer than
+  ``host_drain_seconds`` gives up (the host stays) and is tried again ten times as long later.
 
 When a pinned actor's node is gone, Ray refuses to restart it elsewhere
 (``ActorUnschedulableError``): the next hint treats it like a dead actor and creates it anew, on
@@ -168,8 +170,8 @@ class Placement(abc.ABC):
         """Start what lives as long as the runtime (called by the sweeper when the runtime starts)."""
 
     async def follow_nodes(self) -> list[str]:
-        """Move what this shape placed by the cluster's nodes to where their current list puts it,
-        as far as it is idle (called by the sweeper now and then); the names of the actors moved."""
+        """Move what this shape placed by the cluster's nodes to where their current list puts it
+        (called by the sweeper now and then); the names of the actors moved."""
         return []  # a dedicated actor is placed when it is made, and lives only while its session works
 
     @abc.abstractmethod
@@ -313,26 +315,26 @@ class Hosted(Placement):
 
     async def follow_nodes(self) -> list[str]:
         """Spread: a host that is not on the node its index now names (nodes joined or left) moves
-        there at its first idle moment; asked here, it exits, and is made again on that node. A
-        busy host stays: moving it would interrupt its Runs. Pack keeps the hosts where they are."""
+        there (``SessionHostImpl.move``: it drains, then exits) and is made again on that node. Pack
+        keeps the hosts where they are."""
         if not self._spread:
             return []
         nodes = await asyncio.to_thread(live_nodes)
         moved = []
         for index in range(self.hosts):
             try:
-                if await self._move_if_idle(index, nodes[index % len(nodes)]):
+                if await self._move(index, nodes[index % len(nodes)]):
                     moved.append(host_actor_name(index))
             except Exception:
                 log.exception("moving session host %d failed; the next round asks again", index)
         return moved
 
-    async def _move_if_idle(self, index: int, node_id: str) -> bool:
+    async def _move(self, index: int, node_id: str) -> bool:
         name = host_actor_name(index)
         try:
             host = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
-            if not await asyncio.wait_for(host.leave_if_idle.remote(node_id), _HINT_TIMEOUT_SECONDS):
-                return False
+            if not await asyncio.wait_for(host.move.remote(node_id), _HINT_TIMEOUT_SECONDS):
+                return False  # there already, or draining: the next round asks again
         except (ValueError, *_GONE):
             return False  # not running: it is made where it belongs when next needed
         await _until_gone(name)

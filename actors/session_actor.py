@@ -101,27 +101,36 @@ class SessionCore:
         return {"owner": self.owner, "pid": os.getpid(),
                 "turn_id": str(self._current_turn) if self._current_turn else None}
 
-    async def passivate_if_idle(self, owner: str, why: str = "evicted under max_live_sessions") -> bool:
-        """The directory needs room (or the host moves): exit now unless there is work. True if this
-        session exits."""
+    async def passivate_if_idle(self, owner: str) -> bool:
+        """The directory needs room: exit now unless there is work. True if this session exits."""
         if owner != self.owner:
             self._report()  # the directory knew a previous incarnation: tell it about this one
             return False
-        if self.busy():
+        if self._busy():
             return False
         db = await self._database()
         async with db.tx() as conn:
             work = await run_repo.has_claimable_run(conn, self.session_id)
-        if work or self.busy():
+        if work or self._busy():
             if work:
                 self._wake.set()
             return False
-        self._exit(why)
+        self._exit("evicted under max_live_sessions")
         return True
 
-    def busy(self) -> bool:
-        """Exiting, working, or woken for work: not to be passivated now."""
+    def _busy(self) -> bool:
+        """Exiting, working, or woken for work: not to be evicted now."""
         return self.exiting or self._working or self._wake.is_set()
+
+    def leave_between_runs(self, why: str) -> None:
+        """Exit now unless a Run is being read or run (its host moves, actors/hosting.py): the work
+        left is durable and is done where the session is made next."""
+        if not self.exiting and not self._working:
+            self._exit(why)
+
+    def _may_begin(self) -> bool:
+        """Whether another Run may begin in this incarnation (a host that moves begins none)."""
+        return True
 
     def _report(self) -> None:
         if self.exiting:  # gone() is sent: a late report must not list this incarnation again
@@ -193,7 +202,7 @@ class SessionCore:
     async def _run_claimable(self) -> bool:
         db = await self._database()
         ran = False
-        while (executor := await self._begin_next(db)) is not None:
+        while self._may_begin() and (executor := await self._begin_next(db)) is not None:
             ran = True
             run = executor.run
             self._current_turn = run.turn_id

@@ -5,7 +5,7 @@ waits whose condition or deadline is met, fires scheduled inputs that are due
 (persistence/schedules.py), pokes trees with queued Runs,
 re-activates sessions holding a granted but unowned Run, and releases the sandboxes of
 trees idle for ``sandbox_idle_seconds`` (SPEC §12) and of nodes that left the cluster
-(actors/sandbox_hosts.py), and moves idle session hosts to the nodes the placement now puts
+(actors/sandbox_hosts.py), and moves session hosts to the nodes the placement now puts
 them on (actors/placement.py); every few seconds it also publishes the
 runtime's state gauges (actors/metrics.py), and now and then deletes expired watch marks
 (persistence/stream_watchers.py). Each record is handled in its own
@@ -119,7 +119,7 @@ class SweeperImpl:
         db = db or await self._db.get()
         # Each step is isolated too: a failing step (say, a query) never stops the others.
         for step in (self._recover_expired, self._resume_due_waits, self._fire_schedules, self._poke_queued,
-                     self._release_idle_sandboxes, self._release_lost_nodes_sandboxes, self._move_idle_hosts,
+                     self._release_idle_sandboxes, self._release_lost_nodes_sandboxes, self._move_hosts,
                      self._publish_gauges, self._delete_expired_watchers):
             try:
                 await step(db)
@@ -192,18 +192,18 @@ class SweeperImpl:
         if self._due("lost_nodes", _NODES_EVERY_SECONDS):
             self.sandboxes_released += len(await sandbox_hosts.release_on_lost_nodes(db))
 
-    async def _move_idle_hosts(self, db: Database) -> None:
+    async def _move_hosts(self, db: Database) -> None:
         """What the placement put by node follows nodes that joined or left (actors/placement.py), in
         the background: a move waits for a process to exit and another to start."""
         if self._due("hosts", _NODES_EVERY_SECONDS):
-            self._beside("hosts", self._move_idle_hosts_now)
+            self._beside("hosts", self._move_hosts_now)
 
-    async def _move_idle_hosts_now(self) -> None:
+    async def _move_hosts_now(self) -> None:
         try:
             for name in await self.placement.follow_nodes():
                 log.info("%s moved to the node the placement now puts it on", name)
         except Exception:
-            log.exception("moving idle session hosts failed; the next round retries")
+            log.exception("moving session hosts failed; the next round retries")
 
     def _beside(self, step: str, work: Callable[[], Awaitable[None]]) -> None:
         """Start ``work`` beside the rounds unless the step's previous one still runs."""

@@ -3,7 +3,8 @@
 Grants the tree's slots FIFO. The grant is serialised here in memory and committed in
 PostgreSQL under the tree's row lock, so the limit holds across supervisor restarts,
 API replicas and nodes. A Run that cannot be served stays ``pending`` in the durable
-queue; it is never dropped. The supervisor passivates when its tree is idle.
+queue; it is never dropped. The supervisor passivates when its tree is idle (at once when the
+host it lives in moves).
 
 Pokes coalesce: a poke that arrives while a grant is committing waits for it and then
 grants once more for everyone who arrived meanwhile, so a burst of N pokes costs at most
@@ -96,19 +97,13 @@ class SupervisorCore:
                 await self._exit(db)
                 return
 
-    async def passivate_if_idle(self) -> bool:
-        """Exit now unless the tree has active Runs (its host is moving, actors/hosting.py): True if
-        this supervisor exits (or already was)."""
-        if self.exiting:
-            return True
-        pokes = self._pokes
-        db = await self._database()
-        async with db.tx() as conn:
-            active = await run_repo.tree_has_active_runs(conn, self.tree_id)
-        if active or self._pokes != pokes or self._lock.locked():
-            return False
-        await self._exit(db)
-        return True
+    async def passivate_now(self) -> None:
+        """Exit whatever the tree is doing (its host moves, actors/hosting.py): the tree's queue and
+        slots are in the database, and its next poke makes the supervisor anew where it now lives.
+        A grant under way commits first."""
+        async with self._lock:
+            if not self.exiting:
+                await self._exit(await self._database())
 
     async def _exit(self, db: Database) -> None:
         # Called with no await since the idle check: from this flag on every poke is refused (its

@@ -95,9 +95,15 @@ class Settings(BaseSettings):
         description="Where on a Ray cluster of several nodes the session actors and tree supervisors "
         "(session_hosts = 0) or the hosts (N > 0) go (actors/placement.py). pack: a dedicated actor on the node "
         "of the process that creates it, so a tree gathers where it started; every host on one node. spread: "
-        "over the nodes (Ray's SPREAD; host k on the k-th node), for trees larger than one node. pack is the "
-        "default because a tree's sandbox workdir lives on one node's disk: members on other machines would "
-        "each see a workdir of their own. Alike on one machine.")
+        "over the nodes (Ray's SPREAD; host k on the k-th node, and a host follows when nodes join or leave), "
+        "for trees larger than one node. pack is the default because a tree's sandbox and workdir live on one "
+        "node's disk, which members on other nodes reach by a cross-node call per sandbox call. Alike on one "
+        "machine.")
+    host_drain_seconds: float = Field(
+        default=60.0, gt=0,
+        description="spread, N > 0: how long a host that moves to another node (a node joined or left) may drain: "
+        "it begins no Run and its sessions that are not live wait until it has moved. A Run still in progress "
+        "after this long keeps the host where it is; it tries again after ten times as long.")
     failpoints: str = Field(
         default="",
         description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "

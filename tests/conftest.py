@@ -86,6 +86,8 @@ RUNTIME_ENV = {
     "CANOPY_HEARTBEAT_SECONDS": "1",
     "CANOPY_SWEEP_SECONDS": "0.5",
     "CANOPY_ACTOR_IDLE_SECONDS": "6",
+    # A host that moves (tests/actors/test_placement.py asks one to) gives up draining soon.
+    "CANOPY_HOST_DRAIN_SECONDS": "3",
     "CANOPY_FAILPOINTS": "before_model_call=3,after_model_commit=3,after_command_receipt=3,during_compaction=3",
     # Ray's metrics agent exports every 10 s by default; the metrics test need not wait that long.
     "RAY_metrics_report_interval_ms": "2000",

@@ -2,10 +2,11 @@
 that starts with one node (``ray.cluster_utils.Cluster``, on this machine); hosted shape, two
 hosts, ``spread``. Run by test_cluster_placement.py (one Ray per process); prints one JSON line.
 
-Both hosts start on the only node. A session of each host starts a long Turn; a second node joins
-while they run. The findings: the hosts' nodes while the Turns ran (nobody moved a busy host),
-which host left once they ended, then each session's next Turn and the hosts' nodes after it,
-and every Run of both sessions read back from the database.
+Both hosts start on the only node. Each host's session gets a long Turn and, queued behind it at
+once, a short one, so that neither host is idle until both end; a second node joins while the long
+Turns run. The findings: the Turns' results, which host left, each session's next Turn and the
+hosts' nodes after it, and every Run of both sessions (its incarnation among them) read back from
+the database.
 
     SCENARIO_DATABASE_URL=... python -m tests.actors.node_join_scenario
 """
@@ -34,7 +35,7 @@ from tests.actors.gateways_scenario import actors
 
 HOSTS = 2
 # The node has joined ~6 s into the Turn at most: the ~19 s left hold at least one of the sweeper's
-# looks at the nodes (every 10 s), which finds the host busy.
+# looks at the nodes (every 10 s), which finds the host busy and has it drain.
 LONG_MS = 25_000
 
 
@@ -90,18 +91,22 @@ async def main() -> None:
         roots = await one_root_per_host(runtime, scope)
         findings["hosts_at_start"] = host_nodes()
 
-        long_turns = asyncio.create_task(turns(runtime, scope, roots, script(say("long", delay_ms=LONG_MS))))
+        # A host of one session busy without a pause: the short Turn begins as the long one ends.
+        long = [await runtime.submit_input(scope, root["session_id"], script(say("long", delay_ms=LONG_MS)))
+                for root in roots.values()]
+        short = [await runtime.submit_input(scope, root["session_id"], script(say("next"))) for root in roots.values()]
         await asyncio.sleep(1)
         findings["joined"] = cluster.add_node(num_cpus=1).node_id  # Ray's signal handlers: the main thread only
         cluster.wait_for_nodes()
-        findings["long"] = await long_turns
-        findings["hosts_after_long"] = host_nodes()
+        for name, receipts in (("long", long), ("next", short)):
+            findings[name] = [{"status": r["status"], "output": r["output"]} for r in await asyncio.gather(
+                *(runtime.wait_result(scope, receipt["input_id"], timeout=120) for receipt in receipts))]
 
-        findings["move"] = await until_a_host_left(findings["hosts_after_long"], timeout=60)
+        findings["move"] = await until_a_host_left(findings["hosts_at_start"], timeout=60)
         findings["after"] = await turns(runtime, scope, roots, script(say("after")))
         findings["hosts_after_move"] = host_nodes()
-        findings["runs"] = {str(index): [f"{r['kind']}:{r['status']}:{r['error']}" for r in await rows(
-            runtime.db, "SELECT kind, status, error FROM runs WHERE session_id = %s ORDER BY queued_at",
+        findings["runs"] = {str(index): [f"{r['kind']}:{r['status']}:{r['error']}|{r['owner']}" for r in await rows(
+            runtime.db, "SELECT kind, status, error, owner FROM runs WHERE session_id = %s ORDER BY queued_at",
             root["session_id"])] for index, root in roots.items()}
         await runtime.close()
     except BaseException:

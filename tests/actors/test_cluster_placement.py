@@ -5,7 +5,7 @@ reply happens twice; with ``pack`` a hosted tree runs on one node. The cluster i
 ``ray.cluster_utils.Cluster`` in a process of its own: see cluster_placement_scenario.py. The
 spread and node-loss cases of a shape run in one cluster, one after the other (the node goes
 last), once for both tests: the tests of a shape are one xdist group. A node that joins a running
-cluster gets its session host (node_join_scenario.py)."""
+cluster gets its session host, busy as it is (node_join_scenario.py)."""
 
 from __future__ import annotations
 
@@ -117,12 +117,17 @@ async def test_a_tree_survives_losing_a_node_mid_run(shape: str, spread_then_nod
         assert set(findings["member_nodes"][member]) - {removed["node"]}, findings
 
 
-async def test_an_idle_host_moves_to_a_node_that_joined(own_database_url: str, tmp_path: Path) -> None:
-    """Hosted, spread, two hosts on a cluster of one node; a second node joins while a session of
-    each host runs a 25 s Turn. No host moves while busy; once idle, the host whose index now names the
-    new node moves there (and only it), and both sessions' next Turns run, none of their Runs lost."""
+async def test_a_busy_host_moves_to_a_node_that_joined_between_runs(own_database_url: str, tmp_path: Path) -> None:
+    """Hosted, spread, two hosts on a cluster of one node; each host's session has a 25 s Turn and a
+    short one queued behind it, and a second node joins during the long Turns. The host whose index
+    now names the new node moves there between its session's two Turns, though never idle: the long
+    Turn ends in the old process, the short one runs in the new; the other host never restarts.
+    Every Run ran once and completed: none was cut off by the move."""
     findings = await scenario_findings("tests.actors.node_join_scenario", {
-        **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": own_database_url}, timeout=300)
+        # Sessions stay live between their Turns here: an incarnation changes only by the move.
+        **RUNTIME_ENV, "CANOPY_HOST_DRAIN_SECONDS": "60", "CANOPY_ACTOR_IDLE_SECONDS": "120",
+        "CANOPY_DATA_DIR": str(tmp_path),
+        "SCENARIO_DATABASE_URL": own_database_url}, timeout=300)
     assert "error" not in findings, findings["error"]
     head, joined = findings["head"], findings["joined"]
     where = {f"canopy:sessions:{k}": sorted([head, joined])[k % 2] for k in range(2)}  # host k on the k-th node
@@ -130,12 +135,19 @@ async def test_an_idle_host_moves_to_a_node_that_joined(own_database_url: str, t
 
     assert {name: host["node"] for name, host in findings["hosts_at_start"].items()} == dict.fromkeys(where, head)
     assert findings["long"] == [{"status": "completed", "output": "long"}] * 2, findings
-    assert findings["hosts_after_long"] == findings["hosts_at_start"], findings  # busy: nobody moved
+    assert findings["next"] == [{"status": "completed", "output": "next"}] * 2, findings
     assert findings["move"]["left"] == [mover], findings
     assert findings["after"] == [{"status": "completed", "output": "after"}] * 2, findings
     after = findings["hosts_after_move"]
     assert {name: host["node"] for name, host in after.items()} == where, findings
     stayed = next(name for name in where if name != mover)
     assert after[stayed] == findings["hosts_at_start"][stayed], findings  # the same process, never restarted
-    # Every Run of both sessions ran once and completed: none was cut off by the move.
-    assert findings["runs"] == {"0": ["start:completed:None"] * 3, "1": ["start:completed:None"] * 3}, findings
+    # The Runs (first, long, next, after) each ran once, completed, and in which incarnation.
+    runs = {f"canopy:sessions:{index}": [run.split("|") for run in listed]
+            for index, listed in findings["runs"].items()}
+    assert {name: [state for state, _ in listed] for name, listed in runs.items()} == dict.fromkeys(
+        where, ["start:completed:None"] * 4), findings
+    owners = {name: [owner for _, owner in listed] for name, listed in runs.items()}
+    assert len(set(owners[stayed])) == 1, findings
+    first, long, short, later = owners[mover]
+    assert first == long != short == later, findings  # moved between the long Turn and the next

@@ -9,6 +9,7 @@ import asyncio
 import uuid
 from typing import Any
 
+import pytest
 import ray
 from ray.util.state import list_actors, list_tasks
 
@@ -18,7 +19,7 @@ from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.helpers import peak_concurrent_runs, rows
+from tests.actors.helpers import eventually, peak_concurrent_runs, rows
 
 
 def test_the_settings_choose_the_shape() -> None:
@@ -72,3 +73,50 @@ async def test_a_fan_out_runs_where_the_placement_puts_it(runtime: Runtime, scop
         assert session_actors & members  # an actor per active session...
         assert f"tree:{tree_id}" in actors_seen  # ...and per active tree supervisor
         assert hosts == []
+
+
+async def a_root_in_host(runtime: Runtime, scope: Scope, index: int, text: str) -> dict[str, Any]:
+    """A root session that host ``index`` runs, created with ``text`` as its input (roots made on the
+    way run theirs in the other host)."""
+    assert isinstance(runtime.placement, Hosted)
+    while True:
+        created = await runtime.create_root(scope, input_text=text)
+        if runtime.placement.host_index(created["session"]["session_id"]) == index:
+            return created
+
+
+async def test_a_moving_host_drains_between_runs_and_gives_up_past_its_limit(runtime: Runtime, scope: Scope) -> None:
+    """A host asked to move to another node (here one no node has) drains: its busy session's Run goes
+    on, and a session of that host that is not live is not made there meanwhile. Past
+    host_drain_seconds (3 s in tests) with the Run still going, the host gives up and stays, the work
+    that waited runs in it, and asking again does not drain it again at once."""
+    if not isinstance(runtime.placement, Hosted):
+        pytest.skip("hosts are the hosted shape's")
+    busy = await runtime.create_root(scope, input_text=script(say("busy done", delay_ms=8000)))
+    index = runtime.placement.host_index(busy["session"]["session_id"])
+    host = runtime.placement.session_actor(busy["session"]["session_id"])
+
+    async def busy_turn() -> Any:
+        return ((await runtime.placement.session_status(busy["session"]["session_id"])) or {}).get("turn_id")
+
+    await eventually(busy_turn)
+    before = await host.status.remote()
+    [clock] = await rows(runtime.db, "SELECT clock_timestamp() AS now")
+
+    assert await host.move.remote("f" * 56) is False  # draining: a Run is in progress
+    waited = await a_root_in_host(runtime, scope, index, script(say("waited")))
+    await asyncio.sleep(1)
+    during = await host.status.remote()
+    assert during["moving"] and await runtime.placement.session_status(waited["session"]["session_id"]) is None
+
+    results = [await runtime.wait_result(scope, created["input"]["input_id"], timeout=60) for created in (waited, busy)]
+    assert [(r["status"], r["output"]) for r in results] == [("completed", "waited"), ("completed", "busy done")]
+    [waited_run] = await rows(runtime.db, "SELECT ended_at FROM runs WHERE session_id = %s",
+                              waited["session"]["session_id"])
+    assert (waited_run["ended_at"] - clock["now"]).total_seconds() >= 3  # it waited for the drain to give up
+    [busy_run] = await rows(runtime.db, "SELECT status FROM runs WHERE session_id = %s",
+                            busy["session"]["session_id"])
+    assert busy_run["status"] == "completed"  # ran once, never cut off
+    after = await host.status.remote()
+    assert after["pid"] == before["pid"] and not after["moving"]  # the host stayed, open again
+    assert await host.move.remote("f" * 56) is False and not (await host.status.remote())["moving"]
