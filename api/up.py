@@ -301,6 +301,10 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
        replicas: int = 1, expose_ray: bool = False) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1" if expose_ray else "0")
+    # Serve gives its HTTP proxy 5 s to answer its readiness check, then warns and counts it as
+    # failing; on a loaded 2-core machine the proxy's start takes longer (seen in CI). The Ray that
+    # canopy up starts hands this to Serve's controller.
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
     if data_dir is not None:
         os.environ["CANOPY_DATA_DIR"] = str(data_dir)
     get_settings.cache_clear()
