@@ -6,12 +6,14 @@ call never crosses the cluster and a node that joins needs nothing started by ha
 arguments come from the settings of the process that creates it (each worker has the same).
 
 A gateway holds nothing a successor could not rebuild, so a call whose gateway dies under it
-(killed, its node's memory monitor, a crash) is asked again of a fresh one, up to
-:data:`CALL_ATTEMPTS` times, instead of failing the Turn. Nothing was committed for the lost
-call (the caller commits the reply and its usage only once the reply is back), so the retry
-only re-asks the model and the Run is charged for the reply it gets, once. The dead gateway
-never accounted the lost call either: ``model_calls`` rows are written after a reply is handed
-back. The provider may have billed the lost request; nothing here can know, or avoid it.
+(killed, its node's memory monitor, a crash) is asked again instead of failing the Turn: of a
+fresh gateway when it is gone for good (up to :data:`CALL_ATTEMPTS` of them), or of the same one
+once Ray has restarted its process (``max_restarts``; unavailable meanwhile, for as long as
+:data:`RESTART_WAIT_SECONDS`: a restart imports litellm again, seconds on a loaded node).
+Nothing was committed for the lost call (the caller commits the reply and its usage only once
+the reply is back), so the retry only re-asks the model and the Run is charged for the reply it
+gets, once. The dead gateway never accounted the lost call either: ``model_calls`` rows are
+written after a reply is handed back. The provider may have billed the lost request; nothing here can know, or avoid it.
 
 Each gateway starts its own scripted model (actors/scripted) on first use, in its own process:
 a gateway's calls go to its own server (the ``api_base`` is given per call), and it dies with
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +43,13 @@ log = logging.getLogger(__name__)
 # A call is asked of at most this many gateways: one dying under a call is rare, several in a row
 # mean the node is in trouble, and the Turn fails with the error.
 CALL_ATTEMPTS = 3
-# Before asking again: the dead gateway's name is freed and its successor placed meanwhile.
+# How long a call waits for its gateway's process to be restarted: a node whose gateway stays
+# unavailable longer is in trouble (a node Ray has lost makes the gateway dead, not unavailable).
+RESTART_WAIT_SECONDS = 60.0
+# Before asking again (doubling up to the cap): the dead gateway's name is freed and its successor
+# placed meanwhile, or its restarted process starts.
 _RETRY_PAUSE_SECONDS = 0.2
+_RETRY_PAUSE_CAP_SECONDS = 2.0
 
 
 def secrets_path(settings: Settings) -> Path:
@@ -87,10 +95,12 @@ def gateway_on(node_id: str) -> Any:
 
 
 async def call(method: str, **arguments: Any) -> Any:
-    """``method`` of this node's gateway, asked again of a fresh gateway when the one asked dies
-    first (see the module's docstring). Cancelling the caller cancels the call in the gateway (a
-    model call's provider request is aborted). The gateway's own errors (a ModelError) propagate."""
-    attempt = 1
+    """``method`` of this node's gateway, asked again when the gateway dies first (see the
+    module's docstring). Cancelling the caller cancels the call in the gateway (a model call's
+    provider request is aborted). The gateway's own errors (a ModelError) propagate."""
+    deaths = 0
+    unavailable_since: float | None = None
+    pause = _RETRY_PAUSE_SECONDS
     while True:
         pending = getattr(local_gateway(), method).remote(**arguments)
         try:
@@ -98,11 +108,18 @@ async def call(method: str, **arguments: Any) -> Any:
         except asyncio.CancelledError:
             ray.cancel(pending)
             raise
-        except ray.exceptions.RayActorError as error:  # died or unreachable: ActorDiedError, ActorUnavailableError
-            if attempt == CALL_ATTEMPTS:
+        except ray.exceptions.ActorUnavailableError as error:  # its process is being restarted
+            unavailable_since = unavailable_since or time.monotonic()
+            if time.monotonic() - unavailable_since > RESTART_WAIT_SECONDS:
                 raise
-            log.warning("the model gateway died during %s (attempt %d of %d); asking a fresh one: %s",
-                        method, attempt, CALL_ATTEMPTS, type(error).__name__)
+            log.warning("the model gateway is unavailable during %s; asking it again once restarted: %s",
+                        method, error)
+        except ray.exceptions.RayActorError as error:  # gone for good: ActorDiedError
+            deaths += 1
+            if deaths == CALL_ATTEMPTS:
+                raise
+            log.warning("the model gateway died during %s (%d of %d); asking a fresh one: %s",
+                        method, deaths, CALL_ATTEMPTS, type(error).__name__)
             _local.forget()
-            await asyncio.sleep(_RETRY_PAUSE_SECONDS * attempt)
-            attempt += 1
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, _RETRY_PAUSE_CAP_SECONDS)
