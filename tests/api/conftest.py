@@ -66,11 +66,27 @@ async def second_api(runtime: Runtime) -> AsyncIterator[ApiServer]:
 ClientFactory = Callable[[Scope], Awaitable[httpx.AsyncClient]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-async def settle(runtime: Runtime) -> AsyncIterator[None]:
-    """After each module, wait until no Run executes or queues, so the API tests leave no work behind
-    to write into the shared database while later suites count its rows."""
+# The test pytest runs next in this process, kept by the hook below for ``settle``.
+_NEXT = pytest.StashKey["pytest.Item | None"]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before the default hook tears the fixtures down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    item.stash[_NEXT] = nextitem
+
+
+@pytest.fixture(autouse=True)
+async def settle(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """After the last test of a module that uses the runtime, wait until no Run executes or queues,
+    so the API tests leave no work behind to write into the shared database while later suites
+    count its rows. It asks for the runtime only where the test does: the modules that start
+    deployments of their own (doctor, canopy up, packaging) stay out of the runtime's xdist group
+    and run beside it."""
+    runtime: Runtime | None = request.getfixturevalue("runtime") if "runtime" in request.fixturenames else None
     yield
+    following = request.node.stash.get(_NEXT, None)
+    if runtime is None or (following is not None and following.module is request.node.module):
+        return
     deadline = asyncio.get_running_loop().time() + 60
     while asyncio.get_running_loop().time() < deadline:
         async with runtime.db.tx() as conn:
