@@ -174,64 +174,53 @@ def _api_key(output: str) -> str:
     return found.group(1)
 
 
-def test_canopy_up_serves_reports_its_steps_warns_of_nothing_and_sigint_leaves_nothing_behind(root: Path) -> None:
-    port, dashboard_port = free_port(), free_port()
-    up = Up(root, port, dashboard_port)
-    try:
-        up.wait_ready()
-        output = up.output
-        api_key = _api_key(output)
-        dashboard = re.search(r"Dashboard\s+(http://\S+)", output)
-        assert dashboard, output
-        assert f"http://127.0.0.1:{port}/api/v1" in output
-        assert f"UI         http://127.0.0.1:{port}/#key={api_key}" in output
-        # Each step on a line of its own, in order, with how long it took.
-        step_lines = [next(i for i, line in enumerate(up.lines) if line.strip().startswith(step)) for step in STEPS]
-        assert step_lines == sorted(step_lines), output
-        assert all(re.search(r"… ok \(\d+\.\d s\)$", up.lines[i]) for i in step_lines[:-1]), output
-        # The operator learns where Ray's token is (the dashboard and the state API ask for it).
-        assert re.search(r"Ray token\s+\S*auth_token\s+\(the dashboard asks for it; `ray get-auth-token`", output)
-        admin = re.search(r"Admin\s+(adm_\S+)", output)
-        assert admin, output
-        # The generated admin token is printed once, and given to no process in its environment.
-        assert output.count(admin.group(1)) == 1
-        for child in psutil.Process(up.process.pid).children(recursive=True):
-            with contextlib.suppress(OSError):
-                assert admin.group(1) not in Path(f"/proc/{child.pid}/environ").read_text(errors="replace")
-        _run_a_session(f"http://127.0.0.1:{port}", api_key, "up and running")
-        with httpx.Client(timeout=30) as http:
-            assert http.get(dashboard.group(1)).status_code == 200
-
-        # Everything this canopy up started: its process tree and Ray session (Ray's head processes
-        # and workers) and the embedded PostgreSQL (a daemon of its own).
-        started = up.processes()
-        assert any("raylet" in " ".join(p.cmdline()) for p in started)
-        postmaster = up.postmaster()
-        up.process.send_signal(signal.SIGINT)
-        assert up.process.wait(timeout=120) == 0
-        assert _eventually_none_alive([*started, postmaster]) == []
-        assert not (root / "data" / "pg" / "postmaster.pid").exists()
-        assert not (root / "data" / "canopy-up.json").exists()  # a clean stop leaves no record of a run
-        leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(root) in " ".join(p.info["cmdline"] or [])]
-        assert _alive(leftovers) == []
-        assert "canopy: stopped" in up.output
-        # A clean machine, a clean run: no warning on either stream (Canopy prints its own ones
-        # on purpose, as "canopy: WARNING", only for --expose-ray and the local sandbox), no traceback.
-        printed = up.output + "\n" + up.stderr
-        assert [line for line in printed.splitlines() if "warning" in line.lower()] == [], printed
-        assert "Traceback" not in printed
-    finally:
-        up.close()
+def _assert_it_serves_as_printed(up: Up, port: int) -> str:
+    """Its ready block, its steps in order with their times, its tokens and a session; its API key."""
+    output = up.output
+    api_key = _api_key(output)
+    dashboard = re.search(r"Dashboard\s+(http://\S+)", output)
+    assert dashboard, output
+    assert f"http://127.0.0.1:{port}/api/v1" in output
+    assert f"UI         http://127.0.0.1:{port}/#key={api_key}" in output
+    # Each step on a line of its own, in order, with how long it took.
+    step_lines = [next(i for i, line in enumerate(up.lines) if line.strip().startswith(step)) for step in STEPS]
+    assert step_lines == sorted(step_lines), output
+    assert all(re.search(r"… ok \(\d+\.\d s\)$", up.lines[i]) for i in step_lines[:-1]), output
+    # The operator learns where Ray's token is (the dashboard and the state API ask for it).
+    assert re.search(r"Ray token\s+\S*auth_token\s+\(the dashboard asks for it; `ray get-auth-token`", output)
+    admin = re.search(r"Admin\s+(adm_\S+)", output)
+    assert admin, output
+    # The generated admin token is printed once, and given to no process in its environment.
+    assert output.count(admin.group(1)) == 1
+    for child in psutil.Process(up.process.pid).children(recursive=True):
+        with contextlib.suppress(OSError):
+            assert admin.group(1) not in Path(f"/proc/{child.pid}/environ").read_text(errors="replace")
+    _run_a_session(f"http://127.0.0.1:{port}", api_key, "up and running")
+    with httpx.Client(timeout=30) as http:
+        assert http.get(dashboard.group(1)).status_code == 200
+    return api_key
 
 
-def test_a_killed_canopy_up_restarts_at_once_on_its_ports_and_data_dir(root: Path) -> None:
+def _assert_warns_of_nothing(up: Up) -> None:
+    """No warning on either stream (Canopy prints its own ones on purpose, as "canopy: WARNING",
+    only for --expose-ray and the local sandbox), no traceback."""
+    printed = up.output + "\n" + up.stderr
+    assert [line for line in printed.splitlines() if "warning" in line.lower()] == [], printed
+    assert "Traceback" not in printed
+
+
+def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothing_behind(root: Path) -> None:
+    """One life of canopy up (each start costs a Ray and a PostgreSQL): it serves as it printed,
+    warning of nothing on a clean machine; killed with ``kill -9`` while a client holds a
+    connection, it restarts at once on its ports and data dir, adopting what the killed run left;
+    SIGINT then stops everything both runs started."""
     port, dashboard_port = free_port(), free_port()
     first = Up(root, port, dashboard_port, name="first")
     second = None
     try:
         first.wait_ready()
-        base, first_key = f"http://127.0.0.1:{port}", _api_key(first.output)
-        _run_a_session(base, first_key, "before the crash")
+        base, first_key = f"http://127.0.0.1:{port}", _assert_it_serves_as_printed(first, port)
+        _assert_warns_of_nothing(first)
         ticking, schedule_id = _schedule_every_two_seconds(base, first_key)
         deadline = time.monotonic() + 60
         while len(_scheduled_inputs(base, first_key, ticking)) < 2:  # fired before the crash
@@ -290,12 +279,19 @@ def test_a_killed_canopy_up_restarts_at_once_on_its_ports_and_data_dir(root: Pat
         assert len(due) == len(set(due)) >= 2 + 5
         assert {(later - earlier).total_seconds() for earlier, later in itertools.pairwise(due)} == {2.0}
 
-        # The second run owns what it adopted: SIGINT stops it all, the reused PostgreSQL included.
+        # The second run owns what it adopted: SIGINT stops it all, the reused PostgreSQL included:
+        # its process tree, its Ray session (Ray's head processes and workers) and the PostgreSQL.
         started = second.processes()
+        assert any("raylet" in " ".join(p.cmdline()) for p in started)
         second.process.send_signal(signal.SIGINT)
         assert second.process.wait(timeout=120) == 0
         assert _eventually_none_alive([*started, postmaster]) == []
-        assert not (root / "data" / "canopy-up.json").exists()
+        assert not (root / "data" / "pg" / "postmaster.pid").exists()
+        assert not (root / "data" / "canopy-up.json").exists()  # a clean stop leaves no record of a run
+        leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(root) in " ".join(p.info["cmdline"] or [])]
+        assert _alive(leftovers) == []
+        assert "canopy: stopped" in second.output
+        _assert_warns_of_nothing(second)
     finally:
         first.close()
         if second is not None:
