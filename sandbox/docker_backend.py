@@ -376,15 +376,21 @@ class DockerBackend:
     async def sandboxes(self) -> dict[str, uuid.UUID]:
         return await asyncio.to_thread(self._managed_containers)
 
+    def _listed(self, label: str) -> list[dict[str, Any]]:
+        """Every container (running or not) with ``label``, as the engine lists them: one request.
+        (docker-py's ``containers.list`` inspects each listed container in turn, and fails on one
+        removed meanwhile, by a release or another sweeper.)"""
+        listed: list[dict[str, Any]] = self.client.api.containers(all=True, filters={"label": label})
+        return listed
+
     def _managed_containers(self) -> dict[str, uuid.UUID]:
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
-        trees = {str(container.id): tree_id_or_none(container.labels.get(LABEL_TREE)) for container in found}
+        trees = {str(found["Id"]): tree_id_or_none((found.get("Labels") or {}).get(LABEL_TREE))
+                 for found in self._listed(f"{LABEL_MANAGED}=true")}
         return {handle: tree_id for handle, tree_id in trees.items() if tree_id is not None}
 
     def containers_for(self, tree_id: uuid.UUID) -> list[str]:
         """Ids of every container (running or not) labelled with this tree: at most one."""
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_TREE}={tree_id}"})
-        return [str(container.id) for container in found]
+        return [str(found["Id"]) for found in self._listed(f"{LABEL_TREE}={tree_id}")]
 
     # -- commands --------------------------------------------------------------------
 

@@ -5,18 +5,20 @@ containers count against the limit too: the assertions hold whatever they do."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import subprocess
 import uuid
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from persistence import sandbox_leases as leases
 from persistence.settings import Settings
 from sandbox.base import SandboxError, parse_user
-from sandbox.docker_backend import LABEL_MANAGED, DockerBackend
+from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, DockerBackend
 from sandbox.manager import SandboxManager
 from tests.sandbox.conftest import SandboxKit
 
@@ -95,6 +97,31 @@ async def test_a_root_user_is_refused_and_nothing_is_made(docker_kit: SandboxKit
     assert docker_kit.backend.containers_for(tree) == [] and not (workdir / "made.txt").exists()
     async with docker_kit.db.tx() as conn:
         assert await leases.get(conn, tree) is None
+
+
+async def test_the_listing_of_sandboxes_survives_containers_removed_while_it_lists(docker_kit: SandboxKit) -> None:
+    """A release or another node's sweeper may remove a container while this one lists them (the
+    sweeper lists every managed container): the listing leaves it out, it does not fail."""
+    backend = docker_kit.backend
+    assert isinstance(backend, DockerBackend)
+    trees = [uuid.uuid4() for _ in range(12)]
+    made = [backend.client.api.create_container(docker_kit.options.image, command="true", labels={
+        LABEL_MANAGED: "true", LABEL_TREE: str(tree)})["Id"] for tree in trees]
+
+    def remove_all() -> None:
+        for container in made:
+            with contextlib.suppress(docker.errors.NotFound):
+                backend.client.api.remove_container(container, force=True)
+
+    removing = asyncio.create_task(asyncio.to_thread(remove_all))
+    listings = []
+    while not removing.done():
+        listings.append(await backend.sandboxes())
+    await removing
+    listings.append(await backend.sandboxes())
+
+    assert set(trees) & set(listings[0].values())  # it listed while they were being removed
+    assert not set(trees) & set(listings[-1].values())  # and lists none once they are gone
 
 
 @pytest.mark.timeout(900)
