@@ -23,6 +23,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.parsing import parse
+
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME_PACKAGES = ("actors", "api", "persistence", "sandbox")
 FIRST_PARTY = {*RUNTIME_PACKAGES, "tests", "bench"}
@@ -37,7 +39,7 @@ def _imports(*directories: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for directory in directories:
         for path in (REPO / directory).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in ast.walk(parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
                     names = [alias.name for alias in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.parsing import parse
+
 ROOT = Path(__file__).resolve().parents[1]
 UPPER_LAYERS = ("actors", "api", "sandbox")
 
@@ -45,7 +47,7 @@ def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
 
 def sql_constants(source: str) -> Iterator[tuple[int, str]]:
     """(line, text) of each string in ``source`` that reads as SQL."""
-    return ((line, text) for line, text in _strings(ast.parse(source)) if SQL.search(text))
+    return ((line, text) for line, text in _strings(parse(source)) if SQL.search(text))
 
 
 def _sources(*packages: str) -> Iterator[Path]:
@@ -84,6 +86,6 @@ def test_persistence_imports_no_upper_layer() -> None:
     paths = list(_sources("persistence"))
     assert any(path.name == "db.py" for path in paths)  # the package is read, not empty
     found = [f"{path.relative_to(ROOT)}:{line}: imports {module}"
-             for path in paths for line, module in _imported_modules(ast.parse(path.read_text()))
+             for path in paths for line, module in _imported_modules(parse(path.read_text()))
              if module.split(".")[0] in UPPER_LAYERS]
     assert not found, "persistence/ imports an upper layer:\n" + "\n".join(found)

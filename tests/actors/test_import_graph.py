@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.parsing import parse
+
 ACTORS = Path(__file__).resolve().parents[2] / "actors"
 
 
@@ -17,7 +19,7 @@ def _module(path: Path) -> str:
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """The actors modules ``path`` imports (``from actors import x`` counts as actors.x when x is one)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
