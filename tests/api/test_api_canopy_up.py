@@ -209,6 +209,7 @@ def _assert_warns_of_nothing(up: Up) -> None:
     assert "Traceback" not in printed
 
 
+@pytest.mark.timeout(600)  # two starts of canopy up, each a Ray and a PostgreSQL: 100 s in CI, more when shared
 def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothing_behind(root: Path) -> None:
     """One life of canopy up (each start costs a Ray and a PostgreSQL): it serves as it printed,
     warning of nothing on a clean machine; killed with ``kill -9`` while a client holds a
