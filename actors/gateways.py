@@ -13,7 +13,8 @@ once Ray has restarted its process (``max_restarts``; unavailable meanwhile, for
 Nothing was committed for the lost call (the caller commits the reply and its usage only once
 the reply is back), so the retry only re-asks the model and the Run is charged for the reply it
 gets, once. The dead gateway never accounted the lost call either: ``model_calls`` rows are
-written after a reply is handed back. The provider may have billed the lost request; nothing here can know, or avoid it.
+written after a reply is handed back. The provider may have billed the lost request; nothing
+here can know, or avoid it.
 
 Each gateway starts its own scripted model (actors/scripted) on first use, in its own process:
 a gateway's calls go to its own server (the ``api_base`` is given per call), and it dies with

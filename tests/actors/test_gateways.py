@@ -1,7 +1,6 @@
 """One model gateway per node (actors/gateways.py): a call whose gateway dies under it is asked again
 (of a fresh gateway, or of the same one once Ray restarted it), the Turn completes, and the Run is
-charged once. Several nodes: see
-gateways_scenario.py (a cluster of its own)."""
+charged once. Several nodes: see gateways_scenario.py (a cluster of its own)."""
 
 from __future__ import annotations
 
