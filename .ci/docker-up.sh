@@ -38,11 +38,27 @@ install_packages() {
 
 engine_answers() { docker info >/dev/null 2>&1; }
 
+# An engine killed without its shutdown (the machine's processes killed between sessions, an
+# OOM kill) leaves its pid file behind, and dockerd refuses to start while it exists. The file
+# is stale unless the process it names is still the same program.
+remove_stale_pid_file() {
+    local file="$1" program="$2" pid
+    [ -f "$file" ] || return 0
+    pid="$(cat "$file" 2>/dev/null || true)"
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" = "$program" ]; then
+        return 0
+    fi
+    say "removing stale $file (pid ${pid:-none} is not a running $program)"
+    rm -f "$file"
+}
+
 start_engine() {
     if engine_answers; then
         say "engine already answers"
         return
     fi
+    remove_stale_pid_file /var/run/docker.pid dockerd
+    remove_stale_pid_file /var/run/docker/containerd/containerd.pid containerd
     say "starting dockerd (vfs, no iptables, no bridge); log: $DOCKERD_LOG"
     mkdir -p "$(dirname "$DOCKERD_LOG")"
     # setsid + nohup: the engine must outlive this script and the CI step that ran it.
