@@ -14,7 +14,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actors import budgets, compaction, failpoints, gateways, signals, tracing
@@ -197,11 +197,13 @@ class RunExecutor:
     watchers) rides on the last commit, and a final answer ends the Turn in its own commit.
     """
 
-    def __init__(self, db: Database, settings: Settings, placement: Placement, run: RunRef) -> None:
+    def __init__(self, db: Database, settings: Settings, placement: Placement, run: RunRef, *,
+                 go_on: Callable[[], bool]) -> None:
         self.db = db
         self.settings = settings
         self.placement = placement
         self.run = run
+        self._go_on = go_on  # asked at each model boundary: False hands the Run back (_hand_back)
         self._history: list[Row] = []
         self._begun: _Begun | None = None
         self._tools: frozenset[str] = frozenset()
@@ -300,6 +302,9 @@ class RunExecutor:
                                    error=f"the turn made {self._model_calls()} model calls, the limit per "
                                    "turn (setting CANOPY_MAX_MODEL_CALLS_PER_TURN); it was stopped")
                 return
+            if not self._go_on():
+                await self._hand_back()
+                return
             await failpoints.pause("before_model_call", session["name"])
             reply = await self._call_model(session, input_id, stream=boundary.watched)
             boundary = None
@@ -315,6 +320,15 @@ class RunExecutor:
             if await self._commit_reply(reply):
                 return  # the reply was the answer: the Turn has ended
             await failpoints.pause("after_model_commit", session["name"])
+
+    async def _hand_back(self) -> None:
+        """Stop at a model boundary and leave the Run, still granted, to the session's next
+        incarnation (its host moves to another node): every step so far is committed, so that
+        incarnation goes on from the history as a resumed Run does, and a drain waits one model
+        step at most instead of the whole Run."""
+        async with self.db.tx() as conn:
+            await run_repo.hand_back(conn, self.run, self.settings.lease_seconds)
+        log.info("run %s handed back at a model boundary: its session's host moves", self.run.run_id)
 
     def _model_calls(self) -> int:
         """The Turn's model calls so far: its committed replies, read from the history (durable,

@@ -104,7 +104,7 @@ class _HostedSession(SessionCore):
     async def _database(self) -> Database:
         return await self._host.database()
 
-    def _may_begin(self) -> bool:
+    def _may_go_on(self) -> bool:
         return not self._host.moving
 
     def _ensure_loop(self) -> None:
@@ -231,13 +231,15 @@ class SessionHostImpl:
 
     async def move(self, node_id: str) -> bool:
         """Leave for ``node_id`` (where the placement now puts this host) without cutting a Run off:
-        the host drains (no Run begins here and no session or supervisor is made here; each session
-        passivates once its Run has ended; the supervisors, which go on granting meanwhile, once no
-        session is left), then exits, and the next hint makes it on ``node_id``. The work left
-        waits in the database meanwhile (the sweep hands it on): a drain is bounded, since it
-        holds up the host's other sessions (``host_drain_seconds``). True once the host is
-        leaving; False while it drains, or when it already is on ``node_id`` (a drain under way
-        stops)."""
+        the host drains (no Run and no model step begins here and no session or supervisor is made
+        here; a Run in progress is handed back at its next model boundary, each session passivates
+        once it works no more, the supervisors, which go on granting meanwhile, once no session is
+        left), then exits, and the next hint makes it on ``node_id``. The work left waits in the
+        database meanwhile (the sweep hands it on, a handed-back Run to the session's next
+        incarnation): a drain is bounded, since it holds up the host's other sessions
+        (``host_drain_seconds``; only a single model step or tool call outlasts it). True once the
+        host is leaving; False while it drains, or when it already is on ``node_id`` (a drain under
+        way stops)."""
         if self._leaving:
             return True
         if ray.get_runtime_context().get_node_id() == node_id:
@@ -264,8 +266,9 @@ class SessionHostImpl:
                 break
             if loop.time() > deadline:
                 # The host's sessions that are not live wait while it drains: not for any Run's length.
-                log.warning("session host %d stays on its node: a Run was still in progress after %.0f s of "
-                            "draining; it tries again in %.0f s", self.index, limit, _DRAIN_AGAIN_FACTOR * limit)
+                log.warning("session host %d stays on its node: a model step or tool call was still in progress "
+                            "after %.0f s of draining; it tries again in %.0f s", self.index, limit,
+                            _DRAIN_AGAIN_FACTOR * limit)
                 self._drain_again_at = loop.time() + _DRAIN_AGAIN_FACTOR * limit
                 self._draining = None  # a session that began no Run meanwhile is handed it by the sweep
                 return

@@ -24,10 +24,12 @@ So the node is chosen here, with a hard node affinity, where it matters:
 - ``spread``: dedicated actors use Ray's ``SPREAD``; host ``k`` goes to the ``k``-th live node
   (mod their number), so N hosts cover min(N, nodes) nodes. When nodes join or leave, a host no
   longer on its ``k``-th node moves there (``follow_nodes``, asked by the sweeper): it drains
-  (begins no Run, makes no session; each session passivates once its Run has ended, then the
-  supervisors), exits, and is made again there. No Run is cut off; the work that arrives meanwhile
-  waits in the database until the host is made again. A drain that a Run keeps going longer than
-  ``host_drain_seconds`` gives up (the host stays) and is tried again ten times as long later.
+  (begins no Run and no model step, makes no session; a Run in progress is handed back at its next
+  model boundary and goes on in the session's next incarnation, from its committed history; each
+  session passivates once it works no more, then the supervisors), exits, and is made again there.
+  No step is cut off; the work that arrives meanwhile waits in the database until the host is made
+  again. A drain that one model step or tool call keeps going longer than ``host_drain_seconds``
+  gives up (the host stays) and is tried again ten times as long later.
 
 When a pinned actor's node is gone, Ray refuses to restart it elsewhere
 (``ActorUnschedulableError``): the next hint treats it like a dead actor and creates it anew, on

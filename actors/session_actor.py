@@ -123,13 +123,15 @@ class SessionCore:
         return self.exiting or self._working or self._wake.is_set()
 
     def leave_between_runs(self, why: str) -> None:
-        """Exit now unless a Run is being read or run (its host moves, actors/hosting.py): the work
-        left is durable and is done where the session is made next."""
+        """Exit now unless a Run is being read or run (its host moves, actors/hosting.py, and a Run
+        in progress is handed back at its next model boundary): the work left is durable and is
+        done where the session is made next."""
         if not self.exiting and not self._working:
             self._exit(why)
 
-    def _may_begin(self) -> bool:
-        """Whether another Run may begin in this incarnation (a host that moves begins none)."""
+    def _may_go_on(self) -> bool:
+        """Whether this incarnation may begin a Run, or a Run's next model step: not in a host that
+        moves (actors/hosting.py), which hands the work to the session's next incarnation."""
         return True
 
     def _report(self) -> None:
@@ -197,12 +199,12 @@ class SessionCore:
         return self._executor(db, acquired) if acquired is not None else None
 
     def _executor(self, db: Database, acquired: run_repo.AcquiredRun) -> RunExecutor:
-        return RunExecutor(db, self.settings, self.placement, acquired.run)
+        return RunExecutor(db, self.settings, self.placement, acquired.run, go_on=self._may_go_on)
 
     async def _run_claimable(self) -> bool:
         db = await self._database()
         ran = False
-        while self._may_begin() and (executor := await self._begin_next(db)) is not None:
+        while self._may_go_on() and (executor := await self._begin_next(db)) is not None:
             ran = True
             run = executor.run
             self._current_turn = run.turn_id

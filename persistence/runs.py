@@ -182,6 +182,17 @@ async def fence(conn: Connection, run: RunRef) -> None:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
 
 
+async def hand_back(conn: Connection, run: RunRef, lease_seconds: float) -> None:
+    """Give up the Run's lease but not the Run: it stays granted for the session's next incarnation
+    (its host moves, actors/hosting.py). LeaseLost if this incarnation no longer holds it."""
+    cur = await conn.execute(query("run_hand_back"), {"run_id": run.run_id, "owner": run.owner,
+                                                      "lease": lease_seconds})
+    if cur.rowcount != 1:
+        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
+    lifecycle.log_at_commit(conn, "run_handed_back", tree_id=run.tree_id, session_id=run.session_id,
+                            turn_id=run.turn_id, run_id=run.run_id, owner=run.owner)
+
+
 async def end_own_run(conn: Connection, run: RunRef, status: str, *, output: str | None = None,
                       error: str | None = None) -> None:
     """``end_run`` by the Run's own incarnation, fenced in the same statement (else LeaseLost)."""

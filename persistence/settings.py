@@ -102,8 +102,10 @@ class Settings(BaseSettings):
     host_drain_seconds: float = Field(
         default=60.0, gt=0,
         description="spread, N > 0: how long a host that moves to another node (a node joined or left) may drain: "
-        "it begins no Run and its sessions that are not live wait until it has moved. A Run still in progress "
-        "after this long keeps the host where it is; it tries again after ten times as long.")
+        "it begins no Run and no model step (a Run in progress is handed back at its next model boundary and goes "
+        "on where the host is made next), and its sessions that are not live wait until it has moved. A model step "
+        "or tool call still in progress after this long keeps the host where it is; it tries again after ten "
+        "times as long.")
     failpoints: str = Field(
         default="",
         description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "

@@ -2,11 +2,11 @@
 that starts with one node (``ray.cluster_utils.Cluster``, on this machine); hosted shape, two
 hosts, ``spread``. Run by test_cluster_placement.py (one Ray per process); prints one JSON line.
 
-Both hosts start on the only node. Each host's session gets a long Turn and, queued behind it at
-once, a short one, so that neither host is idle until both end; a second node joins while the long
-Turns run. The findings: the Turns' results, which host left, each session's next Turn and the
-hosts' nodes after it, and every Run of both sessions (its incarnation among them) read back from
-the database.
+Both hosts start on the only node. Each host's session gets a long Turn of many model steps and,
+queued behind it at once, a short one, so that neither host is idle until both end; a second node
+joins while the long Turns run, and the host that moves does so in the middle of its long Turn.
+The findings: the Turns' results, which host left, each session's next Turn and the hosts' nodes
+after it, and every Run of both sessions (its incarnation among them) read back from the database.
 
     SCENARIO_DATABASE_URL=... python -m tests.actors.node_join_scenario
 """
@@ -26,7 +26,7 @@ from pydantic import SecretStr
 from ray.cluster_utils import Cluster
 
 from actors.runtime import Runtime
-from actors.scripted import say, script
+from actors.scripted import call, say, script
 from persistence.databases import rows
 from persistence.records import Scope
 from persistence.settings import Settings
@@ -34,9 +34,12 @@ from tests.actors.cluster_placement_scenario import sweeper_on_the_head
 from tests.actors.gateways_scenario import actors
 
 HOSTS = 2
-# The node has joined ~6 s into the Turn at most: the ~19 s left hold at least one of the sweeper's
-# looks at the nodes (every 10 s), which finds the host busy and has it drain.
-LONG_MS = 25_000
+# The node has joined ~6 s into the Turn at most: the ~24 s left hold at least one of the sweeper's
+# looks at the nodes (every 10 s), which finds the host busy and has it drain. Each step reads the
+# sessions, so that the long Run is twelve model steps of 2.5 s.
+LONG_STEPS, STEP_MS = 12, 2_500
+LONG_TURN = script(*(call(("list_sessions", {}), delay_ms=STEP_MS) for _ in range(LONG_STEPS - 1)),
+                   say("long", delay_ms=STEP_MS))
 
 
 def host_nodes() -> dict[str, dict[str, str]]:
@@ -92,7 +95,7 @@ async def main() -> None:
         findings["hosts_at_start"] = host_nodes()
 
         # A host of one session busy without a pause: the short Turn begins as the long one ends.
-        long = [await runtime.submit_input(scope, root["session_id"], script(say("long", delay_ms=LONG_MS)))
+        long = [await runtime.submit_input(scope, root["session_id"], LONG_TURN)
                 for root in roots.values()]
         short = [await runtime.submit_input(scope, root["session_id"], script(say("next"))) for root in roots.values()]
         await asyncio.sleep(1)

@@ -120,3 +120,49 @@ async def test_a_moving_host_drains_between_runs_and_gives_up_past_its_limit(run
     after = await host.status.remote()
     assert after["pid"] == before["pid"] and not after["moving"]  # the host stayed, open again
     assert await host.move.remote("f" * 56) is False and not (await host.status.remote())["moving"]
+
+
+async def test_a_moving_host_hands_a_long_run_on_between_model_steps(runtime: Runtime, scope: Scope) -> None:
+    """A Run of many short model steps that lasts longer than host_drain_seconds (3 s in tests) does
+    not keep its host from moving: at its next model boundary the Run is handed back (still running,
+    its slot held, owned by nobody) and the session's next incarnation, in the host made again, goes
+    on from the committed history. One Run, two owners; every message sent once; the host a new
+    process."""
+    if not isinstance(runtime.placement, Hosted):
+        pytest.skip("hosts are the hosted shape's")
+    steps = 8
+    text = script(call(create("inbox", script(say("inbox done")))),
+                  *(call(("send_message", {"target": "${0.session_id}", "text": f"m{i}"}), delay_ms=700)
+                    for i in range(steps)),
+                  say("busy done"))
+    busy = await a_root_in_host(runtime, scope, 0, text)
+    session_id = busy["session"]["session_id"]
+    host = runtime.placement.session_actor(session_id)
+
+    async def owner_while_sending() -> Any:
+        sent = await rows(runtime.db, "SELECT count(*) AS n FROM coop_messages WHERE sender_session_id = %s",
+                          session_id)
+        owned = await rows(runtime.db, "SELECT owner FROM runs WHERE session_id = %s AND owner IS NOT NULL "
+                           "AND status = 'running'", session_id)
+        return owned[0]["owner"] if sent[0]["n"] >= 1 and owned else None
+
+    first_owner = await eventually(owner_while_sending)
+    before = await host.status.remote()
+    await host.move.remote("f" * 56)  # no node has that id: the host leaves and is made again where it was
+
+    async def made_again() -> bool:
+        try:
+            return (await runtime.placement.session_actor(session_id).status.remote())["pid"] != before["pid"]
+        except (ValueError, ray.exceptions.RayActorError):
+            return False  # leaving, or not made again yet
+
+    await eventually(made_again, timeout=30, every=0.3)  # the Run's steps go on far past the 3 s
+
+    result = await runtime.wait_result(scope, busy["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "busy done")
+    [run] = await rows(runtime.db, "SELECT status, error, owner FROM runs WHERE session_id = %s", session_id)
+    assert (run["status"], run["error"]) == ("completed", None)  # one Run, never recovered...
+    assert run["owner"] != first_owner  # ...ended by the session's next incarnation
+    sent = await rows(runtime.db, "SELECT body FROM coop_messages WHERE sender_session_id = %s ORDER BY received_at",
+                      session_id)
+    assert [m["body"] for m in sent] == [f"m{i}" for i in range(steps)]  # none repeated, none lost
