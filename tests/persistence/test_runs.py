@@ -212,6 +212,41 @@ async def test_acquire_needs_a_granted_unowned_run(db: Database, scope: Scope) -
     assert acquired.input_id == uuid.UUID(str(receipt["input_id"]))
 
 
+async def test_a_run_handed_back_by_its_owner_keeps_its_slot_for_the_next_incarnation(db: Database,
+                                                                                      scope: Scope) -> None:
+    """A Run handed back (its host moves) stays running, holding its slot, for another incarnation to
+    acquire; an impostor's or an expired owner's hand-back is refused and changes nothing."""
+    tree, run = await start_root_run(db, scope)
+    impostor = RunRef(run.scope, run.session_id, run.tree_id, run.turn_id, run.run_id, "impostor")
+    before = await run_row(db, run.run_id)
+    with pytest.raises(LeaseLost):
+        async with db.tx() as conn:
+            await runs.hand_back(conn, impostor, LEASE_SECONDS)
+    assert await run_row(db, run.run_id) == before
+
+    async with db.tx() as conn:
+        await runs.hand_back(conn, run, LEASE_SECONDS)
+    row = await run_row(db, run.run_id)
+    assert (row["status"], row["owner"]) == ("running", None)
+    assert await running_in_tree(db, tree.tree_id) == 1  # the slot stays the Run's
+    with pytest.raises(LeaseLost):  # the old owner can neither hand it back again nor write
+        async with db.tx() as conn:
+            await runs.hand_back(conn, run, LEASE_SECONDS)
+    with pytest.raises(LeaseLost):
+        await finish(db, run, output="gone")
+    async with db.tx() as conn:
+        acquired = await runs.acquire_next_run(conn, tree.root_id, "next-incarnation", LEASE_SECONDS)
+    assert acquired is not None and acquired.run.run_id == run.run_id and acquired.run.kind == run.kind
+
+    _, expired = await start_root_run(db, scope)
+    await _expire(db, expired)
+    before = await run_row(db, expired.run_id)
+    with pytest.raises(LeaseLost):  # too late: the sweep recovers it instead
+        async with db.tx() as conn:
+            await runs.hand_back(conn, expired, LEASE_SECONDS)
+    assert await run_row(db, expired.run_id) == before
+
+
 async def test_heartbeat_extends_the_lease_only_for_its_owner(db: Database, scope: Scope) -> None:
     _, run = await start_root_run(db, scope)
     before = (await run_row(db, run.run_id))["lease_expires_at"]
