@@ -326,8 +326,11 @@ class RunExecutor:
         incarnation (its host moves to another node): every step so far is committed, so that
         incarnation goes on from the history as a resumed Run does, and a drain waits one model
         step at most instead of the whole Run."""
+        # Unowned, the Run waits for the rest of the drain (another session's step may hold the host
+        # up to its limit) and then for an acquisition; the sweep recovers it only past both.
+        wait = self.settings.host_drain_seconds + self.settings.lease_seconds
         async with self.db.tx() as conn:
-            await run_repo.hand_back(conn, self.run, self.settings.lease_seconds)
+            await run_repo.hand_back(conn, self.run, wait)
         log.info("run %s handed back at a model boundary: its session's host moves", self.run.run_id)
 
     def _model_calls(self) -> int:

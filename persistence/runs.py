@@ -184,7 +184,8 @@ async def fence(conn: Connection, run: RunRef) -> None:
 
 async def hand_back(conn: Connection, run: RunRef, lease_seconds: float) -> None:
     """Give up the Run's lease but not the Run: it stays granted for the session's next incarnation
-    (its host moves, actors/hosting.py). LeaseLost if this incarnation no longer holds it."""
+    (its host moves, actors/hosting.py), which has ``lease_seconds`` to acquire it before the sweep
+    recovers it as abandoned. LeaseLost if this incarnation no longer holds it."""
     cur = await conn.execute(query("run_hand_back"), {"run_id": run.run_id, "owner": run.owner,
                                                       "lease": lease_seconds})
     if cur.rowcount != 1:
