@@ -36,7 +36,14 @@ install_packages() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-engine_answers() { docker info >/dev/null 2>&1; }
+# Bounded: a daemon that is stopped or hung accepts the connection and never replies.
+engine_answers() { timeout 10 docker info >/dev/null 2>&1; }
+
+# Whether process $1 is program $2 and not a zombie that its parent has yet to reap.
+runs_as() {
+    [ "$(cat "/proc/$1/comm" 2>/dev/null || true)" = "$2" ] &&
+        ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
 
 # An engine killed without its shutdown (the machine's processes killed between sessions, an
 # OOM kill) leaves its pid file behind, and dockerd refuses to start while it exists. The file
@@ -45,16 +52,49 @@ remove_stale_pid_file() {
     local file="$1" program="$2" pid
     [ -f "$file" ] || return 0
     pid="$(cat "$file" 2>/dev/null || true)"
-    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" = "$program" ]; then
+    if [ -n "$pid" ] && runs_as "$pid" "$program"; then
         return 0
     fi
     say "removing stale $file (pid ${pid:-none} is not a running $program)"
     rm -f "$file"
 }
 
+# Until the engine answers, up to $1 seconds; the seconds waited on stdout.
+wait_for_engine() {
+    local start=$SECONDS
+    until engine_answers; do
+        [ $((SECONDS - start)) -lt "$1" ] || return 1
+        sleep 1
+    done
+    echo $((SECONDS - start))
+}
+
+# A dockerd that runs but never answers (hung in its shutdown when the machine's processes were
+# stopped) holds the pid file and the socket: stopped, so that a new one can start.
+stop_silent_engine() {
+    pgrep -x dockerd >/dev/null || return 0
+    say "a dockerd runs but does not answer; waiting up to ${WAIT_SECONDS}s for it"
+    wait_for_engine "$WAIT_SECONDS" >/dev/null && return 0
+    say "stopping the dockerd that does not answer"
+    pkill -TERM -x dockerd || true
+    local waited=0
+    while pgrep -x dockerd >/dev/null && [ "$waited" -lt 15 ]; do
+        sleep 1
+        waited=$((waited + 1))
+    done
+    pkill -KILL -x dockerd || true
+    pkill -KILL -x containerd || true
+    sleep 1
+}
+
 start_engine() {
     if engine_answers; then
         say "engine already answers"
+        return
+    fi
+    stop_silent_engine
+    if engine_answers; then
+        say "engine answers"
         return
     fi
     remove_stale_pid_file /var/run/docker.pid dockerd
@@ -64,16 +104,12 @@ start_engine() {
     # setsid + nohup: the engine must outlive this script and the CI step that ran it.
     setsid nohup dockerd --storage-driver=vfs --iptables=false --ip6tables=false --bridge=none \
         >>"$DOCKERD_LOG" 2>&1 </dev/null &
-    local waited=0
-    until engine_answers; do
-        if [ "$waited" -ge "$WAIT_SECONDS" ]; then
-            say "engine did not answer within ${WAIT_SECONDS}s; last log lines:"
-            tail -n 30 "$DOCKERD_LOG" >&2 || true
-            exit 1
-        fi
-        sleep 1
-        waited=$((waited + 1))
-    done
+    local waited
+    if ! waited="$(wait_for_engine "$WAIT_SECONDS")"; then
+        say "engine did not answer within ${WAIT_SECONDS}s; last log lines:"
+        tail -n 30 "$DOCKERD_LOG" >&2 || true
+        exit 1
+    fi
     say "engine answers after ${waited}s"
 }
 
