@@ -174,8 +174,10 @@ class SessionHostImpl:
 
     async def status(self, session_id: str | None = None) -> dict[str, Any]:
         if session_id is None:
+            # A drain that gave up is not begun again before drains_again_in (seconds) has passed.
+            drains_again_in = max(0.0, self._drain_again_at - asyncio.get_running_loop().time())
             return {"pid": os.getpid(), "index": self.index, "sessions": len(self._sessions),
-                    "trees": len(self._supervisors), "moving": self.moving}
+                    "trees": len(self._supervisors), "moving": self.moving, "drains_again_in": drains_again_in}
         session = self._sessions.get(uuid.UUID(session_id))
         return session.status() if session is not None else {"pid": os.getpid(), "owner": None, "turn_id": None}
 

@@ -14,6 +14,7 @@ import ray
 from ray.util.state import list_actors, list_tasks
 
 from actors.hosting import SHAPE_ACTORS
+from actors.naming import NAMESPACE, host_actor_name
 from actors.placement import Dedicated, Hosted, choose
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
@@ -85,6 +86,15 @@ async def a_root_in_host(runtime: Runtime, scope: Scope, index: int, text: str) 
             return created
 
 
+async def drains_again_in(index: int) -> float:
+    """Seconds before host ``index`` may drain again, as it says (0 when it has not been made)."""
+    try:
+        host = ray.get_actor(host_actor_name(index), namespace=NAMESPACE)
+    except ValueError:
+        return 0.0
+    return float((await host.status.remote())["drains_again_in"])
+
+
 async def test_a_moving_host_drains_between_runs_and_gives_up_past_its_limit(runtime: Runtime, scope: Scope) -> None:
     """A host asked to move to another node (here one no node has) drains: its busy session's Run goes
     on, and no Run of another session of that host begins meanwhile. Past
@@ -119,6 +129,7 @@ async def test_a_moving_host_drains_between_runs_and_gives_up_past_its_limit(run
     assert busy_run["status"] == "completed"  # ran once, never cut off
     after = await host.status.remote()
     assert after["pid"] == before["pid"] and not after["moving"]  # the host stayed, open again
+    assert after["drains_again_in"] > 0
     assert await host.move.remote("f" * 56) is False and not (await host.status.remote())["moving"]
 
 
@@ -135,7 +146,16 @@ async def test_a_moving_host_hands_a_long_run_on_between_model_steps(runtime: Ru
                   *(call(("send_message", {"target": "${0.session_id}", "text": f"m{i}"}), delay_ms=700)
                     for i in range(steps)),
                   say("busy done"))
-    busy = await a_root_in_host(runtime, scope, 0, text)
+    hosts = runtime.placement.hosts
+
+    async def quiet_hosts() -> list[int]:
+        """Hosts whose drain would wait for nothing but this test's Run: not one whose drain gave up
+        in an earlier test (it would not drain again for a while), nor one with another tree's Run."""
+        running = await rows(runtime.db, "SELECT session_id FROM runs WHERE status = 'running'")
+        busy_hosts = {run["session_id"].int % hosts for run in running}
+        return [index for index in range(hosts) if index not in busy_hosts and await drains_again_in(index) == 0]
+
+    busy = await a_root_in_host(runtime, scope, (await eventually(quiet_hosts, timeout=120, every=0.5))[0], text)
     session_id = busy["session"]["session_id"]
     host = runtime.placement.session_actor(session_id)
 
