@@ -331,7 +331,6 @@ class RunExecutor:
         wait = self.settings.host_drain_seconds + self.settings.lease_seconds
         async with self.db.tx() as conn:
             await run_repo.hand_back(conn, self.run, wait)
-        log.info("run %s handed back at a model boundary: its session's host moves", self.run.run_id)
 
     def _model_calls(self) -> int:
         """The Turn's model calls so far: its committed replies, read from the history (durable,
