@@ -146,14 +146,15 @@ async def test_a_moving_host_hands_a_long_run_on_between_model_steps(runtime: Ru
                   *(call(("send_message", {"target": "${0.session_id}", "text": f"m{i}"}), delay_ms=700)
                     for i in range(steps)),
                   say("busy done"))
-    hosts = runtime.placement.hosts
+    placement = runtime.placement
 
     async def quiet_hosts() -> list[int]:
         """Hosts whose drain would wait for nothing but this test's Run: not one whose drain gave up
         in an earlier test (it would not drain again for a while), nor one with another tree's Run."""
         running = await rows(runtime.db, "SELECT session_id FROM runs WHERE status = 'running'")
-        busy_hosts = {run["session_id"].int % hosts for run in running}
-        return [index for index in range(hosts) if index not in busy_hosts and await drains_again_in(index) == 0]
+        busy_hosts = {placement.host_index(run["session_id"]) for run in running}
+        return [index for index in range(placement.hosts)
+                if index not in busy_hosts and await drains_again_in(index) == 0]
 
     busy = await a_root_in_host(runtime, scope, (await eventually(quiet_hosts, timeout=120, every=0.5))[0], text)
     session_id = busy["session"]["session_id"]
