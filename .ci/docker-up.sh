@@ -70,9 +70,10 @@ wait_for_engine() {
 }
 
 # A dockerd that runs but never answers (hung in its shutdown when the machine's processes were
-# stopped) holds the pid file and the socket: stopped, so that a new one can start.
-stop_silent_engine() {
-    pgrep -x dockerd >/dev/null || return 0
+# stopped) holds the pid file and the socket: stopped, so that a new one can start. Succeeds only
+# when a running dockerd came to answer after all.
+running_engine_answers() {
+    pgrep -x dockerd >/dev/null || return 1
     say "a dockerd runs but does not answer; waiting up to ${WAIT_SECONDS}s for it"
     wait_for_engine "$WAIT_SECONDS" >/dev/null && return 0
     say "stopping the dockerd that does not answer"
@@ -85,6 +86,7 @@ stop_silent_engine() {
     pkill -KILL -x dockerd || true
     pkill -KILL -x containerd || true
     sleep 1
+    return 1
 }
 
 start_engine() {
@@ -92,8 +94,7 @@ start_engine() {
         say "engine already answers"
         return
     fi
-    stop_silent_engine
-    if engine_answers; then
+    if running_engine_answers; then
         say "engine answers"
         return
     fi
