@@ -28,6 +28,8 @@ import ray
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+from actors.runtime import MALLOC_ARENA_MAX
+
 ROOT = Path(__file__).resolve().parent.parent
 CRD_SCHEMA = ROOT / "tests" / "data" / "kuberay-v1.7.0-rayservice-schema.json"
 # The ports KubeRay looks up by name on the head container (its utils/constant.go).
@@ -88,6 +90,8 @@ def test_cluster_yaml_validates_and_installs_from_what_it_mounts() -> None:
     assert len(starts) == 2
     for command in starts:  # the secrets directory is the mounted one, Ray's token is required
         assert "RAY_AUTH_MODE=token" in command and "CANOPY_SECRETS_DIR=$HOME/.canopy/secrets" in command, command
+        # Ray's processes and workers inherit it from `ray start`, as they do from `canopy up`.
+        assert f"MALLOC_ARENA_MAX={MALLOC_ARENA_MAX} " in command, command
     head = config["head_start_ray_commands"]
     assert "--dashboard-host=127.0.0.1" in head[1]
     assert head[2] == "RAY_AUTH_MODE=token ~/canopy-venv/bin/serve deploy ~/canopy/serve.yaml"  # after Ray starts
@@ -211,6 +215,11 @@ def test_kuberay_manifest_validates_against_the_crd_schema() -> None:
     assert kuberay_problems(load_yaml("kuberay.yaml")) == []
 
 
+def test_the_image_runs_ray_with_canopys_malloc_arenas() -> None:
+    # Every Ray process of a KubeRay pod inherits the image's environment, as `canopy up`'s do its own.
+    assert dockerfile_env("MALLOC_ARENA_MAX") == MALLOC_ARENA_MAX
+
+
 def _head_ports(m: Manifest) -> list[dict[str, Any]]:
     return m["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]
 
@@ -327,6 +336,7 @@ def install_stage_images() -> list[str]:
 def test_the_image_builds_offline_and_serves_the_api(image: str) -> None:
     config = json.loads(run("docker", "image", "inspect", "-f", "{{json .Config}}", image, timeout=60).stdout)
     assert config["User"] == "ray"
+    assert f"MALLOC_ARENA_MAX={MALLOC_ARENA_MAX}" in config["Env"]
     assert not [e for e in config["Env"] if re.match(r"(CANOPY_(DATABASE_URL|ADMIN_TOKEN|METRICS_TOKEN)|\w+_KEY)=", e)]
     container = run("docker", "run", "-d", "--network", "none", image, "canopy", "up", timeout=120).stdout.strip()
     try:

@@ -17,7 +17,7 @@ from ray.util.state import list_actors
 
 from actors.gateways import gateway_on
 from actors.naming import gateway_actor_name
-from actors.runtime import Runtime
+from actors.runtime import MALLOC_ARENA_MAX, Runtime
 from actors.scripted import say, script
 from persistence.databases import rows
 from persistence.records import Scope
@@ -108,6 +108,7 @@ async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(own_
     assert findings["call_nodes"] == {"on_head": [head], "on_other": [other]}, findings
     # A gateway lives on each node that ran a session, pinned there under the node's name.
     assert findings["gateways"] == {head: f"canopy:gateway:{head}", other: f"canopy:gateway:{other}"}, findings
+    assert findings["gateway_malloc_arenas"] == {head: MALLOC_ARENA_MAX, other: MALLOC_ARENA_MAX}, findings
     # The head's gateway was killed during the head session's call: asked again, the Turn completed, charged once.
     assert findings["results"] == {"on_head": ["completed", findings["head_marker"]],
                                    "on_other": ["completed", "other done"]}, findings

@@ -13,15 +13,15 @@ from typing import Any
 import psutil
 import pytest
 import ray
-from ray.util.state import list_workers
+from ray.util.state import list_actors, list_workers
 
 from actors.gateways import local_gateway, scripted_log_path
 from actors.placement import Dedicated
-from actors.runtime import Runtime
+from actors.runtime import MALLOC_ARENA_MAX, Runtime
 from actors.scripted import call, create, say, script
 from persistence.errors import NotFound
 from persistence.records import Row, Scope
-from tests.actors.helpers import eventually, peak_concurrent_runs, rows, session_id_at
+from tests.actors.helpers import eventually, peak_concurrent_runs, rows, session_id_at, started_environment
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:
@@ -300,6 +300,21 @@ async def test_ray_workers_preload_canopys_actor_modules(runtime: Runtime) -> No
 
     command = await worker_command_line.remote()
     assert f"--worker-preload-modules={','.join(WORKER_PRELOAD_MODULES)}" in command
+
+
+async def test_every_canopy_process_starts_with_two_malloc_arenas(runtime: Runtime, scope: Scope) -> None:
+    # With glibc's 8 arenas per core a session host grew with every session it served (actors/runtime.py).
+    created = await runtime.create_root(scope, input_text=script(call(create("c", script(say("hi")))), say("ok")))
+    assert (await runtime.wait_result(scope, created["input"]["input_id"], timeout=60))["status"] == "completed"
+    actors = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                     filters=[("state", "=", "ALIVE")], detail=True, limit=10_000,
+                                     raise_on_missing_output=False)
+    canopy = [(actor.class_name, actor.pid) for actor in actors if actor.ray_namespace == "canopy"]
+    kinds = {kind for kind, _ in canopy}
+    assert {"AccountedGateway", "SweeperImpl"} <= kinds, canopy
+    assert kinds & {"SessionHostImpl", "SessionActorImpl"}, canopy  # where the tree's sessions ran
+    assert [(kind, started_environment(pid).get("MALLOC_ARENA_MAX")) for kind, pid in canopy] == [
+        (kind, MALLOC_ARENA_MAX) for kind, _ in canopy]
 
 
 async def _idle_workers(runtime: Runtime) -> int:
