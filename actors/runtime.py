@@ -97,18 +97,19 @@ def _move_provider_env(settings: Settings) -> None:
             _write_secret_file(directory / name, value)
 
 
-# glibc gives each thread that allocates one of up to 8 x cores malloc arenas, and frees into an
-# arena seldom return to the system: a session host, whose sessions' work moves among Ray's threads
-# and the event loop's, grew ~2.4 MiB per 100 sessions served without end (282 MiB after 3,500,
-# 148 once malloc_trim(0) ran); with two arenas it levels off at ~145 MiB (bench/host_memory.py),
-# its fan-outs no slower. Read when a process starts, so it is set for the processes Ray starts.
+# glibc gives the threads of a process up to 8 malloc arenas per core, and what is freed in them
+# mostly stays with the process: a session host, whose sessions' work moves among Ray's threads and
+# the event loop's, grew 28 MiB per 1,000 sessions served without end; with two arenas 1.2 MiB
+# (bench/host_memory.py), its fan-outs no slower. glibc reads it when a process starts, so it is
+# set for the processes Ray starts (and in cluster.yaml and the image for a cluster's nodes).
 MALLOC_ARENA_MAX = "2"
 
 
 def _worker_env(settings: Settings, database_url: str) -> dict[str, str]:
-    """Every non-secret ``CANOPY_*`` variable of this process, the data dir, and the path of the
-    secrets directory (``_write_secrets``): no token, key or password ever travels in an
-    environment, where Ray's dashboard (runtime_env) or ``/proc/<pid>/environ`` would show it."""
+    """Every non-secret ``CANOPY_*`` variable of this process, the data dir, the path of the
+    secrets directory (``_write_secrets``) and the malloc arenas: no token, key or password ever
+    travels in an environment, where Ray's dashboard (runtime_env) or ``/proc/<pid>/environ``
+    would show it."""
     hidden = secret_env_names() | {f"{ENV_PREFIX}SECRETS_DIR"}
     env = {key: value for key, value in os.environ.items()
            if key.upper().startswith(ENV_PREFIX) and key.upper() not in hidden}
