@@ -38,21 +38,9 @@ from persistence.settings import Settings
 MIB = 2**20
 
 
-def environ(pid: int, name: str) -> str | None:
-    """A variable of a process's environment as it started (what glibc read)."""
-    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-        key, _, value = entry.decode(errors="replace").partition("=")
-        if key == name:
-            return value
-    return None
-
-
 def slope(points: list[tuple[int, float]]) -> float:
     """Least-squares growth of RSS (MiB) per session served."""
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else 0.0
+    return statistics.linear_regression([x for x, _ in points], [y for _, y in points]).slope
 
 
 async def main() -> None:
@@ -70,7 +58,8 @@ async def main() -> None:
         runtime = await Runtime.start(settings)
         hosts = [ray.get_actor(host_actor_name(k), namespace=NAMESPACE) for k in range(settings.session_hosts)]
         pids = [await host.ready.remote() for host in hosts]
-        print(f"hosts {len(hosts)}  MALLOC_ARENA_MAX in the hosts: {environ(pids[0], 'MALLOC_ARENA_MAX')}  "
+        arenas = psutil.Process(pids[0]).environ().get("MALLOC_ARENA_MAX")  # as the host started
+        print(f"hosts {len(hosts)}  MALLOC_ARENA_MAX in the hosts: {arenas}  "
               f"children {args.children} x 1 step of {args.latency_ms} ms per round")
         points: list[tuple[int, float]] = []
         for done in range(1, args.rounds + 1):
@@ -83,8 +72,8 @@ async def main() -> None:
                   + ", ".join(f"{value:.0f}" for value in rss) + " MiB", flush=True)
             if done > args.rounds // 2:
                 points.append((served, statistics.fmean(rss)))
-        print(f"growth              {slope(points) * 1000:.1f} MiB per 1,000 sessions served (second half, "
-              "mean of the hosts)")
+        growth = f"{slope(points) * 1000:.1f} MiB" if len(points) > 1 else "n/a (fewer than two readings)"
+        print(f"growth              {growth} per 1,000 sessions served (second half, mean of the hosts)")
         await runtime.close(shutdown_ray=True)
 
 

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 from pydantic import SecretStr
 from ray.cluster_utils import Cluster
@@ -29,7 +30,6 @@ from persistence.databases import rows
 from persistence.db import Database
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.helpers import started_environment
 from tests.ports import free_port
 
 
@@ -104,9 +104,10 @@ async def main() -> None:
             findings["run_owners"][name] = [run["owner"] == one["owner"] for run in owners]
         findings["gateways"] = {actor.node_id: actor.name for actor in actors("canopy:gateway:")
                                 if actor.state == "ALIVE"}
-        # A runtime that joins a cluster hands its workers their environment in the job's runtime_env.
+        # A runtime that joins a cluster hands its workers their environment in the job's runtime_env
+        # (psutil reads /proc/<pid>/environ: the environment the process started with, which glibc read).
         findings["gateway_malloc_arenas"] = {
-            actor.node_id: started_environment(actor.pid).get("MALLOC_ARENA_MAX")
+            actor.node_id: psutil.Process(actor.pid).environ().get("MALLOC_ARENA_MAX")
             for actor in actors("canopy:gateway:") if actor.state == "ALIVE"}
         findings["call_nodes"], findings["charged"] = {}, {}
         for name, one in started.items():

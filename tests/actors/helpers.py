@@ -36,12 +36,6 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 60.0,
         await asyncio.sleep(every)
 
 
-def started_environment(pid: int) -> dict[str, str]:
-    """A process's environment as it started (``/proc/<pid>/environ``): what glibc read, for one."""
-    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in entries if entry)
-
-
 async def peak_concurrent_runs(db: Database, tree_id: uuid.UUID) -> int:
     """The most Runs of the tree that held a slot at one instant, from recorded start/end times."""
     intervals = await rows(db, "SELECT started_at, ended_at FROM runs WHERE tree_id = %s AND started_at IS NOT NULL",

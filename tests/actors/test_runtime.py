@@ -21,7 +21,7 @@ from actors.runtime import MALLOC_ARENA_MAX, Runtime
 from actors.scripted import call, create, say, script
 from persistence.errors import NotFound
 from persistence.records import Row, Scope
-from tests.actors.helpers import eventually, peak_concurrent_runs, rows, session_id_at, started_environment
+from tests.actors.helpers import eventually, peak_concurrent_runs, rows, session_id_at
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:
@@ -313,7 +313,8 @@ async def test_every_canopy_process_starts_with_two_malloc_arenas(runtime: Runti
     kinds = {kind for kind, _ in canopy}
     assert {"AccountedGateway", "SweeperImpl"} <= kinds, canopy
     assert kinds & {"SessionHostImpl", "SessionActorImpl"}, canopy  # where the tree's sessions ran
-    assert [(kind, started_environment(pid).get("MALLOC_ARENA_MAX")) for kind, pid in canopy] == [
+    # psutil reads /proc/<pid>/environ: the environment each process started with, which glibc read.
+    assert [(kind, psutil.Process(pid).environ().get("MALLOC_ARENA_MAX")) for kind, pid in canopy] == [
         (kind, MALLOC_ARENA_MAX) for kind, _ in canopy]
 
 
