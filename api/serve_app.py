@@ -32,8 +32,10 @@ REPLICA_ENV_DEFAULTS = {"CANOPY_DB_POOL_MAX": "16"}
 
 def _internal_grpc_on_loopback() -> None:
     """Ray Serve starts an inter-deployment gRPC server in every replica, bound to ``[::]:0``
-    (every interface, no authentication) whatever the node's address: Ray has no option for it
-    (ray-project/ray#64623 adds only a port range). On a node whose Ray address is loopback
+    (every interface) whatever the node's address: Ray has no option for it (ray-project/ray#64623
+    adds only a port range). It checks Ray's auth token while token authentication is on, but a
+    port that answers from outside is still an attack surface, and with ``RAY_AUTH_MODE=disabled``
+    it would take unauthenticated calls. On a node whose Ray address is loopback
     (``canopy up`` without ``--expose-ray``) nothing outside the machine may reach it, so the
     replica binds it to loopback instead; Serve's own callers reach a replica at its node's
     address, which is then loopback too. A node with a routable address keeps Serve's binding.
