@@ -19,8 +19,10 @@ FROM ${BASE} AS install
 # Names this stage's images, which the legacy builder keeps untagged, for whoever cleans them up.
 LABEL canopy.stage=install
 COPY dist/ /wheels/
+# pip compiles what it installs: the user ray cannot write bytecode into /opt/canopy, so without it
+# every process would compile Ray, litellm and Canopy from source at each start (seconds of CPU each).
 RUN python3 -m venv /opt/canopy \
-    && /opt/canopy/bin/pip install --no-cache-dir --no-compile --disable-pip-version-check \
+    && /opt/canopy/bin/pip install --no-cache-dir --disable-pip-version-check \
         --no-index --find-links /wheels canopy
 
 FROM ${BASE}

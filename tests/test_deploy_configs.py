@@ -353,6 +353,13 @@ def test_the_image_builds_offline_and_serves_the_api(image: str) -> None:
                       "ls /opt/canopy/lib/python3.11/site-packages; ls -a /home/ray", timeout=60).stdout.split()
         assert {"actors", "api", "persistence", "sandbox"} <= set(listing)
         assert not {"tests", "pyproject.toml", ".git", ".venv"} & set(listing)
+        # Its processes import bytecode: the user ray could not write it, and compiling Ray, litellm
+        # and Canopy at each process start costs seconds of CPU.
+        cached = run("docker", "exec", container, "python3", "-c",
+                     "import os, actors.hosting, litellm, ray; "
+                     "print(*(os.path.exists(m.__cached__) for m in (actors.hosting, litellm, ray)))",
+                     timeout=120).stdout.split()
+        assert cached == ["True", "True", "True"]
         # The data dir a secrets volume is mounted into belongs to the user Canopy runs as.
         owner = run("docker", "exec", container, "stat", "-c", "%U %a", "/home/ray/.canopy", timeout=60).stdout
         assert owner.split() == ["ray", "700"]
