@@ -61,6 +61,9 @@ _NO_MODELS_FILE: dict[str, Any] = {"model_list": [], "router_settings": {}}
 # The metadata key that ties litellm's per-attempt failure callbacks to the call they belong to.
 _CALL_KEY = "canopy_call"
 _ERROR_CHARS = 1000
+# The only key of a tool call's arguments that were not a JSON object; its value is the raw text
+# (actors/toolbox.py answers such a call with what was wrong).
+INVALID_ARGUMENTS = "_invalid_arguments"
 
 
 class ModelError(Exception):
@@ -164,12 +167,12 @@ def to_openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _arguments(raw: str | None) -> dict[str, Any]:
     try:
         value = json.loads(raw or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser recurses: broken or hostile
         value = None
     if isinstance(value, dict):
         return value
     # Kept visible rather than dropped so the tool layer can tell the model what was wrong.
-    return {"_invalid_arguments": raw}
+    return {INVALID_ARGUMENTS: raw}
 
 
 def _message(response: Any) -> dict[str, Any]:

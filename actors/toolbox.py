@@ -7,11 +7,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from actors.model_gateway import INVALID_ARGUMENTS
 from actors.sandbox_tools import SANDBOX_TOOLS
 from actors.tools import COOPERATION_TOOLS, SandboxTool, Tool, ToolArgs
 from persistence.errors import InvalidArgument
 
 TOOLS: dict[str, Tool | SandboxTool] = {tool.name: tool for tool in [*COOPERATION_TOOLS, *SANDBOX_TOOLS]}
+# How much of arguments that are not a JSON object the model is shown back.
+_EXCERPT_CHARS = 200
 
 
 def effective_tools(configured: list[str] | None) -> frozenset[str]:
@@ -48,6 +51,11 @@ def parse_args(name: str, raw: dict[str, Any], allowed: frozenset[str]) -> tuple
         what = "unknown tool" if name not in TOOLS else "tool"
         raise InvalidArgument(f"{what} {name!r} is not available to this session; its tools are: "
                               f"{', '.join(n for n in TOOLS if n in allowed) or 'none'}")
+    if INVALID_ARGUMENTS in raw:
+        text = str(raw[INVALID_ARGUMENTS])
+        excerpt = repr(text[:_EXCERPT_CHARS]) + (f"... ({len(text)} characters)" if len(text) > _EXCERPT_CHARS else "")
+        raise InvalidArgument(f"the arguments of {name} are not a JSON object: {excerpt}; call it again with its "
+                              "arguments as one JSON object")
     try:
         return tool, tool.args.model_validate(raw)
     except ValidationError as error:

@@ -33,7 +33,8 @@ def say(text: str) -> dict[str, Any]:
     return {"say": text}
 
 
-def calls(*tool_calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+def calls(*tool_calls: tuple[str, dict[str, Any] | str]) -> dict[str, Any]:
+    """A reply of tool calls; arguments given as a string are sent as they are (a provider's raw text)."""
     return {"call": [{"name": name, "args": args} for name, args in tool_calls]}
 
 
@@ -45,7 +46,8 @@ def _message(step: dict[str, Any], index: int) -> tuple[dict[str, Any], str]:
     if "say" in step:
         return {"role": "assistant", "content": step["say"]}, "stop"
     tool_calls = [{"id": f"call_{index}_{n}", "type": "function",
-                   "function": {"name": c["name"], "arguments": json.dumps(c["args"])}}
+                   "function": {"name": c["name"], "arguments": c["args"] if isinstance(c["args"], str)
+                                else json.dumps(c["args"])}}
                   for n, c in enumerate(step["call"])]
     return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls"
 

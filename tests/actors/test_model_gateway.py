@@ -16,10 +16,10 @@ import pytest_asyncio
 import ray
 import yaml
 
-from actors.model_gateway import ModelError, ModelGateway
+from actors.model_gateway import INVALID_ARGUMENTS, ModelError, ModelGateway
 from actors.scripted import builders
 from actors.scripted.server import ScriptedModelServer, serve_scripted_model
-from tests.actors.replay_server import ReplayServer, say
+from tests.actors.replay_server import ReplayServer, calls, say
 from tests.ports import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -152,6 +152,26 @@ async def test_a_priced_model_is_charged_its_tokens_streamed_or_not(replay: Repl
         assert result["usage"] == {"prompt_tokens": 11, "completion_tokens": 7}
         assert result["cost_usd"] == pytest.approx(prompt + completion) and result["cost_usd"] > 0
     assert deltas == ["streamed"]
+
+
+async def test_arguments_nested_past_the_parsers_depth_are_never_an_internal_error(replay: ReplayServer) -> None:
+    """A provider's tool call nested deeper than Python's JSON parser recurses: streamed, the gateway
+    reads the reply (the call's arguments are marked as not a JSON object, for the model to be told);
+    whole, litellm cannot read it, and the call fails with a ModelError after its retries."""
+    gw = ModelGateway(timeout_seconds=30, retries=1)
+    deep = '{"agent_id": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    replay.script("deep", then=calls(("list_agents", deep)))
+
+    async def on_delta(delta: str) -> None:
+        pass
+
+    streamed = await gw.complete(model="openai/deep", messages=scripted([{"say": "x"}]), tools=None,
+                                 api_base=replay.base_url, on_delta=on_delta)
+    [call] = streamed["message"]["tool_calls"]
+    assert (call["name"], call["arguments"]) == ("list_agents", {INVALID_ARGUMENTS: deep})
+    with pytest.raises(ModelError, match="after 2 attempts"):
+        await gw.complete(model="openai/deep", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
+    assert len(replay.requests_for("deep")) == 3
 
 
 async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(

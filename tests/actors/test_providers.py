@@ -113,6 +113,26 @@ async def test_a_real_provider_runs_a_roots_tool_calls_with_the_named_key(
         (f"openai/{model}", None, 11, 7), (f"openai/{model}", None, 11, 7)]
 
 
+async def test_a_providers_arguments_that_are_not_a_json_object_are_answered_for_the_model_to_correct(
+        runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
+    """Model output is untrusted: a tool call whose arguments are not a JSON object runs nothing and
+    is answered with what was wrong, and the Turn goes on."""
+    model = _name("replay-broken")
+    agent = await _agent(runtime, scope, f"openai/{model}", api_base=replay.base_url, api_key_ref="OPENAI_API_KEY")
+    replay.script(model, calls(("list_agents", '{"agent_id": "a", oops'), ("list_agents", "[1, 2]")), say("corrected"))
+
+    created = await runtime.create_root(scope, input_text="Look around.", agent_id=agent)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "corrected")
+    _, second = replay.requests_for(model)
+    answers = [json.loads(m["content"]) for m in second.body["messages"] if m["role"] == "tool"]
+    assert [a["error"] for a in answers] == [
+        'the arguments of list_agents are not a JSON object: \'{"agent_id": "a", oops\'; call it again with its '
+        'arguments as one JSON object',
+        "the arguments of list_agents are not a JSON object: '[1, 2]'; call it again with its arguments as one "
+        "JSON object"]
+
+
 async def test_a_provider_key_reaches_the_gateway_only(runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
     model = _name("replay-key")
     agent = await _agent(runtime, scope, f"openai/{model}", api_base=replay.base_url, api_key_ref="OPENAI_API_KEY")
