@@ -61,9 +61,12 @@ _NO_MODELS_FILE: dict[str, Any] = {"model_list": [], "router_settings": {}}
 # The metadata key that ties litellm's per-attempt failure callbacks to the call they belong to.
 _CALL_KEY = "canopy_call"
 _ERROR_CHARS = 1000
-# The only key of a tool call's arguments that were not a JSON object; its value is the raw text
-# (actors/toolbox.py answers such a call with what was wrong).
+# The only key of a tool call's arguments that were not a JSON object nested at most
+# MAX_ARGUMENT_DEPTH deep; its value is the raw text (actors/toolbox.py answers such a call with
+# what was wrong). No tool's arguments nest deeper; a reply nested some 900 levels cannot be
+# pickled, and Ray carrying it out of the gateway killed the gateway's process.
 INVALID_ARGUMENTS = "_invalid_arguments"
+MAX_ARGUMENT_DEPTH = 32
 
 
 class ModelError(Exception):
@@ -164,12 +167,24 @@ def to_openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [t if "function" in t else {"type": "function", "function": t} for t in tools]
 
 
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and objects nest in ``value`` more than ``limit`` deep (without recursing)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def _arguments(raw: str | None) -> dict[str, Any]:
     try:
         value = json.loads(raw or "{}")
     except (ValueError, RecursionError):  # nested deeper than the parser recurses: broken or hostile
         value = None
-    if isinstance(value, dict):
+    if isinstance(value, dict) and not _nested_deeper_than(value, MAX_ARGUMENT_DEPTH):
         return value
     # Kept visible rather than dropped so the tool layer can tell the model what was wrong.
     return {INVALID_ARGUMENTS: raw}

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from actors.model_gateway import INVALID_ARGUMENTS
+from actors.model_gateway import INVALID_ARGUMENTS, MAX_ARGUMENT_DEPTH
 from actors.sandbox_tools import SANDBOX_TOOLS
 from actors.tools import COOPERATION_TOOLS, SandboxTool, Tool, ToolArgs
 from persistence.errors import InvalidArgument
@@ -54,8 +54,8 @@ def parse_args(name: str, raw: dict[str, Any], allowed: frozenset[str]) -> tuple
     if INVALID_ARGUMENTS in raw:
         text = str(raw[INVALID_ARGUMENTS])
         excerpt = repr(text[:_EXCERPT_CHARS]) + (f"... ({len(text)} characters)" if len(text) > _EXCERPT_CHARS else "")
-        raise InvalidArgument(f"the arguments of {name} are not a JSON object: {excerpt}; call it again with its "
-                              "arguments as one JSON object")
+        raise InvalidArgument(f"the arguments of {name} are not a JSON object nested at most {MAX_ARGUMENT_DEPTH} "
+                              f"levels deep: {excerpt}; call it again with its arguments as one JSON object")
     try:
         return tool, tool.args.model_validate(raw)
     except ValidationError as error:

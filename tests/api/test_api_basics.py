@@ -83,6 +83,10 @@ async def test_validation_and_limits(http: httpx.AsyncClient) -> None:
     assert nul.status_code == 422
     malformed = await http.post("/api/v1/sessions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert malformed.status_code == 422
+    # Nested past the JSON parser's depth (well under the size limit): FastAPI's 400, not a 500.
+    deep = await http.post("/api/v1/sessions", content=b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                           headers={"Content-Type": "application/json"})
+    assert deep.status_code == 400 and deep.json() == {"detail": "There was an error parsing the body"}
     unknown = await http.post("/api/v1/sessions", json={"inputt": "typo"})
     assert unknown.status_code == 422
     huge = await http.post("/api/v1/sessions", content=b"x" * (1024 * 1024 + 1),
