@@ -34,11 +34,20 @@ from persistence.embedded import embedded_url, stop_embedded
 from persistence.records import Scope
 from persistence.settings import Settings, get_settings
 from sandbox.manager import SandboxManager
+from tests.actors.replay_server import ReplayServer
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # The offline busybox image .ci/docker-up.sh builds; canopy up's default (sandbox/images.py) is not built in CI.
 os.environ.setdefault("CANOPY_SANDBOX_IMAGE", "canopy-sandbox:latest")
+
+
+@pytest.fixture(scope="module")
+def replay() -> Iterator[ReplayServer]:
+    """An OpenAI-compatible server of the test's own (tests/actors/replay_server.py), per module."""
+    server = ReplayServer().start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

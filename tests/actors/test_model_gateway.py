@@ -58,13 +58,6 @@ async def gateway(log_path: Path) -> AsyncIterator[ModelGateway]:
     await gw.close()
 
 
-@pytest.fixture(scope="module")
-def replay() -> Iterator[ReplayServer]:
-    server = ReplayServer().start()
-    yield server
-    server.stop()
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def own_server() -> AsyncIterator[ScriptedModelServer]:
     server = await serve_scripted_model()

@@ -1,10 +1,15 @@
-"""A hostile model cannot use tools its session lacks, nor grow a tree without bound.
+"""A hostile model cannot use tools its session lacks, nor grow a tree without bound, nor break the
+gateway with the shape of its tool calls.
 
-Every test drives the real runtime (Ray, PostgreSQL, the scripted model through litellm) with
-the replies a hostile model would give, then reads back what the tree left behind.
+Every test drives the real runtime (Ray, PostgreSQL, the scripted model through litellm, or a
+provider's replies from tests/actors/replay_server.py) with the replies a hostile model would give,
+then reads back what the tree left behind.
 """
 
 from __future__ import annotations
+
+import json
+import uuid
 
 import pytest
 
@@ -14,6 +19,8 @@ from persistence.databases import rows
 from persistence.errors import InvalidArgument
 from persistence.records import Scope
 from tests.actors.helpers import eventually
+from tests.actors.replay_server import ReplayServer, calls
+from tests.actors.replay_server import say as replay_say
 from tests.hostile.helpers import footprint, model_requests
 
 _NOTHING_ELSE = {"receipts": [], "requests": [], "sandbox_leases": [], "files": []}
@@ -125,3 +132,30 @@ async def test_a_turn_stops_after_its_model_call_limit(runtime: Runtime, scope: 
                          "AND role = 'assistant'", tree_id)
     assert replies[0]["n"] == limit
     assert len(model_requests(runtime, tree_id)) == limit
+
+
+async def test_tool_calls_whose_arguments_are_not_a_json_object_run_nothing_and_are_answered(
+        runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
+    """Broken JSON, a list, and an object nested 900 levels deep (Ray could not carry that reply out
+    of the gateway, whose process died, and the call was asked again) from a provider through real
+    litellm: none runs, each is answered with what was wrong, and the Turn goes on."""
+    model = f"hostile-{uuid.uuid4().hex[:8]}"
+    await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
+                                       "api_base": replay.base_url, "api_key_ref": "OPENAI_API_KEY"})
+    deep = '{"agent_id": ' + "[" * 900 + "]" * 900 + "}"
+    replay.script(model, calls(("list_agents", '{"agent_id": "a", oops'), ("list_agents", "[1, 2]"),
+                               ("create_session", deep)), replay_say("corrected"))
+
+    created = await runtime.create_root(scope, input_text="Look around.", agent_id=model)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "corrected")
+    _, second = replay.requests_for(model)
+    answers = [json.loads(m["content"])["error"] for m in second.body["messages"] if m["role"] == "tool"]
+    expected = "the arguments of {} are not a JSON object nested at most 32 levels deep: {}; call it again " \
+               "with its arguments as one JSON object"
+    assert answers == [expected.format("list_agents", repr('{"agent_id": "a", oops')),
+                       expected.format("list_agents", repr("[1, 2]")),
+                       expected.format("create_session", repr(deep[:200]) + f"... ({len(deep)} characters)")]
+    tree = await footprint(runtime, created["session"]["session_id"])
+    assert (tree["sessions"], tree["spawned_trees"]) == (["/root"], 0)
+    assert {key: tree[key] for key in _NOTHING_ELSE} == _NOTHING_ELSE
