@@ -26,12 +26,15 @@ from packaging.utils import canonicalize_name
 from tests.parsing import parse
 
 REPO = Path(__file__).resolve().parents[1]
-RUNTIME_PACKAGES = ("actors", "api", "persistence", "sandbox")
-FIRST_PARTY = {*RUNTIME_PACKAGES, "tests", "bench"}
 
 
 def _pyproject() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+# The top-level packages the wheel ships, read where they are declared so that a new one is checked too.
+RUNTIME_PACKAGES = tuple(sorted({name.split(".")[0] for name in _pyproject()["tool"]["setuptools"]["packages"]}))
+FIRST_PARTY = {*RUNTIME_PACKAGES, "tests", "bench"}
 
 
 def _imports(*directories: str) -> dict[str, set[str]]:
