@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import yaml
 
@@ -62,9 +62,11 @@ _NO_MODELS_FILE: dict[str, Any] = {"model_list": [], "router_settings": {}}
 _CALL_KEY = "canopy_call"
 _ERROR_CHARS = 1000
 # The only key of a tool call's arguments that were not a JSON object nested at most
-# MAX_ARGUMENT_DEPTH deep; its value is the raw text (actors/toolbox.py answers such a call with
-# what was wrong). No tool's arguments nest deeper; a reply nested some 900 levels cannot be
-# pickled, and Ray carrying it out of the gateway killed the gateway's process.
+# MAX_ARGUMENT_DEPTH deep without a NUL character; its value is the raw text (actors/toolbox.py
+# answers such a call with what was wrong). No tool's arguments nest deeper; a reply nested some
+# 900 levels cannot be pickled, and Ray carrying it out of the gateway killed the gateway's process.
+# PostgreSQL's text and jsonb cannot hold U+0000: arguments with one are refused (what a tool would
+# get in its place is not what the model asked for), the reply's other text gets U+FFFD instead.
 INVALID_ARGUMENTS = "_invalid_arguments"
 MAX_ARGUMENT_DEPTH = 32
 
@@ -86,9 +88,22 @@ class ModelError(Exception):
 _failed_attempts: dict[str, list[dict[str, Any]]] = {}
 
 
+@overload
+def _storable(text: str) -> str: ...
+
+
+@overload
+def _storable(text: None) -> None: ...
+
+
+def _storable(text: str | None) -> str | None:
+    """A provider's text with U+FFFD for each NUL (U+0000), which PostgreSQL's text and jsonb cannot hold."""
+    return None if text is None else text.replace("\x00", "\ufffd")
+
+
 def _first_line(error: BaseException | str | None) -> str:
     text = str(error or "").strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:_ERROR_CHARS]
+    return _storable(text.splitlines()[0] if text else type(error).__name__)[:_ERROR_CHARS]
 
 
 @functools.cache
@@ -167,16 +182,21 @@ def to_openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [t if "function" in t else {"type": "function", "function": t} for t in tools]
 
 
-def _nested_deeper_than(value: Any, limit: int) -> bool:
-    """Whether lists and objects nest in ``value`` more than ``limit`` deep (without recursing)."""
+def _acceptable(value: Any, limit: int) -> bool:
+    """Whether lists and objects nest in ``value`` at most ``limit`` deep and no string in it (key or
+    value) holds a NUL character (without recursing)."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict | list):
+        if isinstance(item, str):
+            if "\x00" in item:
+                return False
+        elif isinstance(item, dict | list):
             if depth > limit:
-                return True
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return False
+                return False
+            children = [*item, *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True
 
 
 def _arguments(raw: str | None) -> dict[str, Any]:
@@ -184,19 +204,22 @@ def _arguments(raw: str | None) -> dict[str, Any]:
         value = json.loads(raw or "{}")
     except (ValueError, RecursionError):  # nested deeper than the parser recurses: broken or hostile
         value = None
-    if isinstance(value, dict) and not _nested_deeper_than(value, MAX_ARGUMENT_DEPTH):
+    if isinstance(value, dict) and _acceptable(value, MAX_ARGUMENT_DEPTH):
         return value
     # Kept visible rather than dropped so the tool layer can tell the model what was wrong.
-    return {INVALID_ARGUMENTS: raw}
+    return {INVALID_ARGUMENTS: _storable(raw)}
+
+
 
 
 def _message(response: Any) -> dict[str, Any]:
     message = response.choices[0].message
     tool_calls = [
-        {"id": call.id, "name": call.function.name, "arguments": _arguments(call.function.arguments)}
+        {"id": _storable(call.id), "name": _storable(call.function.name),
+         "arguments": _arguments(call.function.arguments)}
         for call in (message.tool_calls or [])
     ]
-    return {"role": "assistant", "content": message.content, "tool_calls": tool_calls}
+    return {"role": "assistant", "content": _storable(message.content), "tool_calls": tool_calls}
 
 
 def _usage(response: Any) -> dict[str, int]:

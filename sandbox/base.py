@@ -162,6 +162,13 @@ class CommandResult:
         return result
 
 
+def as_text(data: bytes | bytearray) -> str:
+    """Bytes a command printed or a file holds, as text that can be stored: UTF-8, with U+FFFD for
+    each byte that is not (as Python's ``errors="replace"``) and for each NUL, which PostgreSQL's
+    text and jsonb cannot hold (any binary file has some)."""
+    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+
+
 class CappedOutput:
     """Collects one output stream, keeping at most ``limit`` bytes: the head and the tail.
 
@@ -193,8 +200,7 @@ class CappedOutput:
         return self.total - len(self._head) - len(self._tail)
 
     def text(self) -> str:
-        head = self._head.decode("utf-8", errors="replace")
-        tail = self._tail.decode("utf-8", errors="replace")
+        head, tail = as_text(self._head), as_text(self._tail)
         if not self.omitted:
             return head + tail
         marker = f"\n{TRUNCATION_MARKER}: {self.omitted} of {self.total} bytes omitted]\n"

@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 
 from persistence.errors import InvalidArgument
 from persistence.settings import Settings, get_settings
-from sandbox.base import OUTPUT_LIMIT_BYTES, TRUNCATION_MARKER, FileMissing, PathRejected, sandbox_file_owner
+from sandbox.base import OUTPUT_LIMIT_BYTES, TRUNCATION_MARKER, FileMissing, PathRejected, as_text, sandbox_file_owner
 
 READ_LIMIT_BYTES = 4 * OUTPUT_LIMIT_BYTES
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -75,7 +75,7 @@ def _check_relative(path: str) -> PurePosixPath:
 
 
 def read_file(workdir: Path, path: str, max_bytes: int = READ_LIMIT_BYTES) -> str:
-    """The text of a file in the workdir (UTF-8, undecodable bytes replaced), capped at ``max_bytes``."""
+    """The text of a file in the workdir (as :func:`sandbox.base.as_text`), capped at ``max_bytes``."""
     root = Path(os.path.realpath(workdir))
     target = resolve_inside(workdir, path)
     try:
@@ -100,7 +100,7 @@ def read_file(workdir: Path, path: str, max_bytes: int = READ_LIMIT_BYTES) -> st
         data = _read_up_to(fd, max_bytes + 1)
     finally:
         os.close(fd)
-    text = data[:max_bytes].decode("utf-8", errors="replace")
+    text = as_text(data[:max_bytes])
     if len(data) > max_bytes:
         text += f"\n{TRUNCATION_MARKER}: file is larger than {max_bytes} bytes]\n"
     return text

@@ -1,6 +1,7 @@
 """A tiny OpenAI-compatible chat completions server for provider tests: it replays, per model
-name, a list of steps (tool calls, a final answer, or an HTTP error with headers) and records
-every request it receives (arrival time, model, Authorization header, body). It is not
+name, a list of steps (tool calls with an optional ``text``, a final answer, or an HTTP error
+with headers) and records every request it receives (arrival time, model, Authorization header,
+body). It is not
 Canopy's scripted model: it knows nothing of Canopy and reads no script from the prompt, so a
 test through it exercises litellm's OpenAI provider, its Router and Canopy's routing exactly as
 with a real provider. Served by uvicorn on a free loopback port in a thread of its own."""
@@ -33,23 +34,24 @@ def say(text: str) -> dict[str, Any]:
     return {"say": text}
 
 
-def calls(*tool_calls: tuple[str, dict[str, Any] | str]) -> dict[str, Any]:
-    """A reply of tool calls; arguments given as a string are sent as they are (a provider's raw text)."""
-    return {"call": [{"name": name, "args": args} for name, args in tool_calls]}
+def calls(*tool_calls: tuple[str, dict[str, Any] | str] | tuple[str, dict[str, Any] | str, str]) -> dict[str, Any]:
+    """A reply of tool calls (name, arguments[, call id]); arguments given as a string are sent as
+    they are (a provider's raw text)."""
+    return {"call": [{"name": c[0], "args": c[1], **({"id": c[2]} if len(c) > 2 else {})} for c in tool_calls]}
 
 
-def fail(status: int, **headers: str) -> dict[str, Any]:
-    return {"status": status, "headers": headers}
+def fail(status: int, message: str | None = None, **headers: str) -> dict[str, Any]:
+    return {"status": status, "headers": headers, **({"message": message} if message is not None else {})}
 
 
 def _message(step: dict[str, Any], index: int) -> tuple[dict[str, Any], str]:
     if "say" in step:
         return {"role": "assistant", "content": step["say"]}, "stop"
-    tool_calls = [{"id": f"call_{index}_{n}", "type": "function",
+    tool_calls = [{"id": c.get("id", f"call_{index}_{n}"), "type": "function",
                    "function": {"name": c["name"], "arguments": c["args"] if isinstance(c["args"], str)
                                 else json.dumps(c["args"])}}
                   for n, c in enumerate(step["call"])]
-    return {"role": "assistant", "content": None, "tool_calls": tool_calls}, "tool_calls"
+    return {"role": "assistant", "content": step.get("text"), "tool_calls": tool_calls}, "tool_calls"
 
 
 _USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
@@ -103,8 +105,8 @@ class ReplayServer:
             step = steps.pop(0) if steps else self._then.get(model, fail(404))
             index = len(self.requests_for(model))
         if "status" in step:
-            error = {"error": {"message": f"replay server: HTTP {step['status']} for {model}", "type": "replay",
-                               "code": step["status"]}}
+            text = step.get("message", f"replay server: HTTP {step['status']} for {model}")
+            error = {"error": {"message": text, "type": "replay", "code": step["status"]}}
             return JSONResponse(error, status_code=step["status"], headers=step["headers"])
         message, finish = _message(step, index)
         if body.get("stream"):

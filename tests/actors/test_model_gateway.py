@@ -19,7 +19,7 @@ import yaml
 from actors.model_gateway import INVALID_ARGUMENTS, ModelError, ModelGateway
 from actors.scripted import builders
 from actors.scripted.server import ScriptedModelServer, serve_scripted_model
-from tests.actors.replay_server import ReplayServer, calls, say
+from tests.actors.replay_server import ReplayServer, calls, fail, say
 from tests.ports import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -165,6 +165,36 @@ async def test_arguments_nested_past_the_parsers_depth_are_never_an_internal_err
     with pytest.raises(ModelError, match="after 2 attempts"):
         await gw.complete(model="openai/deep", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
     assert len(replay.requests_for("deep")) == 3
+
+
+async def test_nul_characters_in_a_reply_never_leave_the_gateway(replay: ReplayServer) -> None:
+    """PostgreSQL cannot store U+0000: a reply's text, tool names and call ids and a provider's error
+    get U+FFFD instead, and arguments holding one (escaped in the JSON, or as a raw character the
+    JSON parser refuses) are marked invalid, streamed or whole."""
+    escaped = json.dumps({"path": "a\u0000b"})
+    raw = '{"path": "a\u0000b"}'
+    replay.script("nul", then={**calls(("list\u0000agents", escaped, "call\u00001"), ("write_file", raw)),
+                               "text": "x\u0000y"})
+
+    async def on_delta(delta: str) -> None:
+        pass
+
+    for streamed in (on_delta, None):
+        reply = await ModelGateway(timeout_seconds=30, retries=0).complete(
+            model="openai/nul", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url,
+            on_delta=streamed)
+        message = reply["message"]
+        assert message["content"] == "x\ufffdy"
+        assert message["tool_calls"] == [
+            {"id": "call\ufffd1", "name": "list\ufffdagents", "arguments": {INVALID_ARGUMENTS: escaped}},
+            {"id": "call_1_1" if streamed else "call_2_1", "name": "write_file",
+             "arguments": {INVALID_ARGUMENTS: '{"path": "a\ufffdb"}'}}]
+    replay.script("nul-error", then=fail(400, "bad\u0000request"))
+    with pytest.raises(ModelError) as failed:
+        await ModelGateway(timeout_seconds=30, retries=0).complete(
+            model="openai/nul-error", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
+    assert "bad\ufffdrequest" in str(failed.value), failed.value
+    assert ["bad\ufffdrequest" in attempt["error"] for attempt in failed.value.attempts] == [True], failed.value.attempts
 
 
 async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(

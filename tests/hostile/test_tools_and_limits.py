@@ -151,11 +151,44 @@ async def test_tool_calls_whose_arguments_are_not_a_json_object_run_nothing_and_
     assert (result["status"], result["output"]) == ("completed", "corrected")
     _, second = replay.requests_for(model)
     answers = [json.loads(m["content"])["error"] for m in second.body["messages"] if m["role"] == "tool"]
-    expected = "the arguments of {} are not a JSON object nested at most 32 levels deep: {}; call it again " \
-               "with its arguments as one JSON object"
+    expected = "the arguments of {} are not a JSON object nested at most 32 levels deep without NUL characters " \
+               "(U+0000): {}; call it again with its arguments as one JSON object"
     assert answers == [expected.format("list_agents", repr('{"agent_id": "a", oops')),
                        expected.format("list_agents", repr("[1, 2]")),
                        expected.format("create_session", repr(deep[:200]) + f"... ({len(deep)} characters)")]
     tree = await footprint(runtime, created["session"]["session_id"])
     assert (tree["sessions"], tree["spawned_trees"]) == (["/root"], 0)
     assert {key: tree[key] for key in _NOTHING_ELSE} == _NOTHING_ELSE
+
+
+async def test_nul_characters_from_a_model_or_a_command_never_reach_the_database(
+        runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
+    """PostgreSQL's text and jsonb cannot hold U+0000, which a provider's JSON may carry in any string
+    and a command prints with any binary file. The reply's text and names and a command's output are
+    kept with U+FFFD in its place; a call whose arguments carry one runs nothing and is answered; the
+    Turn goes on."""
+    model = f"hostile-{uuid.uuid4().hex[:8]}"
+    await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
+                                       "api_base": replay.base_url, "api_key_ref": "OPENAI_API_KEY"})
+    replay.script(model, calls(("run_command", {"command": r"printf 'a\000b'; printf 'c\000d' >&2"}),
+                               ("write_file", {"path": "nul.txt", "content": "x\u0000y"}),
+                               ("list\u0000agents", {})),
+                  replay_say("done\u0000!"))
+
+    created = await runtime.create_root(scope, input_text="Look at a binary file.", agent_id=model)
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "done\ufffd!")
+    _, second = replay.requests_for(model)
+    answers = [json.loads(m["content"]) for m in second.body["messages"] if m["role"] == "tool"]
+    assert answers[0] == {"exit_code": 0, "stdout": "a\ufffdb", "stderr": "c\ufffdd"}
+    assert answers[1] == {"error": "the arguments of write_file are not a JSON object nested at most 32 levels "
+                                   "deep without NUL characters (U+0000): " + repr(json.dumps(
+                                       {"path": "nul.txt", "content": "x\u0000y"})) + "; call it again with "
+                                   "its arguments as one JSON object"}
+    assert answers[2]["error"].startswith("unknown tool 'list\ufffdagents'"), answers[2]
+    stored = await rows(runtime.db, "SELECT tool_calls FROM thread_messages WHERE session_id = %s "
+                        "AND tool_calls IS NOT NULL", tree_id)
+    assert [c["name"] for c in stored[0]["tool_calls"]] == ["run_command", "write_file", "list\ufffdagents"]
+    tree = await footprint(runtime, tree_id)
+    assert (tree["receipts"], tree["files"]) == ([("run_command", "done")], [])

@@ -184,6 +184,18 @@ async def test_output_over_64k_is_truncated_with_a_marker(sandbox: SandboxKit) -
     assert result.exit_code == 0
 
 
+async def test_binary_output_and_files_are_storable_text(sandbox: SandboxKit) -> None:
+    """A NUL byte (PostgreSQL's text and jsonb cannot hold one) and bytes that are not UTF-8 are
+    U+FFFD in a command's output and in a file read, whatever printed or wrote them."""
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+
+    result = await _run(manager, tree, workdir, r"printf 'a\000b\377'; printf 'c\000d' >&2; printf 'e\000f' > bin")
+
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "a\ufffdb\ufffd", "c\ufffdd")
+    assert read_file(workdir, "bin") == "e\ufffdf"
+
+
 async def test_exit_code_stderr_and_timeout(sandbox: SandboxKit) -> None:
     manager = sandbox.manager()
     tree, workdir = await sandbox.new_tree()
