@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, overload
 import yaml
 
 from persistence.agents import API_KEY_REF_PATTERN
+from persistence.text import storable, why_unstorable
 
 if TYPE_CHECKING:
     from actors.scripted.server import ScriptedModelServer
@@ -62,11 +63,12 @@ _NO_MODELS_FILE: dict[str, Any] = {"model_list": [], "router_settings": {}}
 _CALL_KEY = "canopy_call"
 _ERROR_CHARS = 1000
 # The only key of a tool call's arguments that were not a JSON object nested at most
-# MAX_ARGUMENT_DEPTH deep without a NUL character; its value is the raw text (actors/toolbox.py
+# MAX_ARGUMENT_DEPTH deep whose strings can be stored; its value is the raw text (actors/toolbox.py
 # answers such a call with what was wrong). No tool's arguments nest deeper; a reply nested some
 # 900 levels cannot be pickled, and Ray carrying it out of the gateway killed the gateway's process.
-# PostgreSQL's text and jsonb cannot hold U+0000: arguments with one are refused (what a tool would
-# get in its place is not what the model asked for), the reply's other text gets U+FFFD instead.
+# A NUL character or a lone surrogate (persistence/text.py) fails the commit of the reply: arguments
+# holding one are refused (what a tool would get in its place is not what the model asked for), the
+# reply's other text gets U+FFFD instead.
 INVALID_ARGUMENTS = "_invalid_arguments"
 MAX_ARGUMENT_DEPTH = 32
 
@@ -97,8 +99,7 @@ def _storable(text: None) -> None: ...
 
 
 def _storable(text: str | None) -> str | None:
-    """A provider's text with U+FFFD for each NUL (U+0000), which PostgreSQL's text and jsonb cannot hold."""
-    return None if text is None else text.replace("\x00", "\ufffd")
+    return None if text is None else storable(text)
 
 
 def _first_line(error: BaseException | str | None) -> str:
@@ -183,13 +184,13 @@ def to_openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _acceptable(value: Any, limit: int) -> bool:
-    """Whether lists and objects nest in ``value`` at most ``limit`` deep and no string in it (key or
-    value) holds a NUL character (without recursing)."""
+    """Whether lists and objects nest in ``value`` at most ``limit`` deep and every string in it (key
+    or value) can be stored (without recursing)."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            if "\x00" in item:
+            if why_unstorable(item) is not None:
                 return False
         elif isinstance(item, dict | list):
             if depth > limit:

@@ -55,8 +55,8 @@ def parse_args(name: str, raw: dict[str, Any], allowed: frozenset[str]) -> tuple
         text = str(raw[INVALID_ARGUMENTS])
         excerpt = repr(text[:_EXCERPT_CHARS]) + (f"... ({len(text)} characters)" if len(text) > _EXCERPT_CHARS else "")
         raise InvalidArgument(f"the arguments of {name} are not a JSON object nested at most {MAX_ARGUMENT_DEPTH} "
-                              f"levels deep without NUL characters (U+0000): {excerpt}; call it again with its "
-                              "arguments as one JSON object")
+                              f"levels deep with no NUL character (U+0000) or lone surrogate in its strings: "
+                              f"{excerpt}; call it again with its arguments as one JSON object")
     try:
         return tool, tool.args.model_validate(raw)
     except ValidationError as error:

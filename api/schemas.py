@@ -15,6 +15,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from persistence.agents import API_BASE_MAX_CHARS, API_BASE_PATTERN, API_KEY_REF_PATTERN
 from persistence.statuses import Activity, InputStatus, RequestKind, RequestStatus, TurnStatus, WaitingFor
+from persistence.text import why_unstorable
 from persistence.turns import MAX_TEXT
 from persistence.usage import MAX_LIMIT
 from persistence.views import INPUT_PREVIEW
@@ -23,12 +24,8 @@ MAX_BIGINT = 2**63 - 1
 
 
 def _storable(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("text must not contain the NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    if (why := why_unstorable(value)) is not None:
+        raise ValueError(why)
     return value
 
 

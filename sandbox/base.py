@@ -29,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from persistence.errors import CanopyError, InvalidArgument, NotFound
 from persistence.settings import Settings
+from persistence.text import storable
 
 OUTPUT_LIMIT_BYTES = 64 * 1024
 DEFAULT_TIMEOUT_SECONDS = 120.0
@@ -164,9 +165,9 @@ class CommandResult:
 
 def as_text(data: bytes | bytearray) -> str:
     """Bytes a command printed or a file holds, as text that can be stored: UTF-8, with U+FFFD for
-    each byte that is not (as Python's ``errors="replace"``) and for each NUL, which PostgreSQL's
-    text and jsonb cannot hold (any binary file has some)."""
-    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+    each byte that is not (as Python's ``errors="replace"``) and for each NUL (any binary file has
+    some; see persistence/text.py)."""
+    return storable(data.decode("utf-8", errors="replace"))
 
 
 class CappedOutput:

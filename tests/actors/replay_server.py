@@ -17,7 +17,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from tests.ports import free_port
 
@@ -70,6 +70,11 @@ def _sse(model: str, message: dict[str, Any], finish: str) -> Iterator[str]:
     yield "data: [DONE]\n\n"
 
 
+def _json(body: dict[str, Any], status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    # ASCII JSON, as the stream's chunks: a reply may carry a lone surrogate, which only an escape can.
+    return Response(json.dumps(body), status_code=status_code, headers=headers, media_type="application/json")
+
+
 class ReplayServer:
     """Steps per model name, taken in order; when a model's steps run out, ``then`` answers
     (by default an HTTP 500 that says so)."""
@@ -107,11 +112,11 @@ class ReplayServer:
         if "status" in step:
             text = step.get("message", f"replay server: HTTP {step['status']} for {model}")
             error = {"error": {"message": text, "type": "replay", "code": step["status"]}}
-            return JSONResponse(error, status_code=step["status"], headers=step["headers"])
+            return _json(error, status_code=step["status"], headers=step["headers"])
         message, finish = _message(step, index)
         if body.get("stream"):
             return StreamingResponse(_sse(model, message, finish), media_type="text/event-stream")
-        return JSONResponse({"id": "chatcmpl-replay", "object": "chat.completion", "created": int(time.time()),
+        return _json({"id": "chatcmpl-replay", "object": "chat.completion", "created": int(time.time()),
                              "model": model, "usage": _USAGE,
                              "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
 

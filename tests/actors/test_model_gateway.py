@@ -167,14 +167,16 @@ async def test_arguments_nested_past_the_parsers_depth_are_never_an_internal_err
     assert len(replay.requests_for("deep")) == 3
 
 
-async def test_nul_characters_in_a_reply_never_leave_the_gateway(replay: ReplayServer) -> None:
-    """PostgreSQL cannot store U+0000: a reply's text, tool names and call ids and a provider's error
-    get U+FFFD instead, and arguments holding one (escaped in the JSON, or as a raw character the
-    JSON parser refuses) are marked invalid, streamed or whole."""
+async def test_text_postgresql_cannot_store_never_leaves_the_gateway(replay: ReplayServer) -> None:
+    """PostgreSQL cannot store U+0000 or a lone surrogate: a reply's text, tool names and call ids and
+    a provider's error get U+FFFD instead, and arguments holding one (escaped in the JSON, or as a
+    raw character the JSON parser refuses) are marked invalid, streamed or whole."""
     escaped = json.dumps({"path": "a\u0000b"})
+    surrogate = json.dumps({"path": "a\udc00b"})
     raw = '{"path": "a\u0000b"}'
-    replay.script("nul", then={**calls(("list\u0000agents", escaped, "call\u00001"), ("write_file", raw)),
-                               "text": "x\u0000y"})
+    replay.script("nul", then={**calls(("list\u0000agents", escaped, "call\u00001"), ("write_file", raw),
+                                       ("read_file", surrogate)),
+                               "text": "x\u0000y\ud800"})
 
     async def on_delta(delta: str) -> None:
         pass
@@ -184,17 +186,18 @@ async def test_nul_characters_in_a_reply_never_leave_the_gateway(replay: ReplayS
             model="openai/nul", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url,
             on_delta=streamed)
         message = reply["message"]
-        assert message["content"] == "x\ufffdy"
+        assert message["content"] == "x\ufffdy\ufffd"
+        index = 1 if streamed else 2
         assert message["tool_calls"] == [
             {"id": "call\ufffd1", "name": "list\ufffdagents", "arguments": {INVALID_ARGUMENTS: escaped}},
-            {"id": "call_1_1" if streamed else "call_2_1", "name": "write_file",
-             "arguments": {INVALID_ARGUMENTS: '{"path": "a\ufffdb"}'}}]
+            {"id": f"call_{index}_1", "name": "write_file", "arguments": {INVALID_ARGUMENTS: '{"path": "a\ufffdb"}'}},
+            {"id": f"call_{index}_2", "name": "read_file", "arguments": {INVALID_ARGUMENTS: surrogate}}]
     replay.script("nul-error", then=fail(400, "bad\u0000request"))
     with pytest.raises(ModelError) as failed:
         await ModelGateway(timeout_seconds=30, retries=0).complete(
             model="openai/nul-error", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
     assert "bad\ufffdrequest" in str(failed.value), failed.value
-    assert ["bad\ufffdrequest" in attempt["error"] for attempt in failed.value.attempts] == [True], failed.value.attempts
+    assert [attempt["error"] for attempt in failed.value.attempts] == [str(failed.value)]
 
 
 async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(

@@ -81,6 +81,9 @@ async def test_validation_and_limits(http: httpx.AsyncClient) -> None:
     assert too_long.status_code == 422 and "100000" in too_long.json()["detail"]
     nul = await http.post("/api/v1/sessions", json={"title": "a\u0000b"})
     assert nul.status_code == 422
+    surrogate = await http.post("/api/v1/sessions", content=b'{"input": "a\\ud800b"}',
+                                headers={"Content-Type": "application/json"})
+    assert surrogate.status_code == 422 and "unicode" in surrogate.text
     malformed = await http.post("/api/v1/sessions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert malformed.status_code == 422
     # Nested past the JSON parser's depth (well under the size limit): FastAPI's 400, not a 500.

@@ -151,8 +151,8 @@ async def test_tool_calls_whose_arguments_are_not_a_json_object_run_nothing_and_
     assert (result["status"], result["output"]) == ("completed", "corrected")
     _, second = replay.requests_for(model)
     answers = [json.loads(m["content"])["error"] for m in second.body["messages"] if m["role"] == "tool"]
-    expected = "the arguments of {} are not a JSON object nested at most 32 levels deep without NUL characters " \
-               "(U+0000): {}; call it again with its arguments as one JSON object"
+    expected = "the arguments of {} are not a JSON object nested at most 32 levels deep with no NUL character " \
+               "(U+0000) or lone surrogate in its strings: {}; call it again with its arguments as one JSON object"
     assert answers == [expected.format("list_agents", repr('{"agent_id": "a", oops')),
                        expected.format("list_agents", repr("[1, 2]")),
                        expected.format("create_session", repr(deep[:200]) + f"... ({len(deep)} characters)")]
@@ -161,34 +161,35 @@ async def test_tool_calls_whose_arguments_are_not_a_json_object_run_nothing_and_
     assert {key: tree[key] for key in _NOTHING_ELSE} == _NOTHING_ELSE
 
 
-async def test_nul_characters_from_a_model_or_a_command_never_reach_the_database(
+async def test_text_postgresql_cannot_store_from_a_model_or_a_command_never_reaches_it(
         runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
-    """PostgreSQL's text and jsonb cannot hold U+0000, which a provider's JSON may carry in any string
-    and a command prints with any binary file. The reply's text and names and a command's output are
-    kept with U+FFFD in its place; a call whose arguments carry one runs nothing and is answered; the
-    Turn goes on."""
+    """PostgreSQL cannot store a NUL character (U+0000) or a lone surrogate, which a provider's JSON
+    may carry in any string, and a command prints NULs with any binary file. The reply's text and
+    names and a command's output are kept with U+FFFD in their place; a call whose arguments carry
+    one runs nothing and is answered; the Turn goes on."""
     model = f"hostile-{uuid.uuid4().hex[:8]}"
     await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
                                        "api_base": replay.base_url, "api_key_ref": "OPENAI_API_KEY"})
+    refused = [{"path": "nul.txt", "content": "x\u0000y"}, {"path": "surrogate.txt", "content": "x\ud800y"}]
     replay.script(model, calls(("run_command", {"command": r"printf 'a\000b'; printf 'c\000d' >&2"}),
-                               ("write_file", {"path": "nul.txt", "content": "x\u0000y"}),
-                               ("list\u0000agents", {})),
-                  replay_say("done\u0000!"))
+                               *(("write_file", args) for args in refused), ("list\u0000agents", {})),
+                  replay_say("done\u0000!\udfff"))
 
     created = await runtime.create_root(scope, input_text="Look at a binary file.", agent_id=model)
     tree_id = created["session"]["session_id"]
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
-    assert (result["status"], result["output"]) == ("completed", "done\ufffd!")
+    assert (result["status"], result["output"]) == ("completed", "done\ufffd!\ufffd")
     _, second = replay.requests_for(model)
-    answers = [json.loads(m["content"]) for m in second.body["messages"] if m["role"] == "tool"]
-    assert answers[0] == {"exit_code": 0, "stdout": "a\ufffdb", "stderr": "c\ufffdd"}
-    assert answers[1] == {"error": "the arguments of write_file are not a JSON object nested at most 32 levels "
-                                   "deep without NUL characters (U+0000): " + repr(json.dumps(
-                                       {"path": "nul.txt", "content": "x\u0000y"})) + "; call it again with "
-                                   "its arguments as one JSON object"}
-    assert answers[2]["error"].startswith("unknown tool 'list\ufffdagents'"), answers[2]
+    ran, *answers, unknown = [json.loads(m["content"]) for m in second.body["messages"] if m["role"] == "tool"]
+    assert ran == {"exit_code": 0, "stdout": "a\ufffdb", "stderr": "c\ufffdd"}
+    assert answers == [{"error": "the arguments of write_file are not a JSON object nested at most 32 levels deep "
+                                 "with no NUL character (U+0000) or lone surrogate in its strings: "
+                                 f"{json.dumps(args)!r}; call it again with its arguments as one JSON object"}
+                       for args in refused]
+    assert unknown["error"].startswith("unknown tool 'list\ufffdagents'"), unknown
     stored = await rows(runtime.db, "SELECT tool_calls FROM thread_messages WHERE session_id = %s "
                         "AND tool_calls IS NOT NULL", tree_id)
-    assert [c["name"] for c in stored[0]["tool_calls"]] == ["run_command", "write_file", "list\ufffdagents"]
+    assert [c["name"] for c in stored[0]["tool_calls"]] == ["run_command", "write_file", "write_file",
+                                                            "list\ufffdagents"]
     tree = await footprint(runtime, tree_id)
     assert (tree["receipts"], tree["files"]) == ([("run_command", "done")], [])
