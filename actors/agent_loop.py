@@ -61,6 +61,8 @@ def identity_block(session: Row, run: RunRef, input_id: uuid.UUID) -> str:
 # History rows whose text Canopy wrote itself (the wrappers of messages and steers; their bodies
 # are escaped when rendered): every other text reaches the model with wrappers escaped.
 _WRAPPED_ORIGINS = ("message", "steer", "compaction")
+# Provider call ids are ~30 characters; a longer one is replaced (it is stored with every answer).
+_MAX_CALL_ID_CHARS = 64
 
 
 def to_model_message(row: Row) -> dict[str, Any]:
@@ -100,6 +102,25 @@ def _parse_reply(calls: list[dict[str, Any]], allowed: frozenset[str], limit: in
                           f"(setting CANOPY_MAX_TOOL_CALLS_PER_REPLY), so none of them ran: make at most {limit}"}
         return [_Call(call, None, None, error) for call in calls]
     return [_parse(call, allowed) for call in calls]
+
+
+def _with_unique_ids(calls: list[dict[str, Any]], taken: set[str]) -> list[dict[str, Any]]:
+    """A reply's calls, each with an id no other call of the Turn has (``taken``: the Turn's ids so
+    far). A call is known by its id (its receipt, its answer, its wait), and providers do not all
+    keep ids unique: some OpenAI-compatible servers number calls per reply ("call_0" in each), a
+    hostile one repeats an id or sends none. A missing or over-long id becomes "call"; a taken one
+    gets "~2", "~3", ... Done once, before the reply is committed: replays read the stored ids."""
+    renamed = []
+    for call in calls:
+        given = call.get("id")
+        base = given if isinstance(given, str) and 0 < len(given) <= _MAX_CALL_ID_CHARS else "call"
+        call_id, n = base, 1
+        while call_id in taken:
+            n += 1
+            call_id = f"{base}~{n}"
+        taken.add(call_id)
+        renamed.append({**call, "id": call_id})
+    return renamed
 
 
 def _acts(item: _Call) -> bool:
@@ -310,6 +331,7 @@ class RunExecutor:
             boundary = None
             if reply is None:
                 return  # the call failed for good: the Turn has failed
+            reply["message"]["tool_calls"] = _with_unique_ids(reply["message"]["tool_calls"], self._call_ids())
             calls = _parse_reply(reply["message"]["tool_calls"], self._tools, self.settings.max_tool_calls_per_reply)
             if calls and not any(_acts(call) for call in calls):
                 # Only reads and waits: the reply is committed with their results (see _run_batch).
@@ -331,6 +353,11 @@ class RunExecutor:
         wait = self.settings.host_drain_seconds + self.settings.lease_seconds
         async with self.db.tx() as conn:
             await run_repo.hand_back(conn, self.run, wait)
+
+    def _call_ids(self) -> set[str]:
+        """The ids of the Turn's tool calls so far (the history holds all of the Turn's messages)."""
+        return {call["id"] for row in self._history if row["turn_id"] == self.run.turn_id
+                and row["role"] == "assistant" for call in row["tool_calls"] or []}
 
     def _model_calls(self) -> int:
         """The Turn's model calls so far: its committed replies, read from the history (durable,

@@ -193,3 +193,33 @@ async def test_text_postgresql_cannot_store_from_a_model_or_a_command_never_reac
                                                             "list\ufffdagents"]
     tree = await footprint(runtime, tree_id)
     assert (tree["receipts"], tree["files"]) == ([("run_command", "done")], [])
+
+
+async def test_tool_call_ids_a_provider_repeats_or_omits_still_run_each_call_once(
+        runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
+    """Some OpenAI-compatible servers number their tool calls per reply ("call_0" again in the next
+    one), a hostile one repeats an id within a reply or sends none or a huge one. A call is known by
+    its id (its receipt, its answer, its wait): each call still runs once and gets its own answer."""
+    model = f"hostile-{uuid.uuid4().hex[:8]}"
+    await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
+                                       "api_base": replay.base_url, "api_key_ref": "OPENAI_API_KEY"})
+    replay.script(model, calls(("run_command", {"command": "echo a > a.txt"}, "call_0"),
+                               ("run_command", {"command": "echo b > b.txt"}, "call_0")),
+                  calls(("run_command", {"command": "echo c > c.txt"}, "call_0"),
+                        ("run_command", {"command": "echo d > d.txt"}, ""),
+                        ("run_command", {"command": "echo e > e.txt"}, "x" * 10_000)),
+                  replay_say("done"))
+
+    created = await runtime.create_root(scope, input_text="Write five files.", agent_id=model)
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "done")
+    tree = await footprint(runtime, tree_id)
+    assert tree["files"] == ["a.txt", "b.txt", "c.txt", "d.txt", "e.txt"]
+    assert tree["receipts"] == [("run_command", "done")] * 5
+    replies = await rows(runtime.db, "SELECT tool_calls FROM thread_messages WHERE session_id = %s "
+                         "AND role = 'assistant' ORDER BY id", tree_id)
+    ids = [call["id"] for reply in replies for call in reply["tool_calls"] or []]
+    assert len(set(ids)) == 5 and max(map(len, ids)) <= 64, ids
+    last = replay.requests_for(model)[-1].body["messages"]
+    assert {m["tool_call_id"] for m in last if m["role"] == "tool"} == set(ids)
