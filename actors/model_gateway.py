@@ -231,6 +231,25 @@ def _usage(response: Any) -> dict[str, int]:
     }
 
 
+def _usage_reported(response: Any) -> bool:
+    # A real request always has prompt tokens: zeros are a provider that reported nothing.
+    usage = getattr(response, "usage", None)
+    return bool(usage is not None and (getattr(usage, "prompt_tokens", 0) or getattr(usage, "completion_tokens", 0)))
+
+
+def _estimate_usage(litellm: ModuleType, response: Any, messages: list[dict[str, Any]], model: str) -> None:
+    """Give a reply whose provider reported no usage (some OpenAI-compatible servers do not) litellm's
+    estimate, as litellm's stream builder does for a stream without a usage chunk: budgets count
+    tokens, and a provider must not spend a tree's without counting."""
+    message = response.choices[0].message
+    completion = (message.content or "") + "".join(
+        call.function.arguments or "" for call in message.tool_calls or [])
+    prompt_tokens = int(litellm.token_counter(model=model, messages=messages))
+    completion_tokens = int(litellm.token_counter(model=model, text=completion, count_response_tokens=True))
+    response.usage = litellm.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                   total_tokens=prompt_tokens + completion_tokens)
+
+
 def _cost(litellm: ModuleType, response: Any, priced: Any, model: str) -> float:
     """The reply's price: ``priced`` when litellm priced the call already (a whole reply; a stream's
     figure comes before its usage chunk), else priced from the response."""
@@ -593,6 +612,9 @@ class ModelGateway:
             raise ModelError(_first_line(error) + tries, attempts) from error
         finally:
             del _failed_attempts[call_id]
+        if not _usage_reported(response):
+            await asyncio.to_thread(_estimate_usage, litellm, response, request["messages"], self._counted(model))
+            priced = None  # litellm priced the tokens it was told: none
         return {
             "message": _message(response),
             "usage": _usage(response),
@@ -607,15 +629,17 @@ class ModelGateway:
         """The prompt tokens a request would send, by litellm's counter for the model (in a thread:
         counting a long history takes a while, and this process serves every model call)."""
         litellm = _litellm()
-        if model.startswith(SCRIPTED_PREFIX):
-            counted = "openai/" + model[len(SCRIPTED_PREFIX):]
-        else:
-            counted = model
-            with contextlib.suppress(ModelError):  # a broken models file: count as the model string says
-                counted = self._current_routes().provider_model(model)
-        return int(await asyncio.to_thread(litellm.token_counter, model=counted,
+        return int(await asyncio.to_thread(litellm.token_counter, model=self._counted(model),
                                            messages=to_openai_messages(messages),
                                            tools=to_openai_tools(tools) if tools else None))
+
+    def _counted(self, model: str) -> str:
+        """The model whose tokenizer counts ``model``'s tokens."""
+        if model.startswith(SCRIPTED_PREFIX):
+            return "openai/" + model[len(SCRIPTED_PREFIX):]
+        with contextlib.suppress(ModelError):  # a broken models file: count as the model string says
+            return self._current_routes().provider_model(model)
+        return model
 
 
 def _attempt(routes: _Routes, failed: dict[str, Any], model: str) -> dict[str, Any]:

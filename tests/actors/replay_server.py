@@ -57,15 +57,15 @@ def _message(step: dict[str, Any], index: int) -> tuple[dict[str, Any], str]:
 _USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
 
 
-def _sse(model: str, message: dict[str, Any], finish: str) -> Iterator[str]:
-    """The reply as one content/tool-call delta, then the finish, then the usage chunk."""
+def _sse(model: str, message: dict[str, Any], finish: str, usage: dict[str, int] | None) -> Iterator[str]:
+    """The reply as one content/tool-call delta, then the finish, then the usage chunk (if any)."""
     delta = {"role": "assistant", "content": message.get("content")}
     if message.get("tool_calls"):
         delta["tool_calls"] = [{**call, "index": n} for n, call in enumerate(message["tool_calls"])]
     base = {"id": "chatcmpl-replay", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-    for chunk in ({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
-                  {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
-                  {**base, "choices": [], "usage": _USAGE}):
+    chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+              {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}]
+    for chunk in chunks + ([{**base, "choices": [], "usage": usage}] if usage else []):
         yield f"data: {json.dumps(chunk)}\n\n"
     yield "data: [DONE]\n\n"
 
@@ -114,11 +114,12 @@ class ReplayServer:
             error = {"error": {"message": text, "type": "replay", "code": step["status"]}}
             return _json(error, status_code=step["status"], headers=step["headers"])
         message, finish = _message(step, index)
+        usage = step.get("usage", _USAGE)  # None: a provider that reports no usage
         if body.get("stream"):
-            return StreamingResponse(_sse(model, message, finish), media_type="text/event-stream")
+            return StreamingResponse(_sse(model, message, finish, usage), media_type="text/event-stream")
         return _json({"id": "chatcmpl-replay", "object": "chat.completion", "created": int(time.time()),
-                             "model": model, "usage": _USAGE,
-                             "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+                      "model": model, **({"usage": usage} if usage else {}),
+                      "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
 
     def start(self) -> ReplayServer:
         self.port = free_port()

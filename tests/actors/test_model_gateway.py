@@ -200,6 +200,29 @@ async def test_text_postgresql_cannot_store_never_leaves_the_gateway(replay: Rep
     assert [attempt["error"] for attempt in failed.value.attempts] == [str(failed.value)]
 
 
+async def test_a_reply_without_usage_is_counted_by_litellms_estimate(replay: ReplayServer) -> None:
+    """A provider that reports no usage (some OpenAI-compatible servers) gets litellm's estimate,
+    whole or streamed, and a priced model its price: budgets count what it spends."""
+    import litellm  # the price map, read independently of the gateway
+
+    text = "a fairly long answer, " * 40
+    replay.script("gpt-4o-mini", then={**say(text), "usage": None})
+    messages = [{"role": "user", "content": "tell me something " * 50}]
+
+    async def on_delta(delta: str) -> None:
+        pass
+
+    gw = ModelGateway(timeout_seconds=30, retries=0)
+    whole, streamed = [await gw.complete(model="openai/gpt-4o-mini", messages=messages, tools=None,
+                                         api_base=replay.base_url, on_delta=d) for d in (None, on_delta)]
+    counted = await gw.count_tokens(model="openai/gpt-4o-mini", messages=messages)
+    assert whole["usage"]["prompt_tokens"] == counted > 100
+    assert whole["usage"]["completion_tokens"] > 100
+    assert whole["usage"] == streamed["usage"]
+    price = sum(litellm.cost_per_token(model="gpt-4o-mini", **whole["usage"]))
+    assert whole["cost_usd"] == pytest.approx(price) and price > 0
+
+
 async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(
     monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
 
@@ -223,3 +224,28 @@ async def test_tool_call_ids_a_provider_repeats_or_omits_still_run_each_call_onc
     assert len(set(ids)) == 5 and max(map(len, ids)) <= 64, ids
     last = replay.requests_for(model)[-1].body["messages"]
     assert {m["tool_call_id"] for m in last if m["role"] == "tool"} == set(ids)
+
+
+async def test_a_provider_that_reports_no_usage_cannot_spend_a_token_budget_uncounted(
+        runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
+    """A provider whose replies carry no usage (some OpenAI-compatible servers; or one that would rather
+    not be counted) is counted by litellm's estimate: the tree's token budget stops it."""
+    model = f"hostile-{uuid.uuid4().hex[:8]}"
+    await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
+                                       "api_base": replay.base_url, "api_key_ref": "OPENAI_API_KEY"})
+    replay.script(model, then={**calls(("list_agents", {})), "usage": None})  # looks around forever
+
+    created = await runtime.create_root(scope, input_text="Look around. " * 100, agent_id=model,
+                                        budget={"max_tokens": 3_000})
+    tree_id = created["session"]["session_id"]
+
+    async def stopped() -> dict[str, Any] | None:
+        summary = await runtime.tree_summary(scope, tree_id)
+        return summary if summary["stopped"] else None
+
+    summary = await eventually(stopped, timeout=60)
+    assert (summary["stop_reason"], summary["stop_detail"]["limit"]) == ("budget_exceeded", "tokens")
+    used = await rows(runtime.db, "SELECT sum(prompt_tokens) AS prompt, sum(completion_tokens) AS completion, "
+                      "sum(model_calls) AS calls FROM runs WHERE tree_id = %s", tree_id)
+    prompt, completion, calls_made = used[0]["prompt"], used[0]["completion"], used[0]["calls"]
+    assert prompt + completion >= 3_000 and completion > 0 and calls_made < 20, used
