@@ -612,6 +612,9 @@ class ModelGateway:
             raise ModelError(_first_line(error) + tries, attempts) from error
         finally:
             del _failed_attempts[call_id]
+        if not getattr(response, "choices", None):  # e.g. a provider's content filter, answering 200
+            raise ModelError("the provider's reply held no choices: nothing was generated",
+                             [_attempt(routes, a, model) for a in failed])
         if not _usage_reported(response):
             await asyncio.to_thread(_estimate_usage, litellm, response, request["messages"], self._counted(model))
             priced = None  # litellm priced the tokens it was told: none

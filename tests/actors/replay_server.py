@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible chat completions server for provider tests: it replays, per model
-name, a list of steps (tool calls with an optional ``text``, a final answer, or an HTTP error
-with headers) and records every request it receives (arrival time, model, Authorization header,
+name, a list of steps (tool calls with an optional ``text``, a final answer, an HTTP error with
+headers, or a raw ``body``) and records every request it receives (arrival time, model, Authorization header,
 body). It is not
 Canopy's scripted model: it knows nothing of Canopy and reads no script from the prompt, so a
 test through it exercises litellm's OpenAI provider, its Router and Canopy's routing exactly as
@@ -109,6 +109,8 @@ class ReplayServer:
             steps = self._steps.get(model, [])
             step = steps.pop(0) if steps else self._then.get(model, fail(404))
             index = len(self.requests_for(model))
+        if "body" in step:  # a whole response as the provider would send it, however malformed
+            return _json(step["body"])
         if "status" in step:
             text = step.get("message", f"replay server: HTTP {step['status']} for {model}")
             error = {"error": {"message": text, "type": "replay", "code": step["status"]}}

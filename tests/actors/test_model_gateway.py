@@ -223,6 +223,15 @@ async def test_a_reply_without_usage_is_counted_by_litellms_estimate(replay: Rep
     assert whole["cost_usd"] == pytest.approx(price) and price > 0
 
 
+async def test_a_reply_without_choices_is_a_model_error(replay: ReplayServer) -> None:
+    """A provider that answers 200 with no choices (as a content filter may) fails the call clearly."""
+    replay.script("no-choices", then={"body": {"id": "x", "object": "chat.completion", "created": 1,
+                                               "model": "no-choices", "choices": []}})
+    with pytest.raises(ModelError, match="no choices"):
+        await ModelGateway(timeout_seconds=30, retries=0).complete(
+            model="openai/no-choices", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
+
+
 async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(
     monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
 ) -> None:
