@@ -61,7 +61,7 @@ def identity_block(session: Row, run: RunRef, input_id: uuid.UUID) -> str:
 # History rows whose text Canopy wrote itself (the wrappers of messages and steers; their bodies
 # are escaped when rendered): every other text reaches the model with wrappers escaped.
 _WRAPPED_ORIGINS = ("message", "steer", "compaction")
-# Provider call ids are ~30 characters; a longer one is replaced (it is stored with every answer).
+# The longest call id the gateway passes on (actors/model_gateway.py).
 _MAX_CALL_ID_CHARS = 64
 
 
@@ -108,16 +108,17 @@ def _with_unique_ids(calls: list[dict[str, Any]], taken: set[str]) -> list[dict[
     """A reply's calls, each with an id no other call of the Turn has (``taken``: the Turn's ids so
     far). A call is known by its id (its receipt, its answer, its wait), and providers do not all
     keep ids unique: some OpenAI-compatible servers number calls per reply ("call_0" in each), a
-    hostile one repeats an id or sends none. A missing or over-long id becomes "call"; a taken one
-    gets "~2", "~3", ... Done once, before the reply is committed: replays read the stored ids."""
+    hostile one repeats an id or sends none. An empty id becomes "call"; a taken one gets "_2",
+    "_3", ... (the gateway has made every id at most 64 of ``[A-Za-z0-9_-]``, and so stays this).
+    Done once, before the reply is committed: replays read the stored ids."""
     renamed = []
     for call in calls:
-        given = call.get("id")
-        base = given if isinstance(given, str) and 0 < len(given) <= _MAX_CALL_ID_CHARS else "call"
+        base = call.get("id") or "call"
         call_id, n = base, 1
         while call_id in taken:
             n += 1
-            call_id = f"{base}~{n}"
+            suffix = f"_{n}"
+            call_id = base[:_MAX_CALL_ID_CHARS - len(suffix)] + suffix
         taken.add(call_id)
         renamed.append({**call, "id": call_id})
     return renamed

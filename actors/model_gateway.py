@@ -71,6 +71,14 @@ _ERROR_CHARS = 1000
 # reply's other text gets U+FFFD instead.
 INVALID_ARGUMENTS = "_invalid_arguments"
 MAX_ARGUMENT_DEPTH = 32
+# What OpenAI and Anthropic accept as a tool's name (and Anthropic as a call's id) in a request's
+# history: a model's "functions.run_command" or a server's "call:1" kept as they came would fail
+# every later request of the session. A name outside it is stored as invalid_name_<the name with
+# "_" for what is not allowed>, which no tool has; an id is stored with "_" for what is not allowed
+# (actors/agent_loop.py then keeps it unique within its Turn).
+_NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_-]")
+_IDENTIFIER_CHARS = 64
+_INVALID_NAME_PREFIX = "invalid_name_"
 
 
 class ModelError(Exception):
@@ -213,10 +221,23 @@ def _arguments(raw: str | None) -> dict[str, Any]:
 
 
 
+def _identifier(text: Any) -> str:
+    """``text`` with every character outside ``[A-Za-z0-9_-]`` as ``_``, at most 64 of them."""
+    return _NOT_IDENTIFIER.sub("_", text if isinstance(text, str) else "")[:_IDENTIFIER_CHARS]
+
+
+def _tool_name(name: Any) -> str:
+    """A called tool's name as a request's history can carry it. Never the name of a tool when the
+    model did not write one exactly: such a call is answered as unknown, not run."""
+    if isinstance(name, str) and _identifier(name) == name and name:
+        return name
+    return _identifier(_INVALID_NAME_PREFIX + _identifier(name))
+
+
 def _message(response: Any) -> dict[str, Any]:
     message = response.choices[0].message
     tool_calls = [
-        {"id": _storable(call.id), "name": _storable(call.function.name),
+        {"id": _identifier(call.id), "name": _tool_name(call.function.name),
          "arguments": _arguments(call.function.arguments)}
         for call in (message.tool_calls or [])
     ]

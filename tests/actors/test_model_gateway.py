@@ -168,9 +168,10 @@ async def test_arguments_nested_past_the_parsers_depth_are_never_an_internal_err
 
 
 async def test_text_postgresql_cannot_store_never_leaves_the_gateway(replay: ReplayServer) -> None:
-    """PostgreSQL cannot store U+0000 or a lone surrogate: a reply's text, tool names and call ids and
-    a provider's error get U+FFFD instead, and arguments holding one (escaped in the JSON, or as a
-    raw character the JSON parser refuses) are marked invalid, streamed or whole."""
+    """PostgreSQL cannot store U+0000 or a lone surrogate: a reply's text and a provider's error get
+    U+FFFD instead, a tool name or call id "_" (as for any character a provider would not take back
+    in a request's history), and arguments holding one (escaped in the JSON, or as a raw character
+    the JSON parser refuses) are marked invalid, streamed or whole."""
     escaped = json.dumps({"path": "a\u0000b"})
     surrogate = json.dumps({"path": "a\udc00b"})
     raw = '{"path": "a\u0000b"}'
@@ -189,7 +190,7 @@ async def test_text_postgresql_cannot_store_never_leaves_the_gateway(replay: Rep
         assert message["content"] == "x\ufffdy\ufffd"
         index = 1 if streamed else 2
         assert message["tool_calls"] == [
-            {"id": "call\ufffd1", "name": "list\ufffdagents", "arguments": {INVALID_ARGUMENTS: escaped}},
+            {"id": "call_1", "name": "invalid_name_list_agents", "arguments": {INVALID_ARGUMENTS: escaped}},
             {"id": f"call_{index}_1", "name": "write_file", "arguments": {INVALID_ARGUMENTS: '{"path": "a\ufffdb"}'}},
             {"id": f"call_{index}_2", "name": "read_file", "arguments": {INVALID_ARGUMENTS: surrogate}}]
     replay.script("nul-error", then=fail(400, "bad\u0000request"))

@@ -165,9 +165,9 @@ async def test_tool_calls_whose_arguments_are_not_a_json_object_run_nothing_and_
 async def test_text_postgresql_cannot_store_from_a_model_or_a_command_never_reaches_it(
         runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
     """PostgreSQL cannot store a NUL character (U+0000) or a lone surrogate, which a provider's JSON
-    may carry in any string, and a command prints NULs with any binary file. The reply's text and
-    names and a command's output are kept with U+FFFD in their place; a call whose arguments carry
-    one runs nothing and is answered; the Turn goes on."""
+    may carry in any string, and a command prints NULs with any binary file. The reply's text and a
+    command's output are kept with U+FFFD in their place (a tool name with "_": see the next test); a
+    call whose arguments carry one runs nothing and is answered; the Turn goes on."""
     model = f"hostile-{uuid.uuid4().hex[:8]}"
     await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
                                        "api_base": replay.base_url, "api_key_ref": "OPENAI_API_KEY"})
@@ -187,11 +187,11 @@ async def test_text_postgresql_cannot_store_from_a_model_or_a_command_never_reac
                                  "with no NUL character (U+0000) or lone surrogate in its strings: "
                                  f"{json.dumps(args)!r}; call it again with its arguments as one JSON object"}
                        for args in refused]
-    assert unknown["error"].startswith("unknown tool 'list\ufffdagents'"), unknown
+    assert unknown["error"].startswith("unknown tool 'invalid_name_list_agents'"), unknown
     stored = await rows(runtime.db, "SELECT tool_calls FROM thread_messages WHERE session_id = %s "
                         "AND tool_calls IS NOT NULL", tree_id)
     assert [c["name"] for c in stored[0]["tool_calls"]] == ["run_command", "write_file", "write_file",
-                                                            "list\ufffdagents"]
+                                                            "invalid_name_list_agents"]
     tree = await footprint(runtime, tree_id)
     assert (tree["receipts"], tree["files"]) == ([("run_command", "done")], [])
 
@@ -249,3 +249,35 @@ async def test_a_provider_that_reports_no_usage_cannot_spend_a_token_budget_unco
                       "sum(model_calls) AS calls FROM runs WHERE tree_id = %s", tree_id)
     prompt, completion, calls_made = used[0]["prompt"], used[0]["completion"], used[0]["calls"]
     assert prompt + completion >= 3_000 and completion > 0 and calls_made < 20, used
+
+
+async def test_tool_names_and_call_ids_no_provider_would_take_back_are_answered_and_the_session_goes_on(
+        runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
+    """OpenAI and Anthropic refuse a request whose history names a tool outside [A-Za-z0-9_-]{1,64}
+    (a model's "functions.run_command", a local model's "run command"), Anthropic a call id outside
+    it: kept as they came, every later request of the session would fail. Such a name is answered
+    as unknown (never run, even when it is a tool's name once cleaned up) and the history the
+    provider gets back holds only names and ids it takes."""
+    model = f"hostile-{uuid.uuid4().hex[:8]}"
+    await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
+                                       "api_base": replay.base_url, "api_key_ref": "OPENAI_API_KEY"})
+    replay.script(model, calls(("functions.run_command", {"command": "echo x > x.txt"}, "call:1"),
+                               ("run command", {"command": "echo y > y.txt"}, "call 1"),
+                               ("list_agents", {}, "call.1")),
+                  replay_say("done"))
+
+    created = await runtime.create_root(scope, input_text="Look around.", agent_id=model)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "done")
+    _, second = replay.requests_for(model)
+    history = second.body["messages"]
+    sent = [c for m in history if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    assert [c["function"]["name"] for c in sent] == ["invalid_name_functions_run_command",
+                                                     "invalid_name_run_command", "list_agents"]
+    assert [c["id"] for c in sent] == ["call_1", "call_1_2", "call_1_3"]
+    answers = {m["tool_call_id"]: json.loads(m["content"]) for m in history if m["role"] == "tool"}
+    assert answers["call_1"]["error"].startswith("unknown tool 'invalid_name_functions_run_command'")
+    assert answers["call_1_2"]["error"].startswith("unknown tool 'invalid_name_run_command'")
+    assert "agents" in answers["call_1_3"]
+    tree = await footprint(runtime, created["session"]["session_id"])
+    assert (tree["receipts"], tree["files"]) == ([], [])
