@@ -19,6 +19,7 @@ from typing import Any
 
 from actors import budgets, compaction, failpoints, gateways, signals, tracing
 from actors.metrics import count_tool_call, tool_label
+from actors.model_gateway import IDENTIFIER_CHARS
 from actors.placement import Placement
 from actors.toolbox import effective_tools, parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
@@ -61,8 +62,6 @@ def identity_block(session: Row, run: RunRef, input_id: uuid.UUID) -> str:
 # History rows whose text Canopy wrote itself (the wrappers of messages and steers; their bodies
 # are escaped when rendered): every other text reaches the model with wrappers escaped.
 _WRAPPED_ORIGINS = ("message", "steer", "compaction")
-# The longest call id the gateway passes on (actors/model_gateway.py).
-_MAX_CALL_ID_CHARS = 64
 
 
 def to_model_message(row: Row) -> dict[str, Any]:
@@ -118,7 +117,7 @@ def _with_unique_ids(calls: list[dict[str, Any]], taken: set[str]) -> list[dict[
         while call_id in taken:
             n += 1
             suffix = f"_{n}"
-            call_id = base[:_MAX_CALL_ID_CHARS - len(suffix)] + suffix
+            call_id = base[:IDENTIFIER_CHARS - len(suffix)] + suffix
         taken.add(call_id)
         renamed.append({**call, "id": call_id})
     return renamed

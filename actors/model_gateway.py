@@ -77,7 +77,7 @@ MAX_ARGUMENT_DEPTH = 32
 # "_" for what is not allowed>, which no tool has; an id is stored with "_" for what is not allowed
 # (actors/agent_loop.py then keeps it unique within its Turn).
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_-]")
-_IDENTIFIER_CHARS = 64
+IDENTIFIER_CHARS = 64
 _INVALID_NAME_PREFIX = "invalid_name_"
 
 
@@ -219,11 +219,9 @@ def _arguments(raw: str | None) -> dict[str, Any]:
     return {INVALID_ARGUMENTS: _storable(raw)}
 
 
-
-
 def _identifier(text: Any) -> str:
     """``text`` with every character outside ``[A-Za-z0-9_-]`` as ``_``, at most 64 of them."""
-    return _NOT_IDENTIFIER.sub("_", text if isinstance(text, str) else "")[:_IDENTIFIER_CHARS]
+    return _NOT_IDENTIFIER.sub("_", text if isinstance(text, str) else "")[:IDENTIFIER_CHARS]
 
 
 def _tool_name(name: Any) -> str:
@@ -231,7 +229,7 @@ def _tool_name(name: Any) -> str:
     model did not write one exactly: such a call is answered as unknown, not run."""
     if isinstance(name, str) and _identifier(name) == name and name:
         return name
-    return _identifier(_INVALID_NAME_PREFIX + _identifier(name))
+    return (_INVALID_NAME_PREFIX + _identifier(name))[:IDENTIFIER_CHARS]
 
 
 def _message(response: Any) -> dict[str, Any]:
