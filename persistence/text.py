@@ -12,12 +12,14 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def why_unstorable(text: str) -> str | None:
-    """Why ``text`` cannot be stored, or None if it can."""
-    if "\x00" in text:
+    """Why ``text`` cannot be stored, or None if it can (one scan when it can: the gateway checks
+    every string of every tool call's arguments)."""
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return None
+    if found.group() == "\x00" or "\x00" in text:
         return "text must not contain the NUL character"
-    if _UNSTORABLE.search(text):
-        return "text must be valid Unicode (no lone surrogates)"
-    return None
+    return "text must be valid Unicode (no lone surrogates)"
 
 
 def storable(text: str) -> str:
