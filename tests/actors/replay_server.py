@@ -1,10 +1,10 @@
 """A tiny OpenAI-compatible chat completions server for provider tests: it replays, per model
 name, a list of steps (tool calls with an optional ``text``, a final answer, an HTTP error with
-headers, or a raw ``body``) and records every request it receives (arrival time, model, Authorization header,
-body). It is not
-Canopy's scripted model: it knows nothing of Canopy and reads no script from the prompt, so a
-test through it exercises litellm's OpenAI provider, its Router and Canopy's routing exactly as
-with a real provider. Served by uvicorn on a free loopback port in a thread of its own."""
+headers, or a raw ``body``) and records every request it receives (arrival time, model,
+Authorization header, body). It is not Canopy's scripted model: it knows nothing of Canopy and
+reads no script from the prompt, so a test through it exercises litellm's OpenAI provider, its
+Router and Canopy's routing exactly as with a real provider. Served by uvicorn on a free loopback
+port in a thread of its own."""
 
 from __future__ import annotations
 
