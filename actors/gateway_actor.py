@@ -11,13 +11,14 @@ that dies in between loses its last records.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import ray
@@ -25,7 +26,7 @@ import ray
 from actors import metrics, tracing
 from actors.model_gateway import ModelGateway
 from persistence import metrics as counters
-from persistence import notifications, usage
+from persistence import notifications, runs, usage
 from persistence.db import Database, LazyDatabase
 from persistence.settings import get_settings
 
@@ -52,6 +53,7 @@ class AccountedGateway(ModelGateway):
         super().__init__(*args, **kwargs)
         self._db = LazyDatabase(max_size=4)
         self._recorder = _CallRecorder(self._database, node_id)
+        self._in_flight = _CallsInFlight(self._database, get_settings().sweep_seconds)
 
     async def _database(self) -> Database:
         return await self._db.get()
@@ -70,7 +72,8 @@ class AccountedGateway(ModelGateway):
         ``trace``: the calling Run's span context (actors/tracing.py), the model call's parent."""
         started = time.monotonic()
         publisher = None if watch is None else _DeltaPublisher(self._database, {**watch, "run_id": run_id})
-        with tracing.remote_span("model call", trace, run_id=run_id, model=str(request["model"])[:200]):
+        with (tracing.remote_span("model call", trace, run_id=run_id, model=str(request["model"])[:200]),
+              self._in_flight.call_of(uuid.UUID(run_id))):
             try:
                 try:
                     reply = await self.complete(**request, on_delta=publisher.add if publisher else None)
@@ -87,6 +90,59 @@ class AccountedGateway(ModelGateway):
             self._recorder.add(_Call.failed(run_id, attempt, started))
         self._recorder.add(_Call(run_id, reply["model"], reply["usage"], reply["cost_usd"], started, None))
         return reply
+
+
+class _CallsInFlight:
+    """The model calls in flight, by Run, and a check every ``every`` seconds that their Runs go on.
+
+    Ray cancels the call of a caller that cancels it, not of one that died (its process killed,
+    its node lost): a provider would answer that call to its end, billed, while the resumed Run
+    asks again. Whether anybody can still take the reply is the Run's row: a call of a Run that
+    is over is aborted. A lost ``ray.cancel`` of a cancelled Turn's call ends the same way."""
+
+    def __init__(self, database: Callable[[], Awaitable[Database]], every: float) -> None:
+        self._database = database
+        self._every = every
+        self._calls: dict[uuid.UUID, set[asyncio.Task[Any]]] = {}
+        self._checker: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def call_of(self, run_id: uuid.UUID) -> Iterator[None]:
+        """The current task, a model call of ``run_id``, aborted if that Run is found over."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls.setdefault(run_id, set()).add(task)
+        if self._checker is None or self._checker.done():
+            self._checker = asyncio.create_task(self._check_while_any())
+        try:
+            yield
+        finally:
+            tasks = self._calls[run_id]
+            tasks.discard(task)
+            if not tasks:
+                del self._calls[run_id]
+
+    async def _check_while_any(self) -> None:
+        while self._calls:
+            await asyncio.sleep(self._every)
+            try:
+                await self._abort_calls_of_runs_over()
+            except Exception:  # the next round asks again
+                log.exception("checking the Runs of %d model call(s) in flight failed", len(self._calls))
+
+    async def _abort_calls_of_runs_over(self) -> None:
+        if not self._calls:
+            return
+        db = await self._database()
+        async with db.tx() as conn:
+            over = await runs.over(conn, list(self._calls))
+        for run_id in over:
+            tasks = self._calls.get(run_id, set())
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                log.info("aborted %d model call(s) of run %s: the run is over, nobody takes the reply",
+                         len(tasks), run_id)
 
 
 @dataclasses.dataclass

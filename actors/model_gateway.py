@@ -544,6 +544,10 @@ class ModelGateway:
         """Requests the embedded scripted model is still answering (diagnostics and tests)."""
         return self._scripted.in_flight_requests if self._scripted is not None else 0
 
+    async def scripted_hangups(self) -> list[dict[str, float]]:
+        """The embedded scripted model's requests whose caller hung up during their delay (tests)."""
+        return self._scripted.hangups if self._scripted is not None else []
+
     async def warm_up(self) -> None:
         """Pay the litellm import and the first routes up front (complete() does it lazily otherwise)."""
         with contextlib.suppress(ModelError):  # a broken models file is reported by every call and check

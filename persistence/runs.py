@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Collection
 
 from persistence import lifecycle, metrics
 from persistence.db import Connection, query
@@ -266,6 +267,12 @@ async def sessions_with_unowned_grants(conn: Connection, older_than_seconds: flo
     """Sessions holding a Run granted over ``older_than_seconds`` ago that nobody acquired (a lost hint)."""
     cur = await conn.execute(query("runs_unowned_grants"), {"seconds": older_than_seconds})
     return [row["session_id"] for row in await cur.fetchall()]
+
+
+async def over(conn: Connection, run_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    """Of ``run_ids``, the Runs that are over (ended, or recovered into another Run)."""
+    cur = await conn.execute(query("runs_over"), {"run_ids": list(run_ids)})
+    return {row["run_id"] for row in await cur.fetchall()}
 
 
 async def tree_has_active_runs(conn: Connection, tree_id: uuid.UUID) -> bool:

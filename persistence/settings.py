@@ -118,7 +118,8 @@ class Settings(BaseSettings):
                                        "within it gets its session re-activated.")
     sweep_seconds: float = Field(
         default=2.0, gt=0, description="Seconds between the sweeper's recovery rounds (and tree supervisors' idle "
-                                       "checks).")
+                                       "checks, and each gateway's check that the Runs of its model calls in "
+                                       "flight go on: a call of a Run that is over is aborted).")
     sandbox_idle_seconds: float = Field(
         default=300.0, gt=0, description="Seconds a tree's sandbox stays unused before it is released.")
     sandbox_backend: str = Field(

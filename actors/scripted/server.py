@@ -147,8 +147,9 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def _delay(request: Request, seconds: float) -> None:
-    """Simulated latency that ends early when the client hangs up (a cancelled model call)."""
+async def _delay(request: Request, seconds: float) -> bool:
+    """Simulated latency that ends early when the client hangs up (a cancelled model call);
+    True when it did."""
     sleeper = asyncio.ensure_future(asyncio.sleep(seconds))
     hangup = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
@@ -156,6 +157,7 @@ async def _delay(request: Request, seconds: float) -> None:
     finally:
         sleeper.cancel()
         hangup.cancel()
+    return hangup.done() and not hangup.cancelled()
 
 
 async def _read_body(request: Request, max_bytes: int) -> dict[str, Any]:
@@ -198,6 +200,7 @@ def _response(body: dict[str, Any], model: str, reply: Reply, prompt_tokens: int
 def create_scripted_app(log_path: Path | None, limits: Limits) -> FastAPI:
     """The scripted model as an ASGI app; every completion request it reads is logged to ``log_path``."""
     app = FastAPI(title="Canopy scripted model", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.hangups = []  # the requests whose client hung up before their delay was over
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -230,8 +233,9 @@ def create_scripted_app(log_path: Path | None, limits: Limits) -> FastAPI:
             # JSON nested near the interpreter's recursion limit parses, yet a walk over it may not.
             return _error(400, "the request is nested too deeply")
         latency = reply.delay_ms / 1000 - (time.monotonic() - arrived)
-        if latency > 0:
-            await _delay(request, latency)
+        if latency > 0 and await _delay(request, latency):
+            app.state.hangups.append({"after_seconds": time.monotonic() - arrived,
+                                      "delay_seconds": reply.delay_ms / 1000})
         return response
 
     return app
@@ -272,6 +276,11 @@ class ScriptedModelServer:
     def in_flight_requests(self) -> int:
         """Requests still being handled; drops when a client hangs up during a delay."""
         return len(self._server.server_state.tasks)
+
+    @property
+    def hangups(self) -> list[dict[str, float]]:
+        """Each request whose client hung up during its delay: after how long, of how long."""
+        return list(self._server.config.app.state.hangups)
 
     async def stop(self) -> None:
         self._server.should_exit = True

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 from ray.util.state import list_actors
 
+from actors.gateways import gateway_on
 from actors.naming import NAMESPACE, host_actor_name
 from actors.placement import Hosted
 from actors.runtime import Runtime
@@ -64,6 +65,17 @@ async def kill_session_process(runtime: Runtime, session_id: uuid.UUID, how: str
     status = await runtime.placement.session_status(session_id)
     assert status is not None, f"session {session_id} is not live"
     os.kill(int(status["pid"]), signal.SIGKILL)
+
+
+def model_gateway() -> Any:
+    """This node's model gateway as it is now, where this node's sessions' calls go: looked up by
+    name, as an earlier test may have killed the one a cached handle names."""
+    return gateway_on(ray.get_runtime_context().get_node_id())
+
+
+async def model_calls_in_flight() -> int:
+    """Requests the node's scripted model is still answering."""
+    return await model_gateway().scripted_in_flight_requests.remote()
 
 
 async def live_sessions(runtime: Runtime) -> int:

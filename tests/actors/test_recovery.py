@@ -16,7 +16,15 @@ import ray
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.records import Scope
-from tests.actors.helpers import eventually, kill_session_process, peak_concurrent_runs, rows, session_id_at
+from tests.actors.helpers import (
+    eventually,
+    kill_session_process,
+    model_calls_in_flight,
+    model_gateway,
+    peak_concurrent_runs,
+    rows,
+    session_id_at,
+)
 
 
 async def _owned_run(runtime: Runtime, session_id: uuid.UUID) -> bool:
@@ -65,9 +73,34 @@ async def test_kill_member_mid_turn(runtime: Runtime, scope: Scope, how: str, po
     assert recovered[0]["n"] >= 1
 
 
-async def _member(runtime: Runtime, tree_id: uuid.UUID) -> uuid.UUID | None:
-    found = await rows(runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s AND path = '/root/fp-member'",
-                       tree_id)
+async def test_the_model_call_of_a_killed_run_is_aborted_at_the_provider(runtime: Runtime, scope: Scope) -> None:
+    """Ray does not cancel the call of a caller that died: the provider would answer it to its
+    end (and bill it) while the resumed Run asks again. The gateway aborts it once the Run is over."""
+    delay = 15.0
+    text = script(call(create("slow", script(say("slow done", delay_ms=int(delay * 1000))))),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("root got ${1.results.0.output}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    slow = await eventually(lambda: _member(runtime, tree_id, "/root/slow"))
+    await eventually(lambda: _owned_run(runtime, slow))
+    await eventually(lambda: _in_flight(1))  # the slow call is at the provider
+    earlier = len(await model_gateway().scripted_hangups.remote())
+    await kill_session_process(runtime, slow, "kill -9")
+    result = await _assert_clean_finish(runtime, scope, tree_id, created["input"]["input_id"])
+    assert (result["status"], result["output"]) == ("completed", "root got slow done")
+    # The killed Run's request, hung up well before its end: once its lease expired (4 s here)
+    # and the sweeper recovered it, within the gateway's next check.
+    hangups = (await model_gateway().scripted_hangups.remote())[earlier:]
+    assert [h["delay_seconds"] for h in hangups] == [delay], hangups
+    assert hangups[0]["after_seconds"] < delay - 3, hangups
+
+
+async def _in_flight(requests: int) -> bool:
+    return await model_calls_in_flight() == requests
+
+
+async def _member(runtime: Runtime, tree_id: uuid.UUID, path: str = "/root/fp-member") -> uuid.UUID | None:
+    found = await rows(runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s AND path = %s", tree_id, path)
     return found[0]["session_id"] if found else None
 
 

@@ -15,13 +15,13 @@ import pytest
 import ray
 from ray.util.state import list_actors, list_workers
 
-from actors.gateways import local_gateway, scripted_log_path
+from actors.gateways import scripted_log_path
 from actors.placement import Dedicated
 from actors.runtime import MALLOC_ARENA_MAX, Runtime
 from actors.scripted import call, create, say, script
 from persistence.errors import NotFound
 from persistence.records import Row, Scope
-from tests.actors.helpers import eventually, peak_concurrent_runs, rows, session_id_at
+from tests.actors.helpers import eventually, model_calls_in_flight, peak_concurrent_runs, rows, session_id_at
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:
@@ -121,12 +121,11 @@ async def test_sibling_cancels_exact_turn(runtime: Runtime, scope: Scope) -> Non
     assert result["output"] == "completed cancelled killed"
     # The cancelled Turn's model call (20 s) was aborted in the gateway too, not left to run: gone
     # within 10 s, well before its end (5 s was once too short in CI on a loaded machine, dedicated).
-    gateway = local_gateway()  # the node's: where the session's calls went
-    assert await eventually(lambda: _no_model_call_in_flight(gateway), timeout=10)
+    assert await eventually(_no_model_call_in_flight, timeout=10)
 
 
-async def _no_model_call_in_flight(gateway: Any) -> bool:
-    return await gateway.scripted_in_flight_requests.remote() == 0
+async def _no_model_call_in_flight() -> bool:
+    return await model_calls_in_flight() == 0
 
 
 async def test_cancelling_parent_leaves_children_running(runtime: Runtime, scope: Scope) -> None:

@@ -229,6 +229,8 @@ async def test_a_run_handed_back_by_its_owner_keeps_its_slot_for_the_next_incarn
     row = await run_row(db, run.run_id)
     assert (row["status"], row["owner"]) == ("running", None)
     assert await running_in_tree(db, tree.tree_id) == 1  # the slot stays the Run's
+    async with db.tx() as conn:
+        assert await runs.over(conn, [run.run_id]) == set()
     with pytest.raises(LeaseLost):  # the old owner can neither hand it back again nor write
         async with db.tx() as conn:
             await runs.hand_back(conn, run, LEASE_SECONDS)
@@ -262,6 +264,7 @@ async def test_expired_lease_is_recovered_by_exactly_one_resume_run(db: Database
     await _expire(db, run)
     async with db.tx() as conn:
         assert run.run_id in await runs.expired_runs(conn)
+        assert await runs.over(conn, [run.run_id, uuid.uuid4()]) == set()  # expired is not yet over; unknown never
         recovered = await turns.recover_expired_run(conn, run.run_id)
     assert recovered == {"tree_id": tree.tree_id, "session_id": tree.root_id}
     async with db.tx() as conn:
@@ -274,6 +277,8 @@ async def test_expired_lease_is_recovered_by_exactly_one_resume_run(db: Database
     assert len(resumes) == 1
     assert resumes[0]["kind"] == "resume" and resumes[0]["resumes_run_id"] == run.run_id
     assert resumes[0]["status"] == "pending"
+    async with db.tx() as conn:  # whoever waits on a reply for the dead owner's Run waits for nothing
+        assert await runs.over(conn, [run.run_id, resumes[0]["run_id"]]) == {run.run_id}
     assert (await turn_row(db, run.turn_id))["status"] == "running"
     assert await running_in_tree(db, tree.tree_id) == 0  # the dead owner's slot is free
     resumed = await claim_turn(db, tree.tree_id, run.turn_id)
