@@ -86,6 +86,8 @@ WORKSPACE = "/workspace"
 NETWORK_MODES = ("none", "host")
 _STATE_DIR = "/tmp/.canopy"
 _KILLED_EXIT_CODE = SIGNAL_EXIT_BASE + 9
+_CUT_SHORT = ("\n[canopy: the command's output was cut short (its connection to the container engine broke): "
+              "what it printed may be incomplete; a command still running then was stopped]")
 # After a kill, how long to keep reading an exec stream an escaped process may hold open.
 _DRAIN_SECONDS = 2.0
 _PING_TIMEOUT_SECONDS = 3
@@ -155,6 +157,8 @@ class _Exec:
     stdout: CappedOutput = dataclasses.field(default_factory=CappedOutput)
     stderr: CappedOutput = dataclasses.field(default_factory=CappedOutput)
     sock: Any = None
+    cut: bool = False  # Canopy stopped listening (after a kill): the stream's end is its own
+    broken: bool = False  # the stream failed under the reader, not cut by Canopy
 
 
 class DockerBackend:
@@ -403,13 +407,13 @@ class DockerBackend:
         except TimeoutError:
             await self._cancel(handle, execution.exec_id, command_id)
             await self._drain(stream, execution)
-            return await self._result(execution, timed_out=True)
+            return await self._result(handle, command_id, execution, timed_out=True)
         except asyncio.CancelledError:
             # Kill that command's group before the cancellation goes on; shielded so that a
             # second cancel cannot leave it running.
             await asyncio.shield(self._cancel(handle, execution.exec_id, command_id))
             raise
-        return await self._result(execution, timed_out=False)
+        return await self._result(handle, command_id, execution, timed_out=False)
 
     def _exec_create(self, handle: str, command_id: str, command: str) -> str:
         try:
@@ -439,7 +443,7 @@ class DockerBackend:
             for stream_id, data in frames_iter(sock, tty=False):
                 sinks.get(stream_id, execution.stderr).feed(data)
         except (OSError, ValueError):
-            pass  # the socket was cut by _drain after a kill
+            execution.broken = not execution.cut
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -449,13 +453,24 @@ class DockerBackend:
             await asyncio.wait_for(asyncio.shield(stream), _DRAIN_SECONDS)
         except TimeoutError:
             # A process that escaped the group still holds the output open: stop listening.
+            execution.cut = True
             _shutdown(execution.sock)
 
-    async def _result(self, execution: _Exec, timed_out: bool) -> CommandResult:
+    async def _result(self, handle: str, command_id: str, execution: _Exec, timed_out: bool) -> CommandResult:
         exit_code = await asyncio.to_thread(self._exit_code, execution.exec_id)
-        return CommandResult(exit_code, execution.stdout.text(), execution.stderr.text(), timed_out)
+        stderr = execution.stderr.text()
+        # A stream that failed, or ended while the command runs on, was cut short by something
+        # else than Canopy (its connection to the engine): the output read is not the whole one,
+        # and the command must not run on unsupervised.
+        if not timed_out and (execution.broken or exit_code is None):
+            if exit_code is None:
+                await self._cancel(handle, execution.exec_id, command_id)
+            stderr += _CUT_SHORT
+        return CommandResult(_KILLED_EXIT_CODE if exit_code is None else exit_code, execution.stdout.text(),
+                             stderr, timed_out)
 
-    def _exit_code(self, exec_id: str, wait_seconds: float = 2.0) -> int:
+    def _exit_code(self, exec_id: str, wait_seconds: float = 2.0) -> int | None:
+        """The exec's exit code; None while it still runs after ``wait_seconds``."""
         # The stream can end a moment before the engine records the exit.
         deadline = time.monotonic() + wait_seconds
         while True:
@@ -463,7 +478,7 @@ class DockerBackend:
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             if time.monotonic() > deadline:
-                return _KILLED_EXIT_CODE
+                return None
             time.sleep(0.02)
 
     async def _cancel(self, handle: str, exec_id: str, command_id: str) -> None:

@@ -1,6 +1,7 @@
-"""Docker-only behaviour: the live-container limit under concurrent claims, and containers built
-from other settings being recreated. The engine may be shared with other suites, whose
-containers count against the limit too: the assertions hold whatever they do."""
+"""Docker-only behaviour: the live-container limit under concurrent claims, containers built
+from other settings being recreated, and a command's output stream cut short on its way back.
+The engine may be shared with other suites, whose containers count against the limit too: the
+assertions hold whatever they do."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import re
+import socket
+import struct
 import subprocess
 import uuid
 from pathlib import Path
@@ -145,3 +149,83 @@ async def test_the_default_image_builds_and_runs_what_an_agent_expects(docker_ki
     name, answer, git, pip = result.stdout.splitlines()
     assert (name, answer) == ("canopy", "42") and git.startswith("git version") and pip.startswith("pip ")
     assert (workdir / "made.txt").read_text() == "made\n"
+
+
+class _ExecStreamCutter:
+    """A TCP proxy to the Docker engine that cuts the connection of an exec's output stream, in place
+    of the bytes that hold ``marker``: closing it (the client reads an end of stream) or resetting it
+    (the client's read fails), as a connection lost under load would."""
+
+    def __init__(self, marker: bytes, *, reset: bool) -> None:
+        self._marker = marker
+        self._reset = reset
+        self._server: asyncio.Server | None = None
+        self.cuts = 0
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"tcp://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        engine = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+        engine_r, engine_w = await asyncio.open_unix_connection(engine)
+        streaming = False  # this connection carries an exec's output
+
+        async def requests() -> None:
+            nonlocal streaming
+            while data := await client_r.read(65536):
+                streaming = streaming or re.search(rb"POST /\S*/exec/[0-9a-f]+/start ", data) is not None
+                engine_w.write(data)
+                await engine_w.drain()
+
+        async def replies() -> None:
+            while data := await engine_r.read(65536):
+                if streaming and self._marker in data:
+                    self.cuts += 1
+                    if self._reset:
+                        client_w.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                                      struct.pack("ii", 1, 0))
+                        client_w.transport.abort()
+                    else:
+                        client_w.close()
+                    break
+                client_w.write(data)
+                await client_w.drain()
+
+        # Either side's end ends the connection (the engine ends an exec's stream by closing it).
+        directions = {asyncio.ensure_future(requests()), asyncio.ensure_future(replies())}
+        await asyncio.wait(directions, return_when=asyncio.FIRST_COMPLETED)
+        for direction in directions:
+            direction.cancel()
+        engine_w.close()
+        client_w.close()
+
+
+@pytest.mark.parametrize(("command", "reset", "exit_code"), [
+    ("echo first; sleep 3; echo second > late.txt", False, 137),  # cut while the command runs on
+    ("echo first; echo second > late.txt", True, 0),  # cut after it ended, before its output was read
+])
+async def test_an_output_stream_cut_short_is_said_and_its_command_stopped(
+        docker_kit: SandboxKit, command: str, reset: bool, exit_code: int) -> None:
+    """The output of a command comes back on one connection to the engine. One cut short was taken
+    for the whole output, and a command still running when it was cut ran on unsupervised, its
+    result saying it was killed: the model read a short (here empty) output as the command's own."""
+    tree, workdir = await docker_kit.new_tree()
+    handle = await docker_kit.backend.ensure(tree, workdir, docker_kit.options)
+    cutter = _ExecStreamCutter(b"first", reset=reset)
+    async with cutter as base_url:
+        # A thread: the client asks the engine's version at once, through the proxy this loop serves.
+        proxied = DockerBackend(await asyncio.to_thread(docker.DockerClient, base_url=base_url))
+        try:
+            result = await proxied.run(handle, command, 30, f"cut-{uuid.uuid4().hex}")
+        finally:
+            proxied.close()
+    assert cutter.cuts == 1
+    assert (result.exit_code, result.stdout) == (exit_code, ""), result
+    assert "[canopy: the command's output was cut short" in result.stderr, result
+    await asyncio.sleep(4)  # past the running command's end, had it been left to run
+    assert (workdir / "late.txt").exists() == (exit_code == 0)
