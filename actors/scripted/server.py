@@ -9,6 +9,7 @@ and what it asks for is bounded by :class:`actors.scripted.model.Limits`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import itertools
@@ -200,7 +201,9 @@ def _response(body: dict[str, Any], model: str, reply: Reply, prompt_tokens: int
 def create_scripted_app(log_path: Path | None, limits: Limits) -> FastAPI:
     """The scripted model as an ASGI app; every completion request it reads is logged to ``log_path``."""
     app = FastAPI(title="Canopy scripted model", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.hangups = []  # the requests whose client hung up before their delay was over
+    # The latest requests whose client hung up before their delay was over: a gateway's scripted
+    # model serves as long as the gateway lives, so what it keeps for tests is bounded.
+    app.state.hangups = collections.deque(maxlen=1000)
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -279,7 +282,8 @@ class ScriptedModelServer:
 
     @property
     def hangups(self) -> list[dict[str, float]]:
-        """Each request whose client hung up during its delay: after how long, of how long."""
+        """The latest requests (up to 1,000) whose client hung up during their delay: after how long,
+        of how long."""
         return list(self._server.config.app.state.hangups)
 
     async def stop(self) -> None:
