@@ -18,13 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from actors.gateways import local_gateway
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from api.app import create_app
 from persistence import metrics
 from persistence.db import Database, query
-from tests.actors.helpers import ray_prometheus_text
+from tests.actors.helpers import model_gateway, ray_prometheus_text
 from tests.api.conftest import TEST_STREAMS, ApiServer, uvicorn_server
 from tests.api.helpers import ADMIN_TOKEN, client, poll, terminal
 
@@ -182,7 +181,7 @@ async def test_scrapes_during_a_fan_out_are_whole_cluster_and_scan_no_table(
 
 async def test_model_labels_are_bounded(api: ApiServer, runtime: Runtime) -> None:
     """Any model string a user writes reaches the gateway; past the bounded set it is counted as other."""
-    gateway = local_gateway()
+    gateway = model_gateway()
     spread = metrics.MAX_MODEL_LABELS + 5
     prefix = f"canopy/labels-{uuid.uuid4().hex[:8]}"
     messages = [{"role": "user", "content": script(say("ok"))}]
