@@ -9,7 +9,10 @@ Due times missed while nothing ran (everything down, or the sweep late) follow t
 ``catch_up``: ``once`` (the default) fires once for all of them — at the latest missed due time —
 then continues from now; ``all`` fires each of them, oldest first, one per sweep step; ``skip``
 fires none and continues from now. A due time whose input cannot be given (its session is
-archived, or waits for a human) is recorded with the reason and skipped.
+archived, or waits for a human) is recorded with the reason and skipped. A cron expression has five
+fields: croniter's sixth (seconds) and seventh (a year) would allow a rule that comes due once, or
+never. A rule that has no due time after one it fired (one stored before that was checked) ends the
+schedule as a delete does, so it never holds its place at the head of the due schedules.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import datetime
 import uuid
 from typing import Any
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from persistence import turns
 from persistence.db import Connection, query
@@ -43,16 +46,19 @@ class Rule:
             raise InvalidArgument("a schedule has exactly one of cron and every_seconds")
         if self.interval_seconds is not None and self.interval_seconds < MIN_INTERVAL_SECONDS:
             raise InvalidArgument(f"every_seconds must be at least {MIN_INTERVAL_SECONDS:g}")
-        if self.cron is not None and not croniter.is_valid(self.cron):
+        if self.cron is not None and (len(self.cron.split()) != 5 or not croniter.is_valid(self.cron)):
             raise InvalidArgument(f"{self.cron!r} is not a cron expression "
                                   "(five fields: minute hour day-of-month month day-of-week, UTC)")
 
-    def after(self, moment: datetime.datetime) -> datetime.datetime:
-        """The first due time strictly after ``moment``."""
+    def after(self, moment: datetime.datetime) -> datetime.datetime | None:
+        """The first due time strictly after ``moment``; None if there is none."""
         if self.interval_seconds is not None:
             return moment + datetime.timedelta(seconds=self.interval_seconds)
         assert self.cron is not None
-        return croniter(self.cron, moment).get_next(datetime.datetime)
+        try:
+            return croniter(self.cron, moment).get_next(datetime.datetime)
+        except CroniterBadDateError:  # no match within croniter's search horizon (decades)
+            return None
 
 
 def _rule(row: Row) -> Rule:
@@ -69,10 +75,13 @@ async def create_schedule(conn: Connection, scope: Scope, session_id: uuid.UUID,
     await get_session_row(conn, scope, session_id)  # NotFound for another scope's session
     cur = await conn.execute(query("database_now"))
     now = (await cur.fetchone() or {})["now"]
+    first = rule.after(now)
+    if first is None:
+        raise InvalidArgument(f"{rule.cron!r} never comes due (no date matches all its fields)")
     cur = await conn.execute(query("schedule_insert"), {
         "schedule_id": new_id(), "user_id": scope.user_id, "app_id": scope.app_id, "session_id": session_id,
         "cron": rule.cron, "interval_seconds": rule.interval_seconds, "input_text": text, "catch_up": catch_up,
-        "next_due_at": rule.after(now)})
+        "next_due_at": first})
     row = await cur.fetchone()
     assert row is not None
     return row
@@ -109,7 +118,7 @@ async def fire_due(conn: Connection, schedule_id: uuid.UUID) -> Row | None:
     following = rule.after(due)
     if schedule["catch_up"] != "all":  # missed due times collapse into this one (once) or none (skip)
         latest = due
-        while following <= now:
+        while following is not None and following <= now:
             latest, following = following, rule.after(following)
         due = latest
         if schedule["catch_up"] == "skip" and schedule["next_due_at"] < latest:
@@ -132,5 +141,8 @@ async def fire_due(conn: Connection, schedule_id: uuid.UUID) -> Row | None:
             "due_at": due, "receipt": receipt, "error": error}
 
 
-async def _advance(conn: Connection, schedule_id: uuid.UUID, next_due: datetime.datetime) -> None:
-    await conn.execute(query("schedule_advance"), {"schedule_id": schedule_id, "next_due_at": next_due})
+async def _advance(conn: Connection, schedule_id: uuid.UUID, next_due: datetime.datetime | None) -> None:
+    if next_due is None:
+        await conn.execute(query("schedule_end"), {"schedule_id": schedule_id})
+    else:
+        await conn.execute(query("schedule_advance"), {"schedule_id": schedule_id, "next_due_at": next_due})

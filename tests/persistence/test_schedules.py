@@ -91,8 +91,13 @@ async def test_a_refused_input_is_recorded_and_skipped(db: Database, scope: Scop
     assert len(firings) == 1 and firings[0]["input_id"] is None
 
 
-@pytest.mark.parametrize("rule", [schedules.Rule(), schedules.Rule(cron="* * * * *", interval_seconds=5),
-                                  schedules.Rule(interval_seconds=0.2), schedules.Rule(cron="every minute")])
+@pytest.mark.parametrize("rule", [
+    schedules.Rule(), schedules.Rule(cron="* * * * *", interval_seconds=5), schedules.Rule(interval_seconds=0.2),
+    schedules.Rule(cron="every minute"),
+    # croniter's extra fields (seconds, year): a year makes a schedule that can come due once.
+    schedules.Rule(cron="* * * * * *"), schedules.Rule(cron="14 15 3 12 * 0 2026"),
+    schedules.Rule(cron="0 0 30 2 *"),  # five valid fields that never come due
+])
 async def test_a_bad_schedule_is_refused_and_writes_nothing(db: Database, scope: Scope,
                                                             rule: schedules.Rule) -> None:
     tree = await make_tree(db, scope)
@@ -101,6 +106,32 @@ async def test_a_bad_schedule_is_refused_and_writes_nothing(db: Database, scope:
         async with db.tx() as conn:
             await schedules.create_schedule(conn, scope, tree.root_id, rule, "tick")
     assert await count_rows(db) == before
+
+
+async def test_a_schedule_with_no_further_due_time_fires_its_last_and_ends(db: Database, scope: Scope) -> None:
+    """A rule with no due time after its last (a one-off stored before five fields were required):
+    that due time fires once and the schedule ends, instead of failing every sweep while holding its
+    place at the head of the due schedules."""
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(cron="* * * * *"), "once")
+        other = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=60),
+                                                "every minute")
+        now = (await (await conn.execute("SELECT now() AS now")).fetchone() or {})["now"]
+    due = (now - datetime.timedelta(minutes=2)).replace(second=0, microsecond=0)
+    one_off = f"{due.minute} {due.hour} {due.day} {due.month} * 0 {due.year}"
+    async with db.tx() as conn:
+        await conn.execute("UPDATE schedules SET cron = %s, next_due_at = %s WHERE schedule_id = %s",
+                           (one_off, due, made["schedule_id"]))
+    await _due_in_the_past(db, other["schedule_id"], 1)
+    [fired] = await _fire_all(db, made["schedule_id"])
+    assert fired["due_at"] == due and fired["error"] is None
+    assert [i["origin"]["schedule_id"] for i in await _inputs_of(db, tree.root_id)] == [str(made["schedule_id"])]
+    async with db.tx() as conn:
+        assert await schedules.due_schedules(conn) == [other["schedule_id"]]
+        listed = await schedules.list_schedules(conn, scope, tree.root_id)
+    assert [s["schedule_id"] for s in listed] == [other["schedule_id"]]
+    assert await _fire_all(db, made["schedule_id"]) == []
 
 
 async def test_another_scopes_session_has_no_schedules(db: Database, scope: Scope) -> None:
