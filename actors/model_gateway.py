@@ -29,9 +29,11 @@ import fnmatch
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -68,7 +70,8 @@ _ERROR_CHARS = 1000
 # 900 levels cannot be pickled, and Ray carrying it out of the gateway killed the gateway's process.
 # A NUL character or a lone surrogate (persistence/text.py) fails the commit of the reply: arguments
 # holding one are refused (what a tool would get in its place is not what the model asked for), the
-# reply's other text gets U+FFFD instead.
+# reply's other text gets U+FFFD instead. So do NaN, Infinity and a number past a double (inf),
+# which Python's JSON parser takes and jsonb refuses.
 INVALID_ARGUMENTS = "_invalid_arguments"
 MAX_ARGUMENT_DEPTH = 32
 # What OpenAI and Anthropic accept as a tool's name (and Anthropic as a call's id) in a request's
@@ -78,6 +81,9 @@ MAX_ARGUMENT_DEPTH = 32
 # (actors/agent_loop.py then keeps it unique within its Turn).
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_-]")
 IDENTIFIER_CHARS = 64
+# More tokens than any model's window: a figure past it is not a count.
+_MAX_TOKENS_PER_CALL = 100_000_000
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 _INVALID_NAME_PREFIX = "invalid_name_"
 
 
@@ -200,6 +206,9 @@ def _acceptable(value: Any, limit: int) -> bool:
         if isinstance(item, str):
             if why_unstorable(item) is not None:
                 return False
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return False
         elif isinstance(item, dict | list):
             if depth > limit:
                 return False
@@ -250,10 +259,17 @@ def _usage(response: Any) -> dict[str, int]:
     }
 
 
+def _plausible_tokens(figure: Any) -> bool:
+    return isinstance(figure, int) and not isinstance(figure, bool) and 0 <= figure <= _MAX_TOKENS_PER_CALL
+
+
 def _usage_reported(response: Any) -> bool:
-    # A real request always has prompt tokens: zeros are a provider that reported nothing.
+    """Whether the provider reported counts the reply can be charged by. A real request always has
+    prompt tokens, so zeros are a provider that reported nothing; a negative count would lower the
+    tree's usage past its budgets, and one past bigint would fail the reply's commit."""
     usage = getattr(response, "usage", None)
-    return bool(usage is not None and (getattr(usage, "prompt_tokens", 0) or getattr(usage, "completion_tokens", 0)))
+    figures = [getattr(usage, name, 0) or 0 for name in ("prompt_tokens", "completion_tokens")]
+    return usage is not None and all(map(_plausible_tokens, figures)) and any(figures)
 
 
 def _estimate_usage(litellm: ModuleType, response: Any, messages: list[dict[str, Any]], model: str) -> None:
@@ -293,6 +309,33 @@ def _file_stamp(path: Path | None) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return (found.st_mtime_ns, found.st_size, found.st_ino) if found is not None else None
+
+
+def _endpoint(url: str) -> tuple[str, str, int, str] | None:
+    """The scheme, host, port and path (without a final "/") an http(s) URL reaches; None for one
+    whose host a reader could take differently: credentials before it, none, a port that is not one."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
+        return None
+    return scheme, parts.hostname, port or _DEFAULT_PORTS[scheme], parts.path.rstrip("/")
+
+
+def _allowed_endpoint(api_base: str, allowed: Sequence[str]) -> bool:
+    """Whether ``api_base`` is one of the ``allowed`` endpoints or under one of their paths: compared
+    by scheme, host, port and whole path segments, as the HTTP client will read it. A text prefix
+    would let ``http://box:8000@elsewhere`` or ``http://box.elsewhere`` through."""
+    endpoint = _endpoint(api_base)
+    if endpoint is None:
+        return False
+    scheme, host, port, path = endpoint
+    return any(entry is not None and entry[:3] == (scheme, host, port)
+               and (path == entry[3] or path.startswith(entry[3] + "/"))
+               for entry in map(_endpoint, allowed))
 
 
 class _Keys:
@@ -578,7 +621,7 @@ class ModelGateway:
         return self._routes
 
     def _check_api_base(self, api_base: str | None) -> None:
-        if api_base and self._api_bases is not None and not api_base.startswith(self._api_bases):
+        if api_base and self._api_bases is not None and not _allowed_endpoint(api_base, self._api_bases):
             raise ModelError(f"api_base {api_base!r} is not one of the endpoints agents may use "
                              f"(CANOPY_AGENT_API_BASES: {', '.join(self._api_bases) or 'none'})")
 

@@ -4,6 +4,7 @@ every user of the app when ``shared``."""
 from __future__ import annotations
 
 import re
+import urllib.parse
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -31,9 +32,18 @@ def check_endpoint(api_base: str | None, api_key_ref: str | None) -> None:
     if api_base is not None and (len(api_base) > API_BASE_MAX_CHARS or not re.fullmatch(API_BASE_PATTERN, api_base)):
         raise InvalidArgument(f"api_base must be an http:// or https:// URL of at most {API_BASE_MAX_CHARS} "
                               "characters, without spaces or '*'")
+    if api_base is not None and "@" in _netloc(api_base):
+        raise InvalidArgument("api_base must not hold credentials (user@host): the key goes by api_key_ref")
     if api_key_ref is not None and not re.fullmatch(API_KEY_REF_PATTERN, api_key_ref):
         raise InvalidArgument("api_key_ref is the NAME of an environment variable or secret file that holds the key "
                               "(upper-case letters, digits and '_', e.g. OPENAI_API_KEY), never the key itself")
+
+
+def _netloc(url: str) -> str:
+    try:
+        return urllib.parse.urlsplit(url).netloc
+    except ValueError:  # e.g. an unclosed "[" of an IPv6 host
+        raise InvalidArgument(f"api_base {url!r} is not a URL") from None
 
 
 def frozen_config(agent: Row) -> dict[str, Any]:

@@ -193,8 +193,9 @@ class Settings(BaseSettings):
         "where only the model gateway reads them; an agent's api_key_ref may name one of them (or a file of that "
         "directory).")
     agent_api_bases: list[str] | None = Field(
-        default=None, description="URL prefixes (a JSON list) an agent's api_base must start with. An agent's calls "
-        "go to its api_base with the key its api_key_ref names: where users must not send the operator's keys "
+        default=None, description="Endpoints (a JSON list of URLs) an agent's api_base must be, or be under: "
+        "compared by scheme, host, port and whole path segments, never as text prefixes. An agent's calls go to "
+        "its api_base with the key its api_key_ref names: where users must not send the operator's keys "
         "elsewhere, list the endpoints here. Unset: any http(s) URL.")
 
     admin_token: SecretStr | None = Field(default=None, description="The bearer that creates and revokes API keys.")

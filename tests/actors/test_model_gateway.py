@@ -201,6 +201,47 @@ async def test_text_postgresql_cannot_store_never_leaves_the_gateway(replay: Rep
     assert [attempt["error"] for attempt in failed.value.attempts] == [str(failed.value)]
 
 
+async def test_arguments_jsonb_cannot_store_are_marked_invalid(replay: ReplayServer) -> None:
+    """Python's JSON parser takes NaN, Infinity and numbers past a double (1e999 is inf): jsonb
+    refuses them, so a reply carrying one could never be committed. Such arguments are marked as
+    not a JSON object, for the model to be told, streamed or whole."""
+    raws = ['{"path": "a", "limit": NaN}', '{"path": "a", "limit": -Infinity}', '{"path": "a", "x": [1e999]}']
+    replay.script("nan", then=calls(*(("read_file", raw) for raw in raws)))
+
+    async def on_delta(delta: str) -> None:
+        pass
+
+    for streamed in (on_delta, None):
+        reply = await ModelGateway(timeout_seconds=30, retries=0).complete(
+            model="openai/nan", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url,
+            on_delta=streamed)
+        assert [call["arguments"] for call in reply["message"]["tool_calls"]] == [
+            {INVALID_ARGUMENTS: raw} for raw in raws]
+
+
+@pytest.mark.parametrize("usage", [{"prompt_tokens": -1_000_000_000, "completion_tokens": 5},
+                                   {"prompt_tokens": 10, "completion_tokens": 2**70}])
+async def test_usage_a_provider_cannot_have_spent_is_replaced_by_the_estimate(replay: ReplayServer,
+                                                                             usage: dict[str, object]) -> None:
+    """Negative token counts would lower a tree's usage past its budgets, and figures past bigint
+    would fail the reply's commit: a reply whose usage is not a plausible count gets litellm's
+    estimate, as one without usage does, and is priced from it."""
+    messages = [{"role": "user", "content": "tell me something " * 50}]
+    replay.script("gpt-4o-mini", then={**say("an answer " * 20), "usage": usage})
+
+    async def on_delta(delta: str) -> None:
+        pass
+
+    gw = ModelGateway(timeout_seconds=30, retries=0)
+    counted = await gw.count_tokens(model="openai/gpt-4o-mini", messages=messages)
+    for streamed in (None, on_delta):
+        reply = await gw.complete(model="openai/gpt-4o-mini", messages=messages, tools=None,
+                                  api_base=replay.base_url, on_delta=streamed)
+        assert reply["usage"]["prompt_tokens"] == counted
+        assert 10 < reply["usage"]["completion_tokens"] < 1000
+        assert reply["cost_usd"] > 0
+
+
 async def test_a_reply_without_usage_is_counted_by_litellms_estimate(replay: ReplayServer) -> None:
     """A provider that reports no usage (some OpenAI-compatible servers) gets litellm's estimate,
     whole or streamed, and a priced model its price: budgets count what it spends."""
@@ -263,6 +304,30 @@ async def test_api_bases_outside_the_allowed_prefixes_are_refused(replay: Replay
     result = await gw.complete(model="openai/allowed", messages=scripted([{"say": "x"}]), tools=None,
                                api_base=replay.base_url)
     assert result["message"]["content"] == "fine"
+
+
+async def test_an_allowed_api_base_is_matched_by_its_endpoint_not_as_a_text_prefix(replay: ReplayServer) -> None:
+    """An allowed entry names a scheme, host, port and path: a URL that only starts with its text (a
+    longer host, a longer port, credentials that make the entry the user part, a longer path segment)
+    is elsewhere, and the operator's key must not go there."""
+    origin = replay.base_url.removesuffix("/v1")
+    port = origin.rsplit(":", 1)[1]
+    gw = ModelGateway(timeout_seconds=30, retries=0,
+                      agent_api_bases=(origin, "https://api.example.com/v1", "http://gpu-box"))
+    replay.script("endpoint", say("fine"))
+    elsewhere = [f"{origin}@localhost:{port}/v1",  # the entry as credentials: the host is localhost
+                 f"{origin}0/v1", "https://api.example.com.evil.example/v1", "https://api.example.com/v10",
+                 "https://api.example.com:444/v1", "http://api.example.com/v1", "http://gpu-box:22/v1",
+                 "http://gpu-box.evil.example/v1", "http://gpu-box\\@evil.example/v1"]
+    for api_base in elsewhere:
+        assert "CANOPY_AGENT_API_BASES" in (await gw.check_model("openai/endpoint", api_base, None) or ""), api_base
+    with pytest.raises(ModelError, match="CANOPY_AGENT_API_BASES"):
+        await gw.complete(model="openai/endpoint", messages=scripted([{"say": "x"}]), tools=None,
+                          api_base=f"{origin}@localhost:{port}/v1")
+    assert replay.requests_for("endpoint") == []
+    for api_base in [replay.base_url, f"{origin}/", "https://API.example.com/v1/", "https://api.example.com:443/v1/x",
+                     "http://gpu-box:80/v1"]:
+        assert "CANOPY_AGENT_API_BASES" not in (await gw.check_model("openai/endpoint", api_base, None) or ""), api_base
 
 
 def _write(path: Path, config: dict[str, Any]) -> None:

@@ -181,6 +181,9 @@ async def _agents(runtime: Runtime, scope: Scope) -> list[Row]:
     ({"model": "openai/gpt-4o-mini", "api_key_ref": "CANOPY_ADMIN_TOKEN"}, "CANOPY_ADMIN_TOKEN"),
     ({"model": "no-provider-knows-this"}, "no-provider-knows-this"),
     ({"model": "openai/gpt-4o-mini", "api_base": "file:///etc/passwd"}, "api_base"),
+    # Credentials in the URL: whoever reads it takes the allowed-looking part for a user name.
+    ({"model": "openai/gpt-4o-mini", "api_base": "http://gpu-box:8000@elsewhere.example/v1"}, "credentials"),
+    ({"model": "openai/gpt-4o-mini", "api_base": "http://[::1/v1"}, "not a URL"),
 ])
 async def test_an_unusable_model_or_key_is_refused_and_nothing_is_written(
         runtime: Runtime, scope: Scope, fields: dict[str, Any], named: str) -> None:
