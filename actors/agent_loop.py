@@ -109,15 +109,18 @@ def _with_unique_ids(calls: list[dict[str, Any]], taken: set[str]) -> list[dict[
     keep ids unique: some OpenAI-compatible servers number calls per reply ("call_0" in each), a
     hostile one repeats an id or sends none. An empty id becomes "call"; a taken one gets "_2",
     "_3", ... (the gateway has made every id at most 64 of ``[A-Za-z0-9_-]``, and so stays this).
-    Done once, before the reply is committed: replays read the stored ids."""
+    Done once, before the reply is committed: replays read the stored ids. Each id's search goes on
+    from the last suffix it gave, so a reply repeating one id thousands of times takes linear time."""
     renamed = []
+    last_suffix: dict[str, int] = {}
     for call in calls:
         base = call.get("id") or "call"
-        call_id, n = base, 1
+        call_id, n = base, last_suffix.get(base, 1)
         while call_id in taken:
             n += 1
             suffix = f"_{n}"
             call_id = base[:IDENTIFIER_CHARS - len(suffix)] + suffix
+        last_suffix[base] = n
         taken.add(call_id)
         renamed.append({**call, "id": call_id})
     return renamed

@@ -33,6 +33,9 @@ from persistence.settings import Settings
 from persistence.statuses import WaitKind
 
 MAX_WAIT_IDS = 100
+# What PostgreSQL's bigint holds: a larger offset or cursor fails the statement, and with it the
+# Run's transaction, so it is refused with the call's other bad arguments.
+_BIGINT_MAX = 2**63 - 1
 LIST_PAGE = 10
 
 
@@ -68,8 +71,8 @@ class WaitInputsArgs(ToolArgs):
 
 
 class WaitSessionsArgs(ToolArgs):
-    targets: list[str] = Field(min_length=1)
-    after_cursor: int = Field(default=0, ge=0)
+    targets: list[str] = Field(min_length=1, max_length=MAX_WAIT_IDS)
+    after_cursor: int = Field(default=0, ge=0, le=_BIGINT_MAX)
     timeout_seconds: int = Field(default=300, ge=1, le=1800)
 
 
@@ -80,7 +83,7 @@ class GetResultArgs(ToolArgs):
 
 class ListSessionsArgs(ToolArgs):
     scope: Literal["project", "all"] = "project"
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=_BIGINT_MAX)
     include_archived: bool = Field(default=False, description="Also list the sessions of archived trees.")
 
 

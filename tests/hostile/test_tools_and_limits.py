@@ -89,6 +89,29 @@ async def test_a_reply_with_500_creates_runs_none_of_them(runtime: Runtime, scop
     assert results[0]["n"] == 500  # each call got its answer
 
 
+async def test_numbers_and_lists_past_what_the_database_takes_are_refused_not_a_crashed_run(
+        runtime: Runtime, scope: Scope) -> None:
+    """An offset or cursor past bigint failed the reading tool's statement, and with it the Run's
+    transaction: the Run crashed and was recovered, the model asked again, until the Turn failed. A
+    wait on thousands of targets resolved each one under the Run's lock. Each is a refusal now."""
+    past_bigint = 2**63
+    text = script(call(("list_sessions", {"scope": "all", "offset": past_bigint}),
+                       ("wait_sessions", {"targets": ["/root"], "after_cursor": past_bigint, "timeout_seconds": 1}),
+                       ("wait_sessions", {"targets": ["/root"] * 5000, "timeout_seconds": 1})),
+                  say("${0.error}|${1.error}|${2.error}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["status"] == "completed", result
+    offset, cursor, targets = result["output"].split("|")
+    assert "offset" in offset and "less than or equal to" in offset
+    assert "after_cursor" in cursor and "less than or equal to" in cursor
+    assert "targets" in targets and "at most 100 items" in targets
+    runs = await rows(runtime.db, "SELECT count(*) AS n FROM runs WHERE session_id = %s", tree_id)
+    assert runs[0]["n"] == 1  # no Run crashed and was recovered
+    assert await footprint(runtime, tree_id) == {"sessions": ["/root"], "spawned_trees": 0, **_NOTHING_ELSE}
+
+
 def _spawn_chain(creates: int) -> str:
     """A root whose task makes a root-mode tree whose task does the same, ``creates`` times down;
     each level says back the error its create got, if any. A level's text passes through the
