@@ -8,8 +8,9 @@
   A container built from other settings (label ``canopy.spec``, a digest of its spec: image,
   limits, user, mounts) is recreated, so changed settings and hardening reach old trees.
 - Hardened: every capability dropped, ``no-new-privileges``, a read-only root filesystem,
-  a non-root user (``SandboxOptions.user``), memory, CPU and pids limits, and no network
-  unless the options allow the host's. ``/tmp`` is a size-limited tmpfs, so it is lost when
+  a non-root user (``SandboxOptions.user``), memory (no swap beyond it), CPU and pids limits,
+  no log kept on the host (the ``none`` driver), and no network unless the options allow
+  the host's. ``/tmp`` is a size-limited tmpfs, so it is lost when
   the container stops; the project workdir is bind-mounted read-write at ``/workspace`` (the
   working directory) and survives release. When the runtime is root, the workdir is handed
   to the sandbox user (``chown``), or the sandbox could not write it.
@@ -25,6 +26,11 @@
   cancellation here, or ``kill`` from any process) kills that group inside the container,
   then every process whose environment carries that command id: that command and nothing
   else. An exec outlives the client that started it, so ``kill`` works after that died.
+  A ``kill`` also leaves a tombstone (``/tmp/.canopy/<command id>.killed``, never deleted): a
+  command of that id started afterwards (by a Run that lost its lease on its way to starting
+  it) exits at once as killed (137), never running. Command ids are unique per Turn and call,
+  and a killed one is never run again. Tombstones live in the container's ``/tmp``: a new or
+  restarted container has none.
 
 The image needs ``sh``, ``setsid``, ``kill``, ``cat``, ``mkdir``, ``sleep``, ``tr``, ``grep``
 (busybox or coreutils + util-linux + grep). ``.ci/docker-up.sh`` builds a busybox image offline.
@@ -94,26 +100,34 @@ _PING_TIMEOUT_SECONDS = 3
 _LIVE_STATES = ["running", "restarting", "paused"]
 
 # $1 = command id, $2 = the command. The inner shell is a session leader (setsid), so its pid
-# is the group id it writes down; it then checks for a cancellation that came before the
-# pid file existed, and becomes the command (exec). The outer shell stays to clean up and
-# does not carry the command id, so a kill leaves it to report the exit.
+# is the group id it writes down; it then checks for a cancellation or a kill that came before
+# the pid file existed (a ``.cancel`` mark or a ``.killed`` tombstone), and becomes the command
+# (exec). The outer shell stays to clean up (the pid file and the mark, never the tombstone)
+# and does not carry the command id, so a kill leaves it to report the exit.
 # `; rc=$?` keeps the outer shell from exec-ing setsid itself: an exec'd process leads its
 # group, and setsid would then fork and exit at once, losing the exit code.
 _WRAPPER = f"""d={_STATE_DIR}; mkdir -p "$d"
 CANOPY_COMMAND_ID="$1" setsid sh -c \\
-    'echo $$ > "$0.pid"; [ -e "$0.cancel" ] && exit {_KILLED_EXIT_CODE}; exec sh -c "$1"' "$d/$1" "$2"
+    'echo $$ > "$0.pid"; if [ -e "$0.cancel" ] || [ -e "$0.killed" ]; then exit {_KILLED_EXIT_CODE}; fi
+    exec sh -c "$1"' "$d/$1" "$2"
 rc=$?; rm -f "$d/$1.pid" "$d/$1.cancel"; exit $rc"""
 
-# $1 = command id, $2 = "cancel" or "kill". A cancellation (by the process that started the
-# command, which may not have started yet) first leaves a mark, so a wrapper that has not
-# written its pid exits instead of starting, and waits briefly for the pid file; the wrapper
-# deletes the mark when it ends. A kill (from anywhere, after the fact) leaves nothing behind.
+# $1 = command id, $2 = "cancel" or "kill". Both first leave a mark, so a wrapper that has not
+# written its pid exits instead of starting (it writes its pid, then looks for the mark; the
+# killer leaves the mark, then looks for the pid: one of them sees the other's). A cancellation
+# (by the process that started the command, which may not have started yet) leaves ``.cancel``
+# and waits briefly for the pid file; the wrapper deletes that mark when it ends. A kill (from
+# anywhere, maybe before a Run that lost its lease starts that command) leaves ``.killed``, a
+# tombstone no one deletes: every later start of that id exits at once, killed.
 # Then: kill the group, and every process whose environment carries the command id (children
 # that left the group), in rounds, since a dying shell may still fork. Exit 0 iff one was found.
 _KILLER = f"""d={_STATE_DIR}; rc=1; i=0
+mkdir -p "$d"
 if [ "$2" = cancel ]; then
-    mkdir -p "$d"; touch "$d/$1.cancel"
+    touch "$d/$1.cancel"
     while [ ! -s "$d/$1.pid" ] && [ -e "$d/$1.cancel" ] && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done
+else
+    touch "$d/$1.killed"
 fi
 [ -s "$d/$1.pid" ] && kill -KILL -"$(cat "$d/$1.pid")" 2>/dev/null && rc=0
 i=0
@@ -318,12 +332,17 @@ class DockerBackend:
             "user": options.user,
             "network_mode": options.network,
             "mem_limit": options.memory,
+            # As much swap again, without it (the engine's default): the memory limit is the limit.
+            "memswap_limit": options.memory,
             "nano_cpus": int(min(options.cpus, self._cpu_ceiling()) * 1e9),
             "pids_limit": options.pids,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
             "read_only": True,
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={options.tmp_size},mode=1777"},
+            # No log: a command can write to pid 1's stdout (/proc/1/fd/1), and the engine's default
+            # driver keeps all of it in a file on the host, without bound. Canopy never reads it.
+            "log_config": {"type": "none", "config": {}},
         }
         digest = hashlib.sha256(json.dumps([options.image, spec], sort_keys=True).encode()).hexdigest()[:16]
         spec["labels"] = {LABEL_TREE: str(tree_id), LABEL_MANAGED: "true", LABEL_SPEC: digest}

@@ -1,11 +1,14 @@
 """``read_file`` / ``write_file`` for the model tools, confined to the project workdir.
 
 Rejected, with a clear sentence and nothing written: empty paths, absolute paths, any
-``..`` component, NUL bytes, paths that resolve (through symlinks, including dangling
-ones) outside the workdir, and anything but a regular file — a FIFO, a device node or a
-socket a sandboxed command planted is neither opened nor replaced (opening a FIFO would
-wake its writer; opening a device can act on the device). A symlink inside the workdir
-that points elsewhere inside the workdir is followed: it is the project's own layout.
+``..`` component, NUL bytes, text with no UTF-8 form (a lone surrogate), a name longer than
+255 bytes or a path longer than 4096 (in UTF-8; also once joined to the workdir's own path:
+what the file system allows, found before a parent dir is made), paths that resolve
+(through symlinks, including dangling ones) outside the workdir, and anything but a
+regular file — a FIFO, a device node or a socket a sandboxed command planted is neither
+opened nor replaced (opening a FIFO would wake its writer; opening a device can act on
+the device). A symlink inside the workdir that points elsewhere inside the workdir is
+followed: it is the project's own layout.
 ``write_file`` content is capped at ``CANOPY_SANDBOX_WRITE_MAX_BYTES``.
 
 These run on the host against the workdir the sandbox mounts, so a sandboxed command
@@ -34,6 +37,8 @@ from persistence.settings import Settings, get_settings
 from sandbox.base import OUTPUT_LIMIT_BYTES, TRUNCATION_MARKER, FileMissing, PathRejected, as_text, sandbox_file_owner
 
 READ_LIMIT_BYTES = 4 * OUTPUT_LIMIT_BYTES
+NAME_MAX_BYTES = 255  # one name (Linux NAME_MAX)
+PATH_MAX_BYTES = 4096  # a whole path; the host's absolute one, with its NUL, too (Linux PATH_MAX)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _KINDS = {
@@ -55,6 +60,11 @@ def resolve_inside(workdir: Path, path: str) -> Path:
         raise PathRejected(f"path {path!r} resolves outside the project workdir (through a symlink)")
     if target == root:
         raise PathRejected(f"path {path!r} names the project workdir itself, not a file")
+    if len(os.fsencode(target)) >= PATH_MAX_BYTES:
+        raise PathRejected(
+            f"path {_shown(path)} is too long: joined to the project workdir's own path on the host it is "
+            f"{len(os.fsencode(target))} bytes, over the {PATH_MAX_BYTES - 1} the file system allows"
+        )
     return target
 
 
@@ -63,6 +73,21 @@ def _check_relative(path: str) -> PurePosixPath:
         raise PathRejected("path is empty; give a file path relative to the project workdir")
     if "\0" in path:
         raise PathRejected("path contains a NUL byte")
+    try:
+        encoded = os.fsencode(path)
+    except UnicodeEncodeError:
+        raise PathRejected(f"path {_shown(path)} is not valid text (it holds a lone surrogate)") from None
+    if len(encoded) > PATH_MAX_BYTES:
+        raise PathRejected(
+            f"path {_shown(path)} is too long: {len(encoded)} bytes in UTF-8, over the {PATH_MAX_BYTES} "
+            "a path may have"
+        )
+    for part in encoded.split(b"/"):
+        if len(part) > NAME_MAX_BYTES:
+            raise PathRejected(
+                f"path {_shown(path)} is too long: one of its names is {len(part)} bytes in UTF-8, over the "
+                f"{NAME_MAX_BYTES} a file or directory name may have"
+            )
     pure = PurePosixPath(path)
     if pure.is_absolute():
         raise PathRejected(
@@ -72,6 +97,11 @@ def _check_relative(path: str) -> PurePosixPath:
     if ".." in pure.parts:
         raise PathRejected(f"path {path!r} contains '..'; paths must stay inside the project workdir")
     return pure
+
+
+def _shown(path: str) -> str:
+    """``path`` for a message: its start, when it is too long to repeat whole."""
+    return repr(path) if len(path) <= 100 else f"{path[:60]!r}... ({len(path)} characters)"
 
 
 def read_file(workdir: Path, path: str, max_bytes: int = READ_LIMIT_BYTES) -> str:
@@ -185,6 +215,8 @@ def _replace_in_dir(dir_fd: int, name: str, data: bytes, owner: tuple[int, int] 
         _require_regular(existing, path)  # again, on the descriptor: a FIFO may have been planted since
         mode = stat.S_IMODE(existing.st_mode)  # keep an executable script executable
     temp = f".{name}.canopy-{uuid.uuid4().hex[:8]}.tmp"
+    if len(os.fsencode(temp)) > NAME_MAX_BYTES:  # a name near the limit: the temp name must still fit
+        temp = f".canopy-{uuid.uuid4().hex}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as handle:

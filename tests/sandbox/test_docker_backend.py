@@ -229,3 +229,65 @@ async def test_an_output_stream_cut_short_is_said_and_its_command_stopped(
     assert "[canopy: the command's output was cut short" in result.stderr, result
     await asyncio.sleep(4)  # past the running command's end, had it been left to run
     assert (workdir / "late.txt").exists() == (exit_code == 0)
+
+
+async def test_what_a_command_writes_to_the_containers_stdout_fills_no_log_on_the_host(
+        docker_kit: SandboxKit) -> None:
+    """A command can write to pid 1's stdout (``/proc/1/fd/1``, the sandbox user's own process):
+    the engine's default log driver kept every byte of it in a file on the host, without bound,
+    so a hostile command could fill the host's disk (and the database on it). Canopy never reads
+    a container's log: the container keeps none."""
+    backend = docker_kit.backend
+    assert isinstance(backend, DockerBackend)
+    tree, workdir = await docker_kit.new_tree()
+    handle = await backend.ensure(tree, workdir, docker_kit.options)
+
+    flood = "yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 4000000 > /proc/1/fd/1 && echo flooded"
+    result = await backend.run(handle, flood, 60, f"flood-{uuid.uuid4().hex}")
+
+    assert (result.exit_code, result.stdout) == (0, "flooded\n"), result  # the write itself is possible
+    attrs = backend.client.api.inspect_container(handle)
+    log_path = attrs.get("LogPath") or ""  # the engine's file of the container's log, on its host
+    if log_path and os.path.exists(log_path):
+        assert os.path.getsize(log_path) == 0, f"{os.path.getsize(log_path)} bytes kept in {log_path}"
+    elif log_path and not os.access(os.path.dirname(log_path), os.X_OK):
+        pytest.fail(f"cannot read the engine's log dir {os.path.dirname(log_path)} to check the log file")
+    assert attrs["HostConfig"]["LogConfig"]["Type"] == "none"
+
+
+async def test_the_memory_limit_is_not_doubled_by_swap(docker_kit: SandboxKit) -> None:
+    """A memory limit without a swap limit lets the engine grant as much swap again."""
+    backend = docker_kit.backend
+    assert isinstance(backend, DockerBackend)
+    tree, workdir = await docker_kit.new_tree()
+    handle = await backend.ensure(tree, workdir, docker_kit.options)
+
+    host_config = backend.client.api.inspect_container(handle)["HostConfig"]
+
+    assert host_config["Memory"] == 256 * 1024 * 1024  # sandbox_options(): memory="256m"
+    assert host_config["MemorySwap"] == host_config["Memory"]
+
+
+async def test_a_command_killed_before_it_started_never_runs(docker_kit: SandboxKit) -> None:
+    """Recovery kills the command of a Run that lost its lease; that Run may still be on its way to
+    starting it (claiming the sandbox, creating the exec). The kill found nothing to kill and left
+    nothing behind, so the command started afterwards and ran in full, while the model was told it
+    was stopped. A kill leaves a tombstone: the command, started later, exits as killed at once."""
+    backend = docker_kit.backend
+    assert isinstance(backend, DockerBackend)
+    tree, workdir = await docker_kit.new_tree()
+    handle = await backend.ensure(tree, workdir, docker_kit.options)
+    command_id = f"late-{uuid.uuid4().hex}"
+
+    assert await backend.kill(handle, command_id) is False  # nothing ran yet: nothing to kill
+    result = await backend.run(handle, "echo ran > late.txt; echo ran", 30, command_id)
+
+    again = await backend.run(handle, "echo ran > late.txt; echo ran", 30, command_id)  # the tombstone stays
+
+    assert (result.exit_code, result.stdout, result.timed_out) == (137, "", False), result
+    assert (again.exit_code, again.stdout, again.timed_out) == (137, "", False), again
+    await asyncio.sleep(0.5)
+    assert not (workdir / "late.txt").exists()
+    # Another command id is not refused.
+    other = await backend.run(handle, "echo ran > other.txt", 30, f"other-{uuid.uuid4().hex}")
+    assert other.exit_code == 0 and (workdir / "other.txt").read_text() == "ran\n"

@@ -193,3 +193,64 @@ def test_a_file_where_a_parent_dir_should_be_is_refused(layout: tuple[Path, Path
         write_file(workdir, "plain/child.txt", "x")
 
     assert _tree(workdir.parent) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("sub/" + "b" * 256, "256 bytes"),  # one name over the 255 bytes a file system allows
+        ("a" * 300, "300 bytes"),
+        ("sub/" + "é" * 128, "256 bytes"),  # 128 characters, 256 bytes in UTF-8
+        ("/".join(["d" * 200] * 21), "4220 bytes"),  # every name fits, the whole path does not
+    ],
+)
+def test_over_long_paths_are_rejected_and_create_nothing(layout: tuple[Path, Path], path: str, reason: str) -> None:
+    """A name longer than a file system allows was found only when the file was made, after its
+    parent dirs were: the call failed as an internal error and left the dirs behind."""
+    workdir, _ = layout
+    before = _tree(workdir.parent)
+
+    with pytest.raises(PathRejected, match=f"too long.*{reason}"):
+        write_file(workdir, path, "x")
+    with pytest.raises(PathRejected, match=f"too long.*{reason}"):
+        read_file(workdir, path)
+
+    assert _tree(workdir.parent) == before and list(workdir.iterdir()) == []
+
+
+def test_a_path_too_long_with_the_workdirs_own_is_rejected_and_creates_nothing(layout: tuple[Path, Path]) -> None:
+    """Within the bounds of a relative path, but not once joined to the workdir's path on the host."""
+    workdir, _ = layout
+    path = "/".join(["d" * 254] * 16)  # 4079 bytes
+    assert len(str(workdir)) + 1 + len(path) >= 4096
+
+    with pytest.raises(PathRejected, match="too long"):
+        write_file(workdir, path, "x")
+    with pytest.raises(PathRejected, match="too long"):
+        read_file(workdir, path)
+
+    assert list(workdir.iterdir()) == []
+
+
+def test_a_path_that_is_not_valid_text_is_rejected(layout: tuple[Path, Path]) -> None:
+    """JSON can carry a lone surrogate, which has no UTF-8 form to name a file with."""
+    workdir, _ = layout
+
+    with pytest.raises(PathRejected, match="not valid text"):
+        write_file(workdir, "sub/a\ud800b", "x")
+    with pytest.raises(PathRejected, match="not valid text"):
+        read_file(workdir, "a\ud800b")
+
+    assert list(workdir.iterdir()) == []
+
+
+def test_names_up_to_the_file_systems_limit_are_written_and_read(layout: tuple[Path, Path]) -> None:
+    workdir, _ = layout
+    longest = "sub/" + "c" * 255
+    accented = "sub/" + "é" * 127  # 254 bytes
+
+    assert write_file(workdir, longest, "long") == 4
+    assert write_file(workdir, accented, "accented") == 8
+
+    assert read_file(workdir, longest) == "long" and read_file(workdir, accented) == "accented"
+    assert sorted(p.name for p in (workdir / "sub").iterdir()) == sorted(["c" * 255, "é" * 127])
