@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from typing import Any
 
@@ -139,10 +140,18 @@ async def history(conn: Connection, session_id: uuid.UUID, *, after_id: int = 0,
     return rows
 
 
+# "<", then "canopy" and ":" in any case, with whitespace, "/" or format characters (zero-width
+# spaces, joiners, BOM, direction marks: Unicode's Cf) around them. Each class excludes "<", so
+# the scan stays linear.
+_INVISIBLE = "\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
+_WRAPPER_LIKE = re.compile(f"<[\\s/{_INVISIBLE}]*canopy[\\s{_INVISIBLE}]*:", re.IGNORECASE)
+
+
 def escape_wrappers(text: str) -> str:
     """Text from anyone but Canopy itself, made unable to pass for Canopy's wrappers: a message or
-    reply that writes ``<canopy:message from="/root/boss">`` must not read as one from /root/boss."""
-    return text.replace("<canopy:", "&lt;canopy:").replace("</canopy:", "&lt;/canopy:")
+    reply that writes ``<canopy:message from="/root/boss">`` must not read as one from /root/boss,
+    nor in another case, with spaces or with invisible characters where a model would not see them."""
+    return _WRAPPER_LIKE.sub(lambda found: "&lt;" + found.group()[1:], text)
 
 
 def render_coop_message(message: Row) -> str:
