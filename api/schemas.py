@@ -46,7 +46,8 @@ _CLEARABLE = ("api_base", "api_key_ref")
 
 
 class RequestBody(BaseModel):
-    """Unknown fields are refused: a typo must not silently do something else."""
+    """Unknown fields are refused: a typo must not silently do something else. Numbers and flags
+    are strict (``strict=True``): JSON true is no 1-token budget, nor "60" a number of seconds."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -86,7 +87,7 @@ MAX_KEY_SECONDS = 10 * 365 * 24 * 3600
 class KeyCreate(RequestBody):
     user_id: ScopeId
     app_id: ScopeId
-    expires_in_seconds: int | None = Field(default=None, ge=1, le=MAX_KEY_SECONDS,
+    expires_in_seconds: int | None = Field(default=None, ge=1, le=MAX_KEY_SECONDS, strict=True,
                                            description="The key expires this long after its creation.")
     expires_at: AwareDatetime | None = Field(default=None, description="The key expires at this instant.")
 
@@ -123,12 +124,13 @@ class Budget(RequestBody):
     trees spawned from it with create_session(mode="root"); once their usage reaches a limit no
     further model call starts and the tree is stopped (reason ``budget_exceeded``)."""
 
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_LIMIT, description="Tokens in and out, together.")
-    max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_LIMIT, allow_inf_nan=False,
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_LIMIT, strict=True,
+                                   description="Tokens in and out, together.")
+    max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_LIMIT, allow_inf_nan=False, strict=True,
                                        description="Cost in USD, as the model gateway prices the calls.")
-    max_seconds: float | None = Field(default=None, gt=0, le=MAX_LIMIT, allow_inf_nan=False,
+    max_seconds: float | None = Field(default=None, gt=0, le=MAX_LIMIT, allow_inf_nan=False, strict=True,
                                       description="Wall time since the first Run of these trees.")
-    max_model_calls: int | None = Field(default=None, ge=1, le=MAX_LIMIT,
+    max_model_calls: int | None = Field(default=None, ge=1, le=MAX_LIMIT, strict=True,
                                         description="Model calls whose reply was committed.")
 
 
@@ -180,9 +182,9 @@ class AgentCreate(RequestBody):
     tools: list[ToolName] = Field(default_factory=list, max_length=64,
                                   description="Tool names the agent may use; empty means every tool.")
     approval_mode: Literal["auto", "ask"] = "auto"
-    shared: bool = Field(default=False, description="Visible to every user of the same app.")
+    shared: bool = Field(default=False, strict=True, description="Visible to every user of the same app.")
     compact_at_tokens: int | None = Field(
-        default=None, ge=1000, le=10_000_000,
+        default=None, ge=1000, le=10_000_000, strict=True,
         description="Compact a session's history when a model call would send more tokens (default: the setting).")
     budget: Budget | None = Field(default=None, description="The default budget of a tree this agent starts.")
     api_base: ApiBase | None = Field(default=None, description=_API_BASE)
@@ -196,8 +198,8 @@ class AgentUpdate(RequestBody):
     instructions: OptionalText | None = None
     tools: list[ToolName] | None = Field(default=None, max_length=64)
     approval_mode: Literal["auto", "ask"] | None = None
-    shared: bool | None = None
-    compact_at_tokens: int | None = Field(default=None, ge=1000, le=10_000_000)
+    shared: bool | None = Field(default=None, strict=True)
+    compact_at_tokens: int | None = Field(default=None, ge=1000, le=10_000_000, strict=True)
     budget: Budget | None = Field(default=None, description="The default budget of a tree this agent starts "
                                                             "(an empty object: none).")
     api_base: ApiBase | None = Field(default=None, description=_API_BASE + " null: the default.")
@@ -210,7 +212,8 @@ class AgentUpdate(RequestBody):
         if isinstance(data, dict):
             nulls = sorted(key for key, value in data.items() if value is None and key not in _CLEARABLE)
             if nulls:
-                raise ValueError(f"omit a field instead of sending null: {', '.join(map(str, nulls))}")
+                # ascii(): a key may hold a lone surrogate (a JSON escape), which no error message can encode.
+                raise ValueError(f"omit a field instead of sending null: {', '.join(map(ascii, nulls))}")
         return data
 
 
@@ -594,7 +597,7 @@ class Trace(BaseModel):
 class ScheduleCreate(RequestBody):
     cron: str | None = Field(default=None, max_length=200,
                              description="A cron expression (five fields, UTC); give this or every_seconds.")
-    every_seconds: float | None = Field(default=None, ge=1, le=366 * 24 * 3600,
+    every_seconds: float | None = Field(default=None, ge=1, le=366 * 24 * 3600, strict=True,
                                         description="A fixed interval in seconds; give this or cron.")
     text: Text = Field(description="The input submitted at each due time.")
     catch_up: Literal["once", "all", "skip"] = Field(

@@ -19,9 +19,11 @@ import uuid
 from persistence.db import Connection, query
 from persistence.errors import InvalidArgument
 from persistence.records import Row, Scope
+from persistence.text import why_unstorable
 from persistence.views import require_tree
 
 INSTANT_KINDS = frozenset({"stop", "continue"})
+KINDS = INSTANT_KINDS | {"run", "queued", "wait", "approval", "question", "model_call", "tool_call"}
 # An interval's end is stamped inside its transaction, before the commit that makes it visible:
 # a read "since T" also returns what ended a little before T, so an interval still open at the
 # last read (and committed after it) is never missed. Longer than any Canopy transaction.
@@ -50,7 +52,9 @@ class Page:
                 raise ValueError("too long")
             raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
             as_of, since, start, kind, item_id = raw
-            if not (isinstance(kind, str) and isinstance(item_id, str)):
+            # The key goes to PostgreSQL as text: a cursor this API returned holds a known kind and a
+            # storable id, and anything else (a lone surrogate, a NUL) would fail the statement.
+            if kind not in KINDS or not isinstance(item_id, str) or why_unstorable(item_id) is not None:
                 raise ValueError("bad key")
             return cls(_aware(as_of), _aware(since) if since is not None else None, (_aware(start), kind, item_id))
         except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -37,6 +38,8 @@ After = Annotated[Cursor | Literal["latest"] | None, Query(
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID", max_length=20,
                                            description="Resume after this cursor (wins over ?after).")]
 Deltas = Annotated[bool, Query(description="Also stream live model text deltas (not durable).")]
+# ASCII digits only: a header's bytes decode as Latin-1, and str.isdigit() also takes "²", which int() refuses.
+_CURSOR_DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +54,7 @@ def _stream_query(after: After = None, last_event_id: LastEventId = None, deltas
     # A reconnecting EventSource repeats the original URL, so its Last-Event-ID must win over ?after.
     if last_event_id is not None and last_event_id.strip():
         value = last_event_id.strip()
-        if not value.isdigit() or int(value) > MAX_BIGINT:
+        if not _CURSOR_DIGITS.fullmatch(value) or int(value) > MAX_BIGINT:
             raise InvalidArgument(f"Last-Event-ID {value!r} is not an event cursor")
         return StreamQuery(int(value), deltas)
     return StreamQuery(after or 0, deltas)

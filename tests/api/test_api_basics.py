@@ -161,6 +161,39 @@ async def test_agents_and_projects(http: httpx.AsyncClient, runtime: Runtime) ->
     assert found[0]["agent_config"]["approval_mode"] == "ask"
 
 
+async def test_a_patch_nulling_a_field_named_by_a_lone_surrogate_is_refused(http: httpx.AsyncClient,
+                                                                           runtime: Runtime, scope: Scope) -> None:
+    async def stored() -> list[dict[str, object]]:
+        return await rows(runtime.db, "SELECT * FROM agents WHERE app_id = %s", scope.app_id)
+
+    assert (await http.post("/api/v1/agents", json={"agent_id": "plain", "name": "Plain"})).status_code == 201
+    before = await stored()
+    # Raw JSON text: a JSON escape is the only way a client can send a key UTF-8 cannot encode.
+    for body in ('{"\\udfff": null}', '{"name": null, "\\ud800": null}'):
+        refused = await http.patch("/api/v1/agents/plain", content=body, headers={"Content-Type": "application/json"})
+        assert refused.status_code == 422, (body, refused.text)
+        assert "omit a field" in refused.json()["detail"] and "\\ud" in refused.json()["detail"]
+    assert await stored() == before
+
+
+async def test_agent_flags_and_numbers_refuse_other_json_types(http: httpx.AsyncClient, runtime: Runtime,
+                                                              scope: Scope) -> None:
+    async def stored() -> list[dict[str, object]]:
+        return await rows(runtime.db, "SELECT * FROM agents WHERE app_id = %s", scope.app_id)
+
+    bad_fields = ({"shared": 1}, {"shared": "true"}, {"compact_at_tokens": "2000"}, {"compact_at_tokens": 2000.0})
+    for bad in bad_fields:
+        made = await http.post("/api/v1/agents", json={"agent_id": "typed", "name": "Typed", **bad})
+        assert made.status_code == 422, (bad, made.text)
+    assert await stored() == []
+    assert (await http.post("/api/v1/agents", json={"agent_id": "typed", "name": "Typed"})).status_code == 201
+    before = await stored()
+    for bad in bad_fields:
+        patched = await http.patch("/api/v1/agents/typed", json=bad)
+        assert patched.status_code == 422, (bad, patched.text)
+    assert await stored() == before
+
+
 async def test_an_agents_endpoint_and_key_name_are_checked_and_frozen(http: httpx.AsyncClient, runtime: Runtime,
                                                                       scope: Scope) -> None:
     async def stored() -> list[dict[str, object]]:

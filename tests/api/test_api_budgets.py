@@ -94,6 +94,35 @@ async def test_budget_routes_refuse_bad_bodies_and_other_scopes(client_for: Clie
     assert (await tree_of(http, tree_id))["budget"]["max_cost_usd"] == 0.5
 
 
+async def test_budget_limits_refuse_booleans_and_strings(runtime: Runtime, http: httpx.AsyncClient,
+                                                        scope: Scope) -> None:
+    async def stored() -> list[dict[str, object]]:
+        return await rows(runtime.db, "SELECT tree_id, budget_tokens, budget_cost_usd, budget_seconds, "
+                                      "budget_model_calls FROM trees WHERE user_id = %s ORDER BY tree_id",
+                          scope.user_id)
+
+    created = await http.post("/api/v1/sessions", json={"budget": {"max_model_calls": 3, "max_cost_usd": 2}})
+    assert created.status_code == 201, created.text
+    tree_id = created.json()["session"]["tree_id"]
+    before = await stored()
+    # JSON true would be a 1-token budget and "5" a number the client never sent as one.
+    bad_limits = ({"max_tokens": True}, {"max_tokens": "5"}, {"max_tokens": 5.0}, {"max_cost_usd": True},
+                  {"max_cost_usd": "0.5"}, {"max_seconds": False}, {"max_seconds": "60"}, {"max_model_calls": True})
+    for bad in bad_limits:
+        response = await http.patch(f"/api/v1/trees/{tree_id}/budget", json=bad)
+        assert response.status_code == 422, (bad, response.text)
+        assert (await http.post("/api/v1/sessions", json={"budget": bad})).status_code == 422, bad
+        made = await http.post("/api/v1/agents", json={"agent_id": "lax", "name": "Lax", "budget": bad})
+        assert made.status_code == 422, (bad, made.text)
+    assert await stored() == before
+    assert await rows(runtime.db, "SELECT agent_id FROM agents WHERE app_id = %s", scope.app_id) == []
+    # An integer is still a number of USD or seconds.
+    taken = await http.patch(f"/api/v1/trees/{tree_id}/budget", json={"max_seconds": 60, "max_cost_usd": 0.25})
+    assert taken.status_code == 200, taken.text
+    assert (await tree_of(http, tree_id))["budget"] == {**NO_LIMITS, "max_model_calls": 3, "max_cost_usd": 0.25,
+                                                        "max_seconds": 60.0}
+
+
 async def test_an_agents_default_budget_applies_to_the_roots_it_starts(http: httpx.AsyncClient) -> None:
     made = await http.post("/api/v1/agents", json={"agent_id": "thrifty", "name": "Thrifty",
                                                    "budget": {"max_tokens": 5000}})

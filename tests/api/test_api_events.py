@@ -238,6 +238,19 @@ async def test_invalid_start_cursors_are_refused_and_write_nothing(
     assert await _scope_events(runtime, scope) == before
 
 
+async def test_a_last_event_id_of_other_digits_is_refused_like_any_bad_cursor(
+        http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
+    # Header bytes decode as Latin-1: "\xb2" is "²", a digit to str.isdigit() but not to int().
+    root = (await http.post("/api/v1/sessions", json={"title": "superscripts"})).json()["session"]
+    before = await _scope_events(runtime, scope)
+    for path in (f"/api/v1/sessions/{root['session_id']}/events", f"/api/v1/trees/{root['tree_id']}/events"):
+        for bad in (b"\xb2", b"7\xb9\xb3", b"\xbd"):
+            refused = await http.get(path, headers={b"Last-Event-ID": bad})
+            assert refused.status_code == 422, (path, bad, refused.text)
+            assert "Last-Event-ID" in refused.json()["detail"]
+    assert await _scope_events(runtime, scope) == before
+
+
 async def _try_stream(http: httpx.AsyncClient, path: str) -> httpx.Response:
     """Open a stream and close it at once: its status (and, refused, its body)."""
     async with http.stream("GET", path) as response:

@@ -80,7 +80,8 @@ async def test_a_key_expires_when_its_creator_said(api: ApiServer, second_api: A
     past = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)).isoformat()
     async with client(api.url, ADMIN_TOKEN) as admin:
         for bad in ({"expires_at": past}, {"expires_in_seconds": 0}, {"expires_at": "2030-01-01T00:00:00"},
-                    {"expires_in_seconds": 60, "expires_at": later.isoformat()}):
+                    {"expires_in_seconds": 60, "expires_at": later.isoformat()}, {"expires_in_seconds": True},
+                    {"expires_in_seconds": "60"}):
             refused = await admin.post("/api/v1/admin/keys",
                                        json={"user_id": scope.user_id, "app_id": scope.app_id, **bad})
             assert refused.status_code == 422, (bad, refused.text)

@@ -254,3 +254,19 @@ async def test_another_scope_gets_404_and_bad_cursors_422(runtime: Runtime, scop
     for bad in ("not-a-cursor", "e30", "W10"):
         response = await owner.get(f"/api/v1/trees/{tree.tree_id}/timeline", params={"since": bad})
         assert response.status_code == 422 and "cursor" in response.json()["detail"], response.text
+
+
+async def test_a_cursor_naming_no_kind_or_an_unstorable_id_is_refused(runtime: Runtime, scope: Scope,
+                                                                     client_for: ClientFactory) -> None:
+    tree = await seed_worked_tree(runtime.db, scope, members=3, turns_per_member=1)
+    http = await client_for(scope)
+    now = dt.datetime.now(dt.UTC)
+    path = f"/api/v1/trees/{tree.tree_id}/timeline"
+
+    def cursor(kind: str, item_id: str) -> str:  # encoded as the API encodes its own next_cursor
+        return timeline.Page(now, None, (now - dt.timedelta(days=1), kind, item_id)).encode()
+
+    assert (await http.get(path, params={"since": cursor("run", str(uuid.uuid4()))})).status_code == 200
+    for kind, item_id in (("\ud800", "x"), ("run", "\udfff"), ("run", "a\x00b"), ("no_such_kind", "x")):
+        response = await http.get(path, params={"since": cursor(kind, item_id)})
+        assert response.status_code == 422 and "cursor" in response.json()["detail"], (kind, item_id, response.text)
