@@ -253,7 +253,15 @@ class SandboxBackend(Protocol):
     async def kill(self, handle: str, command_id: str) -> bool:
         """SIGKILL every process of that command still running (its group, and processes that
         left it but carry its ``CANOPY_COMMAND_ID``). True if one was found; idempotent, and it
-        works from any process. An unknown or finished id changes nothing and gives False."""
+        works from any process.
+
+        First it leaves a tombstone of the id in the sandbox, kept as long as the sandbox's ``/tmp``
+        (Docker: in the container's ``/tmp``; local: in the tree's state dir, outside the workdir): a
+        ``run`` of that id started afterwards, or racing this kill, exits at once as killed (137,
+        no output) and never runs the command. Recovery kills the command of a Run that lost its
+        lease while that Run may still be on its way to starting it; command ids are unique per
+        Turn and call, so a killed id is never legitimately run again. An unknown or finished id
+        gives False, with only its tombstone left behind."""
         ...
 
     async def release(self, handle: str) -> None:

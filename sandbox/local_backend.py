@@ -17,7 +17,14 @@ the Docker sandbox, so cooperation works the same way:
   group, unless they scrubbed their environment);
 - release kills every process still carrying the tree's ``CANOPY_TMP`` the same way and
   deletes the scratch dir. On systems without ``/proc`` both only reach the groups of
-  commands this process started.
+  commands this process started;
+- ``kill`` first leaves a tombstone (``<state_root>/<tree_id>/killed/<command id>.killed``,
+  outside the workdir; only release deletes it), then looks for the processes: a command of
+  that id started afterwards (by a Run that lost its lease on its way to starting it) exits at
+  once as killed (137), never running. Every command starts as a wrapper shell that already
+  carries the command id, looks for the tombstone, and only then becomes the command (exec):
+  a kill either finds the wrapper in ``/proc`` or the wrapper finds the tombstone. Command ids
+  are unique per Turn and call, and a killed one is never run again.
 
 The environment of a command is minimal on purpose (``PATH``, locale, ``HOME``, ``TMPDIR``,
 ``CANOPY_*``): the runtime's own variables hold database URLs and model keys.
@@ -42,6 +49,7 @@ import uuid
 from pathlib import Path
 
 from sandbox.base import (
+    SIGNAL_EXIT_BASE,
     CappedOutput,
     CommandResult,
     SandboxError,
@@ -58,6 +66,12 @@ log = logging.getLogger(__name__)
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 _PROC = Path("/proc")
 _WORKDIR_FILE = "workdir"
+_KILLED_DIR = "killed"
+_KILLED_EXIT_CODE = SIGNAL_EXIT_BASE + 9
+# $1 = the command's tombstone, $2 = the command. This shell already carries the command id in its
+# environment (a kill from now on finds it), then looks for a tombstone left before, and only
+# then becomes the command: exec keeps its pid, hence its process group.
+_WRAPPER = f'if [ -e "$1" ]; then exit {_KILLED_EXIT_CODE}; fi; exec /bin/sh -c "$2"'
 _READ_CHUNK = 65536
 # After a kill, how long to keep reading pipes that an escaped process may still hold open.
 _DRAIN_SECONDS = 2.0
@@ -134,6 +148,8 @@ class LocalBackend:
         tree_dir = Path(handle)
         if not await self.exists(handle):
             raise SandboxGone(f"the local sandbox {handle} was released")
+        if _tombstone(tree_dir, command_id).exists():
+            return CommandResult(_KILLED_EXIT_CODE, "", "", False)  # killed before: start nothing
         proc = await self._spawn(tree_dir, command, command_id)
         running = self._running.setdefault(handle, {})
         running[command_id] = proc.pid
@@ -149,6 +165,7 @@ class LocalBackend:
         return await asyncio.to_thread(self._kill_sync, Path(handle), command_id)
 
     def _kill_sync(self, tree_dir: Path, command_id: str) -> bool:
+        _leave_tombstone(tree_dir, command_id)  # first: a start that the search below misses sees it
         pgid = self._running.get(str(tree_dir), {}).get(command_id)
         if not _PROC.is_dir():
             return pgid is not None and _kill_group(pgid)
@@ -162,6 +179,9 @@ class LocalBackend:
             return await asyncio.create_subprocess_exec(
                 "/bin/sh",
                 "-c",
+                _WRAPPER,
+                "canopy",
+                str(_tombstone(tree_dir, command_id)),
                 command,
                 cwd=workdir,
                 env=self._environment(tree_dir, command_id),
@@ -238,6 +258,18 @@ def _kill_group(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def _tombstone(tree_dir: Path, command_id: str) -> Path:
+    # A suffix, as a command id may be "." or "..".
+    return tree_dir / _KILLED_DIR / f"{command_id}.killed"
+
+
+def _leave_tombstone(tree_dir: Path, command_id: str) -> None:
+    # Released (maybe just now): no command can start in it, and a new sandbox starts without tombstones.
+    with contextlib.suppress(FileNotFoundError):
+        private_dir(tree_dir / _KILLED_DIR)
+        _tombstone(tree_dir, command_id).touch()
 
 
 def _tmp_marker(tree_dir: Path) -> bytes:

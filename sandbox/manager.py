@@ -32,7 +32,8 @@ settled by a compare-and-set (see ``persistence.sandbox_leases``). On that:
   ``creating``) is never taken for an orphan. Only trees of this database are touched: an
   engine may serve several deployments, and another's sandboxes are not ours to judge.
 - ``kill_command`` kills one command by the id its caller gave ``run_command``, from any
-  process, even after the one that started it died.
+  process, even after the one that started it died, and leaves a tombstone: a command of that
+  id started later never runs.
 
 The lease names the node the sandbox is on (``node_id``, a manager's own node when it has
 one): a manager with a node never claims a sandbox its lease puts on another node
@@ -210,7 +211,9 @@ class SandboxManager:
 
     async def kill_command(self, tree_id: uuid.UUID, command_id: str) -> bool:
         """Kill the tree's command ``command_id`` if it still runs, wherever it was started; True if
-        it did. Never creates a sandbox; an unknown or finished id changes nothing."""
+        it did. Never creates a sandbox. In an existing sandbox it leaves a tombstone of the id (see
+        ``SandboxBackend.kill``), also for an unknown or finished id: a command of that id started
+        later (by a Run that lost its lease on its way to starting it) exits as killed, never running."""
         check_command_id(command_id)
         async with self.db.tx() as conn:
             lease = await leases.get(conn, tree_id)

@@ -598,6 +598,58 @@ async def test_kill_command_from_a_fresh_manager_kills_that_command_only(sandbox
         await neighbour
 
 
+async def test_a_command_killed_before_it_started_never_runs(sandbox: SandboxKit) -> None:
+    """Recovery kills the command of a Run that lost its lease; that Run may still be on its way to
+    starting it (claiming the sandbox, creating the exec or process). The kill found nothing to kill
+    and left nothing behind, so the command started afterwards and ran in full, while the model was
+    told it was stopped. A kill, from any process, leaves a tombstone: the command, started later,
+    exits as killed at once."""
+    tree, workdir = await sandbox.new_tree()
+    handle = await sandbox.backend.ensure(tree, workdir, sandbox.options)
+    command_id = f"late-{uuid.uuid4().hex}"
+
+    # Another process's backend: the tombstone must outlive the object that left it.
+    assert await sandbox.new_backend().kill(handle, command_id) is False  # nothing ran yet: nothing to kill
+    result = await sandbox.backend.run(handle, "echo ran > late.txt; echo ran", 30, command_id)
+
+    again = await sandbox.backend.run(handle, "echo ran > late.txt; echo ran", 30, command_id)  # it stays
+
+    assert (result.exit_code, result.stdout, result.timed_out) == (137, "", False), result
+    assert (again.exit_code, again.stdout, again.timed_out) == (137, "", False), again
+    await asyncio.sleep(0.5)
+    assert not (workdir / "late.txt").exists()
+    # Another command id is not refused.
+    other = await sandbox.backend.run(handle, "echo ran > other.txt", 30, f"other-{uuid.uuid4().hex}")
+    assert other.exit_code == 0 and (workdir / "other.txt").read_text() == "ran\n"
+
+
+@pytest.mark.parametrize("delay", [-0.01, 0.0, 0.01, 0.05, 0.2])
+async def test_a_kill_racing_the_start_of_its_command_leaves_nothing_running(
+        sandbox: SandboxKit, delay: float) -> None:
+    """Whichever comes first, the start or the kill (from another process), the command ends killed.
+    A negative delay starts the kill that long before the command."""
+    tree, workdir = await sandbox.new_tree()
+    handle = await sandbox.backend.ensure(tree, workdir, sandbox.options)
+    command_id = f"race-{uuid.uuid4().hex}"
+    killer = sandbox.new_backend()
+
+    async def kill() -> None:
+        await asyncio.sleep(max(delay, 0))
+        await killer.kill(handle, command_id)
+
+    async def start() -> CommandResult:
+        await asyncio.sleep(max(-delay, 0))
+        return await sandbox.backend.run(handle, 'echo $$ > "$CANOPY_TMP/raced.pid"; exec sleep 30', 60, command_id)
+
+    result, _ = await asyncio.wait_for(asyncio.gather(start(), kill()), 10)
+
+    assert (result.exit_code, result.timed_out) == (137, False), result
+    pid_state = _PID_STATE.format(file="$CANOPY_TMP/raced.pid")
+    check = f'if [ -e "$CANOPY_TMP/raced.pid" ]; then {pid_state}; else echo never-started; fi'
+    state = await sandbox.backend.run(handle, check, 30, f"check-{uuid.uuid4().hex}")
+    assert state.stdout.strip() in {"dead", "never-started"}
+
+
 async def test_kill_command_without_a_sandbox_is_false_and_makes_none(sandbox: SandboxKit) -> None:
     tree, _ = await sandbox.new_tree()
 

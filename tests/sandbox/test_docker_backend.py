@@ -267,27 +267,3 @@ async def test_the_memory_limit_is_not_doubled_by_swap(docker_kit: SandboxKit) -
     assert host_config["Memory"] == 256 * 1024 * 1024  # sandbox_options(): memory="256m"
     assert host_config["MemorySwap"] == host_config["Memory"]
 
-
-async def test_a_command_killed_before_it_started_never_runs(docker_kit: SandboxKit) -> None:
-    """Recovery kills the command of a Run that lost its lease; that Run may still be on its way to
-    starting it (claiming the sandbox, creating the exec). The kill found nothing to kill and left
-    nothing behind, so the command started afterwards and ran in full, while the model was told it
-    was stopped. A kill leaves a tombstone: the command, started later, exits as killed at once."""
-    backend = docker_kit.backend
-    assert isinstance(backend, DockerBackend)
-    tree, workdir = await docker_kit.new_tree()
-    handle = await backend.ensure(tree, workdir, docker_kit.options)
-    command_id = f"late-{uuid.uuid4().hex}"
-
-    assert await backend.kill(handle, command_id) is False  # nothing ran yet: nothing to kill
-    result = await backend.run(handle, "echo ran > late.txt; echo ran", 30, command_id)
-
-    again = await backend.run(handle, "echo ran > late.txt; echo ran", 30, command_id)  # the tombstone stays
-
-    assert (result.exit_code, result.stdout, result.timed_out) == (137, "", False), result
-    assert (again.exit_code, again.stdout, again.timed_out) == (137, "", False), again
-    await asyncio.sleep(0.5)
-    assert not (workdir / "late.txt").exists()
-    # Another command id is not refused.
-    other = await backend.run(handle, "echo ran > other.txt", 30, f"other-{uuid.uuid4().hex}")
-    assert other.exit_code == 0 and (workdir / "other.txt").read_text() == "ran\n"
