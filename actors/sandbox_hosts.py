@@ -51,6 +51,11 @@ HOST_LOST = ("the sandbox host stopped while this call ran (its node left the cl
              "the call took effect is unknown")
 
 
+class HostLost(SandboxError):
+    """The sandbox host stopped while a call ran in it (:data:`HOST_LOST`). Ray restarts a host that
+    died (its node's next call gets it, failing while it restarts); a lost node's host is gone."""
+
+
 class SandboxHostImpl:
     """One node's sandboxes: the SandboxManager of the node, for the callers of every node."""
 
@@ -158,7 +163,7 @@ async def call(host: Any, method: str, *args: Any) -> Any:
         raise error.cause from None
     except ray.exceptions.RayActorError as error:  # died or unreachable mid-call: what it did is unknown
         _local.forget()  # if it was this node's, the next call gets its successor
-        raise SandboxError(HOST_LOST) from error
+        raise HostLost(HOST_LOST) from error
 
 
 async def kill_command(db: Database, tree_id: uuid.UUID, command_id: str) -> bool:

@@ -10,6 +10,8 @@ replaces that when it ends. A Run that finds its call ``started`` knows an earli
 Turn began the command and died or lost its lease before recording how it ended: the command
 is stopped if it still runs, and the model is told its outcome is unknown — never run again
 silently. (The sweeper also stops such commands before it resumes the Turn in a new Run.)
+A command whose sandbox host died while it ran is stopped too, through the host's successor: its
+``docker exec`` outlives the host, and its timeout died with it.
 
 Every call runs in the sandbox host of the node holding the tree's sandbox and workdir
 (actors/sandbox_hosts.py ``host_for``). The call that finds that node gone says so in its result
@@ -18,6 +20,7 @@ Every call runs in the sandbox host of the node holding the tree's sandbox and w
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 
@@ -28,7 +31,7 @@ from actors.tools import Park, SandboxTool, ToolArgs, ToolContext, ToolResult
 from persistence import projects, receipts, waits
 from persistence import runs as run_repo
 from persistence.db import Database
-from persistence.errors import CanopyError
+from persistence.errors import CanopyError, LeaseLost
 from sandbox.base import SandboxError
 
 DENIED = "the human denied this call; it did not run"
@@ -36,6 +39,22 @@ UNKNOWN_OUTCOME = (
     "an earlier run of this turn started this command and stopped (it lost its lease or its process died) "
     "before the command's outcome was recorded: it may have run partly or fully. It was stopped if it still "
     "ran, and it is not run again: check its effects before deciding to run it again")
+HOST_LOST_STOPPED = (
+    "the sandbox host stopped while this command ran (it died, or its node left the cluster): the command may "
+    "have run partly or fully. It was stopped if it still ran, and it is not run again: check its effects "
+    "before deciding to run it again")
+# How long a command whose host died is tried to be killed through the host's successor before the
+# Run hands it to recovery: a restart takes seconds, and the Run's heartbeat goes on meanwhile.
+_KILL_AFTER_HOST_LOST_SECONDS = 30.0
+
+
+class CommandNotStopped(LeaseLost):
+    """A command whose host died could not be killed. The Run gives up its lease, like one that lost
+    it, without recording the command's outcome: its receipt stays ``started``, so the sweeper's
+    recovery of the Run kills the command (retrying each sweep) before the Turn resumes, and the
+    resumed Run tells the model the outcome is unknown. A tool error would instead be committed as
+    the call's result, and nothing would ever stop the command."""
+
 
 def command_id(turn_id: uuid.UUID, call_id: str) -> str:
     """The sandbox's id of a call's command: the same for every Run of the Turn, so any of them
@@ -75,14 +94,17 @@ async def _workdir(ctx: ToolContext) -> str:
     return str(project["workdir"])
 
 
-async def _in_sandbox(ctx: ToolContext, method: str, *args: object) -> ToolResult:
+async def _in_sandbox(ctx: ToolContext, method: str, *args: object, command: str | None = None) -> ToolResult:
     """``method`` of the host of the tree's sandbox: its result, or an ``error`` result when the sandbox
     failed (a command that could not start did not run); with the lost-workdir notice when this call
     found the tree's node gone. A tool error (a bad path, a missing file) is raised, but is an
-    ``error`` result too when the workdir was lost, so that the notice reaches the model."""
+    ``error`` result too when the workdir was lost, so that the notice reaches the model. When the
+    host is lost while it runs ``command`` (a command id), that command is stopped first."""
     host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id)
     try:
         result = await sandbox_hosts.call(host, method, *args)
+    except sandbox_hosts.HostLost as error:
+        result = {"error": str(error)} if command is None else await _stop_orphaned(ctx, command)
     except SandboxError as error:
         result = {"error": str(error)}
     except CanopyError as error:
@@ -90,6 +112,27 @@ async def _in_sandbox(ctx: ToolContext, method: str, *args: object) -> ToolResul
             raise
         result = {"error": str(error), **error.details}
     return {**result, "workdir_lost": True, "notice": sandbox_hosts.WORKDIR_LOST} if lost else result
+
+
+async def _stop_orphaned(ctx: ToolContext, command: str) -> ToolResult:
+    """Kill ``command``, whose host died while it ran, through the host's successor (which fails
+    while Ray restarts it, so the kill is tried again for a while); the outcome to record. Raises
+    CommandNotStopped if it cannot be killed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _KILL_AFTER_HOST_LOST_SECONDS
+    while True:
+        try:
+            await sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command)
+        except sandbox_hosts.HostLost as error:
+            if loop.time() >= deadline:
+                raise CommandNotStopped(f"command {command}: its host died and its successor never answered") \
+                    from error
+        except Exception as error:
+            raise CommandNotStopped(f"command {command}: its host died and it could not be killed: {error}") \
+                from error
+        else:
+            return {"outcome": "unknown", "error": HOST_LOST_STOPPED}
+        await asyncio.sleep(0.5)
 
 
 async def _approved(ctx: ToolContext, call_id: str, request: dict[str, object]) -> ToolResult | None:
@@ -112,8 +155,9 @@ async def run_command(ctx: ToolContext, call_id: str, args: RunCommandArgs) -> T
         prior = await receipts.begin_attempt(conn, ctx.run, call_id, "run_command", key)
     if prior is not None and prior.state == "done":
         return prior.result
+    command = command_id(ctx.run.turn_id, call_id)
     if prior is not None:  # started by an earlier Run that never recorded how it ended
-        await sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command_id(ctx.run.turn_id, call_id))
+        await sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command)
         return await _record_outcome(ctx, call_id, {"outcome": "unknown", "error": UNKNOWN_OUTCOME})
     refused = await _approved(ctx, call_id, {"tool": "run_command", "command": args.command})
     if refused is not None:
@@ -123,7 +167,7 @@ async def run_command(ctx: ToolContext, call_id: str, args: RunCommandArgs) -> T
         await run_repo.fence(conn, ctx.run)
         await receipts.start_command(conn, ctx.run, call_id, "run_command", key)
     outcome = await _in_sandbox(ctx, "run_command", ctx.run.tree_id, workdir, args.command,
-                                args.timeout_seconds, command_id(ctx.run.turn_id, call_id))
+                                args.timeout_seconds, command, command=command)
     outcome = await _record_outcome(ctx, call_id, outcome)
     await failpoints.pause("after_command_receipt", ctx.session["name"])
     return outcome

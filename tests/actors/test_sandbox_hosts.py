@@ -4,6 +4,9 @@ node's workdir is reported, never silently replaced. The cluster: see sandbox_ho
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ from ray.util.state import list_actors
 from actors.naming import sandbox_host_name
 from actors.runtime import Runtime
 from actors.sandbox_hosts import WORKDIR_LOST
+from actors.sandbox_tools import HOST_LOST_STOPPED
 from actors.scripted import call, say, script
 from persistence.records import Scope
 from sandbox.manager import choose_backend
@@ -45,6 +49,35 @@ async def test_the_sweeper_releases_an_idle_sandbox_in_its_nodes_host(runtime: R
 
     assert await eventually(released, timeout=90) == [{"state": "released", "handle": None, "node_id": node_id}]
     assert not await choose_backend().exists(lease["handle"])
+
+
+async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Scope) -> None:
+    """A ``docker exec`` outlives the host that started it, and its timeout died with the host: the
+    command must be killed through the host's successor, not left running (the model, told its
+    outcome is unknown, may well run it again beside it)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    created = await runtime.create_root(scope, input_text=script(
+        call(("run_command", {"command": "echo running > running.txt; sleep 8; echo late > late.txt",
+                              "timeout_seconds": 60})), say("after")))
+    tree_id = created["session"]["session_id"]
+    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
+                               "WHERE s.session_id = %s", tree_id))[0]["workdir"])
+    await eventually(lambda: asyncio.to_thread((workdir / "running.txt").exists), timeout=60)
+    hosts = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                    filters=[("name", "=", sandbox_host_name(node_id)), ("state", "=", "ALIVE")])
+    os.kill(int(hosts[0].pid), signal.SIGKILL)
+    killed_at = asyncio.get_running_loop().time()
+
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "after"), result
+    await asyncio.sleep(max(0.0, killed_at + 10 - asyncio.get_running_loop().time()))
+    assert not (workdir / "late.txt").exists()
+    [told] = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool'",
+                        tree_id)
+    assert json.loads(told["content"]) == {"outcome": "unknown", "error": HOST_LOST_STOPPED}, told
+    receipts = await rows(runtime.db, "SELECT r.state FROM tool_receipts r JOIN turns t USING (turn_id) "
+                          "WHERE t.session_id = %s", tree_id)
+    assert receipts == [{"state": "done"}]
 
 
 async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(own_database_url: str,
