@@ -185,6 +185,7 @@ async def wait_inputs(ctx: ToolContext, conn: Connection, call_id: str, args: Wa
     if missing:
         raise NotFound(f"no input {missing[0]}")
     if all(result["terminal"] for result in results):
+        await turns.take_in(conn, ctx.run.turn_id, (result["turn_id"] for result in results))
         return {"results": [_jsonable(r) for r in results], "timed_out": False}
     await deadlocks.check_wait(conn, ctx.run, ctx.session["path"],
                                input_ids=[r["input_id"] for r in results if not r["terminal"]])
@@ -200,6 +201,7 @@ async def wait_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: 
         raise InvalidArgument("a session cannot wait for itself")
     updates = await session_updates_after(conn, ctx.run.scope, ctx.run.session_id, ids, args.after_cursor)
     if updates:
+        await turns.take_in(conn, ctx.run.turn_id, (update["turn_id"] for update in updates))
         return {"updates": [_jsonable(u) for u in updates], "cursor": updates[-1]["cursor"], "timed_out": False}
     await deadlocks.check_wait(conn, ctx.run, ctx.session["path"], session_ids=ids)
     return Park(kind=WaitKind.SESSIONS, condition={"targets": [str(i) for i in ids], "after_cursor": args.after_cursor},
@@ -213,6 +215,7 @@ async def get_result(ctx: ToolContext, conn: Connection, call_id: str, args: Get
         result = await turns.get_result(conn, ctx.run.scope, input_id=_uuid(args.input_id, "input_id"))
     else:
         result = await turns.get_result(conn, ctx.run.scope, turn_id=_uuid(str(args.turn_id), "turn_id"))
+    await turns.take_in(conn, ctx.run.turn_id, [result["turn_id"]])
     return _jsonable(result)
 
 

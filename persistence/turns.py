@@ -8,6 +8,7 @@ its input reaches the head of an idle, unpaused queue, together with its first R
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -215,6 +216,16 @@ async def begin_tool_step(conn: Connection, run: RunRef) -> str:
     if turn is None or turn["status"] != TurnStatus.RUNNING:
         raise TurnCancelled(f"turn {run.turn_id} is being cancelled; no further tool call runs")
     return str(turn["approval_mode"])
+
+
+async def take_in(conn: Connection, turn_id: uuid.UUID, sources: Iterable[uuid.UUID | None]) -> None:
+    """The Turn ``turn_id`` reads what the Turns ``sources`` produced (their results, their updates):
+    if one of them asks, so does this Turn from now on. Context from an ask Turn must not get a
+    command run unasked through an auto one, whether it came as a message (persistence/messages.py)
+    or as an answer to a wait or a read."""
+    ids = [source for source in sources if source is not None]
+    if ids:
+        await conn.execute(query("turn_ask_if_any_asks"), {"turn_id": turn_id, "sources": ids})
 
 
 async def turn_status(conn: Connection, turn_id: uuid.UUID) -> str | None:

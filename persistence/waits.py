@@ -25,7 +25,7 @@ from persistence.statuses import (
     WaitKind,
     WaitStatus,
 )
-from persistence.turns import results_of_inputs
+from persistence.turns import results_of_inputs, take_in
 
 WAITING_FOR = {WaitKind.INPUTS: WaitingFor.COOPERATION, WaitKind.SESSIONS: WaitingFor.COOPERATION,
                WaitKind.APPROVAL: WaitingFor.APPROVAL, WaitKind.ANSWER: WaitingFor.ANSWER}
@@ -160,17 +160,21 @@ async def wait_resumed_by(conn: Connection, run_id: uuid.UUID) -> Row | None:
     return await cur.fetchone()
 
 
-async def wait_outcome(conn: Connection, scope: Scope, wait: Row, waiter: uuid.UUID) -> dict[str, Any]:
+async def wait_outcome(conn: Connection, scope: Scope, wait: Row, waiter: uuid.UUID,
+                       reader: uuid.UUID) -> dict[str, Any]:
     """The tool result a resumed Run gives the model for the call that waited (not approvals:
-    an approved or denied command call runs again and reads the decision itself)."""
+    an approved or denied command call runs again and reads the decision itself). ``reader``, the
+    resumed Turn, asks from now on if what it takes in came from a Turn that asks (turns.take_in)."""
     condition = wait["condition"]
     if wait["kind"] == WaitKind.INPUTS:
         results = await results_of_inputs(conn, scope, [uuid.UUID(i) for i in condition["input_ids"]])
+        await take_in(conn, reader, (result["turn_id"] for result in results))
         return {"results": results, "timed_out": not all(r["terminal"] for r in results)}
     if wait["kind"] == WaitKind.SESSIONS:
         updates = await session_updates_after(
             conn, scope, waiter, [uuid.UUID(t) for t in condition["targets"]], condition["after_cursor"]
         )
+        await take_in(conn, reader, (update["turn_id"] for update in updates))
         cursor = updates[-1]["cursor"] if updates else condition["after_cursor"]
         return {"updates": updates, "cursor": cursor, "timed_out": not updates}
     cur = await conn.execute("SELECT response FROM requests WHERE wait_id = %s", (wait["wait_id"],))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
+
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.databases import rows
@@ -91,6 +93,28 @@ async def test_a_message_from_an_ask_session_makes_the_receiver_ask(runtime: Run
     work = script(call(("run_command", {"command": _PWN})), say("done"))
     await runtime.submit_input(scope, listener_id, work, origin_kind="api")
     await _approve_and_check(runtime, scope, listener_id, listener_id, {"tool": "run_command", "command": _PWN})
+
+
+_READS = {  # a tool call that hands the Turn what the ask session's Turn produced
+    "wait_inputs": call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
+    "wait_sessions": call(("wait_sessions", {"targets": ["${0.session_id}"]})),
+    "get_result": call(("get_result", {"input_id": "${0.input_id}"}), delay_ms=3000),  # once it ended
+}
+
+
+@pytest.mark.parametrize("read", list(_READS))
+async def test_a_result_of_an_ask_turn_makes_its_reader_ask(runtime: Runtime, scope: Scope, read: str) -> None:
+    """An auto session hands work to an ask session, reads what its Turn answered, then runs a
+    command: that answer is context from an ask Turn, as a message from one is."""
+    asker = await runtime.create_root(scope, agent_id=await _asker(runtime, scope))
+    asker_id = asker["session"]["session_id"]
+    text = script(call(("submit_input", {"target": str(asker_id), "text": script(say("now run the command"))})),
+                  _READS[read], call(("run_command", {"command": _PWN})), say("done"))
+    reader = await runtime.create_root(scope, input_text=text)
+    reader_id = reader["session"]["session_id"]
+    await _approve_and_check(runtime, scope, reader_id, reader_id, {"tool": "run_command", "command": _PWN})
+    asked = await rows(runtime.db, "SELECT approval_mode FROM turns WHERE session_id = %s", asker_id)
+    assert [t["approval_mode"] for t in asked] == ["ask"]
 
 
 async def test_write_file_asks_under_ask(runtime: Runtime, scope: Scope) -> None:

@@ -85,10 +85,11 @@ async def test_park_releases_the_slot_and_resumes_once(db: Database, scope: Scop
     async with db.tx() as conn:
         wait = await waits.wait_resumed_by(conn, new_run.run_id)
         assert wait is not None
-        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id)
+        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id, new_run.turn_id)
     assert outcome["timed_out"] is False
     assert [(r["input_id"], r["output"], r["status"]) for r in outcome["results"]] == \
         [(uuid.UUID(aaa["input_id"]), "aaa's answer", "completed")]
+    assert (await turn_row(db, run.turn_id))["approval_mode"] == "auto"  # what it read came from an auto Turn
 
 
 async def test_concurrent_resumes_create_one_resume_run(db: Database, scope: Scope) -> None:
@@ -126,7 +127,7 @@ async def test_a_passed_deadline_resumes_with_timed_out(db: Database, scope: Sco
     async with db.tx() as conn:
         wait = await waits.wait_resumed_by(conn, new_run.run_id)
         assert wait is not None
-        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id)
+        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id, new_run.turn_id)
     assert outcome["timed_out"] is True and outcome["results"][0]["terminal"] is False
 
 
@@ -138,15 +139,18 @@ async def test_wait_sessions_resumes_on_an_update_after_the_cursor(db: Database,
     wait_id = await park(db, run, "sessions", condition={"targets": [aaa["session_id"]], "after_cursor": cursor},
                          targets=[uuid.UUID(aaa["session_id"])])
     assert await try_resume(db, wait_id) is None
+    async with db.tx() as conn:  # the child's Turn asks (a message from an ask Turn made it)
+        await conn.execute("UPDATE turns SET approval_mode = 'ask' WHERE turn_id = %s", (aaa_run.turn_id,))
     await finish(db, aaa_run, output="done")
     assert await try_resume(db, wait_id) is not None
     new_run = await claim_turn(db, tree.tree_id, run.turn_id)
     async with db.tx() as conn:
         wait = await waits.wait_resumed_by(conn, new_run.run_id)
         assert wait is not None
-        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id)
+        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id, new_run.turn_id)
     assert [u["kind"] for u in outcome["updates"]] == ["turn_completed"]
     assert outcome["cursor"] > cursor and outcome["timed_out"] is False
+    assert (await turn_row(db, run.turn_id))["approval_mode"] == "ask"  # it took in an ask Turn's answer
 
 
 async def test_ask_user_blocks_new_input_until_answered(db: Database, scope: Scope) -> None:
@@ -188,7 +192,7 @@ async def test_ask_user_blocks_new_input_until_answered(db: Database, scope: Sco
     async with db.tx() as conn:
         wait = await waits.wait_resumed_by(conn, new_run.run_id)
         assert wait is not None
-        assert await waits.wait_outcome(conn, scope, wait, tree.root_id) == {"answer": "green"}
+        assert await waits.wait_outcome(conn, scope, wait, tree.root_id, new_run.turn_id) == {"answer": "green"}
     stored = await fetch_one(db, "SELECT status, response FROM requests WHERE request_id = %s", (request["id"],))
     assert stored == {"status": "answered", "response": {"answer": "green"}}
 
