@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from actors import budgets, compaction, failpoints, gateways, signals, tracing
+from actors import budgets, compaction, failpoints, gateways, sandbox_tools, signals, tracing
 from actors.metrics import count_tool_call, tool_label
 from actors.model_gateway import IDENTIFIER_CHARS
 from actors.placement import Placement
@@ -525,6 +525,8 @@ class RunExecutor:
                     break
                 results.append((item.call["id"], json.dumps(outcome, default=str)))
             self._history.extend(await messages.append_tool_results(conn, self.run, results))
+            if isinstance(sandbox, SandboxTool):
+                await sandbox_tools.record_told(conn, self.run, outcome)
             if park is not None:
                 parked, wait_id = True, await self._park(conn, *park)
             if model_is_next and not parked:
@@ -571,7 +573,7 @@ class RunExecutor:
         await run_repo.fence(conn, self.run)
         if wait["kind"] == WaitKind.APPROVAL:
             return  # the call runs again and reads the decision (sandbox_tools.run_command)
-        outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id)
+        outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id, self.run.turn_id)
         await messages.append_tool_results(conn, self.run, [(wait["tool_call_id"], json.dumps(outcome, default=str))])
 
     async def _finish(self, status: str, *, output: str | None = None, error: str | None = None) -> None:

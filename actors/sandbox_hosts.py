@@ -11,10 +11,12 @@ A tree with no node yet (no lease, or one from before nodes were recorded) uses 
 node, and its first claim records it. A host is never created on another node: one is looked up
 by name, and only on a node Ray lists alive. When the lease's node has left the cluster (or its
 host is gone for good) the sandbox and its workdir went with it: the lease is released, moved to
-the caller's node and stamped ``workdir_lost_at`` in one compare-and-set, so exactly one caller
-learns of the loss, and that call's tool result tells the model (``workdir_lost`` and
-:data:`WORKDIR_LOST`). The command then runs in a new sandbox on the caller's node, from what is
-durable: nothing of the old workdir is carried over, and no model is left to find it empty.
+the caller's node and stamped ``workdir_lost_at`` in one compare-and-set (one caller moves it).
+Every member of the tree made before the loss is then told, once: its next sandbox call's tool
+result says so (``workdir_lost`` and :data:`WORKDIR_LOST`), and the commit of that result records
+it told (``workdir_losses_told``), so a crash before that commit tells it again. The command runs
+in a new sandbox on the caller's node, from what is durable: nothing of the old workdir is carried
+over, and no member's model is left to find it empty unwarned.
 
 Idle release and orphan reaping run per node, in each host (``EveryNode``: the
 sweeper asks every live node's existing host), because only a node's own engine can remove its
@@ -133,21 +135,25 @@ async def _lease(db: Database, tree_id: uuid.UUID) -> SandboxLease | None:
         return await leases.get(conn, tree_id)
 
 
-async def host_for(db: Database, tree_id: uuid.UUID) -> tuple[Any, bool]:
-    """The host to run the tree's sandbox work in, and whether this call found the tree's workdir
-    lost (its node gone: the lease is moved to this node, see the module's docstring)."""
+async def host_for(db: Database, tree_id: uuid.UUID, session_id: uuid.UUID) -> tuple[Any, bool]:
+    """The host to run the tree's sandbox work in, and whether the calling session is still to be
+    told that the tree's workdir was lost (this call found its node gone and moved the lease to
+    this node, or an earlier call of another member did: see the module's docstring)."""
     lease = await _lease(db, tree_id)
     here = _here()
+    lost = lease is not None and lease.workdir_lost_at is not None
     if lease is None or lease.node_id is None or lease.node_id == here:
-        return _local.handle(), False
-    host = await _existing_host(lease.node_id)
-    if host is not None:
-        return host, False
-    async with db.tx() as conn:
-        moved = await leases.move_lost(conn, tree_id, lease.node_id, here)
-    if moved:
-        log.warning("tree %s: the node %s of its sandbox is gone; its workdir is lost", tree_id, lease.node_id)
-    return _local.handle(), moved
+        host = _local.handle()
+    elif (host := await _existing_host(lease.node_id)) is None:
+        async with db.tx() as conn:
+            moved = await leases.move_lost(conn, tree_id, lease.node_id, here)
+        if moved:
+            log.warning("tree %s: the node %s of its sandbox is gone; its workdir is lost", tree_id, lease.node_id)
+        lost, host = True, _local.handle()  # moved by this call, or by another member's just before
+    if lost:
+        async with db.tx() as conn:
+            lost = await leases.loss_untold(conn, tree_id, session_id)
+    return host, lost
 
 
 async def call(host: Any, method: str, *args: Any) -> Any:

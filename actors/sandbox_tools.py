@@ -14,8 +14,9 @@ A command whose sandbox host died while it ran is stopped too, through the host'
 ``docker exec`` outlives the host, and its timeout died with it.
 
 Every call runs in the sandbox host of the node holding the tree's sandbox and workdir
-(actors/sandbox_hosts.py ``host_for``). The call that finds that node gone says so in its result
-(``workdir_lost``, ``notice``), recorded with it, and runs in a new sandbox on its own node.
+(actors/sandbox_hosts.py ``host_for``). Once that node is gone, each member's next call says so in
+its result (``workdir_lost``, ``notice``), recorded with it, and runs in a new sandbox on the
+caller's node; the commit of that result records the member told (``record_told``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from pydantic import Field
 
 from actors import failpoints, sandbox_hosts
 from actors.tools import Park, SandboxTool, ToolArgs, ToolContext, ToolResult
-from persistence import projects, receipts, waits
+from persistence import projects, receipts, sandbox_leases, waits
 from persistence import runs as run_repo
-from persistence.db import Database
+from persistence.db import Connection, Database
 from persistence.errors import CanopyError, LeaseLost
+from persistence.records import RunRef
 from sandbox.base import SandboxError
 
 DENIED = "the human denied this call; it did not run"
@@ -100,7 +102,7 @@ async def _in_sandbox(ctx: ToolContext, method: str, *args: object, command: str
     found the tree's node gone. A tool error (a bad path, a missing file) is raised, but is an
     ``error`` result too when the workdir was lost, so that the notice reaches the model. When the
     host is lost while it runs ``command`` (a command id), that command is stopped first."""
-    host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id)
+    host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id, ctx.run.session_id)
     try:
         result = await sandbox_hosts.call(host, method, *args)
     except sandbox_hosts.HostLost as error:
@@ -112,6 +114,13 @@ async def _in_sandbox(ctx: ToolContext, method: str, *args: object, command: str
             raise
         result = {"error": str(error), **error.details}
     return {**result, "workdir_lost": True, "notice": sandbox_hosts.WORKDIR_LOST} if lost else result
+
+
+async def record_told(conn: Connection, run: RunRef, outcome: ToolResult | None) -> None:
+    """In the transaction that commits a sandbox call's result: a result that told the session its
+    tree's workdir was lost records it told, and it is not told again (see ``_in_sandbox``)."""
+    if isinstance(outcome, dict) and outcome.get("workdir_lost"):
+        await sandbox_leases.loss_told(conn, run.tree_id, run.session_id)
 
 
 async def _stop_orphaned(ctx: ToolContext, command: str) -> ToolResult:

@@ -180,3 +180,16 @@ async def move_lost(conn: Connection, tree_id: uuid.UUID, lost_node_id: str, nod
     if moved:
         lifecycle.log_at_commit(conn, "sandbox_workdir_lost", tree_id=tree_id, node_id=lost_node_id)
     return moved
+
+
+async def loss_untold(conn: Connection, tree_id: uuid.UUID, session_id: uuid.UUID) -> bool:
+    """Whether the tree's workdir was lost since the session was made and no committed result of
+    the session told it so: its next sandbox call does."""
+    cur = await conn.execute(query("sandbox_loss_untold"), {"tree_id": tree_id, "session_id": session_id})
+    return await cur.fetchone() is not None
+
+
+async def loss_told(conn: Connection, tree_id: uuid.UUID, session_id: uuid.UUID) -> None:
+    """The session was told of the tree's latest workdir loss: in the transaction that commits the
+    result that told it, so a crash before that commit leaves the session still to be told."""
+    await conn.execute(query("sandbox_loss_told"), {"tree_id": tree_id, "session_id": session_id})

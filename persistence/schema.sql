@@ -461,6 +461,13 @@ CREATE TABLE sandbox_leases (
     node_id         text,        -- the Ray node holding the sandbox and its workdir (actors/sandbox_hosts.py)
     workdir_lost_at timestamptz  -- when a command last found that node gone and moved the tree to a new one
 );
+-- Which members of a tree were told that its workdir was lost: each member from before the loss
+-- is told once, in the commit of the tool result that tells it (actors/sandbox_tools.py).
+CREATE TABLE workdir_losses_told (
+    session_id  uuid NOT NULL REFERENCES sessions (session_id),
+    lost_at     timestamptz NOT NULL,
+    PRIMARY KEY (session_id, lost_at)
+);
 
 -- Trees whose live model text someone watches (an API stream that asked for deltas). The
 -- ModelGateway streams a model call only while its tree is watched here: an unwatched call

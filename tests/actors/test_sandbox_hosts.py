@@ -17,7 +17,7 @@ from actors.naming import sandbox_host_name
 from actors.runtime import Runtime
 from actors.sandbox_hosts import WORKDIR_LOST
 from actors.sandbox_tools import HOST_LOST_STOPPED
-from actors.scripted import call, say, script
+from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from sandbox.manager import choose_backend
 from tests.actors.helpers import eventually, rows, scenario_findings
@@ -117,3 +117,47 @@ async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(o
     # The receipt keeps what the model was told: a replay of that Turn answers the same.
     assert findings["receipts"][-1] == third, findings
     assert findings["workdir_exists"] is True
+
+
+async def test_every_member_from_before_a_workdir_loss_is_told_once(runtime: Runtime, scope: Scope) -> None:
+    """The call that finds the node gone moves the tree's sandbox; each other member of the tree made
+    before the loss finds the workdir empty too, so its next sandbox call is told as well, once. A
+    member made after the loss never knew the old workdir and is not told."""
+    created = await runtime.create_root(scope, input_text=script(
+        call(create("c", script(say("ready")))), call(("run_command", {"command": "echo before > note.txt"})),
+        say("made")))
+    tree_id = created["session"]["session_id"]
+    assert (await runtime.wait_result(scope, created["input"]["input_id"], timeout=60))["output"] == "made"
+    [child] = await rows(runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s AND name = 'c'", tree_id)
+    # The lease's node left the cluster and the sweeper released its sandbox (release_on_lost_nodes).
+    gone = "ff" * 28
+    await rows(runtime.db, "UPDATE sandbox_leases SET node_id = %s, state = 'released', handle = NULL "
+               "WHERE tree_id = %s RETURNING tree_id", gone, tree_id)
+
+    async def command(session_id: Any, text: str = "ls") -> None:
+        submitted = await runtime.submit_input(scope, session_id, script(call(("run_command", {"command": text})),
+                                                                       say("ran")), origin_kind="api")
+        assert (await runtime.wait_result(scope, submitted["input_id"], timeout=60))["output"] == "ran"
+
+    await command(child["session_id"])  # finds the node gone: moves the lease
+    await command(tree_id)  # another member from before the loss
+    await command(tree_id)  # told already
+    await command(tree_id, "true")
+    made_after = await runtime.submit_input(scope, tree_id, script(
+        call(create("d", script(call(("run_command", {"command": "ls"})), say("ran")))),
+        call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("${1.results.0.output}")), origin_kind="api")
+    assert (await runtime.wait_result(scope, made_after["input_id"], timeout=60))["output"] == "ran"
+
+    told = await rows(runtime.db, "SELECT s.name, m.content FROM thread_messages m JOIN sessions s USING (session_id) "
+                      "WHERE s.tree_id = %s AND m.role = 'tool' AND m.content LIKE '%%exit_code%%' ORDER BY m.id",
+                      tree_id)
+    results = [(row["name"], json.loads(row["content"])) for row in told]
+    lost = [(name, result.get("workdir_lost", False)) for name, result in results]
+    assert lost == [("root", False), ("c", True), ("root", True), ("root", False), ("root", False), ("d", False)], lost
+    assert [result["notice"] for _, result in results if "notice" in result] == [WORKDIR_LOST, WORKDIR_LOST]
+    [lease] = await rows(runtime.db, "SELECT node_id, workdir_lost_at FROM sandbox_leases WHERE tree_id = %s", tree_id)
+    assert lease["node_id"] == ray.get_runtime_context().get_node_id()
+    marks = await rows(runtime.db, "SELECT s.name, t.lost_at FROM workdir_losses_told t JOIN sessions s "
+                       "USING (session_id) WHERE s.tree_id = %s ORDER BY s.name", tree_id)
+    assert marks == [{"name": "c", "lost_at": lease["workdir_lost_at"]},
+                     {"name": "root", "lost_at": lease["workdir_lost_at"]}]
