@@ -149,7 +149,8 @@ class Settings(BaseSettings):
         default="none",
         pattern="^(none|host)$",
         description="none: no network in the sandbox. host: the host's network (the only other mode an "
-        "engine started with --bridge=none offers).",
+        "engine started with --bridge=none offers), which gives a model's commands everything the host reaches: "
+        "its loopback services (the database, Ray), its abstract Unix sockets, a cloud's metadata service.",
     )
     sandbox_max_containers: int = Field(
         default=32, ge=1, description="Most sandbox containers running at once on one Docker engine."
