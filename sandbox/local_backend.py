@@ -46,12 +46,9 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from sandbox.base import (
-    FLOODED,
-    OUTPUT_STOP_BYTES,
     SIGNAL_EXIT_BASE,
     CappedOutput,
     CommandResult,
@@ -214,15 +211,9 @@ class LocalBackend:
     async def _supervise(self, proc: asyncio.subprocess.Process, timeout_seconds: float) -> CommandResult:
         stdout, stderr = CappedOutput(), CappedOutput()
         assert proc.stdout is not None and proc.stderr is not None
-        flooded: list[bool] = []
-
-        def stop_flood() -> None:
-            flooded.append(True)
-            _kill_group(proc.pid)
-
         readers = [
-            asyncio.create_task(_pump(proc.stdout, stdout, stop_flood)),
-            asyncio.create_task(_pump(proc.stderr, stderr, stop_flood)),
+            asyncio.create_task(_pump(proc.stdout, stdout)),
+            asyncio.create_task(_pump(proc.stderr, stderr)),
         ]
         timed_out = False
         try:
@@ -239,16 +230,12 @@ class LocalBackend:
                 reader.cancel()
             raise
         assert proc.returncode is not None
-        return CommandResult(signal_exit_code(proc.returncode), stdout.text(),
-                             stderr.text() + (FLOODED if flooded else ""), timed_out)
+        return CommandResult(signal_exit_code(proc.returncode), stdout.text(), stderr.text(), timed_out)
 
 
-async def _pump(stream: asyncio.StreamReader, sink: CappedOutput, stop_flood: Callable[[], None]) -> None:
+async def _pump(stream: asyncio.StreamReader, sink: CappedOutput) -> None:
     while chunk := await stream.read(_READ_CHUNK):
         sink.feed(chunk)
-        if sink.total > OUTPUT_STOP_BYTES:
-            stop_flood()
-            return  # an escaped writer still holding the pipe now blocks on it, unread
 
 
 async def _finish(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]]) -> None:
