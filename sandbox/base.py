@@ -32,6 +32,13 @@ from persistence.settings import Settings
 from persistence.text import storable
 
 OUTPUT_LIMIT_BYTES = 64 * 1024
+# Output one stream of a command may write before the command is stopped. Only OUTPUT_LIMIT_BYTES
+# of it are kept, but every byte is still carried by the engine and read by the runtime, on the
+# host's CPU and outside the sandbox's limits: `yes` under an hour's timeout ran a core of the host
+# for that hour.
+OUTPUT_STOP_BYTES = 1024 * OUTPUT_LIMIT_BYTES
+FLOODED = (f"\n[canopy: the command wrote more than {OUTPUT_STOP_BYTES // (1024 * 1024)} MiB to one output stream; "
+           "it was stopped if it still ran: send large output to a file and read the part you need]")
 DEFAULT_TIMEOUT_SECONDS = 120.0
 # Exit code reported for a command killed by a signal, as a shell reports it (128 + signo).
 SIGNAL_EXIT_BASE = 128

@@ -69,6 +69,8 @@ from docker.models.containers import Container
 from docker.utils.socket import STDERR, STDOUT, frames_iter
 
 from sandbox.base import (
+    FLOODED,
+    OUTPUT_STOP_BYTES,
     SIGNAL_EXIT_BASE,
     CappedOutput,
     CommandResult,
@@ -168,11 +170,14 @@ class _Exec:
     """One running ``docker exec``: its id, its output so far, and the socket to cut."""
 
     exec_id: str
+    handle: str
+    command_id: str
     stdout: CappedOutput = dataclasses.field(default_factory=CappedOutput)
     stderr: CappedOutput = dataclasses.field(default_factory=CappedOutput)
     sock: Any = None
     cut: bool = False  # Canopy stopped listening (after a kill): the stream's end is its own
     broken: bool = False  # the stream failed under the reader, not cut by Canopy
+    flooded: bool = False  # one output stream passed OUTPUT_STOP_BYTES: the command was stopped
 
 
 class DockerBackend:
@@ -419,7 +424,7 @@ class DockerBackend:
 
     async def run(self, handle: str, command: str, timeout_seconds: float, command_id: str) -> CommandResult:
         check_command_id(command_id)
-        execution = _Exec(await asyncio.to_thread(self._exec_create, handle, command_id, command))
+        execution = _Exec(await asyncio.to_thread(self._exec_create, handle, command_id, command), handle, command_id)
         stream = asyncio.get_running_loop().run_in_executor(self._streams, self._pump, execution)
         try:
             await asyncio.wait_for(asyncio.shield(stream), timeout_seconds)
@@ -460,12 +465,28 @@ class DockerBackend:
         sinks = {STDOUT: execution.stdout, STDERR: execution.stderr}
         try:
             for stream_id, data in frames_iter(sock, tty=False):
-                sinks.get(stream_id, execution.stderr).feed(data)
+                sink = sinks.get(stream_id, execution.stderr)
+                sink.feed(data)
+                if sink.total > OUTPUT_STOP_BYTES and not execution.flooded:
+                    execution.flooded = True
+                    self._streams.submit(self._stop_flood, execution)
         except (OSError, ValueError):
             execution.broken = not execution.cut
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
+
+    def _stop_flood(self, execution: _Exec) -> None:
+        """Kill a command whose output passed the ceiling, in a thread of its own while the stream's
+        reads on to its end (the kill's). A reader that stopped first would close the stream, and a
+        command writing to it would die of SIGPIPE and go on to its next step; one that waited for
+        the kill held it up (the engine started the killer's exec only once the command had timed
+        out, its stdout unread meanwhile)."""
+        try:
+            self._run_killer(execution.handle, execution.command_id, "cancel")
+        except docker.errors.APIError as error:
+            log.info("sandbox %s: kill of flooding command %s failed: %s", execution.handle,
+                     execution.command_id, error.explanation)
 
     async def _drain(self, stream: asyncio.Future[None], execution: _Exec) -> None:
         try:
@@ -480,11 +501,11 @@ class DockerBackend:
         stderr = execution.stderr.text()
         # A stream that failed, or ended while the command runs on, was cut short by something
         # else than Canopy (its connection to the engine): the output read is not the whole one,
-        # and the command must not run on unsupervised.
-        if not timed_out and (execution.broken or exit_code is None):
+        # and the command must not run on unsupervised. One that flooded was stopped by Canopy.
+        if not timed_out and (execution.broken or execution.flooded or exit_code is None):
             if exit_code is None:
                 await self._cancel(handle, execution.exec_id, command_id)
-            stderr += _CUT_SHORT
+            stderr += FLOODED if execution.flooded else _CUT_SHORT
         return CommandResult(_KILLED_EXIT_CODE if exit_code is None else exit_code, execution.stdout.text(),
                              stderr, timed_out)
 

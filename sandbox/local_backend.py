@@ -46,9 +46,12 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from sandbox.base import (
+    FLOODED,
+    OUTPUT_STOP_BYTES,
     SIGNAL_EXIT_BASE,
     CappedOutput,
     CommandResult,
@@ -211,9 +214,15 @@ class LocalBackend:
     async def _supervise(self, proc: asyncio.subprocess.Process, timeout_seconds: float) -> CommandResult:
         stdout, stderr = CappedOutput(), CappedOutput()
         assert proc.stdout is not None and proc.stderr is not None
+        flooded: list[bool] = []
+
+        def stop_flood() -> None:
+            flooded.append(True)
+            _kill_group(proc.pid)
+
         readers = [
-            asyncio.create_task(_pump(proc.stdout, stdout)),
-            asyncio.create_task(_pump(proc.stderr, stderr)),
+            asyncio.create_task(_pump(proc.stdout, stdout, stop_flood)),
+            asyncio.create_task(_pump(proc.stderr, stderr, stop_flood)),
         ]
         timed_out = False
         try:
@@ -230,12 +239,20 @@ class LocalBackend:
                 reader.cancel()
             raise
         assert proc.returncode is not None
-        return CommandResult(signal_exit_code(proc.returncode), stdout.text(), stderr.text(), timed_out)
+        return CommandResult(signal_exit_code(proc.returncode), stdout.text(),
+                             stderr.text() + (FLOODED if flooded else ""), timed_out)
 
 
-async def _pump(stream: asyncio.StreamReader, sink: CappedOutput) -> None:
+async def _pump(stream: asyncio.StreamReader, sink: CappedOutput, stop_flood: Callable[[], None]) -> None:
+    # Read on to the end after a flood's kill: asyncio's Process.wait() returns only once every pipe
+    # is closed, and a pipe left unread stays paused, never reaching its end (the wait then hung
+    # until the command's timeout).
+    flooded = False
     while chunk := await stream.read(_READ_CHUNK):
         sink.feed(chunk)
+        if sink.total > OUTPUT_STOP_BYTES and not flooded:
+            flooded = True
+            stop_flood()
 
 
 async def _finish(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]]) -> None:

@@ -25,7 +25,9 @@ import pytest
 from persistence import sandbox_leases as leases
 from persistence.sandbox_leases import SandboxLease
 from sandbox.base import (
+    FLOODED,
     OUTPUT_LIMIT_BYTES,
+    OUTPUT_STOP_BYTES,
     TRUNCATION_MARKER,
     CommandResult,
     SandboxBackend,
@@ -182,6 +184,25 @@ async def test_output_over_64k_is_truncated_with_a_marker(sandbox: SandboxKit) -
         assert len(head) + len(tail) == OUTPUT_LIMIT_BYTES
         assert head.startswith(unit * 3) and set(tail) <= set(unit)
     assert result.exit_code == 0
+
+
+@pytest.mark.parametrize("stream", ["", ">&2"])
+async def test_a_command_flooding_its_output_is_stopped(sandbox: SandboxKit, stream: str) -> None:
+    """Only 64 KiB of an output are kept, but every byte was carried by the engine and read by the
+    runtime, on the host's CPU, outside the sandbox's limits: `yes` under a long timeout ran a core
+    of the host for the whole timeout. Past OUTPUT_STOP_BYTES a command is stopped, and says so."""
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+
+    result = await manager.run_command(
+        tree, workdir, f"head -c {2 * OUTPUT_STOP_BYTES} /dev/zero {stream}; echo on > after.txt",
+        timeout_seconds=120)
+
+    assert (result.exit_code, result.timed_out) == (137, False), result.exit_code
+    assert result.stderr.endswith(FLOODED), result.stderr[-300:]
+    await asyncio.sleep(0.5)
+    assert not (workdir / "after.txt").exists()
+    assert (await _run(manager, tree, workdir, "echo fine")).stdout == "fine\n"  # the sandbox goes on
 
 
 async def test_binary_output_and_files_are_storable_text(sandbox: SandboxKit) -> None:
