@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from persistence import agents as agent_repo
 from persistence import cooperation, deadlocks, sessions, turns
 from persistence.cooperation import Dispatcher
-from persistence.db import Connection, Database
+from persistence.db import MAX_BIGINT, Connection, Database
 from persistence.errors import InvalidArgument, NotFound
 from persistence.events import session_updates_after
 from persistence.records import Row, RunRef
@@ -33,9 +33,6 @@ from persistence.settings import Settings
 from persistence.statuses import WaitKind
 
 MAX_WAIT_IDS = 100
-# What PostgreSQL's bigint holds: a larger offset or cursor fails the statement, and with it the
-# Run's transaction, so it is refused with the call's other bad arguments.
-_BIGINT_MAX = 2**63 - 1
 LIST_PAGE = 10
 
 
@@ -72,7 +69,8 @@ class WaitInputsArgs(ToolArgs):
 
 class WaitSessionsArgs(ToolArgs):
     targets: list[str] = Field(min_length=1, max_length=MAX_WAIT_IDS)
-    after_cursor: int = Field(default=0, ge=0, le=_BIGINT_MAX)
+    # A larger cursor or offset would fail the statement, and with it the Run's transaction.
+    after_cursor: int = Field(default=0, ge=0, le=MAX_BIGINT)
     timeout_seconds: int = Field(default=300, ge=1, le=1800)
 
 
@@ -83,7 +81,7 @@ class GetResultArgs(ToolArgs):
 
 class ListSessionsArgs(ToolArgs):
     scope: Literal["project", "all"] = "project"
-    offset: int = Field(default=0, ge=0, le=_BIGINT_MAX)
+    offset: int = Field(default=0, ge=0, le=MAX_BIGINT)
     include_archived: bool = Field(default=False, description="Also list the sessions of archived trees.")
 
 

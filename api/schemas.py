@@ -20,8 +20,6 @@ from persistence.turns import MAX_TEXT
 from persistence.usage import MAX_LIMIT
 from persistence.views import INPUT_PREVIEW
 
-MAX_BIGINT = 2**63 - 1
-
 
 def _storable(value: str) -> str:
     if (why := why_unstorable(value)) is not None:

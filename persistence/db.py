@@ -22,6 +22,8 @@ from persistence.settings import Settings, get_settings, reveal
 _HERE = Path(__file__).parent
 
 Connection = psycopg.AsyncConnection[dict[str, Any]]
+# The largest bigint (ids, event cursors, offsets): a larger value fails its statement.
+MAX_BIGINT = 2**63 - 1
 
 
 class Deferred(Protocol):

@@ -13,9 +13,9 @@ from pydantic import Field
 from actors.runtime import Runtime
 from api.auth import KeyDep, unauthorized
 from api.deps import COMMON, RuntimeDep, errors
-from api.schemas import MAX_BIGINT
 from api.sse import EventStreamResponse, StreamLease, event_stream
 from persistence import open_streams, stream_watchers, views
+from persistence.db import MAX_BIGINT
 from persistence.errors import InvalidArgument
 from persistence.scopes import ApiKey
 

@@ -11,7 +11,6 @@ from fastapi.responses import JSONResponse
 from api.auth import ScopeDep
 from api.deps import COMMON, RuntimeDep, errors, pending_requests
 from api.schemas import (
-    MAX_BIGINT,
     CompactionRequested,
     HumanRequest,
     InputCreate,
@@ -30,6 +29,7 @@ from api.schemas import (
 )
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import cooperation, projects, sessions, views
+from persistence.db import MAX_BIGINT
 from persistence.records import Row
 from persistence.statuses import InputStatus
 
