@@ -325,17 +325,18 @@ def _endpoint(url: str) -> tuple[str, str, int, str] | None:
     return scheme, parts.hostname, port or _DEFAULT_PORTS[scheme], parts.path.rstrip("/")
 
 
-def _allowed_endpoint(api_base: str, allowed: Sequence[str]) -> bool:
-    """Whether ``api_base`` is one of the ``allowed`` endpoints or under one of their paths: compared
-    by scheme, host, port and whole path segments, as the HTTP client will read it. A text prefix
-    would let ``http://box:8000@elsewhere`` or ``http://box.elsewhere`` through."""
+def _allowed_endpoint(api_base: str, allowed: Sequence[tuple[str, str, int, str] | None]) -> bool:
+    """Whether ``api_base`` is one of the ``allowed`` endpoints (as ``_endpoint`` reads them) or under
+    one of their paths: compared by scheme, host, port and whole path segments, as the HTTP client
+    will read it. A text prefix would let ``http://box:8000@elsewhere`` or ``http://box.elsewhere``
+    through."""
     endpoint = _endpoint(api_base)
     if endpoint is None:
         return False
     scheme, host, port, path = endpoint
     return any(entry is not None and entry[:3] == (scheme, host, port)
                and (path == entry[3] or path.startswith(entry[3] + "/"))
-               for entry in map(_endpoint, allowed))
+               for entry in allowed)
 
 
 class _Keys:
@@ -559,6 +560,7 @@ class ModelGateway:
         self._models_file = Path(models_file) if models_file else None
         self._keys = _Keys(Path(secrets_dir) if secrets_dir else None, provider_env)
         self._api_bases = None if agent_api_bases is None else tuple(agent_api_bases)
+        self._allowed_endpoints = tuple(map(_endpoint, self._api_bases or ()))  # read once, not per call
         self._routes: _Routes | str | None = None  # the routes, or why the configuration has none
         self._routes_stamp: tuple[Any, ...] | None = None
         self._scripted: ScriptedModelServer | None = None
@@ -621,7 +623,7 @@ class ModelGateway:
         return self._routes
 
     def _check_api_base(self, api_base: str | None) -> None:
-        if api_base and self._api_bases is not None and not _allowed_endpoint(api_base, self._api_bases):
+        if api_base and self._api_bases is not None and not _allowed_endpoint(api_base, self._allowed_endpoints):
             raise ModelError(f"api_base {api_base!r} is not one of the endpoints agents may use "
                              f"(CANOPY_AGENT_API_BASES: {', '.join(self._api_bases) or 'none'})")
 
