@@ -23,7 +23,9 @@ from persistence.text import why_unstorable
 from persistence.views import require_tree
 
 INSTANT_KINDS = frozenset({"stop", "continue"})
-KINDS = INSTANT_KINDS | {"run", "queued", "wait", "approval", "question", "model_call", "tool_call"}
+# The kinds timeline_items.sql reads (the API's TimelineInterval.kind lists the intervals' too).
+INTERVAL_KINDS = frozenset({"run", "queued", "wait", "approval", "question", "model_call", "tool_call"})
+KINDS = INSTANT_KINDS | INTERVAL_KINDS
 # An interval's end is stamped inside its transaction, before the commit that makes it visible:
 # a read "since T" also returns what ended a little before T, so an interval still open at the
 # last read (and committed after it) is never missed. Longer than any Canopy transaction.

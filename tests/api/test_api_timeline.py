@@ -9,12 +9,13 @@ import datetime as dt
 import json
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from api.schemas import TimelineInterval
 from api.trace import micros
 from persistence import timeline
 from persistence.db import Database
@@ -254,6 +255,12 @@ async def test_another_scope_gets_404_and_bad_cursors_422(runtime: Runtime, scop
     for bad in ("not-a-cursor", "e30", "W10"):
         response = await owner.get(f"/api/v1/trees/{tree.tree_id}/timeline", params={"since": bad})
         assert response.status_code == 422 and "cursor" in response.json()["detail"], response.text
+
+
+def test_the_kinds_a_cursor_may_name_are_the_kinds_the_api_returns() -> None:
+    """A cursor names the kind of the last item read, and one naming another kind is refused: a kind
+    the timeline returns and the cursor check does not know would end its paging with a 422."""
+    assert set(get_args(TimelineInterval.model_fields["kind"].annotation)) == timeline.INTERVAL_KINDS
 
 
 async def test_a_cursor_naming_no_kind_or_an_unstorable_id_is_refused(runtime: Runtime, scope: Scope,
