@@ -42,6 +42,7 @@ FLOODED = (f"\n[canopy: the command wrote more than {OUTPUT_STOP_BYTES // (1024 
 DEFAULT_TIMEOUT_SECONDS = 120.0
 # Exit code reported for a command killed by a signal, as a shell reports it (128 + signo).
 SIGNAL_EXIT_BASE = 128
+KILLED_EXIT_CODE = SIGNAL_EXIT_BASE + 9  # SIGKILL: a killed command, or one refused by its tombstone
 TRUNCATION_MARKER = "[canopy: output truncated"
 # A command id names a pid file and is matched in /proc environments: no '/', no spaces, no quotes.
 _COMMAND_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -192,7 +193,10 @@ class CappedOutput:
         self._tail = bytearray()
         self.total = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> bool:
+        """Keep what the limit keeps of ``data``; True when it took the stream past OUTPUT_STOP_BYTES
+        (the reader stops the command then, once, and reads on to the stream's end)."""
+        before = self.total
         self.total += len(data)
         room = self._head_limit - len(self._head)
         if room > 0:
@@ -202,6 +206,12 @@ class CappedOutput:
             self._tail += data
             if len(self._tail) > self._tail_limit:
                 del self._tail[: len(self._tail) - self._tail_limit]
+        return before <= OUTPUT_STOP_BYTES < self.total
+
+    @property
+    def flooded(self) -> bool:
+        """Whether the stream went past OUTPUT_STOP_BYTES (its command was stopped)."""
+        return self.total > OUTPUT_STOP_BYTES
 
     @property
     def omitted(self) -> int:

@@ -70,8 +70,7 @@ from docker.utils.socket import STDERR, STDOUT, frames_iter
 
 from sandbox.base import (
     FLOODED,
-    OUTPUT_STOP_BYTES,
-    SIGNAL_EXIT_BASE,
+    KILLED_EXIT_CODE,
     CappedOutput,
     CommandResult,
     SandboxError,
@@ -93,7 +92,6 @@ LABEL_SPEC = "canopy.spec"
 WORKSPACE = "/workspace"
 NETWORK_MODES = ("none", "host")
 _STATE_DIR = "/tmp/.canopy"
-_KILLED_EXIT_CODE = SIGNAL_EXIT_BASE + 9
 _CUT_SHORT = ("\n[canopy: the command's output was cut short (its connection to the container engine broke): "
               "what it printed may be incomplete; a command still running then was stopped]")
 # After a kill, how long to keep reading an exec stream an escaped process may hold open.
@@ -110,7 +108,7 @@ _LIVE_STATES = ["running", "restarting", "paused"]
 # group, and setsid would then fork and exit at once, losing the exit code.
 _WRAPPER = f"""d={_STATE_DIR}; mkdir -p "$d"
 CANOPY_COMMAND_ID="$1" setsid sh -c \\
-    'echo $$ > "$0.pid"; if [ -e "$0.cancel" ] || [ -e "$0.killed" ]; then exit {_KILLED_EXIT_CODE}; fi
+    'echo $$ > "$0.pid"; if [ -e "$0.cancel" ] || [ -e "$0.killed" ]; then exit {KILLED_EXIT_CODE}; fi
     exec sh -c "$1"' "$d/$1" "$2"
 rc=$?; rm -f "$d/$1.pid" "$d/$1.cancel"; exit $rc"""
 
@@ -177,7 +175,6 @@ class _Exec:
     sock: Any = None
     cut: bool = False  # Canopy stopped listening (after a kill): the stream's end is its own
     broken: bool = False  # the stream failed under the reader, not cut by Canopy
-    flooded: bool = False  # one output stream passed OUTPUT_STOP_BYTES: the command was stopped
 
 
 class DockerBackend:
@@ -431,13 +428,13 @@ class DockerBackend:
         except TimeoutError:
             await self._cancel(handle, execution.exec_id, command_id)
             await self._drain(stream, execution)
-            return await self._result(handle, command_id, execution, timed_out=True)
+            return await self._result(execution, timed_out=True)
         except asyncio.CancelledError:
             # Kill that command's group before the cancellation goes on; shielded so that a
             # second cancel cannot leave it running.
             await asyncio.shield(self._cancel(handle, execution.exec_id, command_id))
             raise
-        return await self._result(handle, command_id, execution, timed_out=False)
+        return await self._result(execution, timed_out=False)
 
     def _exec_create(self, handle: str, command_id: str, command: str) -> str:
         try:
@@ -465,10 +462,7 @@ class DockerBackend:
         sinks = {STDOUT: execution.stdout, STDERR: execution.stderr}
         try:
             for stream_id, data in frames_iter(sock, tty=False):
-                sink = sinks.get(stream_id, execution.stderr)
-                sink.feed(data)
-                if sink.total > OUTPUT_STOP_BYTES and not execution.flooded:
-                    execution.flooded = True
+                if sinks.get(stream_id, execution.stderr).feed(data):
                     self._streams.submit(self._stop_flood, execution)
         except (OSError, ValueError):
             execution.broken = not execution.cut
@@ -496,17 +490,18 @@ class DockerBackend:
             execution.cut = True
             _shutdown(execution.sock)
 
-    async def _result(self, handle: str, command_id: str, execution: _Exec, timed_out: bool) -> CommandResult:
+    async def _result(self, execution: _Exec, timed_out: bool) -> CommandResult:
         exit_code = await asyncio.to_thread(self._exit_code, execution.exec_id)
         stderr = execution.stderr.text()
         # A stream that failed, or ended while the command runs on, was cut short by something
         # else than Canopy (its connection to the engine): the output read is not the whole one,
         # and the command must not run on unsupervised. One that flooded was stopped by Canopy.
-        if not timed_out and (execution.broken or execution.flooded or exit_code is None):
+        flooded = execution.stdout.flooded or execution.stderr.flooded
+        if not timed_out and (execution.broken or flooded or exit_code is None):
             if exit_code is None:
-                await self._cancel(handle, execution.exec_id, command_id)
-            stderr += FLOODED if execution.flooded else _CUT_SHORT
-        return CommandResult(_KILLED_EXIT_CODE if exit_code is None else exit_code, execution.stdout.text(),
+                await self._cancel(execution.handle, execution.exec_id, execution.command_id)
+            stderr += FLOODED if flooded else _CUT_SHORT
+        return CommandResult(KILLED_EXIT_CODE if exit_code is None else exit_code, execution.stdout.text(),
                              stderr, timed_out)
 
     def _exit_code(self, exec_id: str, wait_seconds: float = 2.0) -> int | None:

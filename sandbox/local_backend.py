@@ -46,13 +46,11 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from sandbox.base import (
     FLOODED,
-    OUTPUT_STOP_BYTES,
-    SIGNAL_EXIT_BASE,
+    KILLED_EXIT_CODE,
     CappedOutput,
     CommandResult,
     SandboxError,
@@ -70,11 +68,10 @@ _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 _PROC = Path("/proc")
 _WORKDIR_FILE = "workdir"
 _KILLED_DIR = "killed"
-_KILLED_EXIT_CODE = SIGNAL_EXIT_BASE + 9
 # $1 = the command's tombstone, $2 = the command. This shell already carries the command id in its
 # environment (a kill from now on finds it), then looks for a tombstone left before, and only
 # then becomes the command: exec keeps its pid, hence its process group.
-_WRAPPER = f'if [ -e "$1" ]; then exit {_KILLED_EXIT_CODE}; fi; exec /bin/sh -c "$2"'
+_WRAPPER = f'if [ -e "$1" ]; then exit {KILLED_EXIT_CODE}; fi; exec /bin/sh -c "$2"'
 _READ_CHUNK = 65536
 # After a kill, how long to keep reading pipes that an escaped process may still hold open.
 _DRAIN_SECONDS = 2.0
@@ -152,7 +149,7 @@ class LocalBackend:
         if not await self.exists(handle):
             raise SandboxGone(f"the local sandbox {handle} was released")
         if _tombstone(tree_dir, command_id).exists():
-            return CommandResult(_KILLED_EXIT_CODE, "", "", False)  # killed before: start nothing
+            return CommandResult(KILLED_EXIT_CODE, "", "", False)  # killed before: start nothing
         proc = await self._spawn(tree_dir, command, command_id)
         running = self._running.setdefault(handle, {})
         running[command_id] = proc.pid
@@ -214,15 +211,9 @@ class LocalBackend:
     async def _supervise(self, proc: asyncio.subprocess.Process, timeout_seconds: float) -> CommandResult:
         stdout, stderr = CappedOutput(), CappedOutput()
         assert proc.stdout is not None and proc.stderr is not None
-        flooded: list[bool] = []
-
-        def stop_flood() -> None:
-            flooded.append(True)
-            _kill_group(proc.pid)
-
         readers = [
-            asyncio.create_task(_pump(proc.stdout, stdout, stop_flood)),
-            asyncio.create_task(_pump(proc.stderr, stderr, stop_flood)),
+            asyncio.create_task(_pump(proc.stdout, stdout, proc.pid)),
+            asyncio.create_task(_pump(proc.stderr, stderr, proc.pid)),
         ]
         timed_out = False
         try:
@@ -240,19 +231,16 @@ class LocalBackend:
             raise
         assert proc.returncode is not None
         return CommandResult(signal_exit_code(proc.returncode), stdout.text(),
-                             stderr.text() + (FLOODED if flooded else ""), timed_out)
+                             stderr.text() + (FLOODED if stdout.flooded or stderr.flooded else ""), timed_out)
 
 
-async def _pump(stream: asyncio.StreamReader, sink: CappedOutput, stop_flood: Callable[[], None]) -> None:
+async def _pump(stream: asyncio.StreamReader, sink: CappedOutput, pgid: int) -> None:
     # Read on to the end after a flood's kill: asyncio's Process.wait() returns only once every pipe
     # is closed, and a pipe left unread stays paused, never reaching its end (the wait then hung
     # until the command's timeout).
-    flooded = False
     while chunk := await stream.read(_READ_CHUNK):
-        sink.feed(chunk)
-        if sink.total > OUTPUT_STOP_BYTES and not flooded:
-            flooded = True
-            stop_flood()
+        if sink.feed(chunk):
+            _kill_group(pgid)
 
 
 async def _finish(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]]) -> None:
