@@ -35,6 +35,10 @@ def scripted(steps: list[dict[str, Any]], task: str = "Do the thing.") -> list[d
     return [{"role": "user", "content": builders.script(*steps, task=task)}]
 
 
+async def _ignore_delta(delta: str) -> None:
+    """A streamed call's text sink that keeps nothing: the call is streamed, its deltas unread."""
+
+
 def log_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -155,11 +159,8 @@ async def test_arguments_nested_past_the_parsers_depth_are_never_an_internal_err
     deep = '{"agent_id": ' + "[" * 50_000 + "]" * 50_000 + "}"
     replay.script("deep", then=calls(("list_agents", deep)))
 
-    async def on_delta(delta: str) -> None:
-        pass
-
     streamed = await gw.complete(model="openai/deep", messages=scripted([{"say": "x"}]), tools=None,
-                                 api_base=replay.base_url, on_delta=on_delta)
+                                 api_base=replay.base_url, on_delta=_ignore_delta)
     [call] = streamed["message"]["tool_calls"]
     assert (call["name"], call["arguments"]) == ("list_agents", {INVALID_ARGUMENTS: deep})
     with pytest.raises(ModelError, match="after 2 attempts"):
@@ -179,10 +180,7 @@ async def test_text_postgresql_cannot_store_never_leaves_the_gateway(replay: Rep
                                        ("read_file", surrogate)),
                                "text": "x\u0000y\ud800"})
 
-    async def on_delta(delta: str) -> None:
-        pass
-
-    for streamed in (on_delta, None):
+    for streamed in (_ignore_delta, None):
         reply = await ModelGateway(timeout_seconds=30, retries=0).complete(
             model="openai/nul", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url,
             on_delta=streamed)
@@ -208,10 +206,7 @@ async def test_arguments_jsonb_cannot_store_are_marked_invalid(replay: ReplaySer
     raws = ['{"path": "a", "limit": NaN}', '{"path": "a", "limit": -Infinity}', '{"path": "a", "x": [1e999]}']
     replay.script("nan", then=calls(*(("read_file", raw) for raw in raws)))
 
-    async def on_delta(delta: str) -> None:
-        pass
-
-    for streamed in (on_delta, None):
+    for streamed in (_ignore_delta, None):
         reply = await ModelGateway(timeout_seconds=30, retries=0).complete(
             model="openai/nan", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url,
             on_delta=streamed)
@@ -229,12 +224,9 @@ async def test_usage_a_provider_cannot_have_spent_is_replaced_by_the_estimate(re
     messages = [{"role": "user", "content": "tell me something " * 50}]
     replay.script("gpt-4o-mini", then={**say("an answer " * 20), "usage": usage})
 
-    async def on_delta(delta: str) -> None:
-        pass
-
     gw = ModelGateway(timeout_seconds=30, retries=0)
     counted = await gw.count_tokens(model="openai/gpt-4o-mini", messages=messages)
-    for streamed in (None, on_delta):
+    for streamed in (None, _ignore_delta):
         reply = await gw.complete(model="openai/gpt-4o-mini", messages=messages, tools=None,
                                   api_base=replay.base_url, on_delta=streamed)
         assert reply["usage"]["prompt_tokens"] == counted
@@ -251,12 +243,9 @@ async def test_a_reply_without_usage_is_counted_by_litellms_estimate(replay: Rep
     replay.script("gpt-4o-mini", then={**say(text), "usage": None})
     messages = [{"role": "user", "content": "tell me something " * 50}]
 
-    async def on_delta(delta: str) -> None:
-        pass
-
     gw = ModelGateway(timeout_seconds=30, retries=0)
     whole, streamed = [await gw.complete(model="openai/gpt-4o-mini", messages=messages, tools=None,
-                                         api_base=replay.base_url, on_delta=d) for d in (None, on_delta)]
+                                         api_base=replay.base_url, on_delta=d) for d in (None, _ignore_delta)]
     counted = await gw.count_tokens(model="openai/gpt-4o-mini", messages=messages)
     assert whole["usage"]["prompt_tokens"] == counted > 100
     assert whole["usage"]["completion_tokens"] > 100
