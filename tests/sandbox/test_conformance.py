@@ -44,6 +44,11 @@ _PID_STATE = (
     'p=$(cat "{file}"); if [ -d /proc/$p ] && ! grep -q "^State:.*Z" /proc/$p/status; '
     "then echo alive; else echo dead; fi"
 )
+# The pid file appears whole, by a rename: a shell stopped between creating the file and writing its
+# pid would leave an empty file, which names no process to check.
+_PID_THEN_SLEEP = (
+    'echo $$ > "$CANOPY_TMP/{name}.tmp"; mv "$CANOPY_TMP/{name}.tmp" "$CANOPY_TMP/{name}.pid"; exec sleep 30'
+)
 
 
 async def _run(manager: SandboxManager, tree: uuid.UUID, workdir: Path, command: str) -> CommandResult:
@@ -154,9 +159,7 @@ async def test_cancel_right_after_start_leaves_nothing_running(sandbox: SandboxK
     manager = sandbox.manager()
     tree, workdir = await sandbox.new_tree()
     await manager.claim(tree, workdir)
-    task = asyncio.create_task(
-        _run(manager, tree, workdir, 'echo $$ > "$CANOPY_TMP/early.pid"; exec sleep 30')
-    )
+    task = asyncio.create_task(_run(manager, tree, workdir, _PID_THEN_SLEEP.format(name="early")))
     await asyncio.sleep(delay)
 
     task.cancel()
@@ -660,7 +663,7 @@ async def test_a_kill_racing_the_start_of_its_command_leaves_nothing_running(
 
     async def start() -> CommandResult:
         await asyncio.sleep(max(-delay, 0))
-        return await sandbox.backend.run(handle, 'echo $$ > "$CANOPY_TMP/raced.pid"; exec sleep 30', 60, command_id)
+        return await sandbox.backend.run(handle, _PID_THEN_SLEEP.format(name="raced"), 60, command_id)
 
     result, _ = await asyncio.wait_for(asyncio.gather(start(), kill()), 10)
 
