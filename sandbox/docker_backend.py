@@ -31,6 +31,13 @@
   it) exits at once as killed (137), never running. Command ids are unique per Turn and call,
   and a killed one is never run again. Tombstones live in the container's ``/tmp``: a new or
   restarted container has none.
+- The search for processes that left the command's group forks, and so does every command: a
+  container whose process limit is full (processes left behind by a command, a fork bomb) can
+  neither be cleaned nor used. After a kill, and after any command that did not succeed, the
+  engine's count of the container's processes is read; with fewer than ``_FORK_ROOM`` left, the
+  container is restarted, which stops every process in it (the workdir stays; ``/tmp`` and its
+  tombstones go, but the one of a kill that asked for the restart is written again). A command
+  that was running then is told so in its result.
 
 The image needs ``sh``, ``setsid``, ``kill``, ``cat``, ``mkdir``, ``sleep``, ``tr``, ``grep``
 (busybox or coreutils + util-linux + grep). ``.ci/docker-up.sh`` builds a busybox image offline.
@@ -97,6 +104,10 @@ _CUT_SHORT = ("\n[canopy: the command's output was cut short (its connection to 
 # After a kill, how long to keep reading an exec stream an escaped process may hold open.
 _DRAIN_SECONDS = 2.0
 _PING_TIMEOUT_SECONDS = 3
+# Processes the killer needs at once (its shell and a pipeline); fewer free means the container is full.
+_FORK_ROOM = 4
+_RESTARTED = ("\n[canopy: the sandbox was restarted while this command ran, which stopped every process in it: "
+              "its process limit ({limit}) was full. The workdir is kept; $CANOPY_TMP was emptied]")
 _LIVE_STATES = ["running", "restarting", "paused"]
 
 # $1 = command id, $2 = the command. The inner shell is a session leader (setsid), so its pid
@@ -163,7 +174,7 @@ def connect(max_pool_size: int = 64) -> docker.DockerClient:
         ) from error
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # in sets, by identity
 class _Exec:
     """One running ``docker exec``: its id, its output so far, and the socket to cut."""
 
@@ -173,6 +184,7 @@ class _Exec:
     stdout: CappedOutput = dataclasses.field(default_factory=CappedOutput)
     stderr: CappedOutput = dataclasses.field(default_factory=CappedOutput)
     sock: Any = None
+    restarted_at_limit: int = 0  # the container was restarted under it, its process limit full
     cut: bool = False  # Canopy stopped listening (after a kill): the stream's end is its own
     broken: bool = False  # the stream failed under the reader, not cut by Canopy
 
@@ -186,6 +198,8 @@ class DockerBackend:
         self._max_commands = max_commands
         self._streams = ThreadPoolExecutor(max_workers=max_commands, thread_name_prefix="canopy-exec")
         self._engine: dict[str, Any] | None = None
+        self._running: dict[str, set[_Exec]] = {}  # by container: the commands a restart would stop
+        self._running_lock = threading.Lock()
 
     @property
     def client(self) -> docker.DockerClient:
@@ -422,17 +436,29 @@ class DockerBackend:
     async def run(self, handle: str, command: str, timeout_seconds: float, command_id: str) -> CommandResult:
         check_command_id(command_id)
         execution = _Exec(await asyncio.to_thread(self._exec_create, handle, command_id, command), handle, command_id)
+        with self._running_lock:
+            self._running.setdefault(handle, set()).add(execution)
+        try:
+            return await self._follow(execution, timeout_seconds)
+        finally:
+            with self._running_lock:
+                running = self._running[handle]
+                running.discard(execution)
+                if not running:
+                    del self._running[handle]
+
+    async def _follow(self, execution: _Exec, timeout_seconds: float) -> CommandResult:
         stream = asyncio.get_running_loop().run_in_executor(self._streams, self._pump, execution)
         try:
             await asyncio.wait_for(asyncio.shield(stream), timeout_seconds)
         except TimeoutError:
-            await self._cancel(handle, execution.exec_id, command_id)
+            await self._cancel(execution.handle, execution.exec_id, execution.command_id)
             await self._drain(stream, execution)
             return await self._result(execution, timed_out=True)
         except asyncio.CancelledError:
             # Kill that command's group before the cancellation goes on; shielded so that a
             # second cancel cannot leave it running.
-            await asyncio.shield(self._cancel(handle, execution.exec_id, command_id))
+            await asyncio.shield(self._cancel(execution.handle, execution.exec_id, execution.command_id))
             raise
         return await self._result(execution, timed_out=False)
 
@@ -501,8 +527,35 @@ class DockerBackend:
             if exit_code is None:
                 await self._cancel(execution.handle, execution.exec_id, execution.command_id)
             stderr += FLOODED if flooded else _CUT_SHORT
+        if exit_code != 0:
+            await asyncio.to_thread(self._restart_if_full, execution.handle)
+        if execution.restarted_at_limit:
+            stderr += _RESTARTED.format(limit=execution.restarted_at_limit)
         return CommandResult(KILLED_EXIT_CODE if exit_code is None else exit_code, execution.stdout.text(),
                              stderr, timed_out)
+
+    def _restart_if_full(self, handle: str) -> bool:
+        """Restart the container when its process limit leaves no room to fork, and tell the commands
+        this backend runs in it; True if it did. A container gone is left to the next claim.
+        (A restart by another process, or by a kill from one, is not told to this one's commands.)"""
+        try:
+            limit = self.client.api.inspect_container(handle)["HostConfig"].get("PidsLimit")
+            if not limit or limit < 0:
+                return False
+            # One row per thread: threads count against the limit too. (The engine's stats call says
+            # it in one number, but waits for its next sample, up to a second, when asked twice.)
+            tasks = len(self.client.api.top(handle, ps_args="-L -o pid")["Processes"] or ())  # None: restarting
+            if limit - tasks >= _FORK_ROOM:
+                return False
+            log.warning("sandbox %s: %d of %d processes, no room to fork; restarting it", handle, tasks, limit)
+            with self._running_lock:
+                for execution in self._running.get(handle, ()):
+                    execution.restarted_at_limit = limit
+            self.client.api.restart(handle, timeout=0)
+            return True
+        except docker.errors.APIError as error:
+            log.info("sandbox %s: process count or restart failed: %s", handle, error.explanation)
+            return False
 
     def _exit_code(self, exec_id: str, wait_seconds: float = 2.0) -> int | None:
         """The exec's exit code; None while it still runs after ``wait_seconds``."""
@@ -544,7 +597,12 @@ class DockerBackend:
     def _run_killer(self, handle: str, command_id: str, mode: str) -> bool:
         killer = self.client.api.exec_create(handle, ["sh", "-c", _KILLER, "canopy-kill", command_id, mode])
         self.client.api.exec_start(killer["Id"])
-        return self._exit_code(killer["Id"]) == 0
+        found = self._exit_code(killer["Id"]) == 0
+        if not self._restart_if_full(handle):
+            return found
+        if mode == "kill":  # the restart took the tombstone with /tmp
+            self._run_killer(handle, command_id, mode)
+        return True
 
 
 def _check_ours(container: Container, tree_id: uuid.UUID) -> None:

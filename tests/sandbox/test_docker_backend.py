@@ -267,3 +267,41 @@ async def test_the_memory_limit_is_not_doubled_by_swap(docker_kit: SandboxKit) -
     assert host_config["Memory"] == 256 * 1024 * 1024  # sandbox_options(): memory="256m"
     assert host_config["MemorySwap"] == host_config["Memory"]
 
+
+
+
+@pytest.mark.parametrize(("bomb", "timeout"), [
+    # It ends by itself (the shell dies when it cannot fork), leaving the processes behind.
+    ("while :; do setsid sleep 1000 & done", 30),
+    # It waits, and is stopped by its timeout: the kill's search for processes cannot fork.
+    ("sh -c 'while :; do setsid sleep 1000 & done' 2>/dev/null; exec sleep 1000", 3),
+])
+async def test_a_command_filling_the_process_limit_is_stopped_with_every_process_it_left(
+        docker_kit: SandboxKit, bomb: str, timeout: float) -> None:
+    """Processes that left a command's group are found by a search that forks, and every command
+    forks: processes filling the container's process limit ran on after their command ended or was
+    stopped, and no later command could fork (until the sandbox was released as idle, which the
+    failing commands put off). The container is now restarted: every process in it stops, the
+    workdir stays, and the commands that were running are told why they ended."""
+    backend = docker_kit.backend
+    assert isinstance(backend, DockerBackend)
+    tree, workdir = await docker_kit.new_tree()
+    manager = SandboxManager(docker_kit.db, backend, 300, dataclasses.replace(docker_kit.options, pids=32))
+    kept = await manager.run_command(tree, workdir, "echo kept > kept.txt", 30)
+    beside = asyncio.create_task(manager.run_command(tree, workdir, "sleep 20; echo beside-done", 60))
+    await asyncio.sleep(0.5)
+
+    result = await manager.run_command(tree, workdir, bomb, timeout)
+    after = await manager.run_command(tree, workdir, "echo $(echo forked)", 30)
+    beside_result = await asyncio.wait_for(beside, 30)
+
+    assert kept.exit_code == 0
+    assert result.exit_code != 0 and result.timed_out == (timeout < 30), result
+    assert "process limit (32) was full" in result.stderr, result
+    assert (after.exit_code, after.stdout) == (0, "forked\n"), after
+    handle = await manager.claim(tree, workdir)
+    left = [row[-1] for row in backend.client.api.top(handle)["Processes"] if "sleep 1000" in row[-1]]
+    assert left == [], f"{len(left)} processes of the stopped command still run"
+    assert (workdir / "kept.txt").read_text() == "kept\n"
+    assert (beside_result.exit_code, beside_result.stdout) == (137, ""), beside_result
+    assert "process limit (32) was full" in beside_result.stderr, beside_result
