@@ -24,7 +24,19 @@ from actors.naming import NAMESPACE, SWEEPER_NAME, named_options
 from actors.ray_compat import preload_options
 from actors.sweeper import Sweeper
 from actors.toolbox import check_tool_names
-from persistence import agents, projects, schedules, scopes, sessions, stream_watchers, trees, turns, usage, views
+from persistence import (
+    agents,
+    projects,
+    quotas,
+    schedules,
+    scopes,
+    sessions,
+    stream_watchers,
+    trees,
+    turns,
+    usage,
+    views,
+)
 from persistence.cooperation import record_intervention
 from persistence.db import Connection, Database, resolve_database_url
 from persistence.errors import InvalidArgument
@@ -364,6 +376,7 @@ class Runtime:
     async def create_project(self, scope: Scope, name: str, in_tx: TxHook | None = None) -> Row:
         """A project; its workdir is derived under the data directory, never chosen by the caller."""
         async with self.db.tx() as conn:
+            await quotas.check_room(conn, scope, "projects", self.settings.max_projects_per_scope)
             project = await projects.create_project(conn, scope, name, self.projects_root)
             await _run_hook(in_tx, conn, project)
         return project
@@ -385,6 +398,7 @@ class Runtime:
         check_tool_names(fields.get("tools") or [])
         await require_usable_model(self.check_model, fields)
         async with self.db.tx() as conn:
+            await quotas.check_room(conn, scope, "agents", self.settings.max_agents_per_scope)
             agent = await agents.create_agent(conn, scope, fields)
             await _run_hook(in_tx, conn, agent)
         return agent
@@ -418,6 +432,7 @@ class Runtime:
                               catch_up: str = "once", in_tx: TxHook | None = None) -> Row:
         """Submit ``text`` to the session at each due time of ``rule`` (the sweeper fires it)."""
         async with self.db.tx() as conn:
+            await quotas.check_room(conn, scope, "schedules", self.settings.max_schedules_per_scope)
             schedule = await schedules.create_schedule(conn, scope, session_id, rule, text, catch_up)
             await _run_hook(in_tx, conn, schedule)
         return schedule

@@ -583,10 +583,15 @@ class TraceEvent(BaseModel):
     args: dict[str, Any] | None = None
 
 
+class TraceMore(BaseModel):
+    next_cursor: str = Field(description="More of the timeline follows: pass this as `since` for the next page.")
+
+
 class Trace(BaseModel):
-    # The format's own field names.
+    # The format's own field names (``otherData``: metadata a viewer shows and otherwise ignores).
     traceEvents: list[TraceEvent]
     displayTimeUnit: Literal["ms"] = "ms"
+    otherData: TraceMore | None = None
 
 
 # -- schedules ---------------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ def _title(item: Row) -> str:
 
 
 def trace_events(timeline: Row) -> dict[str, Any]:
-    """``persistence.timeline.timeline`` (all items) → ``{"traceEvents": [...], "displayTimeUnit": "ms"}``."""
+    """A read of ``persistence.timeline.timeline`` (a page, or every item) → ``{"traceEvents": [...],
+    "displayTimeUnit": "ms"}``."""
     pid_of = {member["session_id"]: index + 1 for index, member in enumerate(timeline["members"])}
     events: list[dict[str, Any]] = []
     for index, member in enumerate(timeline["members"]):

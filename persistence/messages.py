@@ -123,21 +123,30 @@ async def model_history(conn: Connection, session_id: uuid.UUID) -> list[Row]:
 _HISTORY_PAGE = 10_000
 
 
-async def history(conn: Connection, session_id: uuid.UUID, *, after_id: int = 0, limit: int | None = None
-                  ) -> list[Row]:
-    """A session's messages in order, all of them after ``after_id`` unless ``limit`` says how many
-    (read in pages, so a long history costs bounded statements, not one unbounded one). The caller
-    has checked the session's scope."""
+async def history(conn: Connection, session_id: uuid.UUID, *, after_id: int = 0) -> list[Row]:
+    """A session's messages in order, all of them after ``after_id`` (read in pages, so a long
+    history costs bounded statements, not one unbounded one). The caller has checked the session's
+    scope."""
     rows: list[Row] = []
-    while limit is None or len(rows) < limit:
-        page = min(_HISTORY_PAGE, limit - len(rows)) if limit is not None else _HISTORY_PAGE
-        cur = await conn.execute(_HISTORY, (session_id, after_id, page))
+    while True:
+        cur = await conn.execute(_HISTORY, (session_id, after_id, _HISTORY_PAGE))
         found = await cur.fetchall()
         rows.extend(found)
-        if len(found) < page:
-            break
+        if len(found) < _HISTORY_PAGE:
+            return rows
         after_id = found[-1]["id"]
-    return rows
+
+
+async def reader_page(conn: Connection, session_id: uuid.UUID, *, after_id: int, limit: int,
+                      max_bytes: int) -> tuple[list[Row], bool]:
+    """At most ``limit`` messages after ``after_id``, oldest first, none beginning past ``max_bytes``
+    of the page's text (the first always comes), and whether more follow. The caller has checked
+    the session's scope."""
+    cur = await conn.execute(query("messages_page"), {
+        "session_id": session_id, "after_id": after_id, "limit": limit, "max_bytes": max_bytes})
+    rows = await cur.fetchall()
+    more = bool(rows) and rows[0]["available"] > len(rows)
+    return [{key: value for key, value in row.items() if key != "available"} for row in rows], more
 
 
 # "<", then "canopy" and ":" in any case, with whitespace, "/" or format characters (zero-width

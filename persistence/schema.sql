@@ -73,6 +73,7 @@ CREATE TABLE agents (
     api_key_ref     text CHECK (api_key_ref ~ '^[A-Z][A-Z0-9_]{0,63}$'),
     PRIMARY KEY (app_id, agent_id)
 );
+CREATE INDEX agents_owner ON agents (app_id, owner_user_id);  -- quotas.check_room
 
 CREATE TABLE projects (
     project_id  uuid PRIMARY KEY,
@@ -84,6 +85,7 @@ CREATE TABLE projects (
     UNIQUE (project_id, user_id, app_id),
     FOREIGN KEY (user_id, app_id) REFERENCES scopes (user_id, app_id)
 );
+CREATE INDEX projects_scope ON projects (user_id, app_id);  -- quotas.check_room
 
 -- A tree's id is its root session's id. It owns the slot limit and the stop state.
 CREATE TABLE trees (
@@ -499,6 +501,8 @@ CREATE TABLE schedules (
 );
 CREATE INDEX schedules_due ON schedules (next_due_at) WHERE deleted_at IS NULL;
 CREATE INDEX schedules_session ON schedules (session_id) WHERE deleted_at IS NULL;
+-- What one scope holds of each kind with a quota, counted at each create (persistence/quotas.py).
+CREATE INDEX schedules_scope ON schedules (user_id, app_id) WHERE deleted_at IS NULL;
 CREATE TABLE schedule_firings (
     schedule_id     uuid NOT NULL REFERENCES schedules (schedule_id),
     due_at          timestamptz NOT NULL,

@@ -204,6 +204,11 @@ class Settings(BaseSettings):
         default=None, description="A bearer that may read /metrics (the admin token may too).")
     max_streams_per_key: int = Field(
         default=8, ge=1, description="Concurrent event streams one API key may hold open, across all API replicas.")
+    # What one (user, app) may hold of what a human makes over HTTP (persistence/quotas.py).
+    max_projects_per_scope: int = Field(default=1000, ge=1, description="Projects one user may have in an app.")
+    max_agents_per_scope: int = Field(default=1000, ge=1, description="Agents one user may own in an app.")
+    max_schedules_per_scope: int = Field(
+        default=100, ge=1, description="Schedules one user may have in an app (deleted and ended ones do not count).")
     otel_exporter: str | None = Field(
         default=None, pattern=r"^(otlp|console|file:.+)$",
         description="OpenTelemetry spans (Turn, Run, model call, tool call): otlp (the OTEL_EXPORTER_OTLP_* "

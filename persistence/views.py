@@ -8,7 +8,7 @@ import uuid
 from persistence import trees
 from persistence.db import Connection
 from persistence.errors import NotFound
-from persistence.messages import history
+from persistence.messages import reader_page
 from persistence.records import Row, Scope
 from persistence.sessions import STATE_JOINS, activity, get_session_row
 from persistence.statuses import Activity, TurnStatus
@@ -66,11 +66,12 @@ async def require_target(conn: Connection, scope: Scope, *, session_id: uuid.UUI
     return await require_tree(conn, scope, tree_id)
 
 
-async def session_messages(conn: Connection, scope: Scope, session_id: uuid.UUID, *, after_id: int = 0,
-                           limit: int = 1000) -> list[Row]:
-    """A session's history, oldest first, after checking the session is in the scope."""
+async def session_messages(conn: Connection, scope: Scope, session_id: uuid.UUID, *, after_id: int, limit: int,
+                           max_bytes: int) -> tuple[list[Row], bool]:
+    """A page of a session's history, oldest first, and whether more follow (``messages.reader_page``),
+    after checking the session is in the scope."""
     await get_session_row(conn, scope, session_id)
-    return await history(conn, session_id, after_id=after_id, limit=limit)
+    return await reader_page(conn, session_id, after_id=after_id, limit=limit, max_bytes=max_bytes)
 
 
 async def pending_requests(conn: Connection, scope: Scope, *, session_id: uuid.UUID | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
@@ -34,6 +34,10 @@ from persistence.records import Row
 from persistence.statuses import InputStatus
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
+
+# A messages page's text: a page of long messages (up to 10,000 of 100,000 characters) was built
+# whole in the API's memory.
+MESSAGES_PAGE_BYTES = 4 * 1024 * 1024
 
 
 def _created(result: Row) -> SessionCreated:
@@ -94,17 +98,32 @@ async def update_session(session_id: uuid.UUID, body: SessionUpdate, caller: Sco
     return Session.model_validate(await runtime.set_title(caller, session_id, body.title))
 
 
-@router.get("/{session_id}/messages", response_model=list[Message], responses=errors(*COMMON, 404))
+@router.get("/{session_id}/messages", response_model=list[Message], responses={
+    **errors(*COMMON, 404),
+    200: {"headers": {"Link": {"description": 'While more messages follow: `<next page URL>; rel="next"`.',
+                               "schema": {"type": "string"}}}}})
 async def list_messages(
     session_id: uuid.UUID,
     caller: ScopeDep,
     runtime: RuntimeDep,
+    request: Request,
+    response: Response,
     after: Annotated[int, Query(ge=0, le=MAX_BIGINT, description="Only messages with a larger id.")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[Message]:
-    """The history, oldest first: role, content, tool calls and results, Turn and Run, origin."""
+    """The history, oldest first: role, content, tool calls and results, Turn and Run, origin.
+
+    A page holds at most ``limit`` messages, and ends early once it holds 4 MiB of text (a message
+    of any size still comes, alone). While more follow, the response has a ``Link: <…>; rel="next"``
+    header: the URL of the next page."""
     async with runtime.db.tx() as conn:
-        rows = await views.session_messages(conn, caller, session_id, after_id=after, limit=limit)
+        rows, more = await views.session_messages(conn, caller, session_id, after_id=after, limit=limit,
+                                                  max_bytes=MESSAGES_PAGE_BYTES)
+    if more:
+        # Relative (RFC 8288 resolves it against the request's URL): behind a proxy, this host's
+        # own name for itself is not the client's.
+        following = request.url.include_query_params(after=rows[-1]["id"], limit=limit)
+        response.headers["Link"] = f'<{following.path}?{following.query}>; rel="next"'
     return [Message.model_validate(row) for row in rows]
 
 

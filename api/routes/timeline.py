@@ -38,9 +38,15 @@ async def tree_timeline(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDe
 
 @router.get("/{tree_id}/trace", response_model=Trace, response_model_exclude_none=True,
             responses=errors(*COMMON, 404))
-async def tree_trace(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> Trace:
-    """The whole timeline as Chrome trace-event JSON (open it in Perfetto or chrome://tracing): one process
-    per member, complete events (`ph: X`) for its intervals, instant events for stop / continue."""
+async def tree_trace(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, since: Since = None,
+                     limit: Limit = MAX_PAGE) -> Trace:
+    """The timeline as Chrome trace-event JSON (open it in Perfetto or chrome://tracing): one process per
+    member, complete events (`ph: X`) for its intervals, instant events for stop / continue. A tree of
+    more than `limit` intervals and instants comes in pages, each a trace of its own: while more follow,
+    `otherData.next_cursor` is the `since` of the next. (`canopy tree ID --trace FILE` writes it whole.)"""
+    moment, page = repo.parse_since(since)
     async with runtime.db.tx() as conn:
-        found = await repo.timeline(conn, caller, tree_id)
-    return Trace.model_validate(trace_events(found))
+        found = await repo.timeline(conn, caller, tree_id, since=moment, page=page, limit=limit)
+    following = found.pop("next")
+    more = {"otherData": {"next_cursor": following.encode()}} if following else {}
+    return Trace.model_validate({**trace_events(found), **more})

@@ -68,7 +68,7 @@ export class Api {
    * One call. ``idempotencyKey``: sent as Idempotency-Key, so that retrying the same write
    * (after a network error or a 5xx) can never do it twice.
    */
-  async request(method, path, body, { signal, keyOverride, idempotencyKey } = {}) {
+  async request(method, path, body, { signal, keyOverride, idempotencyKey, withHeaders } = {}) {
     const headers = keyOverride ? { Authorization: `Bearer ${keyOverride}` } : this.authHeaders();
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (idempotencyKey) headers["Idempotency-Key"] = idempotencyKey;
@@ -93,7 +93,7 @@ export class Api {
       const detail = payload && typeof payload === "object" ? formatDetail(payload.detail) : "";
       throw new ApiError(response.status, detail || `${response.status} ${response.statusText}`.trim());
     }
-    return payload;
+    return withHeaders ? { payload, headers: response.headers } : payload;
   }
 
   get = (path, options) => this.request("GET", path, undefined, options);
@@ -112,9 +112,15 @@ export class Api {
   createRoot = (body, options) => this.post("/sessions", body, options);
   session = (sessionId, options) => this.get(`/sessions/${id(sessionId)}`, options);
   rename = (sessionId, title) => this.patch(`/sessions/${id(sessionId)}`, { title });
-  /** Messages with an id above ``after`` (the history is append-only, so readers fetch only what is new). */
-  messages = async (sessionId, { after = 0, limit = 1000 } = {}) =>
-    listOf(await this.get(`/sessions/${id(sessionId)}/messages${q({ after: after || undefined, limit })}`), "messages");
+  /**
+   * One page of the messages with an id above ``after`` (the history is append-only, so readers fetch
+   * only what is new), and whether another follows: a page ends at ``limit`` messages or 4 MiB of text.
+   */
+  messages = async (sessionId, { after = 0, limit = 1000 } = {}) => {
+    const path = `/sessions/${id(sessionId)}/messages${q({ after: after || undefined, limit })}`;
+    const { payload, headers } = await this.request("GET", path, undefined, { withHeaders: true });
+    return { messages: listOf(payload, "messages"), more: /rel="next"/.test(headers.get("Link") ?? "") };
+  };
   submitInput = (sessionId, text, options) => this.post(`/sessions/${id(sessionId)}/inputs`, { text }, options);
   /** A session's inputs in queue order; ``status: "pending"`` for the ones still waiting to run. */
   inputs = async (sessionId, { status } = {}, options) =>

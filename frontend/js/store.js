@@ -133,10 +133,10 @@ export class SessionRuntime extends Emitter {
   async #messagesAfter(after) {
     const all = [];
     for (;;) {
-      const page = await this.api.messages(this.sessionId, { after, limit: MESSAGE_PAGE });
-      all.push(...page);
-      if (page.length < MESSAGE_PAGE) return all;
-      after = page.at(-1).id;
+      const { messages, more } = await this.api.messages(this.sessionId, { after, limit: MESSAGE_PAGE });
+      all.push(...messages);
+      if (!more || !messages.length) return all;
+      after = messages.at(-1).id;
     }
   }
 

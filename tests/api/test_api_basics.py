@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import httpx
@@ -227,3 +228,41 @@ async def test_an_agents_endpoint_and_key_name_are_checked_and_frozen(http: http
         "http://127.0.0.1:9/v1", None)
     cleared = await http.patch("/api/v1/agents/remote", json={"model": "canopy/scripted", "api_base": None})
     assert cleared.status_code == 200 and cleared.json()["api_base"] is None, cleared.text
+
+
+async def test_a_messages_page_ends_at_its_byte_budget_and_links_the_next(http: httpx.AsyncClient,
+                                                                         runtime: Runtime) -> None:
+    """Up to 10,000 messages of 100,000 characters answered one read: a gigabyte built in the API."""
+    root = (await http.post("/api/v1/sessions", json={"title": "long"})).json()["session"]
+    async with runtime.db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO thread_messages (session_id, role, content) "
+            "SELECT %s, 'assistant', n || ':' || repeat('x', 1536 * 1024) FROM generate_series(1, 6) AS n",
+            (root["session_id"],))
+
+    pages, url = [], f"/api/v1/sessions/{root['session_id']}/messages?limit=5"
+    while url:
+        response = await http.get(url)
+        assert response.status_code == 200, response.text
+        pages.append([message["content"].split(":")[0] for message in response.json()])
+        url = response.links.get("next", {}).get("url")
+
+    assert pages == [["1", "2", "3"], ["4", "5", "6"]]  # 4 MiB reached after three, then the rest
+
+
+async def test_a_create_past_the_scopes_quota_is_a_429_and_writes_nothing(http: httpx.AsyncClient,
+                                                                           runtime: Runtime) -> None:
+    saved = runtime.settings.max_projects_per_scope
+    held = len((await http.get("/api/v1/projects")).json())
+    tag = uuid.uuid4().hex
+    runtime.settings.max_projects_per_scope = held + 1
+    try:
+        made = await http.post("/api/v1/projects", json={"name": f"last {tag}"})
+        refused = await http.post("/api/v1/projects", json={"name": f"too many {tag}"})
+    finally:
+        runtime.settings.max_projects_per_scope = saved
+
+    assert made.status_code == 201, made.text
+    assert refused.status_code == 429 and "CANOPY_MAX_PROJECTS_PER_SCOPE" in refused.json()["detail"], refused.text
+    names = await rows(runtime.db, "SELECT name FROM projects WHERE name LIKE %s", f"% {tag}")
+    assert [row["name"] for row in names] == [f"last {tag}"]

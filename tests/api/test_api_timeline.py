@@ -44,7 +44,8 @@ METADATA = {"process_name": "name", "process_sort_index": "sort_index", "thread_
 
 def check_trace_format(trace: dict[str, Any]) -> list[dict[str, Any]]:
     """Every event against REQUIRED / OPTIONAL / METADATA; the lanes of every slice are named."""
-    assert set(trace) == {"traceEvents", "displayTimeUnit"} and trace["displayTimeUnit"] in ("ms", "ns")
+    assert set(trace) <= {"traceEvents", "displayTimeUnit", "otherData"} and trace["displayTimeUnit"] in ("ms", "ns")
+    assert set(trace.get("otherData", {"next_cursor": ""})) == {"next_cursor"}
     events = trace["traceEvents"]
     assert isinstance(events, list) and events
     named_processes, named_threads = set(), set()
@@ -173,6 +174,21 @@ async def test_fan_out_timeline_and_trace_match_the_runs_table(http: httpx.Async
         (str(r["run_id"]), micros(r["started_at"]), micros(r["ended_at"]) - micros(r["started_at"])) for r in table)
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert sorted(names.values()) == sorted(members)
+    assert "otherData" not in trace  # one page: the whole tree
+
+    # In pages of at most `limit` items, each a trace of its own, following otherData.next_cursor: the same.
+    paged: list[str] = []
+    since: dict[str, str] = {}
+    while True:
+        part = (await http.get(f"/api/v1/trees/{tree_id}/trace", params={"limit": 7, **since})).json()
+        items = [json.dumps(e, sort_keys=True) for e in check_trace_format(part) if e["ph"] != "M"]
+        assert 0 < len(items) <= 7
+        paged += items
+        if "otherData" not in part:
+            break
+        since = {"since": part["otherData"]["next_cursor"]}
+    assert sorted(paged) == sorted(json.dumps(e, sort_keys=True) for e in events if e["ph"] != "M")
+    assert len(paged) > 2 * 7
     assert {names[e["pid"]] for e in slices} == set(members)
 
     # The operator command writes the same trace.

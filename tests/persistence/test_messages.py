@@ -134,11 +134,40 @@ async def test_history_reads_every_message_of_a_long_session(db: Database, scope
             "SELECT %s, %s, %s, 'assistant', 'm' || n FROM generate_series(1, 10050) AS n",
             (tree.root_id, run.turn_id, run.run_id))
         read = await messages.history(conn, tree.root_id)
-        limited = await messages.history(conn, tree.root_id, limit=3)
+        limited, more = await messages.reader_page(conn, tree.root_id, after_id=0, limit=3, max_bytes=10**6)
     assert len(read) == 10051  # the input and every reply
     assert read[-1]["content"] == "m10050"
     assert [row["id"] for row in read] == sorted(row["id"] for row in read)
-    assert limited == read[:3]
+    assert (limited, more) == (read[:3], True)
+
+
+async def test_a_readers_page_stops_at_its_byte_budget_and_says_more_follow(db: Database, scope: Scope) -> None:
+    """A page of 10,000 messages of 100,000 characters each was a gigabyte in one response."""
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, tool_calls) "
+            "SELECT %s, %s, %s, 'assistant', repeat('x', 1000), "
+            "CASE WHEN n = 2 THEN jsonb_build_array(repeat('y', 1000)) END FROM generate_series(1, 5) AS n",
+            (tree.root_id, run.turn_id, run.run_id))
+        first = (await messages.history(conn, tree.root_id))[0]
+        pages = []
+        after, more = first["id"], True
+        while more:
+            page, more = await messages.reader_page(conn, tree.root_id, after_id=after, limit=100, max_bytes=2500)
+            pages.append([len(row["content"]) for row in page])
+            after = page[-1]["id"]
+        whole, more_after_whole = await messages.reader_page(conn, tree.root_id, after_id=first["id"], limit=5,
+                                                             max_bytes=10**6)
+        tiny, _ = await messages.reader_page(conn, tree.root_id, after_id=first["id"], limit=5, max_bytes=1)
+        none, more_after_none = await messages.reader_page(conn, tree.root_id, after_id=after, limit=5,
+                                                           max_bytes=10**6)
+
+    # The second message carries ~1,000 more bytes of tool calls: the first page ends after it.
+    assert pages == [[1000, 1000], [1000, 1000, 1000]]
+    assert len(whole) == 5 and not more_after_whole
+    assert len(tiny) == 1  # one message however large, or a reader could never get past it
+    assert (none, more_after_none) == ([], False)
 
 
 async def test_a_tool_result_is_found_by_its_turn_and_call(db: Database, scope: Scope) -> None:

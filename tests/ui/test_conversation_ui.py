@@ -281,3 +281,23 @@ async def test_a_wrapper_written_in_text_is_shown_as_text_not_as_a_source(tab: T
     reply = view.locator(".msg.assistant").last
     await expect(reply).to_contain_text(result["output"])
     await expect(view.locator(".msg-source", has_text="/root/boss")).to_have_count(0)
+
+
+async def test_a_history_longer_than_one_page_of_text_is_shown_whole(tab: Tab, user: User,
+                                                                     runtime: Runtime) -> None:
+    """A messages page ends at 4 MiB of text whatever its count: the view follows the page's next link
+    (it stopped at the first page shorter than it asked for, and showed the rest a page per refresh)."""
+    page = tab.page
+    created = await user.http.post("/api/v1/sessions", json={"title": "long history"})
+    root_id = created.json()["session"]["session_id"]
+    async with runtime.db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO thread_messages (session_id, role, content) SELECT %s, 'assistant', "
+            "CASE WHEN n = 10 THEN 'the last word' ELSE n || ' ' || repeat('x', 1536 * 1024) END "
+            "FROM generate_series(1, 10) AS n", (root_id,))  # four pages of at most 4 MiB
+
+    await open_root(page, user.base, root_id)
+
+    view = page.locator(f'.workspace[data-root-id="{root_id}"] .root-view')
+    await expect(view.locator(".msg.assistant")).to_have_count(10, timeout=30_000)
+    await expect(view.locator(".msg.assistant").last).to_contain_text("the last word")

@@ -1,0 +1,31 @@
+"""How many objects of a kind one scope may hold. The objects a human makes over HTTP (projects,
+agents, schedules) are rows every later read of the scope walks, and schedules are work the
+sweeper does for everyone in due order: without a bound, one API key could make millions of them.
+
+A create past its kind's limit is refused with ``LimitExceeded`` (429) and writes nothing. The
+count is taken under a transaction-scoped advisory lock of the scope and kind, in a statement of
+its own after the lock, so that concurrent creates cannot both see room for the last one.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from persistence.db import Connection, advisory_lock, query
+from persistence.errors import LimitExceeded
+from persistence.records import Scope
+
+Kind = Literal["projects", "agents", "schedules"]
+
+
+async def check_room(conn: Connection, scope: Scope, kind: Kind, limit: int) -> None:
+    """Refuse (``LimitExceeded``) a new object of ``kind`` when the scope holds ``limit`` already; else
+    hold the lock that keeps the count true until this transaction ends."""
+    await advisory_lock(conn, f"canopy.scope-{kind}:{scope.user_id}:{scope.app_id}")
+    cur = await conn.execute(query(f"scope_{kind}_count"), {"user_id": scope.user_id, "app_id": scope.app_id})
+    row = await cur.fetchone()
+    held = int(row["held"]) if row else 0
+    if held >= limit:
+        raise LimitExceeded(
+            f"this user already has {held} {kind} in this app, the most it may have (CANOPY_MAX_{kind.upper()}"
+            "_PER_SCOPE)" + ("; delete one first" if kind == "schedules" else ""))
