@@ -123,6 +123,18 @@ async def list_agents(conn: Connection, scope: Scope) -> list[Row]:
     return await cur.fetchall()
 
 
+async def delete_agent(conn: Connection, scope: Scope, agent_id: str) -> None:
+    """Only the owner deletes an agent; sessions created from it keep their frozen copy and run on.
+    Its id is free again in the app (a session's ``agent_id`` is the name it was made from)."""
+    cur = await conn.execute(
+        "DELETE FROM agents WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s AND owner_user_id = %(user_id)s "
+        "RETURNING agent_id",
+        {"app_id": scope.app_id, "agent_id": agent_id, "user_id": scope.user_id},
+    )
+    if await cur.fetchone() is None:
+        raise NotFound(f"no agent {agent_id!r} that you own")
+
+
 async def update_agent(conn: Connection, scope: Scope, agent_id: str, changes: dict[str, Any],
                        checked_endpoint: dict[str, Any] | None = None) -> Row:
     """Only the owner edits an agent; sessions created from it keep their frozen copy.

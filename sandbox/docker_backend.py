@@ -35,9 +35,10 @@
   container whose process limit is full (processes left behind by a command, a fork bomb) can
   neither be cleaned nor used. After a kill, and after any command that did not succeed, the
   engine's count of the container's processes is read; with fewer than ``_FORK_ROOM`` left, the
-  container is restarted, which stops every process in it (the workdir stays; ``/tmp`` and its
-  tombstones go, but the one of a kill that asked for the restart is written again). A command
-  that was running then is told so in its result.
+  container is restarted (once, however many saw it full), which stops every process in it. The
+  workdir stays; ``/tmp`` goes, and with it the tombstones of earlier kills (the mark of a kill or
+  cancellation that asked for the restart is written again). The commands this backend was running
+  or starting in it are told so in their results.
 
 The image needs ``sh``, ``setsid``, ``kill``, ``cat``, ``mkdir``, ``sleep``, ``tr``, ``grep``
 (busybox or coreutils + util-linux + grep). ``.ci/docker-up.sh`` builds a busybox image offline.
@@ -106,8 +107,9 @@ _DRAIN_SECONDS = 2.0
 _PING_TIMEOUT_SECONDS = 3
 # Processes the killer needs at once (its shell and a pipeline); fewer free means the container is full.
 _FORK_ROOM = 4
-_RESTARTED = ("\n[canopy: the sandbox was restarted while this command ran, which stopped every process in it: "
-              "its process limit ({limit}) was full. The workdir is kept; $CANOPY_TMP was emptied]")
+_RESTARTED = ("\n[canopy: the sandbox's process limit ({limit}) was full, so it was restarted, which stopped "
+              "every process in it (this command too, if it still ran). The workdir is kept; $CANOPY_TMP "
+              "was emptied]")
 _LIVE_STATES = ["running", "restarting", "paused"]
 
 # $1 = command id, $2 = the command. The inner shell is a session leader (setsid), so its pid
@@ -199,6 +201,7 @@ class DockerBackend:
         self._streams = ThreadPoolExecutor(max_workers=max_commands, thread_name_prefix="canopy-exec")
         self._engine: dict[str, Any] | None = None
         self._running: dict[str, set[_Exec]] = {}  # by container: the commands a restart would stop
+        self._restarting: dict[str, threading.Lock] = {}  # by container
         self._running_lock = threading.Lock()
 
     @property
@@ -390,6 +393,8 @@ class DockerBackend:
         return container.labels == {**container.labels, **spec["labels"]}
 
     async def release(self, handle: str) -> None:
+        with self._running_lock:
+            self._restarting.pop(handle, None)
         container = await asyncio.to_thread(self._find_managed, handle)
         if container is not None:
             await asyncio.to_thread(self._remove, container)
@@ -435,10 +440,11 @@ class DockerBackend:
 
     async def run(self, handle: str, command: str, timeout_seconds: float, command_id: str) -> CommandResult:
         check_command_id(command_id)
-        execution = _Exec(await asyncio.to_thread(self._exec_create, handle, command_id, command), handle, command_id)
-        with self._running_lock:
+        execution = _Exec("", handle, command_id)
+        with self._running_lock:  # before the exec exists: a restart meanwhile must tell it too
             self._running.setdefault(handle, set()).add(execution)
         try:
+            execution.exec_id = await asyncio.to_thread(self._exec_create, handle, command_id, command)
             return await self._follow(execution, timeout_seconds)
         finally:
             with self._running_lock:
@@ -536,26 +542,33 @@ class DockerBackend:
 
     def _restart_if_full(self, handle: str) -> bool:
         """Restart the container when its process limit leaves no room to fork, and tell the commands
-        this backend runs in it; True if it did. A container gone is left to the next claim.
-        (A restart by another process, or by a kill from one, is not told to this one's commands.)"""
-        try:
-            limit = self.client.api.inspect_container(handle)["HostConfig"].get("PidsLimit")
-            if not limit or limit < 0:
+        this backend runs in it; True if it did. Best effort: a container gone, or an engine that
+        does not answer, is left to the next claim. (A restart by another process, or by a kill from
+        one, is not told to this one's commands.)"""
+        with self._running_lock:
+            restarting = self._restarting.setdefault(handle, threading.Lock())
+        # Held from the count to the restart: two threads that both saw it full restart it once.
+        with restarting:
+            try:
+                limit = self.client.api.inspect_container(handle)["HostConfig"].get("PidsLimit")
+                if not limit or limit < 0:
+                    return False
+                # One row per thread: threads count against the limit too. (The engine's stats call
+                # says it in one number, but waits for its next sample, up to a second, when asked
+                # twice.) -e: an engine whose ps refuses its pid list lists them all, then picks.
+                rows = self.client.api.top(handle, ps_args="-eL -o pid")["Processes"] or ()  # None: restarting
+                if limit - len(rows) >= _FORK_ROOM:
+                    return False
+                log.warning("sandbox %s: %d of %d processes, no room to fork; restarting it", handle, len(rows),
+                            limit)
+                with self._running_lock:
+                    for execution in self._running.get(handle, ()):
+                        execution.restarted_at_limit = limit
+                self.client.api.restart(handle, timeout=0)
+                return True
+            except (docker.errors.DockerException, OSError) as error:  # requests' errors are OSErrors
+                log.warning("sandbox %s: process count or restart failed: %s", handle, error)
                 return False
-            # One row per thread: threads count against the limit too. (The engine's stats call says
-            # it in one number, but waits for its next sample, up to a second, when asked twice.)
-            tasks = len(self.client.api.top(handle, ps_args="-L -o pid")["Processes"] or ())  # None: restarting
-            if limit - tasks >= _FORK_ROOM:
-                return False
-            log.warning("sandbox %s: %d of %d processes, no room to fork; restarting it", handle, tasks, limit)
-            with self._running_lock:
-                for execution in self._running.get(handle, ()):
-                    execution.restarted_at_limit = limit
-            self.client.api.restart(handle, timeout=0)
-            return True
-        except docker.errors.APIError as error:
-            log.info("sandbox %s: process count or restart failed: %s", handle, error.explanation)
-            return False
 
     def _exit_code(self, exec_id: str, wait_seconds: float = 2.0) -> int | None:
         """The exec's exit code; None while it still runs after ``wait_seconds``."""
@@ -600,8 +613,8 @@ class DockerBackend:
         found = self._exit_code(killer["Id"]) == 0
         if not self._restart_if_full(handle):
             return found
-        if mode == "kill":  # the restart took the tombstone with /tmp
-            self._run_killer(handle, command_id, mode)
+        # The restart emptied /tmp: the mark again, lest a start of that id still on its way runs it.
+        self._run_killer(handle, command_id, mode)
         return True
 
 

@@ -50,3 +50,11 @@ async def update_agent(agent_id: AgentIdPath, body: AgentUpdate, caller: ScopeDe
     model, api_base or api_key_ref is checked as at creation (422, nothing changed)."""
     changes = body.model_dump(exclude_unset=True)
     return Agent.model_validate(await runtime.update_agent(caller, agent_id, changes))
+
+
+@router.delete("/{agent_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(*COMMON, 404))
+async def delete_agent(agent_id: AgentIdPath, caller: ScopeDep, runtime: RuntimeDep) -> None:
+    """Only the owner deletes (another user's agent is a 404, shared or not). Sessions created from it
+    keep their frozen copy and run on; the id is free again in the app."""
+    async with runtime.db.tx() as conn:
+        await agents.delete_agent(conn, caller, agent_id)

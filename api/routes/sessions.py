@@ -120,10 +120,10 @@ async def list_messages(
         rows, more = await views.session_messages(conn, caller, session_id, after_id=after, limit=limit,
                                                   max_bytes=MESSAGES_PAGE_BYTES)
     if more:
-        # Relative (RFC 8288 resolves it against the request's URL): behind a proxy, this host's
-        # own name for itself is not the client's.
+        # Relative to this URL (RFC 8288 resolves it against the request's): behind a proxy, this
+        # host's own name and path for itself are not the client's.
         following = request.url.include_query_params(after=rows[-1]["id"], limit=limit)
-        response.headers["Link"] = f'<{following.path}?{following.query}>; rel="next"'
+        response.headers["Link"] = f'<messages?{following.query}>; rel="next"'
     return [Message.model_validate(row) for row in rows]
 
 

@@ -135,7 +135,8 @@ export class SessionRuntime extends Emitter {
     for (;;) {
       const { messages, more } = await this.api.messages(this.sessionId, { after, limit: MESSAGE_PAGE });
       all.push(...messages);
-      if (!more || !messages.length) return all;
+      // A full page goes on too: a proxy may drop the Link header that says more follow.
+      if (!(more || messages.length === MESSAGE_PAGE) || !messages.length) return all;
       after = messages.at(-1).id;
     }
   }

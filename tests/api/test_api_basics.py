@@ -161,6 +161,17 @@ async def test_agents_and_projects(http: httpx.AsyncClient, runtime: Runtime) ->
                        root.json()["session"]["session_id"])
     assert found[0]["agent_config"]["approval_mode"] == "ask"
 
+    # The owner deletes it: gone from the directory, its id free again; the session keeps its copy.
+    assert (await http.delete("/api/v1/agents/writer")).status_code == 204
+    assert (await http.get("/api/v1/agents/writer")).status_code == 404
+    assert (await http.delete("/api/v1/agents/writer")).status_code == 404
+    assert (await http.get("/api/v1/agents")).json() == []
+    kept = await rows(runtime.db, "SELECT agent_id, agent_config FROM sessions WHERE session_id = %s",
+                      root.json()["session"]["session_id"])
+    assert kept == [{"agent_id": "writer", "agent_config": found[0]["agent_config"]}]
+    again = await http.post("/api/v1/agents", json={"agent_id": "writer", "name": "Writer again"})
+    assert again.status_code == 201 and again.json()["name"] == "Writer again"
+
 
 async def test_a_patch_nulling_a_field_named_by_a_lone_surrogate_is_refused(http: httpx.AsyncClient,
                                                                            runtime: Runtime, scope: Scope) -> None:
@@ -245,7 +256,8 @@ async def test_a_messages_page_ends_at_its_byte_budget_and_links_the_next(http: 
         response = await http.get(url)
         assert response.status_code == 200, response.text
         pages.append([message["content"].split(":")[0] for message in response.json()])
-        url = response.links.get("next", {}).get("url")
+        following = response.links.get("next")  # relative to the page's URL
+        url = str(response.url.join(following["url"])) if following else None
 
     assert pages == [["1", "2", "3"], ["4", "5", "6"]]  # 4 MiB reached after three, then the rest
 
