@@ -7,11 +7,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from actors.runtime import Runtime
 from api.auth import ScopeDep
 from api.deps import COMMON, RuntimeDep, errors
 from api.schemas import Timeline, Trace
 from api.trace import trace_events
 from persistence import timeline as repo
+from persistence.records import Row, Scope
 
 router = APIRouter(prefix="/trees", tags=["trees"])
 
@@ -29,11 +31,8 @@ async def tree_timeline(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDe
     """Every member's Runs, queued-for-slot intervals, waits (with the sessions they wait on), approvals,
     questions, model calls and tool calls, and the tree's stop / continue moments, from the durable facts
     in a constant number of queries, paged by a stable cursor."""
-    moment, page = repo.parse_since(since)
-    async with runtime.db.tx() as conn:
-        found = await repo.timeline(conn, caller, tree_id, since=moment, page=page, limit=limit)
-    following = found.pop("next")
-    return Timeline.model_validate({**found, "next_cursor": following.encode() if following else None})
+    found, following = await _read_page(runtime, caller, tree_id, since, limit)
+    return Timeline.model_validate({**found, "next_cursor": following})
 
 
 @router.get("/{tree_id}/trace", response_model=Trace, response_model_exclude_none=True,
@@ -44,9 +43,16 @@ async def tree_trace(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, 
     member, complete events (`ph: X`) for its intervals, instant events for stop / continue. A tree of
     more than `limit` intervals and instants comes in pages, each a trace of its own: while more follow,
     `otherData.next_cursor` is the `since` of the next. (`canopy tree ID --trace FILE` writes it whole.)"""
+    found, following = await _read_page(runtime, caller, tree_id, since, limit)
+    more = {"otherData": {"next_cursor": following}} if following else {}
+    return Trace.model_validate({**trace_events(found), **more})
+
+
+async def _read_page(runtime: Runtime, caller: Scope, tree_id: uuid.UUID, since: str | None,
+                     limit: int) -> tuple[Row, str | None]:
+    """One page of the timeline, and the cursor of the next (None after the last)."""
     moment, page = repo.parse_since(since)
     async with runtime.db.tx() as conn:
         found = await repo.timeline(conn, caller, tree_id, since=moment, page=page, limit=limit)
     following = found.pop("next")
-    more = {"otherData": {"next_cursor": following.encode()}} if following else {}
-    return Trace.model_validate({**trace_events(found), **more})
+    return found, following.encode() if following else None
