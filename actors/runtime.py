@@ -247,9 +247,9 @@ class Runtime:
             usage.check_budget(budget)
         async with self.db.tx() as conn:
             if project_id is None:
-                project = await projects.default_project(conn, scope, self.settings.data_dir / "projects")
+                project = await projects.default_project(conn, scope, self.projects_root)
             else:
-                project = await projects.get_project(conn, scope, project_id)
+                project = await projects.get_project(conn, scope, project_id, for_new_tree=True)
             if agent_id is None:
                 config = default_agent_config(self.settings)
             else:

@@ -5,7 +5,8 @@ stored receipt first: the same request gets the stored response and nothing is w
 different request with the same key gets 422. A new key's receipt is written inside the
 write's own transaction (``Runtime``'s ``in_tx`` hook), so a write and its receipt commit
 together; of two concurrent requests with one key, the second waits for the first, rolls
-its own write back and answers with the first one's stored response.
+its own write back and answers with the first one's stored response; one the first's write
+refused (the quota's last place, or the id it made, taken) answers with that response too.
 
 Only successful writes leave a receipt: a refused request (4xx) wrote nothing, so its retry
 is simply tried again. Receipts are scoped to (user, app) and kept (no expiry yet). PATCH
@@ -23,8 +24,9 @@ from pydantic import BaseModel
 
 from actors.runtime import TxHook
 from persistence import idempotency
-from persistence.db import Connection
-from persistence.records import Scope
+from persistence.db import Connection, Database
+from persistence.errors import CanopyError
+from persistence.records import Row, Scope
 
 IdempotencyKey = Annotated[
     str | None,
@@ -39,7 +41,7 @@ class _LostRace(Exception):
     """A concurrent request with the same key committed first: roll this write back."""
 
 
-def _replay(stored: dict[str, Any]) -> JSONResponse:
+def _replay(stored: Row) -> JSONResponse:
     return JSONResponse(stored["response"], status_code=stored["status_code"], headers={REPLAYED_HEADER: "true"})
 
 
@@ -58,9 +60,7 @@ async def respond_to_write(
     db = request.app.state.runtime.db
     fingerprint = idempotency.request_fingerprint(
         request.method, request.url.path, body.model_dump(mode="json") if body is not None else None)
-    async with db.tx() as conn:
-        stored = await idempotency.stored_response(conn, scope, key, fingerprint)
-    if stored is not None:
+    if (stored := await _stored_now(db, scope, key, fingerprint)) is not None:
         return _replay(stored)
     rendered: dict[str, Any] = {}
 
@@ -73,8 +73,18 @@ async def respond_to_write(
     try:
         await perform(store_receipt)
     except _LostRace:
-        async with db.tx() as conn:
-            stored = await idempotency.stored_response(conn, scope, key, fingerprint)
+        stored = await _stored_now(db, scope, key, fingerprint)
         assert stored is not None, "the winning request committed its receipt"
         return _replay(stored)
+    except CanopyError:
+        # The refusal can be the doing of the same request sent first and committed meanwhile (it
+        # took the quota's last place, or the id this one would make): then this is its retry.
+        if (stored := await _stored_now(db, scope, key, fingerprint)) is None:
+            raise
+        return _replay(stored)
     return JSONResponse(rendered["content"], status_code=status_code)
+
+
+async def _stored_now(db: Database, scope: Scope, key: str, fingerprint: str) -> Row | None:
+    async with db.tx() as conn:
+        return await idempotency.stored_response(conn, scope, key, fingerprint)

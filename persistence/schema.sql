@@ -125,6 +125,7 @@ CREATE TABLE trees (
     CONSTRAINT trees_stop_reason_check CHECK (stop_reason IN ('user', 'budget_exceeded'))
 );
 CREATE INDEX trees_lineage ON trees (lineage_id);
+CREATE INDEX trees_project ON trees (project_id);  -- projects.delete_project
 -- The stopped trees, for the metrics gauge (persistence/metrics.py): never a scan of all trees.
 CREATE INDEX trees_stopped ON trees (tree_id) WHERE stopped;
 

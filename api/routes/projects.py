@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from fastapi import APIRouter, Request, status
 from fastapi.responses import JSONResponse
 
@@ -27,3 +29,11 @@ async def create_project(body: ProjectCreate, caller: ScopeDep, runtime: Runtime
     return await respond_to_write(
         request, caller, idempotency_key, body, status.HTTP_201_CREATED,
         lambda hook: runtime.create_project(caller, body.name, in_tx=hook), Project.model_validate)
+
+
+@router.delete("/{project_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(*COMMON, 404, 409))
+async def delete_project(project_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> None:
+    """Only a project without conversations (409 otherwise: their history is kept); its place in the
+    scope's quota is free again. It has no workdir to remove: only a conversation's tools make one."""
+    async with runtime.db.tx() as conn:
+        await projects.delete_project(conn, caller, project_id)

@@ -32,12 +32,18 @@ class ApiServer:
     app: FastAPI
 
 
+# As Serve's proxy keeps them (its default, 90 s). uvicorn's own 5 s is httpx's idle expiry too: a
+# client then reused a connection the server was closing, and the request failed (httpx.ReadError).
+KEEP_ALIVE_SECONDS = 90
+
+
 @contextlib.asynccontextmanager
 async def uvicorn_server(app: FastAPI) -> AsyncIterator[ApiServer]:
     """The app under uvicorn on a free loopback port, in the test's event loop."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="on", timeout_graceful_shutdown=2))
+                                           lifespan="on", timeout_graceful_shutdown=2,
+                                           timeout_keep_alive=KEEP_ALIVE_SECONDS))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.runtime import Runtime
 from actors.scripted import say, script
+from persistence import quotas
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
 from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, poll, rows, terminal
@@ -171,6 +172,65 @@ async def test_agents_and_projects(http: httpx.AsyncClient, runtime: Runtime) ->
     assert kept == [{"agent_id": "writer", "agent_config": found[0]["agent_config"]}]
     again = await http.post("/api/v1/agents", json={"agent_id": "writer", "name": "Writer again"})
     assert again.status_code == 201 and again.json()["name"] == "Writer again"
+
+
+async def test_one_request_sent_twice_for_the_last_quota_place_is_made_once_and_replayed(
+        http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
+    """A client's retry with the same Idempotency-Key while the first send is under way, for the
+    scope's last free place: the second waited for the first's quota lock, then found the quota full
+    and answered 429 — for the very project it asked for, which the first had made."""
+    held = len((await http.get("/api/v1/projects")).json())
+    headers = {"Idempotency-Key": f"last-place-{uuid.uuid4().hex}"}
+    saved = runtime.settings.max_projects_per_scope
+    runtime.settings.max_projects_per_scope = held + 1
+    try:
+        async with runtime.db.tx() as conn:
+            await quotas.check_room(conn, scope, "projects", held + 1)  # holds the scope's quota lock
+            sends = [asyncio.ensure_future(http.post("/api/v1/projects", json={"name": "last"}, headers=headers))
+                     for _ in range(2)]
+            await poll(lambda: _waiting_for_the_lock(runtime, f"canopy.scope-projects:{scope.user_id}:{scope.app_id}",
+                                                     2))
+        answers = await asyncio.gather(*sends)
+    finally:
+        runtime.settings.max_projects_per_scope = saved
+
+    assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
+    assert answers[0].json() == answers[1].json()
+    made = await rows(runtime.db, "SELECT project_id FROM projects WHERE user_id = %s AND app_id = %s AND name = %s",
+                      scope.user_id, scope.app_id, "last")
+    assert [str(row["project_id"]) for row in made] == [answers[0].json()["project_id"]]
+
+
+async def _waiting_for_the_lock(runtime: Runtime, key: str, waiters: int) -> bool:
+    found = await rows(runtime.db, """
+        SELECT count(*) AS n FROM pg_locks, hashtextextended(%s, 0) AS h
+        WHERE locktype = 'advisory' AND NOT granted
+          AND classid::bigint = (h >> 32) & 4294967295 AND objid::bigint = h & 4294967295""", key)
+    return int(found[0]["n"]) >= waiters
+
+
+async def test_a_project_without_conversations_is_deleted_and_frees_its_quota_place(
+        http: httpx.AsyncClient, runtime: Runtime) -> None:
+    empty = (await http.post("/api/v1/projects", json={"name": "empty"})).json()["project_id"]
+    used = (await http.post("/api/v1/projects", json={"name": "used"})).json()["project_id"]
+    assert (await http.post("/api/v1/sessions", json={"project_id": used})).status_code == 201
+
+    kept = await http.delete(f"/api/v1/projects/{used}")
+    assert kept.status_code == 409 and "holds 1 conversation" in kept.json()["detail"], kept.text
+    held = len((await http.get("/api/v1/projects")).json())
+    saved = runtime.settings.max_projects_per_scope
+    runtime.settings.max_projects_per_scope = held  # full: only the delete makes room
+    try:
+        assert (await http.delete(f"/api/v1/projects/{empty}")).status_code == 204
+        again = await http.post("/api/v1/projects", json={"name": "in its place"})
+    finally:
+        runtime.settings.max_projects_per_scope = saved
+
+    assert again.status_code == 201, again.text
+    assert (await http.delete(f"/api/v1/projects/{empty}")).status_code == 404
+    listed = {p["project_id"] for p in (await http.get("/api/v1/projects")).json()}
+    assert used in listed and empty not in listed and again.json()["project_id"] in listed
+    assert await rows(runtime.db, "SELECT project_id FROM projects WHERE project_id = %s", empty) == []
 
 
 async def test_a_patch_nulling_a_field_named_by_a_lone_surrogate_is_refused(http: httpx.AsyncClient,

@@ -44,6 +44,7 @@ def _victim_routes(ids: dict[str, str]) -> list[tuple[str, str, dict[str, Any] |
         ("GET", "/api/v1/agents/secret", None),
         ("PATCH", "/api/v1/agents/secret", {"name": "taken over"}),
         ("DELETE", "/api/v1/agents/secret", None),
+        ("DELETE", f"/api/v1/projects/{ids['project']}", None),
         ("GET", f"/api/v1/sessions?project_id={ids['project']}", None),
         ("GET", f"/api/v1/sessions?scope=project&project_id={ids['project']}", None),
         ("POST", "/api/v1/sessions", {"project_id": ids["project"], "input": "work in their project"}),

@@ -22,6 +22,7 @@ import uvicorn
 
 from actors.runtime import Runtime
 from persistence.records import Scope
+from tests.api.conftest import KEEP_ALIVE_SECONDS
 from tests.ui.helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, Tab, User, open_tab
 
 ADMIN_TOKEN = "ui-test-admin-token"
@@ -71,7 +72,7 @@ async def ui_server(runtime: Runtime) -> AsyncIterator[UiServer]:
     app = create_app(runtime, admin_token=ADMIN_TOKEN, stream_settings=streams)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=1))
+                                           timeout_graceful_shutdown=1, timeout_keep_alive=KEEP_ALIVE_SECONDS))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
