@@ -76,10 +76,15 @@ async def respond_to_write(
         stored = await _stored_now(db, scope, key, fingerprint)
         assert stored is not None, "the winning request committed its receipt"
         return _replay(stored)
-    except CanopyError:
+    except CanopyError as refusal:
         # The refusal can be the doing of the same request sent first and committed meanwhile (it
-        # took the quota's last place, or the id this one would make): then this is its retry.
-        if (stored := await _stored_now(db, scope, key, fingerprint)) is None:
+        # took the quota's last place, or the id this one would make): then this is its retry. A key
+        # another request took meanwhile changes nothing: the refusal stands.
+        try:
+            stored = await _stored_now(db, scope, key, fingerprint)
+        except idempotency.IdempotencyKeyReused:
+            raise refusal from None
+        if stored is None:
             raise
         return _replay(stored)
     return JSONResponse(rendered["content"], status_code=status_code)

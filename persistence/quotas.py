@@ -18,10 +18,20 @@ from persistence.records import Scope
 Kind = Literal["projects", "agents", "schedules"]
 
 
+def lock_key(scope: Scope, kind: Kind) -> str:
+    return f"canopy.scope-{kind}:{scope.user_id}:{scope.app_id}"
+
+
+async def hold(conn: Connection, scope: Scope, kind: Kind) -> None:
+    """Hold the scope's lock of ``kind`` until this transaction ends: other creates of that kind in
+    the scope wait for it."""
+    await advisory_lock(conn, lock_key(scope, kind))
+
+
 async def check_room(conn: Connection, scope: Scope, kind: Kind, limit: int) -> None:
     """Refuse (``LimitExceeded``) a new object of ``kind`` when the scope holds ``limit`` already; else
     hold the lock that keeps the count true until this transaction ends."""
-    await advisory_lock(conn, f"canopy.scope-{kind}:{scope.user_id}:{scope.app_id}")
+    await hold(conn, scope, kind)
     cur = await conn.execute(query(f"scope_{kind}_count"), {"user_id": scope.user_id, "app_id": scope.app_id})
     row = await cur.fetchone()
     held = int(row["held"]) if row else 0

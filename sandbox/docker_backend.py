@@ -66,7 +66,6 @@ import json
 import logging
 import os
 import re
-import socket
 import struct
 import tempfile
 import threading
@@ -96,7 +95,7 @@ from sandbox.base import (
     private_dir,
     tree_id_or_none,
 )
-from sandbox.docker_compat import exec_output
+from sandbox.docker_compat import ExecOutput, exec_output
 from sandbox.images import build_hint
 
 log = logging.getLogger(__name__)
@@ -185,14 +184,14 @@ def connect(max_pool_size: int = 64) -> docker.DockerClient:
 
 @dataclasses.dataclass(eq=False)  # in sets, by identity
 class _Exec:
-    """One running ``docker exec``: its id, its output so far, and the socket to cut."""
+    """One running ``docker exec``: its id, its output so far, and its stream (to cut)."""
 
     exec_id: str
     handle: str
     command_id: str
     stdout: CappedOutput = dataclasses.field(default_factory=CappedOutput)
     stderr: CappedOutput = dataclasses.field(default_factory=CappedOutput)
-    sock: Any = None
+    output: ExecOutput | None = None
     restarted_at_limit: int = 0  # the container was restarted under it, its process limit full
     cut: bool = False  # Canopy stopped listening (after a kill): the stream's end is its own
     broken: bool = False  # the stream failed under the reader, not cut by Canopy
@@ -492,22 +491,18 @@ class DockerBackend:
 
     def _pump(self, execution: _Exec) -> None:
         """Read the multiplexed exec stream to its end (runs in a stream thread)."""
-        reader, sock = exec_output(self.client.api, execution.exec_id)
-        execution.sock = sock
-        # The client's read timeout must not end a command that is merely quiet.
-        for candidate in (sock, getattr(sock, "_sock", None)):
-            if candidate is not None and hasattr(candidate, "settimeout"):
-                candidate.settimeout(None)
+        output = execution.output = exec_output(self.client.api, execution.exec_id)
+        if execution.cut:  # cut while the exec was starting, before there was anything to cut
+            output.cut()
         sinks = {STDOUT: execution.stdout, STDERR: execution.stderr}
         try:
-            for stream_id, data in _frames(reader):
+            for stream_id, data in _frames(output.reader):
                 if sinks.get(stream_id, execution.stderr).feed(data):
                     self._streams.submit(self._stop_flood, execution)
         except (OSError, ValueError, EOFError):  # ValueError: read after the cut closed it
             execution.broken = not execution.cut
         finally:
-            with contextlib.suppress(OSError):
-                sock.close()
+            output.close()
 
     def _stop_flood(self, execution: _Exec) -> None:
         """Kill a command whose output passed the ceiling, in a thread of its own while the stream's
@@ -527,7 +522,8 @@ class DockerBackend:
         except TimeoutError:
             # A process that escaped the group still holds the output open: stop listening.
             execution.cut = True
-            _shutdown(execution.sock)
+            if execution.output is not None:
+                execution.output.cut()
 
     async def _result(self, execution: _Exec, timed_out: bool) -> CommandResult:
         exit_code = await asyncio.to_thread(self._exit_code, execution.exec_id)
@@ -658,13 +654,3 @@ def _read_exactly(reader: BinaryIO, size: int) -> bytes:
     if data and len(data) < size:
         raise EOFError(f"the stream ended {size - len(data)} bytes before its frame's header's end")
     return data
-
-
-def _shutdown(sock: Any) -> None:
-    for candidate in (getattr(sock, "_sock", None), sock):
-        if isinstance(candidate, socket.socket):
-            with contextlib.suppress(OSError):
-                candidate.shutdown(socket.SHUT_RDWR)
-            return
-    with contextlib.suppress(OSError, AttributeError):
-        sock.close()

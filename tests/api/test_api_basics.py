@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.runtime import Runtime
@@ -174,31 +175,37 @@ async def test_agents_and_projects(http: httpx.AsyncClient, runtime: Runtime) ->
     assert again.status_code == 201 and again.json()["name"] == "Writer again"
 
 
-async def test_one_request_sent_twice_for_the_last_quota_place_is_made_once_and_replayed(
-        http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
-    """A client's retry with the same Idempotency-Key while the first send is under way, for the
-    scope's last free place: the second waited for the first's quota lock, then found the quota full
-    and answered 429 — for the very project it asked for, which the first had made."""
-    held = len((await http.get("/api/v1/projects")).json())
-    headers = {"Idempotency-Key": f"last-place-{uuid.uuid4().hex}"}
+@pytest.mark.parametrize(("kind", "body", "made"), [
+    # The quota's last place: the second send found the quota full (429).
+    ("projects", {"name": "last"}, "SELECT project_id AS id FROM projects WHERE user_id = %s AND app_id = %s "
+                                   "AND name = 'last'"),
+    # The id the first send made: the second found it taken (409).
+    ("agents", {"agent_id": "made-once", "name": "Once"}, "SELECT agent_id AS id FROM agents WHERE "
+                                                          "owner_user_id = %s AND app_id = %s"),
+])
+async def test_one_request_sent_twice_is_made_once_and_replayed_though_the_first_leaves_it_no_room(
+        http: httpx.AsyncClient, runtime: Runtime, scope: Scope, kind: quotas.Kind, body: dict[str, str],
+        made: str) -> None:
+    """A client's retry with the same Idempotency-Key while the first send is under way: the second
+    waited for the first's quota lock, then was refused for what the first had just made."""
+    held = len((await http.get(f"/api/v1/{kind}")).json())
+    headers = {"Idempotency-Key": f"twice-{uuid.uuid4().hex}"}
     saved = runtime.settings.max_projects_per_scope
     runtime.settings.max_projects_per_scope = held + 1
     try:
         async with runtime.db.tx() as conn:
-            await quotas.check_room(conn, scope, "projects", held + 1)  # holds the scope's quota lock
-            sends = [asyncio.ensure_future(http.post("/api/v1/projects", json={"name": "last"}, headers=headers))
+            await quotas.check_room(conn, scope, kind, held + 1)  # holds the scope's quota lock
+            sends = [asyncio.ensure_future(http.post(f"/api/v1/{kind}", json=body, headers=headers))
                      for _ in range(2)]
-            await poll(lambda: _waiting_for_the_lock(runtime, f"canopy.scope-projects:{scope.user_id}:{scope.app_id}",
-                                                     2))
+            await poll(lambda: _waiting_for_the_lock(runtime, quotas.lock_key(scope, kind), 2))
         answers = await asyncio.gather(*sends)
     finally:
         runtime.settings.max_projects_per_scope = saved
 
     assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
     assert answers[0].json() == answers[1].json()
-    made = await rows(runtime.db, "SELECT project_id FROM projects WHERE user_id = %s AND app_id = %s AND name = %s",
-                      scope.user_id, scope.app_id, "last")
-    assert [str(row["project_id"]) for row in made] == [answers[0].json()["project_id"]]
+    found = await rows(runtime.db, made, scope.user_id, scope.app_id)
+    assert [str(row["id"]) for row in found] == [str(answers[0].json().get("project_id") or answers[0].json()["id"])]
 
 
 async def _waiting_for_the_lock(runtime: Runtime, key: str, waiters: int) -> bool:

@@ -90,6 +90,27 @@ async def test_a_tree_made_first_keeps_its_project(db: Database, by_default: boo
     assert await _counts(db, project_id) == (1, 1)
 
 
+async def test_with_its_default_project_deleted_a_scope_uses_the_next_oldest(db: Database) -> None:
+    scope = _scope()
+    oldest = await _new_project(db, scope)
+    await _new_project(db, _scope())  # another scope's, older than the next: never this scope's default
+    next_oldest = await _new_project(db, scope)
+
+    await _delete(db, scope, oldest)
+
+    assert await _make_tree_in(db, scope, None) == next_oldest
+
+
+async def test_first_uses_at_once_make_one_default_project(db: Database) -> None:
+    scope = _scope()
+
+    made_in = await asyncio.gather(*(_make_tree_in(db, scope, None) for _ in range(4)))
+
+    assert len(set(made_in)) == 1
+    assert await scalar(db, "SELECT count(*) FROM projects WHERE user_id = %s AND app_id = %s",
+                        (scope.user_id, scope.app_id)) == 1
+
+
 @pytest.mark.parametrize("by_default", [False, True])
 async def test_a_tree_made_after_the_delete_is_told_or_gets_a_new_default(db: Database, by_default: bool) -> None:
     scope = _scope()

@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import os
 import re
 import socket
 import struct
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import docker.errors
 import pytest
@@ -22,7 +25,7 @@ import pytest
 from persistence import sandbox_leases as leases
 from persistence.settings import Settings
 from sandbox.base import CommandResult, SandboxError, parse_user
-from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, DockerBackend
+from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, DockerBackend, _frames
 from sandbox.manager import SandboxManager
 from tests.sandbox.conftest import SandboxKit
 
@@ -252,6 +255,52 @@ async def test_an_output_stream_cut_short_is_said_and_its_command_stopped(
     assert "[canopy: the command's output was cut short" in result.stderr, result
     await asyncio.sleep(4)  # past the running command's end, had it been left to run
     assert (workdir / "late.txt").exists() == (exit_code == 0)
+
+
+def _frame(stream_id: int, data: bytes) -> bytes:
+    return struct.pack(">BxxxL", stream_id, len(data)) + data
+
+
+class _Trickle(io.RawIOBase):
+    """A stream that gives one byte per read, and has no ``read1``: short reads everywhere."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._data.read(1)
+
+
+_WHOLE = _frame(1, b"out") + _frame(2, b"") + _frame(2, b"err") + _frame(3, b"?")
+
+
+@pytest.mark.parametrize("make", [io.BytesIO, _Trickle], ids=["buffered", "trickle"])
+@pytest.mark.parametrize(("wire", "read", "ended_inside"), [
+    (_WHOLE, [(1, b"out"), (2, b"err"), (3, b"?")], None),
+    (b"", [], None),
+    (_frame(1, b"out") + _frame(2, b"err")[:5], [(1, b"out")], "header"),  # ended inside a frame's header
+    (_frame(1, b"out") + _frame(2, b"error")[:10], [(1, b"out"), (2, b"er")], "frame's end"),  # inside its payload
+])
+def test_output_frames_are_read_whole_and_an_end_inside_one_is_an_error(
+        make: Callable[[bytes], BinaryIO], wire: bytes, read: list[tuple[int, bytes]],
+        ended_inside: str | None) -> None:
+    """The engine ends an exec's stream between two frames: an end inside one is a stream cut short,
+    never taken for the whole output."""
+    got: list[tuple[int, bytes]] = []
+
+    def take_all() -> None:
+        for stream_id, data in _frames(make(wire)):
+            if got and got[-1][0] == stream_id:  # a frame's chunks come as they arrive
+                got[-1] = (stream_id, got[-1][1] + data)
+            else:
+                got.append((stream_id, data))
+
+    if ended_inside is None:
+        take_all()
+    else:
+        with pytest.raises(EOFError, match=ended_inside):
+            take_all()
+    assert got == read
 
 
 async def test_output_that_came_with_the_streams_headers_is_kept(docker_kit: SandboxKit) -> None:
