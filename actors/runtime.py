@@ -246,6 +246,7 @@ class Runtime:
         if budget is not None:
             usage.check_budget(budget)
         async with self.db.tx() as conn:
+            await quotas.check_room(conn, scope, "roots", self.settings.max_roots_per_scope)
             if project_id is None:
                 project = await projects.default_project(conn, scope, self.projects_root)
             else:

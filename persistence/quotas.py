@@ -1,6 +1,8 @@
 """How many objects of a kind one scope may hold. The objects a human makes over HTTP (projects,
-agents, schedules) are rows every later read of the scope walks, and schedules are work the
-sweeper does for everyone in due order: without a bound, one API key could make millions of them.
+agents, schedules, conversations) are rows every later read of the scope walks, and schedules are
+work the sweeper does for everyone in due order: without a bound, one API key could make millions
+of them. (A model's own conversations, create_session mode=root, count too; each lineage bounds
+how many it starts, so they are not refused here.)
 
 A create past its kind's limit is refused with ``LimitExceeded`` (429) and writes nothing. The
 count is taken under a transaction-scoped advisory lock of the scope and kind, in a statement of
@@ -15,7 +17,10 @@ from persistence.db import Connection, advisory_lock, query
 from persistence.errors import LimitExceeded
 from persistence.records import Scope
 
-Kind = Literal["projects", "agents", "schedules"]
+Kind = Literal["projects", "agents", "schedules", "roots"]
+# How a refusal names what the scope holds, and what frees a place.
+_HELD = {"projects": ("projects", "delete an empty one first"), "agents": ("agents", "delete one first"),
+         "schedules": ("schedules", "delete one first"), "roots": ("conversations", "archive one first")}
 
 
 def lock_key(scope: Scope, kind: Kind) -> str:
@@ -36,6 +41,6 @@ async def check_room(conn: Connection, scope: Scope, kind: Kind, limit: int) -> 
     row = await cur.fetchone()
     held = int(row["held"]) if row else 0
     if held >= limit:
-        raise LimitExceeded(
-            f"this user already has {held} {kind} in this app, the most it may have (CANOPY_MAX_{kind.upper()}"
-            "_PER_SCOPE)" + ("; delete one first" if kind == "schedules" else ""))
+        noun, remedy = _HELD[kind]
+        raise LimitExceeded(f"this user already has {held} {noun} in this app, the most it may have "
+                            f"(CANOPY_MAX_{kind.upper()}_PER_SCOPE); {remedy}")

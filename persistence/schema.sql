@@ -126,6 +126,7 @@ CREATE TABLE trees (
 );
 CREATE INDEX trees_lineage ON trees (lineage_id);
 CREATE INDEX trees_project ON trees (project_id);  -- projects.delete_project
+CREATE INDEX trees_scope_live ON trees (user_id, app_id) WHERE NOT archived;  -- quotas.check_room
 -- The stopped trees, for the metrics gauge (persistence/metrics.py): never a scan of all trees.
 CREATE INDEX trees_stopped ON trees (tree_id) WHERE stopped;
 

@@ -209,6 +209,9 @@ class Settings(BaseSettings):
     max_agents_per_scope: int = Field(default=1000, ge=1, description="Agents one user may own in an app.")
     max_schedules_per_scope: int = Field(
         default=100, ge=1, description="Schedules one user may have in an app (deleted and ended ones do not count).")
+    max_roots_per_scope: int = Field(
+        default=10000, ge=1, description="Conversations (root sessions) one user may have in an app; archived ones "
+        "do not count. Those a model starts (create_session mode=root) count, and are bounded by their lineage.")
     otel_exporter: str | None = Field(
         default=None, pattern=r"^(otlp|console|file:.+)$",
         description="OpenTelemetry spans (Turn, Run, model call, tool call): otlp (the OTEL_EXPORTER_OTLP_* "

@@ -175,6 +175,28 @@ async def test_agents_and_projects(http: httpx.AsyncClient, runtime: Runtime) ->
     assert again.status_code == 201 and again.json()["name"] == "Writer again"
 
 
+async def test_a_conversation_past_the_scopes_quota_is_a_429_until_one_is_archived(
+        http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
+    first = (await http.post("/api/v1/sessions", json={"title": "first"})).json()["session"]["session_id"]
+    saved = runtime.settings.max_roots_per_scope
+    runtime.settings.max_roots_per_scope = 1
+    try:
+        refused = await http.post("/api/v1/sessions", json={"title": "second", "input": "hello"})
+        before = await rows(runtime.db, "SELECT count(*) AS n FROM inputs WHERE user_id = %s AND app_id = %s",
+                            scope.user_id, scope.app_id)
+        assert (await http.post(f"/api/v1/sessions/{first}/archive")).status_code == 200
+        made = await http.post("/api/v1/sessions", json={"title": "second"})
+    finally:
+        runtime.settings.max_roots_per_scope = saved
+
+    assert refused.status_code == 429 and "CANOPY_MAX_ROOTS_PER_SCOPE" in refused.json()["detail"], refused.text
+    assert before == [{"n": 0}]
+    assert made.status_code == 201, made.text
+    titles = await rows(runtime.db, "SELECT title FROM sessions WHERE user_id = %s AND app_id = %s ORDER BY created_at",
+                        scope.user_id, scope.app_id)
+    assert [row["title"] for row in titles] == ["first", "second"]
+
+
 @pytest.mark.parametrize(("kind", "body", "made"), [
     # The quota's last place: the second send found the quota full (429).
     ("projects", {"name": "last"}, "SELECT project_id AS id FROM projects WHERE user_id = %s AND app_id = %s "

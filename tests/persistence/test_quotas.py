@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from persistence import agents, projects, quotas, schedules
+from persistence import agents, projects, quotas, schedules, trees
 from persistence.db import Database
 from persistence.errors import LimitExceeded
 from persistence.records import Scope
@@ -60,3 +60,15 @@ async def test_a_deleted_schedule_frees_its_place(db: Database) -> None:
     async with db.tx() as conn:
         await schedules.delete_schedule(conn, scope, tree.root_id, made["schedule_id"])
         await quotas.check_room(conn, scope, "schedules", 1)
+
+
+async def test_an_archived_conversation_frees_its_place(db: Database) -> None:
+    scope = Scope(f"quota-{uuid.uuid4().hex[:8]}", "app")
+    tree = await make_tree(db, scope)
+    await make_tree(db, Scope(scope.user_id, "another-app"))  # a quota is per (user, app)
+    async with db.tx() as conn:
+        with pytest.raises(LimitExceeded, match=r"already has 1 conversations .*MAX_ROOTS_PER_SCOPE.*archive one"):
+            await quotas.check_room(conn, scope, "roots", 1)
+    async with db.tx() as conn:
+        await trees.archive_root(conn, scope, tree.root_id)
+        await quotas.check_room(conn, scope, "roots", 1)
