@@ -25,8 +25,8 @@ from typing import Any
 from croniter import CroniterBadDateError, croniter
 
 from persistence import turns
-from persistence.db import Connection, query
-from persistence.errors import CanopyError, InvalidArgument, NotFound
+from persistence.db import Connection, query, savepoint
+from persistence.errors import CanopyError, Conflict, InvalidArgument, NotFound
 from persistence.records import Row, Scope, new_id
 from persistence.sessions import get_session_row
 
@@ -56,7 +56,9 @@ class Rule:
             return moment + datetime.timedelta(seconds=self.interval_seconds)
         assert self.cron is not None
         try:
-            return croniter(self.cron, moment).get_next(datetime.datetime)
+            # In UTC whatever the database's TimeZone (psycopg hands timestamps back in it): a cron
+            # schedule in a local zone moves with its daylight saving, and fires twice in autumn.
+            return croniter(self.cron, moment.astimezone(datetime.UTC)).get_next(datetime.datetime)
         except CroniterBadDateError:  # no match within croniter's search horizon (decades)
             return None
 
@@ -72,7 +74,9 @@ async def create_schedule(conn: Connection, scope: Scope, session_id: uuid.UUID,
     turns.check_text(text, "input text")
     if catch_up not in CATCH_UP:
         raise InvalidArgument(f"catch_up must be one of {', '.join(CATCH_UP)}")
-    await get_session_row(conn, scope, session_id)  # NotFound for another scope's session
+    session = await get_session_row(conn, scope, session_id)  # NotFound for another scope's session
+    if session["archived"]:
+        raise Conflict(f"session {session_id} is archived: it takes no input, so no schedule either")
     cur = await conn.execute(query("database_now"))
     now = (await cur.fetchone() or {})["now"]
     first = rule.after(now)
@@ -99,6 +103,12 @@ async def delete_schedule(conn: Connection, scope: Scope, session_id: uuid.UUID,
                                                         "user_id": scope.user_id, "app_id": scope.app_id})
     if await cur.fetchone() is None:
         raise NotFound(f"no schedule {schedule_id} of session {session_id}")
+
+
+async def end_tree_schedules(conn: Connection, tree_id: uuid.UUID) -> None:
+    """End the live schedules of a tree's sessions (an archived tree takes no input); their firings
+    stay on record and their places in the scope's quota are free again."""
+    await conn.execute(query("schedules_end_of_tree"), {"tree_id": tree_id})
 
 
 async def due_schedules(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
@@ -129,7 +139,7 @@ async def fire_due(conn: Connection, schedule_id: uuid.UUID) -> Row | None:
     receipt: Row | None = None
     error: str | None = None
     try:
-        async with conn.transaction():  # a refused input changes nothing but the firing's record
+        async with savepoint(conn):  # a refused input changes nothing but the firing's record
             receipt = await turns.submit_input(conn, scope, schedule["session_id"], schedule["input_text"], origin)
     except CanopyError as refused:
         error = str(refused)

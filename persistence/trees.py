@@ -8,7 +8,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from persistence import usage
+from persistence import schedules, usage
 from persistence.db import Connection
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.events import append_event
@@ -112,6 +112,9 @@ async def continue_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> l
     tree = await lock_tree(conn, scope, tree_id)
     if tree["archived"]:
         raise Conflict(f"tree {tree_id} is archived; an archived tree cannot be continued")
+    # Every member first, as Stop all does: an input being given to one (which pauses it while the
+    # tree is stopped) commits before the unpause below reads which are paused.
+    await conn.execute(_LOCK_MEMBERS, (tree_id,))
     cur = await conn.execute(_OPEN_TURNS, (tree_id,))
     unfinished = await cur.fetchall()
     if unfinished:
@@ -139,7 +142,8 @@ async def continue_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> l
 
 
 async def archive_root(conn: Connection, scope: Scope, session_id: uuid.UUID) -> None:
-    """Hide a finished tree from lists; deletes nothing. 409 while anything in it is busy."""
+    """Hide a finished tree from lists; deletes nothing, and ends its sessions' schedules (an archived
+    tree takes no input). 409 while anything in it is busy."""
     # The tree lock first, then the session, in the same order as stop and continue.
     found = await get_session_row(conn, scope, session_id)
     if found["parent_id"] is not None:
@@ -165,6 +169,7 @@ async def archive_root(conn: Connection, scope: Scope, session_id: uuid.UUID) ->
     if await cur.fetchone():
         raise Conflict("the tree's sandbox is being cleaned up; try again shortly")
     await conn.execute("UPDATE trees SET archived = true WHERE tree_id = %s", (session["tree_id"],))
+    await schedules.end_tree_schedules(conn, session["tree_id"])
     await conn.execute("UPDATE sessions SET archived = true, updated_at = now() WHERE tree_id = %s",
                        (session["tree_id"],))
     await append_event(conn, scope, "tree_archived", session_id=session_id, tree_id=session["tree_id"])

@@ -78,7 +78,8 @@ async def submit_input(
 ) -> Row:
     """Queue an input FIFO; start its Turn at once when the session is idle.
 
-    A human's input also unpauses that member's queue (after a stop, only that member).
+    A human's input also unpauses that member's queue (after a stop, only that member); anyone
+    else's, to an idle member of a stopped tree, pauses it.
     """
     check_text(text)
     session = await lock_session(conn, scope, session_id)
@@ -91,9 +92,16 @@ async def submit_input(
             f"session {session['path']} is waiting for a human {current['waiting_for']}; "
             "answer its request before giving it new work"
         )
-    if origin.get("kind") == "human" and session["queue_paused"]:
-        await conn.execute("UPDATE sessions SET queue_paused = false WHERE session_id = %s", (session_id,))
-        session = {**session, "queue_paused": False}
+    if origin.get("kind") == "human":
+        if session["queue_paused"]:
+            await conn.execute("UPDATE sessions SET queue_paused = false WHERE session_id = %s", (session_id,))
+            session = {**session, "queue_paused": False}
+    elif not session["queue_paused"] and current is None and await _tree_stopped(conn, session["tree_id"]):
+        # Stop all paused every member with pending input; one given input later (a schedule, a
+        # cooperating session) while the tree is still stopped is paused the same way: Continue, or
+        # a human's input, starts it. (Continue locks every member first: it waits for this.)
+        await conn.execute("UPDATE sessions SET queue_paused = true WHERE session_id = %s", (session_id,))
+        session = {**session, "queue_paused": True}
     input_id = new_id()
     await conn.execute(
         """INSERT INTO inputs (input_id, session_id, user_id, app_id, text, origin)
@@ -109,6 +117,12 @@ async def submit_input(
         "status": "started" if turn_id else "queued",
         "turn_id": turn_id,
     }
+
+
+async def _tree_stopped(conn: Connection, tree_id: uuid.UUID) -> bool:
+    cur = await conn.execute("SELECT stopped FROM trees WHERE tree_id = %s", (tree_id,))
+    tree = await cur.fetchone()
+    return bool(tree and tree["stopped"])
 
 
 async def _input_received(conn: Connection, scope: Scope, session_id: uuid.UUID, tree_id: uuid.UUID,

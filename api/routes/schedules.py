@@ -17,7 +17,7 @@ router = APIRouter(tags=["schedules"])
 
 
 @router.post("/sessions/{session_id}/schedules", response_model=Schedule, status_code=status.HTTP_201_CREATED,
-             responses=errors(*COMMON, 404))
+             responses=errors(*COMMON, 404, 409))
 async def create_schedule(session_id: uuid.UUID, body: ScheduleCreate, caller: ScopeDep, runtime: RuntimeDep,
                           request: Request, idempotency_key: IdempotencyKey = None) -> JSONResponse:
     """Submit ``text`` to the session at each due time (a cron expression in UTC, or every N seconds).

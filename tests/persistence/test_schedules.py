@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import datetime
 import uuid
+import zoneinfo
 
 import pytest
 
-from persistence import schedules
+from persistence import schedules, trees
 from persistence.db import Database
-from persistence.errors import InvalidArgument, NotFound
+from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import Scope
 from tests.persistence.helpers import count_rows, fetch_all, make_tree
 
@@ -148,3 +149,39 @@ async def test_another_scopes_session_has_no_schedules(db: Database, scope: Scop
     async with db.tx() as conn:
         await schedules.delete_schedule(conn, scope, tree.root_id, made["schedule_id"])
         assert await schedules.list_schedules(conn, scope, tree.root_id) == []
+
+
+async def test_cron_is_read_in_utc_whatever_the_databases_time_zone(db: Database, scope: Scope) -> None:
+    """psycopg hands timestamps back in the connection's TimeZone, which initdb takes from the
+    machine: "0 9 * * *" came due at 09:00 in New York, not at 09:00 UTC, and moved with its
+    daylight saving."""
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        await conn.execute("SET LOCAL TimeZone = 'America/New_York'")
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(cron="0 9 * * *"), "tick")
+    [row] = await fetch_all(db, "SELECT to_char(next_due_at AT TIME ZONE 'UTC', 'HH24:MI') AS due FROM schedules "
+                                "WHERE schedule_id = %s", (made["schedule_id"],))
+    assert row["due"] == "09:00"
+
+
+def test_a_cron_rule_fires_once_on_the_night_a_local_clock_goes_back() -> None:
+    new_york = zoneinfo.ZoneInfo("America/New_York")
+    rule = schedules.Rule(cron="30 1 * * *")
+    first = rule.after(datetime.datetime(2026, 11, 1, 0, 0, tzinfo=new_york))  # 04:00 UTC
+    assert first == datetime.datetime(2026, 11, 1, 1, 30, tzinfo=datetime.UTC) + datetime.timedelta(days=1)
+    assert rule.after(first) == first + datetime.timedelta(days=1)
+
+
+async def test_an_archived_conversation_ends_its_schedules_and_takes_no_new_one(db: Database, scope: Scope) -> None:
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=60), "tick")
+        await trees.archive_root(conn, scope, tree.root_id)
+    [ended] = await fetch_all(db, "SELECT deleted_at FROM schedules WHERE schedule_id = %s", (made["schedule_id"],))
+    assert ended["deleted_at"] is not None
+
+    before = await count_rows(db)
+    with pytest.raises(Conflict, match="archived"):
+        async with db.tx() as conn:
+            await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=60), "tick")
+    assert await count_rows(db) == before

@@ -256,6 +256,42 @@ async def test_after_a_stop_a_human_input_unpauses_only_that_member(db: Database
     assert (await session_row(db, bbb["session_id"]))["queue_paused"] is True
 
 
+async def test_after_a_stop_no_ones_input_but_a_humans_starts_an_idle_member(db: Database, scope: Scope) -> None:
+    """Stop all pauses the members with pending input. One given input later, by a schedule or a
+    cooperating session, while the tree was still stopped, started a Turn (and called the model) in
+    a tree the human had stopped."""
+    tree, run = await start_root_run(db, scope)
+    await finish(db, run)
+    await stop(db, scope, tree)
+    assert (await session_row(db, tree.root_id))["queue_paused"] is False  # nothing was pending
+
+    async with db.tx() as conn:
+        receipt = await turns.submit_input(conn, scope, tree.root_id, "tick", {"kind": "schedule"})
+
+    assert receipt["status"] == "queued"
+    assert (await session_row(db, tree.root_id))["queue_paused"] is True
+    assert len(await fetch_all(db, "SELECT turn_id FROM turns WHERE session_id = %s", (tree.root_id,))) == 1
+    assert await resume(db, scope, tree) == [tree.root_id]
+    assert (await fetch_one(db, "SELECT status FROM inputs WHERE input_id = %s", (receipt["input_id"],)))["status"] \
+        == "consumed"
+
+
+async def test_a_continue_racing_an_input_that_pauses_its_member_starts_it(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    await finish(db, run)
+    await stop(db, scope, tree)
+
+    async with db.tx() as conn:
+        receipt = await turns.submit_input(conn, scope, tree.root_id, "tick", {"kind": "schedule"})
+        continuing = asyncio.create_task(resume(db, scope, tree))
+        await asyncio.sleep(0.3)  # the continue is under way, and waits for this transaction
+    assert await continuing == [tree.root_id]
+
+    assert (await session_row(db, tree.root_id))["queue_paused"] is False
+    assert (await fetch_one(db, "SELECT status FROM inputs WHERE input_id = %s", (receipt["input_id"],)))["status"] \
+        == "consumed"
+
+
 # --- archive --------------------------------------------------------------------------------------
 
 
