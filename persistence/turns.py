@@ -78,8 +78,9 @@ async def submit_input(
 ) -> Row:
     """Queue an input FIFO; start its Turn at once when the session is idle.
 
-    A human's input also unpauses that member's queue (after a stop, only that member); anyone
-    else's, to an idle member of a stopped tree, pauses it.
+    A human's input also unpauses that member's queue (after a stop, only that member); one from
+    outside the tree (a schedule, another tree's session) to an idle member of a stopped tree
+    pauses it.
     """
     check_text(text)
     session = await lock_session(conn, scope, session_id)
@@ -96,10 +97,13 @@ async def submit_input(
         if session["queue_paused"]:
             await conn.execute("UPDATE sessions SET queue_paused = false WHERE session_id = %s", (session_id,))
             session = {**session, "queue_paused": False}
-    elif not session["queue_paused"] and current is None and await _tree_stopped(conn, session["tree_id"]):
-        # Stop all paused every member with pending input; one given input later (a schedule, a
-        # cooperating session) while the tree is still stopped is paused the same way: Continue, or
-        # a human's input, starts it. (Continue locks every member first: it waits for this.)
+    elif (not session["queue_paused"] and current is None and not _from_within(origin, session)
+          and await _tree_stopped(conn, session["tree_id"])):
+        # Stop all paused every member with pending input; one given input later from outside the
+        # tree (a schedule, another tree's session) while it is still stopped is paused the same way:
+        # Continue, or a human's input, starts it. (Continue locks every member first: it waits for
+        # this.) A member's own input is not: in a stopped tree only a human's input runs a member,
+        # and what that member delegates within the tree is the human's work too.
         await conn.execute("UPDATE sessions SET queue_paused = true WHERE session_id = %s", (session_id,))
         session = {**session, "queue_paused": True}
     input_id = new_id()
@@ -117,6 +121,10 @@ async def submit_input(
         "status": "started" if turn_id else "queued",
         "turn_id": turn_id,
     }
+
+
+def _from_within(origin: dict[str, Any], session: Row) -> bool:
+    return origin.get("kind") == "session" and origin.get("tree_id") == str(session["tree_id"])
 
 
 async def _tree_stopped(conn: Connection, tree_id: uuid.UUID) -> bool:

@@ -256,17 +256,22 @@ async def test_after_a_stop_a_human_input_unpauses_only_that_member(db: Database
     assert (await session_row(db, bbb["session_id"]))["queue_paused"] is True
 
 
-async def test_after_a_stop_no_ones_input_but_a_humans_starts_an_idle_member(db: Database, scope: Scope) -> None:
-    """Stop all pauses the members with pending input. One given input later, by a schedule or a
-    cooperating session, while the tree was still stopped, started a Turn (and called the model) in
-    a tree the human had stopped."""
+@pytest.mark.parametrize("origin", [
+    {"kind": "schedule"},
+    {"kind": "session", "tree_id": str(uuid.uuid4())},  # another tree's session
+])
+async def test_after_a_stop_input_from_outside_the_tree_waits_for_continue(db: Database, scope: Scope,
+                                                                           origin: dict[str, Any]) -> None:
+    """Stop all pauses the members with pending input. One given input later by a schedule or by
+    another tree's session, while the tree was still stopped, started a Turn (and called the model)
+    in a tree the human had stopped."""
     tree, run = await start_root_run(db, scope)
     await finish(db, run)
     await stop(db, scope, tree)
     assert (await session_row(db, tree.root_id))["queue_paused"] is False  # nothing was pending
 
     async with db.tx() as conn:
-        receipt = await turns.submit_input(conn, scope, tree.root_id, "tick", {"kind": "schedule"})
+        receipt = await turns.submit_input(conn, scope, tree.root_id, "tick", origin)
 
     assert receipt["status"] == "queued"
     assert (await session_row(db, tree.root_id))["queue_paused"] is True
@@ -274,6 +279,28 @@ async def test_after_a_stop_no_ones_input_but_a_humans_starts_an_idle_member(db:
     assert await resume(db, scope, tree) == [tree.root_id]
     assert (await fetch_one(db, "SELECT status FROM inputs WHERE input_id = %s", (receipt["input_id"],)))["status"] \
         == "consumed"
+
+
+async def test_after_a_stop_a_member_a_human_set_going_delegates_within_the_tree(db: Database,
+                                                                                    scope: Scope) -> None:
+    """In a stopped tree only a human's input runs a member; what that member gives another member
+    of the tree is the human's work too (paused, the member waiting on it would hold Continue off)."""
+    tree, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    aaa_run = await claim_turn(db, tree.tree_id, aaa["turn_id"])
+    async with db.tx() as conn:
+        await turns.finish_turn(conn, aaa_run, "completed", output="done")
+    await finish(db, run)
+    await stop(db, scope, tree)
+
+    worked = await submit(db, scope, tree.root_id, "a human's new task")
+    assert worked["status"] == "started"
+    async with db.tx() as conn:
+        given = await turns.submit_input(conn, scope, uuid.UUID(aaa["session_id"]), "delegated",
+                                         {"kind": "session", "tree_id": str(tree.tree_id)})
+
+    assert given["status"] == "started"
+    assert (await session_row(db, aaa["session_id"]))["queue_paused"] is False
 
 
 async def test_a_continue_racing_an_input_that_pauses_its_member_starts_it(db: Database, scope: Scope) -> None:
