@@ -185,3 +185,26 @@ async def test_an_archived_conversation_ends_its_schedules_and_takes_no_new_one(
         async with db.tx() as conn:
             await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=60), "tick")
     assert await count_rows(db) == before
+
+
+@pytest.mark.parametrize(("catch_up", "expected"), [("once", 1), ("skip", 0)])
+async def test_a_per_minute_cron_down_for_days_catches_up_at_its_latest_due_time(
+        db: Database, scope: Scope, catch_up: str, expected: int) -> None:
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(cron="* * * * *"),
+                                               "tick", catch_up)
+    await _due_in_the_past(db, made["schedule_id"], 3 * 86400)
+    async with db.tx() as conn:  # the due time on a whole minute, as the rule gives them
+        await conn.execute("UPDATE schedules SET next_due_at = date_trunc('minute', next_due_at) "
+                           "WHERE schedule_id = %s", (made["schedule_id"],))
+
+    fired = await _fire_all(db, made["schedule_id"])
+
+    async with db.tx() as conn:
+        [listed] = await schedules.list_schedules(conn, scope, tree.root_id)
+        now = (await (await conn.execute("SELECT now() AS now")).fetchone() or {})["now"]
+    assert len(fired) == expected and len(await _inputs_of(db, tree.root_id)) == expected
+    if fired:
+        assert now - datetime.timedelta(minutes=1) < fired[0]["due_at"] <= now
+    assert now < listed["next_due_at"] <= now + datetime.timedelta(minutes=1)
