@@ -25,8 +25,10 @@ from tests.actors.helpers import eventually, model_calls_in_flight, peak_concurr
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:
+    # The children take a model call of 3 s: a root that calls wait_inputs right after creating them
+    # finds them still working and parks (without the delay, on a loaded host, both could end first).
     text = script(
-        call(create("a", script(say("A done"))), create("b", script(say("B done")))),
+        call(create("a", script(say("A done", delay_ms=3000))), create("b", script(say("B done", delay_ms=3000)))),
         call(("wait_inputs", {"input_ids": ["${0.input_id}", "${1.input_id}"]})),
         say("children said ${2.results.0.output} and ${2.results.1.output}"),
     )
