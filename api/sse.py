@@ -57,6 +57,10 @@ class StreamSettings:
     # A stream's place among its key's open streams lasts this long, renewed while it is open.
     lease_seconds: float = 60.0
     lease_refresh_seconds: float = 20.0
+    # A stream ends once it has sent this much (the client resumes from its Last-Event-ID). Serve
+    # passes a stream on without waiting for its reader: one that stopped reading would otherwise
+    # have a whole tree's history, and everything after, held in the proxy's memory.
+    max_bytes: int = 16 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,18 +142,20 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
     With ``watched_tree_id`` (the caller marked that tree as watched when it opened the stream)
     the stream carries live deltas and renews the mark while it is open. With ``lease`` (the
     place the caller took for the stream among its key's streams) it renews the place, and
-    ends when the key is no longer live."""
+    ends when the key is no longer live. It also ends after ``settings.max_bytes``, between two
+    events: the client comes back with the last one's id."""
     settings = settings or StreamSettings()
     with hub.subscribe(scope, session_id=str(session_id) if session_id else None,
                        tree_id=str(tree_id) if tree_id else None,
                        deltas=watched_tree_id is not None,
                        key_id=str(lease.key_id) if lease else None) as subscription:
         yield f"retry: {settings.retry_ms}\n\n".encode()
+        sent = 0
         cursor = after
         last_write = next_poll = time.monotonic()
         next_watch = last_write + settings.watch_refresh_seconds
         next_lease = last_write + settings.lease_refresh_seconds
-        while True:
+        while sent < settings.max_bytes:
             if lease is not None and (subscription.key_changed or time.monotonic() >= next_lease):
                 subscription.key_changed = False
                 if not await lease.renew(settings.lease_seconds):
@@ -161,8 +167,10 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
             # Deltas first: every delta already here was published before any event read below
             # committed (notifications arrive in commit order), so a client sees a model call's
             # text before the event of the message it became.
-            while subscription.deltas:
-                yield format_delta(subscription.deltas.popleft())
+            while subscription.deltas and sent < settings.max_bytes:
+                chunk = format_delta(subscription.deltas.popleft())
+                sent += len(chunk)
+                yield chunk
                 last_write = time.monotonic()
             now = time.monotonic()
             if subscription.events_due or now >= next_poll:
@@ -170,8 +178,12 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
                 subscription.events_due = False
                 rows = await _due_events(db, scope, cursor, subscription)
                 for row in rows:
+                    if sent >= settings.max_bytes:
+                        return  # the rest from this cursor, when the client comes back
                     cursor = row["cursor"]
-                    yield format_event(row)
+                    chunk = format_event(row)
+                    sent += len(chunk)
+                    yield chunk
                 if rows:
                     last_write = time.monotonic()
                 if len(rows) == _BATCH:

@@ -161,6 +161,40 @@ async def test_streams_poll_while_the_listener_is_down(runtime: Runtime, scope: 
     assert hub.subscriber_count == 0
 
 
+async def test_a_stream_ends_after_its_byte_budget_and_resumes_from_its_last_event(
+        runtime: Runtime, scope: Scope) -> None:
+    """Serve passes a stream on without waiting for its reader: a client that stopped reading had
+    the tree's whole history, and all that followed, held in the proxy's memory. A stream now ends
+    after a budget of bytes, and the client's Last-Event-ID takes it on from there, losing nothing."""
+    created = await runtime.create_root(scope, title="long")
+    session_id = created["session"]["session_id"]
+    for i in range(6):
+        receipt = await runtime.submit_input(scope, session_id, script(say(f"reply {i}")))
+        await runtime.wait_result(scope, receipt["input_id"], timeout=60)
+    expected = await _scope_events(runtime, scope)
+    hub = EventHub("postgresql:///nowhere?host=/nonexistent")
+    settings = StreamSettings(heartbeat_seconds=30, fallback_poll_seconds=0.1, max_bytes=1500)
+
+    async def one_stream(after: int) -> list[int]:
+        seen = []
+        stream = event_stream(hub, runtime.db, scope, after=after, session_id=session_id, settings=settings)
+        async for chunk in stream:  # ends by itself, at the budget
+            if chunk.startswith(b"id: "):
+                seen.append(int(chunk.split(b"\n", 1)[0].removeprefix(b"id: ")))
+            if seen and seen[-1] == expected[-1]:
+                await stream.aclose()
+                break
+        return seen
+
+    streams: list[list[int]] = []
+    while not streams or streams[-1][-1] != expected[-1]:
+        streams.append(await asyncio.wait_for(one_stream(streams[-1][-1] if streams else 0), 30))
+        assert len(streams) < len(expected), streams
+
+    assert len(streams) > 1 and all(seen for seen in streams)
+    assert [cursor for seen in streams for cursor in seen] == expected
+
+
 async def _scope_events(runtime: Runtime, scope: Scope) -> list[int]:
     found = await rows(runtime.db, "SELECT cursor FROM events WHERE user_id = %s AND app_id = %s ORDER BY cursor",
                        scope.user_id, scope.app_id)
