@@ -62,7 +62,6 @@ class Rule:
         except CroniterBadDateError:  # no match within croniter's search horizon (decades)
             return None
 
-
     def latest(self, due: datetime.datetime, now: datetime.datetime) -> datetime.datetime:
         """The last due time at or before ``now``, ``due`` (at or before ``now``) being one: in constant
         time however many were missed (stepping through them, a per-minute rule down for days held

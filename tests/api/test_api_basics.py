@@ -176,18 +176,15 @@ async def test_agents_and_projects(http: httpx.AsyncClient, runtime: Runtime) ->
 
 
 async def test_a_conversation_past_the_scopes_quota_is_a_429_until_one_is_archived(
-        http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
+        http: httpx.AsyncClient, runtime: Runtime, scope: Scope, monkeypatch: pytest.MonkeyPatch) -> None:
     first = (await http.post("/api/v1/sessions", json={"title": "first"})).json()["session"]["session_id"]
-    saved = runtime.settings.max_roots_per_scope
-    runtime.settings.max_roots_per_scope = 1
-    try:
-        refused = await http.post("/api/v1/sessions", json={"title": "second", "input": "hello"})
-        before = await rows(runtime.db, "SELECT count(*) AS n FROM inputs WHERE user_id = %s AND app_id = %s",
-                            scope.user_id, scope.app_id)
-        assert (await http.post(f"/api/v1/sessions/{first}/archive")).status_code == 200
-        made = await http.post("/api/v1/sessions", json={"title": "second"})
-    finally:
-        runtime.settings.max_roots_per_scope = saved
+    monkeypatch.setattr(runtime.settings, "max_roots_per_scope", 1)
+
+    refused = await http.post("/api/v1/sessions", json={"title": "second", "input": "hello"})
+    before = await rows(runtime.db, "SELECT count(*) AS n FROM inputs WHERE user_id = %s AND app_id = %s",
+                        scope.user_id, scope.app_id)
+    assert (await http.post(f"/api/v1/sessions/{first}/archive")).status_code == 200
+    made = await http.post("/api/v1/sessions", json={"title": "second"})
 
     assert refused.status_code == 429 and "CANOPY_MAX_ROOTS_PER_SCOPE" in refused.json()["detail"], refused.text
     assert before == [{"n": 0}]
@@ -197,32 +194,27 @@ async def test_a_conversation_past_the_scopes_quota_is_a_429_until_one_is_archiv
     assert [row["title"] for row in titles] == ["first", "second"]
 
 
-@pytest.mark.parametrize(("kind", "body", "made"), [
+@pytest.mark.parametrize(("kind", "body", "quota", "made"), [
     # The quota's last place: the second send found the quota full (429).
-    ("projects", {"name": "last"}, "SELECT project_id AS id FROM projects WHERE user_id = %s AND app_id = %s "
-                                   "AND name = 'last'"),
+    ("projects", {"name": "last"}, "max_projects_per_scope",
+     "SELECT project_id AS id FROM projects WHERE user_id = %s AND app_id = %s AND name = 'last'"),
     # The id the first send made: the second found it taken (409).
-    ("agents", {"agent_id": "made-once", "name": "Once"}, "SELECT agent_id AS id FROM agents WHERE "
-                                                          "owner_user_id = %s AND app_id = %s"),
+    ("agents", {"agent_id": "made-once", "name": "Once"}, None,
+     "SELECT agent_id AS id FROM agents WHERE owner_user_id = %s AND app_id = %s"),
 ])
 async def test_one_request_sent_twice_is_made_once_and_replayed_though_the_first_leaves_it_no_room(
-        http: httpx.AsyncClient, runtime: Runtime, scope: Scope, kind: quotas.Kind, body: dict[str, str],
-        made: str) -> None:
+        http: httpx.AsyncClient, runtime: Runtime, scope: Scope, monkeypatch: pytest.MonkeyPatch, kind: quotas.Kind,
+        body: dict[str, str], quota: str | None, made: str) -> None:
     """A client's retry with the same Idempotency-Key while the first send is under way: the second
     waited for the first's quota lock, then was refused for what the first had just made."""
-    held = len((await http.get(f"/api/v1/{kind}")).json())
+    if quota is not None:  # one place left
+        monkeypatch.setattr(runtime.settings, quota, len((await http.get(f"/api/v1/{kind}")).json()) + 1)
     headers = {"Idempotency-Key": f"twice-{uuid.uuid4().hex}"}
-    saved = runtime.settings.max_projects_per_scope
-    runtime.settings.max_projects_per_scope = held + 1
-    try:
-        async with runtime.db.tx() as conn:
-            await quotas.check_room(conn, scope, kind, held + 1)  # holds the scope's quota lock
-            sends = [asyncio.ensure_future(http.post(f"/api/v1/{kind}", json=body, headers=headers))
-                     for _ in range(2)]
-            await poll(lambda: _waiting_for_the_lock(runtime, quotas.lock_key(scope, kind), 2))
-        answers = await asyncio.gather(*sends)
-    finally:
-        runtime.settings.max_projects_per_scope = saved
+    async with runtime.db.tx() as conn:
+        await quotas.hold(conn, scope, kind)
+        sends = [asyncio.ensure_future(http.post(f"/api/v1/{kind}", json=body, headers=headers)) for _ in range(2)]
+        await poll(lambda: _waiting_for_the_lock(runtime, quotas.lock_key(scope, kind), 2))
+    answers = await asyncio.gather(*sends)
 
     assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
     assert answers[0].json() == answers[1].json()
@@ -239,21 +231,17 @@ async def _waiting_for_the_lock(runtime: Runtime, key: str, waiters: int) -> boo
 
 
 async def test_a_project_without_conversations_is_deleted_and_frees_its_quota_place(
-        http: httpx.AsyncClient, runtime: Runtime) -> None:
+        http: httpx.AsyncClient, runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     empty = (await http.post("/api/v1/projects", json={"name": "empty"})).json()["project_id"]
     used = (await http.post("/api/v1/projects", json={"name": "used"})).json()["project_id"]
     assert (await http.post("/api/v1/sessions", json={"project_id": used})).status_code == 201
 
     kept = await http.delete(f"/api/v1/projects/{used}")
     assert kept.status_code == 409 and "holds 1 conversation" in kept.json()["detail"], kept.text
-    held = len((await http.get("/api/v1/projects")).json())
-    saved = runtime.settings.max_projects_per_scope
-    runtime.settings.max_projects_per_scope = held  # full: only the delete makes room
-    try:
-        assert (await http.delete(f"/api/v1/projects/{empty}")).status_code == 204
-        again = await http.post("/api/v1/projects", json={"name": "in its place"})
-    finally:
-        runtime.settings.max_projects_per_scope = saved
+    # Full: only the delete makes room.
+    monkeypatch.setattr(runtime.settings, "max_projects_per_scope", len((await http.get("/api/v1/projects")).json()))
+    assert (await http.delete(f"/api/v1/projects/{empty}")).status_code == 204
+    again = await http.post("/api/v1/projects", json={"name": "in its place"})
 
     assert again.status_code == 201, again.text
     assert (await http.delete(f"/api/v1/projects/{empty}")).status_code == 404
@@ -351,17 +339,13 @@ async def test_a_messages_page_ends_at_its_byte_budget_and_links_the_next(http: 
     assert pages == [["1", "2", "3"], ["4", "5", "6"]]  # 4 MiB reached after three, then the rest
 
 
-async def test_a_create_past_the_scopes_quota_is_a_429_and_writes_nothing(http: httpx.AsyncClient,
-                                                                           runtime: Runtime) -> None:
-    saved = runtime.settings.max_projects_per_scope
+async def test_a_create_past_the_scopes_quota_is_a_429_and_writes_nothing(
+        http: httpx.AsyncClient, runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     held = len((await http.get("/api/v1/projects")).json())
     tag = uuid.uuid4().hex
-    runtime.settings.max_projects_per_scope = held + 1
-    try:
-        made = await http.post("/api/v1/projects", json={"name": f"last {tag}"})
-        refused = await http.post("/api/v1/projects", json={"name": f"too many {tag}"})
-    finally:
-        runtime.settings.max_projects_per_scope = saved
+    monkeypatch.setattr(runtime.settings, "max_projects_per_scope", held + 1)
+    made = await http.post("/api/v1/projects", json={"name": f"last {tag}"})
+    refused = await http.post("/api/v1/projects", json={"name": f"too many {tag}"})
 
     assert made.status_code == 201, made.text
     assert refused.status_code == 429 and "CANOPY_MAX_PROJECTS_PER_SCOPE" in refused.json()["detail"], refused.text
