@@ -7,12 +7,20 @@ commit fires it again later, a crash after it finds it fired, and no due time fi
 
 Due times missed while nothing ran (everything down, or the sweep late) follow the schedule's
 ``catch_up``: ``once`` (the default) fires once for all of them — at the latest missed due time —
-then continues from now; ``all`` fires each of them, oldest first, one per sweep step; ``skip``
-fires none and continues from now. A due time whose input cannot be given (its session is
-archived, or waits for a human) is recorded with the reason and skipped. A cron expression has five
-fields: croniter's sixth (seconds) and seventh (a year) would allow a rule that comes due once, or
-never. A rule that has no due time after one it fired (one stored before that was checked) ends the
-schedule as a delete does, so it never holds its place at the head of the due schedules.
+then continues from now; ``all`` fires each of them, oldest first; ``skip`` fires none and
+continues from now. A due time whose input cannot be given (its session is archived, or waits for
+a human) is recorded with the reason and skipped. A cron expression has five fields: croniter's
+sixth (seconds) and seventh (a year) would allow a rule that comes due once, or never. A rule that
+has no due time after one it fired (one stored before that was checked) ends the schedule as a
+delete does, so it never holds its place at the head of the due schedules.
+
+The inputs a schedule has waiting in its session's queue are bounded: a session busy for hours, or
+a tree stopped, would otherwise collect one per due time (a per-second rule with a long text is
+megabytes a minute). While one waits, a due time of a ``once`` or ``skip`` schedule is recorded as
+skipped for that reason, as a cron job that must not overlap is. An ``all`` schedule may have
+``ALL_WAITING`` waiting (a backlog is caught up faster than one per sweep); then it holds its due
+time until the session takes one in, so it still gives every one, and it leaves the head of the
+due list to the others meanwhile.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from persistence.sessions import get_session_row
 
 CATCH_UP = ("once", "all", "skip")
 MIN_INTERVAL_SECONDS = 1.0
+ALL_WAITING = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,16 +135,16 @@ async def end_tree_schedules(conn: Connection, tree_id: uuid.UUID) -> None:
 
 async def due_schedules(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
     """Schedules with a due time that has come, soonest first: what the sweep fires."""
-    cur = await conn.execute(query("schedules_due"), {"limit": limit})
+    cur = await conn.execute(query("schedules_due"), {"limit": limit, "window": ALL_WAITING})
     return [row["schedule_id"] for row in await cur.fetchall()]
 
 
 async def fire_due(conn: Connection, schedule_id: uuid.UUID) -> Row | None:
     """Fire the schedule's due time if it has come and nobody else is firing it (see the module
     docstring); returns the firing (with the input receipt, or the error) or None."""
-    cur = await conn.execute(query("schedule_lock_due"), {"schedule_id": schedule_id})
+    cur = await conn.execute(query("schedule_lock_due"), {"schedule_id": schedule_id, "window": ALL_WAITING})
     schedule = await cur.fetchone()
-    if schedule is None:
+    if schedule is None or (schedule["catch_up"] == "all" and schedule["inputs_waiting"] >= ALL_WAITING):
         return None
     rule, now, due = _rule(schedule), schedule["now"], schedule["next_due_at"]
     if schedule["catch_up"] != "all":  # missed due times collapse into the latest (once) or none (skip)
@@ -148,11 +157,15 @@ async def fire_due(conn: Connection, schedule_id: uuid.UUID) -> Row | None:
     origin: dict[str, Any] = {"kind": "schedule", "schedule_id": str(schedule_id), "due_at": due.isoformat()}
     receipt: Row | None = None
     error: str | None = None
-    try:
-        async with savepoint(conn):  # a refused input changes nothing but the firing's record
-            receipt = await turns.submit_input(conn, scope, schedule["session_id"], schedule["input_text"], origin)
-    except CanopyError as refused:
-        error = str(refused)
+    if schedule["inputs_waiting"] and schedule["catch_up"] != "all":
+        error = "the input of an earlier due time still waits in the session's queue"
+    else:
+        try:
+            async with savepoint(conn):  # a refused input changes nothing but the firing's record
+                receipt = await turns.submit_input(conn, scope, schedule["session_id"], schedule["input_text"],
+                                                   origin)
+        except CanopyError as refused:
+            error = str(refused)
     await conn.execute(query("schedule_firing_insert"), {
         "schedule_id": schedule_id, "due_at": due, "input_id": receipt["input_id"] if receipt else None,
         "error": error})

@@ -513,6 +513,8 @@ CREATE TABLE schedule_firings (
     fired_at        timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (schedule_id, due_at)
 );
+-- The inputs a schedule gave, latest first: how many of them still wait is read at each firing.
+CREATE INDEX schedule_firings_inputs ON schedule_firings (schedule_id, due_at DESC) WHERE input_id IS NOT NULL;
 
 -- Counters of things that happen (persistence/metrics.py): one row per metric and label set, so
 -- the table stays as small as the bounded label sets. Each process adds its gathered counts

@@ -14,7 +14,7 @@ from persistence import schedules, trees
 from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import Scope
-from tests.persistence.helpers import count_rows, fetch_all, make_tree
+from tests.persistence.helpers import claim_turn, count_rows, fetch_all, finish, make_tree, scalar, start_root_run
 
 
 async def _due_in_the_past(db: Database, schedule_id: uuid.UUID, seconds_ago: float) -> None:
@@ -76,6 +76,61 @@ async def test_missed_due_times_follow_the_catch_up_policy(db: Database, scope: 
         [listed] = await schedules.list_schedules(conn, scope, tree.root_id)
         now = (await (await conn.execute("SELECT now() AS now")).fetchone() or {})["now"]
     assert now < listed["next_due_at"] <= now + datetime.timedelta(seconds=10)
+
+
+async def _due_list(db: Database) -> list[uuid.UUID]:
+    async with db.tx() as conn:
+        return await schedules.due_schedules(conn)
+
+
+async def test_catching_up_on_all_holds_its_due_times_while_its_inputs_wait(
+        db: Database, scope: Scope, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schedules, "ALL_WAITING", 2)
+    tree, busy = await start_root_run(db, scope)  # a running Turn: each input waits in the queue
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=10),
+                                               "tick", "all")
+    await _due_in_the_past(db, made["schedule_id"], 45)  # due 45, 35, 25, 15 and 5 s ago
+    given = [f["due_at"] for f in await _fire_all(db, made["schedule_id"])]
+    assert len(given) == 2  # then it holds the next missed due time
+    while len(given) < 5:
+        assert made["schedule_id"] not in await _due_list(db)  # and leaves the due list to the others
+        await finish(db, busy)  # the Turn ends; the next takes the oldest scheduled input in
+        busy = await claim_turn(db, tree.tree_id, await scalar(
+            db, "SELECT turn_id FROM turns WHERE session_id = %s AND status = 'running'", (tree.root_id,)))
+        fired = await _fire_all(db, made["schedule_id"])
+        assert len(fired) == 1
+        given.append(fired[0]["due_at"])
+    assert given == sorted(given) and len(set(given)) == 5  # every missed due time, oldest first
+    assert len(await _inputs_of(db, tree.root_id)) == 5
+    assert await _fire_all(db, made["schedule_id"]) == []  # caught up: the next due time is ahead
+
+
+@pytest.mark.parametrize("catch_up", ["once", "skip"])
+async def test_a_schedule_gives_no_input_while_its_last_one_waits(db: Database, scope: Scope,
+                                                                 catch_up: str) -> None:
+    """A session busy for hours (or a tree stopped) would otherwise collect one input per due time:
+    a per-second rule with a long text is megabytes a minute in the queue."""
+    tree, busy = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=60),
+                                               "tick", catch_up)
+    await _due_in_the_past(db, made["schedule_id"], 1)
+    [first] = await _fire_all(db, made["schedule_id"])
+    assert first["receipt"]["status"] == "queued"
+    for _ in range(3):
+        await _due_in_the_past(db, made["schedule_id"], 1)
+        [skipped] = await _fire_all(db, made["schedule_id"])
+        assert skipped["receipt"] is None and "still waits" in str(skipped["error"])
+    assert len(await _inputs_of(db, tree.root_id)) == 1
+    firings = await fetch_all(db, "SELECT input_id, error FROM schedule_firings WHERE schedule_id = %s "
+                                  "ORDER BY due_at", (made["schedule_id"],))
+    assert [f["input_id"] for f in firings] == [first["receipt"]["input_id"], None, None, None]
+
+    await finish(db, busy)  # the queued input is taken in: the next due time gives one again
+    await _due_in_the_past(db, made["schedule_id"], 1)
+    [again] = await _fire_all(db, made["schedule_id"])
+    assert again["receipt"] is not None and len(await _inputs_of(db, tree.root_id)) == 2
 
 
 async def test_a_refused_input_is_recorded_and_skipped(db: Database, scope: Scope) -> None:
