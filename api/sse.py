@@ -9,8 +9,9 @@ Each event's SSE ``id:`` is its cursor. Model text deltas, which are not durable
 cursor, go out as ``event: delta`` without an ``id:`` so they never move a client's resume point.
 
 An API key holds at most ``CANOPY_MAX_STREAMS_PER_KEY`` open streams across all replicas:
-each stream holds a place (a row of ``open_streams``, persistence/open_streams.py) that it
-renews while open and frees when it closes; a replica that dies frees its places when they
+each stream holds a place (a row of ``open_streams``, persistence/open_streams.py) that its
+response renews while open (beside the body, which a client that stops reading blocks) and frees
+when it closes; a replica that dies frees its places when they
 expire (``StreamSettings.lease_seconds``). Counting in PostgreSQL rather than per replica
 costs a write per open, close and renewal, and makes the limit the same however many
 replicas serve the key. Renewing also re-checks the key: a stream of a revoked or expired
@@ -91,13 +92,18 @@ class StreamLease:
 class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[bytes], lease: StreamLease | None = None) -> None:
+    def __init__(self, content: AsyncIterator[bytes], lease: StreamLease | None = None,
+                 settings: StreamSettings | None = None) -> None:
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.lease = lease
+        self.settings = settings or StreamSettings()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            if self.lease is None:
+                await super().__call__(scope, receive, send)
+            else:
+                await self._send_holding(self.lease, scope, receive, send)
         finally:
             # Close the generator now (not at garbage collection) so its subscription is freed
             # as soon as the client goes away, and free the stream's place.
@@ -106,6 +112,32 @@ class EventStreamResponse(StreamingResponse):
                 await close()
             if self.lease is not None:
                 await self.lease.release()
+
+
+    async def _send_holding(self, lease: StreamLease, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the stream while a task beside it renews its place, and end it when the key is no
+        longer live. The place is renewed here, not in the body's generator: under uvicorn a client
+        that stops reading blocks the generator in a send, and a place renewed there expired while
+        the stream stayed open, so a key could hold any number of stuck streams."""
+        sending = asyncio.create_task(super().__call__(scope, receive, send))
+        holding = asyncio.create_task(self._hold(lease, sending))
+        try:
+            await sending
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if holding.cancelled() or not holding.done() or (current is not None and current.cancelling()):
+                raise
+            # The key is no longer live: the response ends here, as the generator's return ends it.
+        finally:
+            holding.cancel()
+            sending.cancel()
+
+    async def _hold(self, lease: StreamLease, sending: asyncio.Task[None]) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_refresh_seconds)
+            if not await lease.renew(self.settings.lease_seconds):
+                sending.cancel()
+                return
 
 
 def format_event(row: Row) -> bytes:
@@ -141,9 +173,10 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
 
     With ``watched_tree_id`` (the caller marked that tree as watched when it opened the stream)
     the stream carries live deltas and renews the mark while it is open. With ``lease`` (the
-    place the caller took for the stream among its key's streams) it renews the place, and
-    ends when the key is no longer live. It also ends after ``settings.max_bytes``, between two
-    events: the client comes back with the last one's id."""
+    place the caller took for the stream among its key's streams, which EventStreamResponse
+    renews) it re-checks the key as soon as the key changes, and ends when it is no longer live.
+    It also ends after ``settings.max_bytes``, between two events: the client comes back with the
+    last one's id."""
     settings = settings or StreamSettings()
     with hub.subscribe(scope, session_id=str(session_id) if session_id else None,
                        tree_id=str(tree_id) if tree_id else None,
@@ -154,13 +187,11 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
         cursor = after
         last_write = next_poll = time.monotonic()
         next_watch = last_write + settings.watch_refresh_seconds
-        next_lease = last_write + settings.lease_refresh_seconds
         while sent < settings.max_bytes:
-            if lease is not None and (subscription.key_changed or time.monotonic() >= next_lease):
+            if lease is not None and subscription.key_changed:  # at once; the response renews it meanwhile
                 subscription.key_changed = False
                 if not await lease.renew(settings.lease_seconds):
                     return  # the key was revoked or has expired
-                next_lease = time.monotonic() + settings.lease_refresh_seconds
             if watched_tree_id is not None and time.monotonic() >= next_watch:
                 await _renew_watch(db, watched_tree_id, settings.watch_seconds)
                 next_watch = time.monotonic() + settings.watch_refresh_seconds

@@ -82,7 +82,7 @@ async def _open(request: Request, runtime: Runtime, caller: ApiKey, query: Strea
     lease = StreamLease(runtime.db, stream_id, caller.key_id)
     return EventStreamResponse(event_stream(state.hub, runtime.db, caller.scope, after=start, session_id=session_id,
                                             tree_id=tree_id, watched_tree_id=watched, settings=streams, lease=lease),
-                               lease=lease)
+                               lease=lease, settings=streams)
 
 
 @router.get("/sessions/{session_id}/events", **_STREAM_ROUTE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator
 
@@ -13,11 +14,13 @@ import httpx
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from api.app import create_app
 from api.hub import EventHub
 from api.sse import StreamSettings, event_stream
+from persistence.events import append_event
 from persistence.records import Scope
 from persistence.scopes import hash_key
-from tests.api.conftest import ApiServer, ClientFactory
+from tests.api.conftest import ApiServer, ClientFactory, uvicorn_server
 from tests.api.helpers import ADMIN_TOKEN, client, collect_events, poll, rows, sse_frames, terminal
 
 EVENT_FIELDS = {"cursor", "kind", "session_id", "tree_id", "turn_id", "run_id", "payload", "created_at"}
@@ -330,6 +333,10 @@ async def _places_below(runtime: Runtime, api_key: str, bound: int) -> bool:
     return await _places(runtime, api_key) < bound
 
 
+async def _places_held(runtime: Runtime, api_key: str, count: int) -> bool:
+    return await _places(runtime, api_key) == count
+
+
 async def test_a_revoked_key_loses_its_open_streams(api: ApiServer, runtime: Runtime, scope: Scope) -> None:
     async with client(api.url, ADMIN_TOKEN) as admin:
         key = (await admin.post("/api/v1/admin/keys", json={"user_id": scope.user_id, "app_id": scope.app_id})).json()
@@ -341,3 +348,33 @@ async def test_a_revoked_key_loses_its_open_streams(api: ApiServer, runtime: Run
                 # The stream ends (its heartbeat would otherwise keep it open forever).
                 await asyncio.wait_for(_drain(stream.aiter_bytes()), 10)
     await poll(lambda: _places_below(runtime, key["api_key"], 1), timeout=10)
+
+
+async def test_a_stream_whose_client_stopped_reading_keeps_its_place_until_it_closes(
+        runtime: Runtime, scope: Scope) -> None:
+    """Under uvicorn a client that stops reading blocks the stream in a send. Its place was renewed
+    by the stream's generator, blocked with it, so the place expired while the stream stayed open,
+    and the key could open any number of such streams."""
+    settings = StreamSettings(heartbeat_seconds=30, fallback_poll_seconds=0.1, lease_seconds=2.0,
+                              lease_refresh_seconds=0.5)
+    app = create_app(runtime, admin_token=ADMIN_TOKEN, stream_settings=settings)
+    key = await runtime.create_api_key(scope)
+    session_id = (await runtime.create_root(scope, title="unread"))["session"]["session_id"]
+    async with runtime.db.tx() as conn:  # a history larger than every buffer between the two ends
+        for _ in range(40):
+            await append_event(conn, scope, "message_added", session_id=uuid.UUID(str(session_id)),
+                               payload={"text": "x" * 100_000})
+    async with uvicorn_server(app) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect((host, int(port)))
+        reader.sendall(f"GET /api/v1/sessions/{session_id}/events HTTP/1.1\r\nHost: {host}\r\n"
+                       f"Authorization: Bearer {key}\r\n\r\n".encode())
+        try:
+            await poll(lambda: _places_held(runtime, key, 1), timeout=10)
+            await asyncio.sleep(3 * settings.lease_seconds)  # never read: the stream is stuck in a send
+            assert await _places(runtime, key) == 1  # and it still holds its place
+        finally:
+            reader.close()
+        await poll(lambda: _places_below(runtime, key, 1), timeout=10)  # a closed stream frees it
