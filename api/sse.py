@@ -113,7 +113,6 @@ class EventStreamResponse(StreamingResponse):
             if self.lease is not None:
                 await self.lease.release()
 
-
     async def _send_holding(self, lease: StreamLease, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the stream while a task beside it renews its place, and end it when the key is no
         longer live. The place is renewed here, not in the body's generator: under uvicorn a client
