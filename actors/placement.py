@@ -335,10 +335,13 @@ class Hosted(Placement):
         name = host_actor_name(index)
         try:
             host = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+        except ValueError:
+            return False  # not running: it is made where it belongs when next needed
+        try:
             if not await asyncio.wait_for(host.move.remote(node_id), _HINT_TIMEOUT_SECONDS):
                 return False  # there already, or draining: the next round asks again
-        except (ValueError, *_GONE):
-            return False  # not running: it is made where it belongs when next needed
+        except _GONE:
+            pass  # a host that drained at once may exit before its reply leaves: it left all the same
         await _until_gone(name)
         # Made now, so that no activation waits for its start (a hint would make it all the same).
         await asyncio.wait_for(self._hosts.get(index, fresh=True).ready.remote(), _HINT_TIMEOUT_SECONDS)

@@ -169,7 +169,10 @@ async def test_a_moving_host_hands_a_long_run_on_between_model_steps(runtime: Ru
 
     first_owner = await eventually(owner_while_sending)
     before = await host.status.remote()
-    await host.move.remote("f" * 56)  # no node has that id: the host leaves and is made again where it was
+    try:
+        await host.move.remote("f" * 56)  # no node has that id: the host leaves and is made again where it was
+    except ray.exceptions.RayActorError:
+        pass  # it drained at once and exited before its reply left
 
     async def made_again() -> bool:
         try:
