@@ -2,8 +2,9 @@
 
 On what CI provides (a Docker engine and the test image, the scripted model, a fresh data dir
 whose embedded PostgreSQL the doctor starts) every check is OK and the exit code is 0, and the
-doctor leaves nothing running. With a database that does not answer and an image that is not
-there, it names both problems (the password hidden), skips what needs the database, and exits 1.
+doctor leaves nothing running. With a database that does not answer, an image that is not there
+and a provider's model without its key, it names the three problems (the password hidden), skips
+what needs the database, and exits 1. The model check with the key present runs in this process.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from api.doctor import Doctor, Problem
 from persistence.migrations import latest_version
+from persistence.settings import Settings
 from sandbox.base import SandboxUnavailable
 from sandbox.docker_backend import connect
 from tests.ports import free_port
@@ -98,10 +101,12 @@ def test_doctor_says_all_ok_on_what_ci_provides_and_leaves_nothing_running(root:
     assert _eventually_nothing_under(root) == []
 
 
-def test_doctor_names_an_unreachable_database_and_a_missing_image(root: Path, docker_engine: None) -> None:
+def test_doctor_names_an_unreachable_database_a_missing_image_and_a_missing_key(root: Path,
+                                                                               docker_engine: None) -> None:
     port = free_port()
     code, found, printed = doctor(root, CANOPY_DATABASE_URL=f"postgresql://canopy:hunter2@127.0.0.1:{port}/canopy",
-                                  CANOPY_SANDBOX_IMAGE="canopy-sandbox-absent:latest")
+                                  CANOPY_SANDBOX_IMAGE="canopy-sandbox-absent:latest",
+                                  CANOPY_DEFAULT_MODEL="openai/gpt-4o-mini")
     assert code == 1, printed
     assert found["database"] == ("FAIL", f"cannot reach the database at postgresql://canopy@127.0.0.1:{port}/canopy "
                                          "(password hidden): connection refused — check CANOPY_DATABASE_URL"), printed
@@ -109,27 +114,29 @@ def test_doctor_names_an_unreachable_database_and_a_missing_image(root: Path, do
     assert found["sandbox image"][0] == "FAIL"
     assert "canopy-sandbox-absent:latest (CANOPY_SANDBOX_IMAGE) is not on the engine: pull or build it" in \
         found["sandbox image"][1]
-    assert found["Ray"][0] == found["Docker"][0] == found["model"][0] == "OK", printed
-    assert printed.rstrip().endswith("not OK: database, schema, sandbox image"), printed
+    assert found["model"][0] == "FAIL" and "OPENAI_API_KEY" in found["model"][1], printed  # a provider's, no key
+    assert found["Ray"][0] == found["Docker"][0] == "OK", printed
+    assert printed.rstrip().endswith("not OK: database, schema, sandbox image, model"), printed
     assert "hunter2" not in printed and "Traceback" not in printed
     assert _eventually_nothing_under(root) == []
 
 
-def test_doctor_checks_a_provider_model_for_its_key_without_calling_it(root: Path, docker_engine: None) -> None:
-    """A provider's default model fails the check while its key is missing, naming the variable,
-    and passes once the key is in the secrets directory (the doctor makes no request)."""
-    secrets = root / "data" / "secrets"
-    model = {"CANOPY_DEFAULT_MODEL": "openai/gpt-4o-mini", "CANOPY_SECRETS_DIR": str(secrets)}
-    secrets.mkdir(parents=True, exist_ok=True)
-    code, found, printed = doctor(root, **model)
-    assert code == 1, printed
-    assert found["model"][0] == "FAIL" and "OPENAI_API_KEY" in found["model"][1], printed
-    assert printed.rstrip().endswith("not OK: model"), printed
+def test_doctor_checks_a_provider_model_for_its_key_without_calling_it(root: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model check alone, in this process (the subprocess runs above cover the doctor's whole
+    run, a provider model without its key included): it passes once the key is in the secrets
+    directory, makes no request, and never prints the key."""
+    # The gateway puts a key it finds into this process's environment: recorded here, so that the
+    # variable is taken away again after the test (delenv alone records nothing when it is unset).
+    monkeypatch.setenv("OPENAI_API_KEY", "")
+    monkeypatch.delenv("OPENAI_API_KEY")
+    settings = Settings(default_model="openai/gpt-4o-mini", data_dir=root / "data")
+    with pytest.raises(Problem, match="OPENAI_API_KEY"):
+        Doctor(settings).model()
 
+    secrets = root / "data" / "secrets"  # where the runtime's model gateways read provider keys
+    secrets.mkdir(parents=True)
     (secrets / "OPENAI_API_KEY").write_text("sk-doctor-test-not-a-key")
-    code, found, printed = doctor(root, **model)
-    assert code == 0, printed
-    assert found["model"] == ("OK", "openai/gpt-4o-mini (CANOPY_DEFAULT_MODEL): litellm has its key and endpoint "
-                                    "(not called)"), printed
-    assert "sk-doctor-test" not in printed
-    assert _eventually_nothing_under(root) == []
+    found = Doctor(settings).model()
+    assert found == "openai/gpt-4o-mini (CANOPY_DEFAULT_MODEL): litellm has its key and endpoint (not called)"
+    assert "sk-doctor-test" not in found
