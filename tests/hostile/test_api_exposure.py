@@ -44,6 +44,8 @@ from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 240.0
+# One worker runs the module's tests: the fixture's canopy up is started once, not once per worker.
+pytestmark = pytest.mark.xdist_group("api-exposure")
 
 
 @dataclass
