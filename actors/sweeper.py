@@ -40,9 +40,6 @@ log = logging.getLogger(__name__)
 _ORPHANS_EVERY_SECONDS = 60.0
 # Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
 _GAUGES_EVERY_SECONDS = 5.0
-# Nodes join and leave rarely, and Ray declares a lost one dead only after ~30 s of failed health
-# checks: looking at the node list more often finds nothing new.
-_NODES_EVERY_SECONDS = 10.0
 # A schedule catching up on every missed due time fires at most this many per round (the rest next round).
 _MAX_FIRINGS_PER_ROUND = 20
 # Expired watch marks are ignored by readers; deleting them is housekeeping only.
@@ -189,13 +186,13 @@ class SweeperImpl:
     async def _release_lost_nodes_sandboxes(self, db: Database) -> None:
         """A lost node's sandboxes are released now, not at their trees' next commands: until then they
         would count as active, and no host is left on that node to release them when idle."""
-        if self._due("lost_nodes", _NODES_EVERY_SECONDS):
+        if self._due("lost_nodes", self.settings.node_watch_seconds):
             self.sandboxes_released += len(await sandbox_hosts.release_on_lost_nodes(db))
 
     async def _move_hosts(self, db: Database) -> None:
         """What the placement put by node follows nodes that joined or left (actors/placement.py), in
         the background: a move waits for a process to exit and another to start."""
-        if self._due("hosts", _NODES_EVERY_SECONDS):
+        if self._due("hosts", self.settings.node_watch_seconds):
             self._beside("hosts", self._move_hosts_now)
 
     async def _move_hosts_now(self) -> None:

@@ -120,6 +120,11 @@ class Settings(BaseSettings):
         default=2.0, gt=0, description="Seconds between the sweeper's recovery rounds (and tree supervisors' idle "
                                        "checks, and each gateway's check that the Runs of its model calls in "
                                        "flight go on: a call of a Run that is over is aborted).")
+    node_watch_seconds: float = Field(
+        default=10.0, gt=0, description="Seconds between the sweeper's looks at the cluster's nodes: a lost node's "
+                                        "sandboxes are released, and session hosts follow nodes that joined or left "
+                                        "(spread). Ray declares a lost node dead after ~30 s of failed health "
+                                        "checks, so looking more often seldom finds more.")
     sandbox_idle_seconds: float = Field(
         default=300.0, gt=0, description="Seconds a tree's sandbox stays unused before it is released.")
     sandbox_backend: str = Field(

@@ -98,6 +98,8 @@ RUNTIME_ENV = {
     # A host that moves (tests/actors/test_placement.py asks one to) gives up draining soon.
     "CANOPY_HOST_DRAIN_SECONDS": "3",
     "CANOPY_FAILPOINTS": "before_model_call=3,after_model_commit=3,after_command_receipt=3,during_compaction=3",
+    # The multi-node scenarios (a node lost, a node joined) need not wait 10 s for the sweeper to look.
+    "CANOPY_NODE_WATCH_SECONDS": "2",
     # Ray's metrics agent exports every 10 s by default; the metrics test need not wait that long.
     "RAY_metrics_report_interval_ms": "2000",
     # Many trees run commands in one session: idle sandboxes go soon, and the engine-wide container

@@ -34,10 +34,10 @@ from tests.actors.cluster_placement_scenario import sweeper_on_the_head
 from tests.actors.gateways_scenario import actors
 
 HOSTS = 2
-# The node has joined ~6 s into the Turn at most: the ~24 s left hold at least one of the sweeper's
-# looks at the nodes (every 10 s), which finds the host busy and has it drain. Each step reads the
-# sessions, so that the long Run is twelve model steps of 2.5 s.
-LONG_STEPS, STEP_MS = 12, 2_500
+# The node has joined ~6 s into the Turn at most: the ~14 s left hold several of the sweeper's looks
+# at the nodes (every 2 s in the tests), the first of which finds the host busy and has it drain.
+# Each step reads the sessions, so that the long Run is ten model steps of 2 s.
+LONG_STEPS, STEP_MS = 10, 2_000
 LONG_TURN = script(*(call(("list_sessions", {}), delay_ms=STEP_MS) for _ in range(LONG_STEPS - 1)),
                    say("long", delay_ms=STEP_MS))
 

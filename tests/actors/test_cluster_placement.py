@@ -119,7 +119,7 @@ async def test_a_tree_survives_losing_a_node_mid_run(shape: str, spread_then_nod
 
 async def test_a_busy_host_moves_to_a_node_that_joined_in_the_middle_of_a_run(own_database_url: str,
                                                                               tmp_path: Path) -> None:
-    """Hosted, spread, two hosts on a cluster of one node; each host's session has a Turn of twelve 2.5 s
+    """Hosted, spread, two hosts on a cluster of one node; each host's session has a Turn of ten 2 s
     model steps and a short one queued behind it, and a second node joins during the long Turns. The
     host whose index now names the new node moves there in the middle of the long Turn, though its
     Run lasts far longer than the drain may (8 s): the Run is handed back at a model boundary and
