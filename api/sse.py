@@ -34,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.hub import EventHub, Subscription
 from api.schemas import Event
-from persistence import open_streams, stream_watchers
+from persistence import open_streams, stream_watchers, views
 from persistence.db import Database
 from persistence.events import events_after
 from persistence.records import Row
@@ -148,12 +148,19 @@ def format_delta(delta: dict[str, Any]) -> bytes:
     return f"event: delta\ndata: {json.dumps(delta, separators=(',', ':'))}\n\n".encode()
 
 
+def _target(subscription: Subscription) -> dict[str, uuid.UUID | None]:
+    return {"session_id": uuid.UUID(subscription.session_id) if subscription.session_id else None,
+            "tree_id": uuid.UUID(subscription.tree_id) if subscription.tree_id else None}
+
+
 async def _due_events(db: Database, scope: CanopyScope, cursor: int, subscription: Subscription) -> list[Row]:
     async with db.tx() as conn:
-        return await events_after(
-            conn, scope, cursor, limit=_BATCH,
-            session_id=uuid.UUID(subscription.session_id) if subscription.session_id else None,
-            tree_id=uuid.UUID(subscription.tree_id) if subscription.tree_id else None)
+        return await events_after(conn, scope, cursor, limit=_BATCH, **_target(subscription))
+
+
+async def _finished(db: Database, scope: CanopyScope, cursor: int, subscription: Subscription) -> bool:
+    async with db.tx() as conn:
+        return await views.stream_finished(conn, scope, after=cursor, **_target(subscription))
 
 
 async def _renew_watch(db: Database, tree_id: uuid.UUID, seconds: float) -> None:
@@ -175,7 +182,8 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
     place the caller took for the stream among its key's streams, which EventStreamResponse
     renews) it re-checks the key as soon as the key changes, and ends when it is no longer live.
     It also ends after ``settings.max_bytes``, between two events: the client comes back with the
-    last one's id."""
+    last one's id; and once its tree is archived and every event of it is sent (found when a read
+    finds nothing new: the route answers the reconnect with 204, and EventSource stays away)."""
     settings = settings or StreamSettings()
     with hub.subscribe(scope, session_id=str(session_id) if session_id else None,
                        tree_id=str(tree_id) if tree_id else None,
@@ -216,6 +224,8 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
                     yield chunk
                 if rows:
                     last_write = time.monotonic()
+                elif await _finished(db, scope, cursor, subscription):
+                    return  # its tree is archived and all of it was sent: the reconnect gets 204
                 if len(rows) == _BATCH:
                     continue
                 poll = settings.poll_seconds if hub.listening else settings.fallback_poll_seconds

@@ -8,6 +8,7 @@ import uuid
 from persistence import trees
 from persistence.db import Connection
 from persistence.errors import NotFound
+from persistence.events import events_after
 from persistence.messages import reader_page
 from persistence.records import Row, Scope
 from persistence.sessions import STATE_JOINS, activity, get_session_row
@@ -64,6 +65,18 @@ async def require_target(conn: Connection, scope: Scope, *, session_id: uuid.UUI
         return await get_session_row(conn, scope, session_id)
     assert tree_id is not None
     return await require_tree(conn, scope, tree_id)
+
+
+async def stream_finished(conn: Connection, scope: Scope, *, after: int, session_id: uuid.UUID | None = None,
+                          tree_id: uuid.UUID | None = None) -> bool:
+    """Whether an event stream of the session or tree, at cursor ``after``, has nothing left to
+    wait for: its tree is archived (it takes no input, so no more events come) and no event of it
+    follows ``after``. The flag is read first: an event committed before it, the archive's own
+    among them, is then seen by the read of the events. NotFound when absent from this scope."""
+    target = await require_target(conn, scope, session_id=session_id, tree_id=tree_id)
+    if not target["archived"]:
+        return False
+    return not await events_after(conn, scope, after, session_id=session_id, tree_id=tree_id, limit=1)
 
 
 async def session_messages(conn: Connection, scope: Scope, session_id: uuid.UUID, *, after_id: int, limit: int,

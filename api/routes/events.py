@@ -7,7 +7,7 @@ import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import Field
 
 from actors.runtime import Runtime
@@ -29,6 +29,8 @@ _STREAM_ROUTE: dict[str, Any] = {
                              "(cursor, kind, session_id, tree_id, turn_id, run_id, payload, created_at). Live model "
                              "text arrives as `event: delta` without an id. Comment lines keep idle streams open.",
               "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        204: {"description": "The session's tree is archived and no event follows the cursor: the stream has "
+                             "ended for good (EventSource stops reconnecting)."},
         **errors(*COMMON, 404, 429),
     },
 }
@@ -64,14 +66,17 @@ StreamQueryDep = Annotated[StreamQuery, Depends(_stream_query)]
 
 
 async def _open(request: Request, runtime: Runtime, caller: ApiKey, query: StreamQuery, *,
-                session_id: uuid.UUID | None = None, tree_id: uuid.UUID | None = None) -> EventStreamResponse:
+                session_id: uuid.UUID | None = None, tree_id: uuid.UUID | None = None) -> Response:
     """Check the session or tree is the caller's, fix the start cursor, take a place among the
-    key's open streams (429 when they are all taken), and stream."""
+    key's open streams (429 when they are all taken), and stream; 204 when its tree is archived
+    and nothing follows the cursor."""
     state = request.app.state
     streams = state.stream_settings
     async with runtime.db.tx() as conn:
         target = await views.require_target(conn, caller.scope, session_id=session_id, tree_id=tree_id)
         start = await views.latest_cursor(conn, caller.scope) if query.start == "latest" else query.start
+        if await views.stream_finished(conn, caller.scope, after=start, session_id=session_id, tree_id=tree_id):
+            return Response(status_code=204)  # EventSource reconnects on anything else
         watched = target["tree_id"] if query.deltas else None
         if watched is not None:  # model calls of the tree stream their text from now on
             await stream_watchers.watch(conn, watched, streams.watch_seconds)
@@ -87,15 +92,17 @@ async def _open(request: Request, runtime: Runtime, caller: ApiKey, query: Strea
 
 @router.get("/sessions/{session_id}/events", **_STREAM_ROUTE)
 async def session_events(session_id: uuid.UUID, caller: KeyDep, runtime: RuntimeDep, request: Request,
-                         query: StreamQueryDep) -> EventStreamResponse:
-    """This session's events, replayed after the cursor then live. 429 when the API key already
-    holds its most open streams (CANOPY_MAX_STREAMS_PER_KEY)."""
+                         query: StreamQueryDep) -> Response:
+    """This session's events, replayed after the cursor then live; once its tree is archived, up to
+    the last one. 429 when the API key already holds its most open streams
+    (CANOPY_MAX_STREAMS_PER_KEY)."""
     return await _open(request, runtime, caller, query, session_id=session_id)
 
 
 @router.get("/trees/{tree_id}/events", **_STREAM_ROUTE)
 async def tree_events(tree_id: uuid.UUID, caller: KeyDep, runtime: RuntimeDep, request: Request,
-                      query: StreamQueryDep) -> EventStreamResponse:
-    """Every member's events of this tree, replayed after the cursor then live. 429 when the API
-    key already holds its most open streams (CANOPY_MAX_STREAMS_PER_KEY)."""
+                      query: StreamQueryDep) -> Response:
+    """Every member's events of this tree, replayed after the cursor then live; once the tree is
+    archived, up to the last one. 429 when the API key already holds its most open streams
+    (CANOPY_MAX_STREAMS_PER_KEY)."""
     return await _open(request, runtime, caller, query, tree_id=tree_id)

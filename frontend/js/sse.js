@@ -64,7 +64,7 @@ export class SSEParser {
 /**
  * One reconnecting event stream.
  *   new EventStream({url, headers: () => ({Authorization}), onEvent, onStatus}).start()
- * onStatus receives "connecting" | "open" | "reconnecting" | "unauthorized" | "closed".
+ * onStatus receives "connecting" | "open" | "reconnecting" | "unauthorized" | "ended" | "closed".
  */
 export class EventStream {
   #controller = null;
@@ -117,6 +117,12 @@ export class EventStream {
         if (response.status === 401 || response.status === 403) {
           this.#stopped = true;
           this.#setStatus("unauthorized");
+          return;
+        }
+        if (response.status === 204) {
+          // The server's word that the stream is over for good (an archived tree, all of it sent).
+          this.#stopped = true;
+          this.#setStatus("ended");
           return;
         }
         if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);

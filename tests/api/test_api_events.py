@@ -378,3 +378,58 @@ async def test_a_stream_whose_client_stopped_reading_keeps_its_place_until_it_cl
         finally:
             reader.close()
         await poll(lambda: _places_below(runtime, key, 1), timeout=10)  # a closed stream frees it
+
+
+async def test_the_streams_of_an_archived_tree_end_and_their_reconnects_get_204(
+        api: ApiServer, runtime: Runtime, scope: Scope) -> None:
+    """An archived tree takes no input, so nothing more happens in it: its open streams (the tree's
+    and a member's) send what is left and end, freeing their places; a reconnect with nothing left
+    gets 204, which stops an EventSource for good, and takes no place; one from an earlier cursor
+    gets the rest, then ends."""
+    key = await runtime.create_api_key(scope)
+    async with client(api.url, key) as http:
+        text = script(call(create("helper", script(say("helped")))),
+                      call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("done"))
+        created = (await http.post("/api/v1/sessions", json={"input": text})).json()
+        root, input_id = created["session"]["session_id"], created["input"]["input_id"]
+        await poll(lambda: terminal(http, input_id), timeout=60)
+        [helper] = [str(r["session_id"]) for r in await rows(
+            runtime.db, "SELECT session_id FROM sessions WHERE tree_id = %s AND parent_id IS NOT NULL",
+            uuid.UUID(root))]
+
+        streams = [asyncio.create_task(_read_to_the_end(http, path)) for path in
+                   (f"/api/v1/trees/{root}/events", f"/api/v1/sessions/{helper}/events")]
+        await poll(lambda: _places_held(runtime, key, 2), timeout=10)
+        assert (await http.post(f"/api/v1/sessions/{root}/archive")).status_code == 200
+        tree_events, helper_events = await asyncio.wait_for(asyncio.gather(*streams), 30)  # both ended by themselves
+        await poll(lambda: _places_below(runtime, key, 1), timeout=10)
+
+        stored = await rows(runtime.db, "SELECT cursor FROM events WHERE tree_id = %s ORDER BY cursor",
+                            uuid.UUID(root))
+        assert [e["cursor"] for e in tree_events] == [r["cursor"] for r in stored]  # all of it, then the end
+        assert tree_events[-1]["kind"] == "tree_archived"
+        assert helper_events and {e["session_id"] for e in helper_events} == {helper}
+
+        last = str(tree_events[-1]["cursor"])
+        watched = await rows(runtime.db, "SELECT count(*) AS n FROM stream_watchers WHERE tree_id = %s",
+                             uuid.UUID(root))
+        for path, headers in ((f"/api/v1/trees/{root}/events", {"Last-Event-ID": last}),
+                              (f"/api/v1/sessions/{helper}/events", {"Last-Event-ID": last}),
+                              (f"/api/v1/sessions/{root}/events?after=latest", {})):
+            again = await http.get(path, headers=headers)
+            assert (again.status_code, again.content) == (204, b""), (path, again.text)
+        assert await _places(runtime, key) == 0  # a 204 takes no place and marks nothing watched
+        assert await rows(runtime.db, "SELECT count(*) AS n FROM stream_watchers WHERE tree_id = %s",
+                          uuid.UUID(root)) == watched
+
+        middle = tree_events[len(tree_events) // 2]["cursor"]
+        rest = await asyncio.wait_for(_read_to_the_end(http, f"/api/v1/trees/{root}/events", after=middle), 30)
+        assert rest == [e for e in tree_events if e["cursor"] > middle]
+
+
+async def _read_to_the_end(http: httpx.AsyncClient, path: str, after: int | None = None) -> list[dict]:
+    """The durable events of a stream that ends by itself."""
+    headers = {"Last-Event-ID": str(after)} if after is not None else {}
+    async with http.stream("GET", path, headers=headers) as response:
+        assert response.status_code == 200
+        return [json.loads(frame["data"]) async for frame in sse_frames(response) if "id" in frame]

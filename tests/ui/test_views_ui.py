@@ -266,6 +266,23 @@ async def test_one_event_stream_per_tree(tab: Tab, user: User, runtime: Runtime)
     assert trees_opened() == {root_id, other["session"]["session_id"]}
 
 
+async def test_an_archived_trees_stream_ends_for_good(tab: Tab, user: User) -> None:
+    """The server answers the stream of an archived tree with nothing left to send with 204: the
+    page's stream stops there and does not come back (any other answer is a reconnect)."""
+    page = tab.page
+    streams: list[Request] = []
+    page.on("request", lambda request: streams.append(request) if "/events" in request.url else None)
+    created = await create_root(user, script(say("all done")), title="Done and archived")
+    root_id = created["session"]["session_id"]
+    await wait_result(user, created["input"]["input_id"])
+    assert (await user.http.post(f"/api/v1/sessions/{root_id}/archive")).status_code == 200
+    await open_root(page, user.base, root_id)
+    await page.wait_for_function(f"() => window.canopy.store.tree('{root_id}').connection === 'ended'")
+    await page.wait_for_timeout(3000)  # past the stream's reconnection delays (0.5 s, then doubling)
+    assert len(streams) == 1, [r.url for r in streams]
+    await expect(page.locator(".msg.assistant").last).to_have_text("all done")  # the history stays readable
+
+
 async def test_api_key_prompt(browser: Browser, user: User) -> None:
     opened = await open_tab(browser, user, key=False)
     page = opened.page
