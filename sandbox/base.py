@@ -133,13 +133,15 @@ def sandbox_file_owner(settings: Settings) -> tuple[int, int] | None:
     return parse_user(sandbox_user(settings.sandbox_user))
 
 
-def private_dir(path: Path) -> Path:
-    """``path`` as a directory only this user can use (made 0700 if missing).
+def private_dir(path: Path, mode: int = 0o700) -> Path:
+    """``path`` as a directory only this user can write (``mode``: by default only this user can
+    use it at all), made if missing.
 
     Such dirs live in the shared temp dir: a dir another user planted there is refused."""
-    path.mkdir(mode=0o700, exist_ok=True)
+    path.mkdir(mode=mode, exist_ok=True)
     if path.lstat().st_uid != os.geteuid() or not path.is_dir() or path.is_symlink():
         raise SandboxError(f"sandbox directory {path} belongs to another user; refusing to use it")
+    path.chmod(mode)
     return path
 
 
@@ -272,8 +274,9 @@ class SandboxBackend(Protocol):
         left it but carry its ``CANOPY_COMMAND_ID``). True if one was found; idempotent, and it
         works from any process.
 
-        First it leaves a tombstone of the id in the sandbox, kept as long as the sandbox's ``/tmp``
-        (Docker: in the container's ``/tmp``; local: in the tree's state dir, outside the workdir): a
+        First it leaves a tombstone of the id, kept as long as the sandbox (Docker: on the host,
+        read-only in the container, so a restart of the container keeps it and the sandbox user
+        cannot remove it; local: in the tree's state dir, outside the workdir): a
         ``run`` of that id started afterwards, or racing this kill, exits at once as killed (137,
         no output) and never runs the command. Recovery kills the command of a Run that lost its
         lease while that Run may still be on its way to starting it; command ids are unique per

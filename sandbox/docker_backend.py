@@ -26,19 +26,21 @@
   cancellation here, or ``kill`` from any process) kills that group inside the container,
   then every process whose environment carries that command id: that command and nothing
   else. An exec outlives the client that started it, so ``kill`` works after that died.
-  A ``kill`` also leaves a tombstone (``/tmp/.canopy/<command id>.killed``, never deleted): a
-  command of that id started afterwards (by a Run that lost its lease on its way to starting
-  it) exits at once as killed (137), never running. Command ids are unique per Turn and call,
-  and a killed one is never run again. Tombstones live in the container's ``/tmp``: a new or
-  restarted container has none.
+  A ``kill`` first leaves a tombstone, an empty file named by the command id in a host directory
+  of the tree's (``tombstones_dir``), which the container sees read-only: a command of that id
+  started afterwards (by a Run that lost its lease on its way to starting it) exits at once as
+  killed (137), never running. Command ids are unique per Turn and call, and a killed one is
+  never run again. The tombstones live as long as the container: a restart keeps them (they
+  are not in its ``/tmp``), the sandbox user cannot remove them, and a new container starts
+  without any.
 - The search for processes that left the command's group forks, and so does every command: a
   container whose process limit is full (processes left behind by a command, a fork bomb) can
   neither be cleaned nor used. After a kill, and after any command that did not succeed, the
   engine's count of the container's processes is read; with fewer than ``_FORK_ROOM`` left, the
   container is restarted (once, however many saw it full), which stops every process in it. The
-  workdir stays; ``/tmp`` goes, and with it the tombstones of earlier kills (the mark of a kill or
-  cancellation that asked for the restart is written again). The commands this backend was running
-  or starting in it are told so in their results.
+  workdir and the tombstones stay; ``/tmp`` goes (the mark of a cancellation that asked for the
+  restart is written again). The commands this backend was running or starting in it are told
+  so in their results.
 
 The image needs ``sh``, ``setsid``, ``kill``, ``cat``, ``mkdir``, ``sleep``, ``tr``, ``grep``
 (busybox or coreutils + util-linux + grep). ``.ci/docker-up.sh`` builds a busybox image offline.
@@ -66,6 +68,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import struct
 import tempfile
 import threading
@@ -106,6 +109,8 @@ LABEL_SPEC = "canopy.spec"
 WORKSPACE = "/workspace"
 NETWORK_MODES = ("none", "host")
 _STATE_DIR = "/tmp/.canopy"
+# Where the container sees its tree's tombstones (read-only): a host directory, ``tombstones_dir``.
+TOMBSTONES = "/.canopy-killed"
 _CUT_SHORT = ("\n[canopy: the command's output was cut short (its connection to the container engine broke): "
               "what it printed may be incomplete; a command still running then was stopped]")
 # After a kill, how long to keep reading an exec stream an escaped process may hold open.
@@ -120,24 +125,24 @@ _LIVE_STATES = ["running", "restarting", "paused"]
 
 # $1 = command id, $2 = the command. The inner shell is a session leader (setsid), so its pid
 # is the group id it writes down; it then checks for a cancellation or a kill that came before
-# the pid file existed (a ``.cancel`` mark or a ``.killed`` tombstone), and becomes the command
-# (exec). The outer shell stays to clean up (the pid file and the mark, never the tombstone)
-# and does not carry the command id, so a kill leaves it to report the exit.
+# the pid file existed (a ``.cancel`` mark, or the id's tombstone), and becomes the command
+# (exec). The outer shell stays to clean up (the pid file and the mark) and does not carry the
+# command id, so a kill leaves it to report the exit.
 # `; rc=$?` keeps the outer shell from exec-ing setsid itself: an exec'd process leads its
 # group, and setsid would then fork and exit at once, losing the exit code.
 _WRAPPER = f"""d={_STATE_DIR}; mkdir -p "$d"
 CANOPY_COMMAND_ID="$1" setsid sh -c \\
-    'echo $$ > "$0.pid"; if [ -e "$0.cancel" ] || [ -e "$0.killed" ]; then exit {KILLED_EXIT_CODE}; fi
-    exec sh -c "$1"' "$d/$1" "$2"
+    'echo $$ > "$0.pid"; if [ -e "$0.cancel" ] || [ -e "$2" ]; then exit {KILLED_EXIT_CODE}; fi
+    exec sh -c "$1"' "$d/$1" "$2" "{TOMBSTONES}/$1"
 rc=$?; rm -f "$d/$1.pid" "$d/$1.cancel"; exit $rc"""
 
-# $1 = command id, $2 = "cancel" or "kill". Both first leave a mark, so a wrapper that has not
+# $1 = command id, $2 = "cancel" or "kill". Both come after a mark, so a wrapper that has not
 # written its pid exits instead of starting (it writes its pid, then looks for the mark; the
 # killer leaves the mark, then looks for the pid: one of them sees the other's). A cancellation
 # (by the process that started the command, which may not have started yet) leaves ``.cancel``
 # and waits briefly for the pid file; the wrapper deletes that mark when it ends. A kill (from
-# anywhere, maybe before a Run that lost its lease starts that command) leaves ``.killed``, a
-# tombstone no one deletes: every later start of that id exits at once, killed.
+# anywhere, maybe before a Run that lost its lease starts that command) comes after the id's
+# tombstone, which the backend leaves on the host (``_leave_tombstone``).
 # Then: kill the group, and every process whose environment carries the command id (children
 # that left the group), in rounds, since a dying shell may still fork. Exit 0 iff one was found.
 _KILLER = f"""d={_STATE_DIR}; rc=1; i=0
@@ -145,8 +150,6 @@ mkdir -p "$d"
 if [ "$2" = cancel ]; then
     touch "$d/$1.cancel"
     while [ ! -s "$d/$1.pid" ] && [ -e "$d/$1.cancel" ] && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done
-else
-    touch "$d/$1.killed"
 fi
 [ -s "$d/$1.pid" ] && kill -KILL -"$(cat "$d/$1.pid")" 2>/dev/null && rc=0
 i=0
@@ -164,6 +167,14 @@ exit $rc"""
 
 def container_name(tree_id: uuid.UUID) -> str:
     return f"canopy-tree-{tree_id}"
+
+
+def tombstones_dir(tree_id: uuid.UUID) -> Path:
+    """The host directory of a tree's tombstones, one empty file per killed command id, mounted
+    read-only at ``TOMBSTONES``. It lives as long as the tree's container: a restart of the
+    container (its process limit full, or the engine's) empties ``/tmp`` but keeps them. The
+    sandbox user reads it (0755), only Canopy's user writes it."""
+    return Path(tempfile.gettempdir()) / f"canopy-sandbox-killed-{os.geteuid()}" / str(tree_id)
 
 
 def connect(max_pool_size: int = 64) -> docker.DockerClient:
@@ -244,6 +255,7 @@ class DockerBackend:
         workdir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             os.chown(workdir, *parse_user(options.user))
+        _make_tombstones_dir(tree_id)  # the engine would make a missing one, root's and empty
         if container is not None:
             if container.labels.get(LABEL_SPEC) != spec["labels"][LABEL_SPEC]:
                 log.warning("sandbox %s was built from other settings or for another workdir; recreating it", name)
@@ -346,7 +358,8 @@ class DockerBackend:
             "command": ["sleep", "infinity"],
             "init": True,
             "working_dir": WORKSPACE,
-            "volumes": {str(workdir): {"bind": WORKSPACE, "mode": "rw"}},
+            "volumes": {str(workdir): {"bind": WORKSPACE, "mode": "rw"},
+                        str(tombstones_dir(tree_id)): {"bind": TOMBSTONES, "mode": "ro"}},
             "environment": {
                 "CANOPY_TMP": "/tmp",
                 "CANOPY_TREE_ID": str(tree_id),
@@ -410,11 +423,15 @@ class DockerBackend:
         try:
             container.remove(force=True, v=True)
         except docker.errors.NotFound:
-            return
+            pass
         except docker.errors.APIError as error:
             if "already in progress" not in str(error.explanation):
                 raise
             self._wait_gone(str(container.id))
+        # No command can start in it any more, and a new sandbox starts without tombstones.
+        tree_id = tree_id_or_none(container.labels.get(LABEL_TREE))
+        if tree_id is not None:
+            shutil.rmtree(tombstones_dir(tree_id), ignore_errors=True)
 
     def _wait_gone(self, container_id: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -606,8 +623,13 @@ class DockerBackend:
             return False  # the container is gone or stopped, and its processes with it
 
     def _kill_sync(self, handle: str, command_id: str) -> bool:
-        if self._find_managed(handle) is None:
+        container = self._find_managed(handle)
+        tree_id = tree_id_or_none(container.labels.get(LABEL_TREE)) if container is not None else None
+        if container is None or tree_id is None:
             return False
+        # First, and from the host: a start that the killer misses sees it, even in a container too
+        # full to fork the killer.
+        (_make_tombstones_dir(tree_id) / command_id).touch()
         return self._run_killer(handle, command_id, "kill")
 
     def _run_killer(self, handle: str, command_id: str, mode: str) -> bool:
@@ -619,6 +641,12 @@ class DockerBackend:
         # The restart emptied /tmp: the mark again, lest a start of that id still on its way runs it.
         self._run_killer(handle, command_id, mode)
         return True
+
+
+def _make_tombstones_dir(tree_id: uuid.UUID) -> Path:
+    directory = tombstones_dir(tree_id)
+    private_dir(directory.parent, mode=0o755)
+    return private_dir(directory, mode=0o755)
 
 
 def _check_ours(container: Container, tree_id: uuid.UUID) -> None:

@@ -33,7 +33,7 @@ from sandbox.base import (
     SandboxBackend,
     SandboxGone,
 )
-from sandbox.docker_backend import DockerBackend, container_name
+from sandbox.docker_backend import TOMBSTONES, DockerBackend, container_name, tombstones_dir
 from sandbox.files import read_file, write_file
 from sandbox.local_backend import LocalBackend
 from sandbox.manager import SandboxManager
@@ -506,8 +506,8 @@ async def test_network_is_off_unless_allowed(sandbox: SandboxKit) -> None:
     assert host_config["NetworkMode"] == "none"
     assert host_config["Memory"] == 256 * 1024 * 1024 and host_config["PidsLimit"] == 256
     assert container.labels["canopy.tree_id"] == str(tree)
-    mounts = {m["Destination"]: m["Source"] for m in container.attrs["Mounts"]}
-    assert mounts == {"/workspace": str(workdir)}
+    mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in container.attrs["Mounts"]}
+    assert mounts == {"/workspace": (str(workdir), True), TOMBSTONES: (str(tombstones_dir(tree)), False)}
     open_tree, open_workdir = await sandbox.new_tree()
     networked = SandboxManager(sandbox.db, sandbox.backend, 300, dataclasses.replace(sandbox.options, network="host"))
     open_handle = await networked.claim(open_tree, open_workdir)
@@ -615,8 +615,9 @@ async def test_kill_command_from_a_fresh_manager_kills_that_command_only(sandbox
     assert len(_processes(sandbox, tree, f"sleep 4{tag}")) == 1 and not neighbour.done()
     if sandbox.kind == "docker":
         marks = await _run(starter, tree, workdir, "ls -A /tmp/.canopy | grep -v '[.]pid$' || true")
+        tombstones = await _run(starter, tree, workdir, f"ls -A {TOMBSTONES}")
         # A tombstone of each id killed (a late start of it must not run), and no other mark.
-        assert marks.stdout.split() == ["cmd-1.killed", "no-such-command.killed"]
+        assert (marks.stdout.split(), tombstones.stdout.split()) == ([], ["cmd-1", "no-such-command"])
     neighbour.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await neighbour

@@ -25,7 +25,7 @@ import pytest
 from persistence import sandbox_leases as leases
 from persistence.settings import Settings
 from sandbox.base import CommandResult, SandboxError, parse_user
-from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, DockerBackend, _frames
+from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, TOMBSTONES, DockerBackend, _frames, tombstones_dir
 from sandbox.manager import SandboxManager
 from tests.sandbox.conftest import SandboxKit
 
@@ -392,3 +392,33 @@ async def test_a_command_filling_the_process_limit_is_stopped_with_every_process
     assert (workdir / "kept.txt").read_text() == "kept\n"
     assert (beside_result.exit_code, beside_result.stdout) == (137, ""), beside_result
     assert "process limit (32) was full" in beside_result.stderr, beside_result
+
+
+async def test_a_kills_tombstone_outlives_a_restart_and_the_sandbox_user(docker_kit: SandboxKit) -> None:
+    """A kill leaves a tombstone, so that the command, started late by a Run that lost its lease on
+    its way, never runs. It was kept in the container's /tmp: a restart of the container (its
+    process limit full, or the engine restarted) emptied it and the late start ran the command in
+    full, and the sandbox user could delete it. It is kept on the host now, read-only inside, and
+    goes with the container."""
+    backend = docker_kit.backend
+    assert isinstance(backend, DockerBackend)
+    tree, workdir = await docker_kit.new_tree()
+    handle = await backend.ensure(tree, workdir, docker_kit.options)
+    command_id = f"late-{uuid.uuid4().hex}"
+    assert await docker_kit.new_backend().kill(handle, command_id) is False  # nothing ran yet: nothing to kill
+
+    erase = f"rm -f {TOMBSTONES}/{command_id} /tmp/.canopy/{command_id}.killed; ls {TOMBSTONES}"
+    erased = await backend.run(handle, erase, 30, f"erase-{uuid.uuid4().hex}")
+    await asyncio.to_thread(backend.client.api.restart, handle, timeout=0)
+    late = await backend.run(handle, "echo ran > late.txt; echo ran", 30, command_id)
+
+    assert command_id in erased.stdout, erased  # still there after the sandbox user's rm
+    assert (late.exit_code, late.stdout) == (137, ""), late
+    await asyncio.sleep(0.5)
+    assert not (workdir / "late.txt").exists()
+    other = await backend.run(handle, "echo ran > other.txt", 30, f"other-{uuid.uuid4().hex}")
+    assert other.exit_code == 0 and (workdir / "other.txt").read_text() == "ran\n"
+
+    assert tombstones_dir(tree).is_dir()
+    await backend.release(handle)
+    assert not tombstones_dir(tree).exists()  # a new sandbox of the tree starts without tombstones
