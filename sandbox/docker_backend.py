@@ -26,13 +26,14 @@
   cancellation here, or ``kill`` from any process) kills that group inside the container,
   then every process whose environment carries that command id: that command and nothing
   else. An exec outlives the client that started it, so ``kill`` works after that died.
-  A ``kill`` first leaves a tombstone, an empty file named by the command id in a host directory
-  of the tree's (``tombstones_dir``), which the container sees read-only: a command of that id
-  started afterwards (by a Run that lost its lease on its way to starting it) exits at once as
-  killed (137), never running. Command ids are unique per Turn and call, and a killed one is
-  never run again. The tombstones live as long as the container: a restart keeps them (they
-  are not in its ``/tmp``), the sandbox user cannot remove them, and a new container starts
-  without any.
+  A ``kill`` also leaves a tombstone: a command of that id started afterwards (by a Run that
+  lost its lease on its way to starting it) exits at once as killed (137), never running.
+  Command ids are unique per Turn and call, and a killed one is never run again. The tombstone
+  is an empty file named by the command id in a host directory of the tree's
+  (``tombstones_dir``), which the container sees read-only: a restart of the container keeps it,
+  and the sandbox user cannot remove it; a new container starts without any. A runtime that
+  cannot write that directory (another user's, or one on another host of a remote engine)
+  relies on the one the killer leaves in ``/tmp/.canopy`` too, which a restart empties.
 - The search for processes that left the command's group forks, and so does every command: a
   container whose process limit is full (processes left behind by a command, a fork bomb) can
   neither be cleaned nor used. After a kill, and after any command that did not succeed, the
@@ -125,14 +126,14 @@ _LIVE_STATES = ["running", "restarting", "paused"]
 
 # $1 = command id, $2 = the command. The inner shell is a session leader (setsid), so its pid
 # is the group id it writes down; it then checks for a cancellation or a kill that came before
-# the pid file existed (a ``.cancel`` mark, or the id's tombstone), and becomes the command
-# (exec). The outer shell stays to clean up (the pid file and the mark) and does not carry the
-# command id, so a kill leaves it to report the exit.
+# the pid file existed (a ``.cancel`` mark, or the id's tombstone, in ``/tmp`` or on the host),
+# and becomes the command (exec). The outer shell stays to clean up (the pid file and the mark,
+# never a tombstone) and does not carry the command id, so a kill leaves it to report the exit.
 # `; rc=$?` keeps the outer shell from exec-ing setsid itself: an exec'd process leads its
 # group, and setsid would then fork and exit at once, losing the exit code.
 _WRAPPER = f"""d={_STATE_DIR}; mkdir -p "$d"
 CANOPY_COMMAND_ID="$1" setsid sh -c \\
-    'echo $$ > "$0.pid"; if [ -e "$0.cancel" ] || [ -e "$2" ]; then exit {KILLED_EXIT_CODE}; fi
+    'echo $$ > "$0.pid"; if [ -e "$0.cancel" ] || [ -e "$0.killed" ] || [ -e "$2" ]; then exit {KILLED_EXIT_CODE}; fi
     exec sh -c "$1"' "$d/$1" "$2" "{TOMBSTONES}/$1"
 rc=$?; rm -f "$d/$1.pid" "$d/$1.cancel"; exit $rc"""
 
@@ -141,8 +142,9 @@ rc=$?; rm -f "$d/$1.pid" "$d/$1.cancel"; exit $rc"""
 # killer leaves the mark, then looks for the pid: one of them sees the other's). A cancellation
 # (by the process that started the command, which may not have started yet) leaves ``.cancel``
 # and waits briefly for the pid file; the wrapper deletes that mark when it ends. A kill (from
-# anywhere, maybe before a Run that lost its lease starts that command) comes after the id's
-# tombstone, which the backend leaves on the host (``_leave_tombstone``).
+# anywhere, maybe before a Run that lost its lease starts that command) leaves ``.killed``, a
+# tombstone no one deletes: every later start of that id exits at once, killed. (The backend has
+# left one on the host before, where it can: ``_leave_tombstone``.)
 # Then: kill the group, and every process whose environment carries the command id (children
 # that left the group), in rounds, since a dying shell may still fork. Exit 0 iff one was found.
 _KILLER = f"""d={_STATE_DIR}; rc=1; i=0
@@ -150,6 +152,8 @@ mkdir -p "$d"
 if [ "$2" = cancel ]; then
     touch "$d/$1.cancel"
     while [ ! -s "$d/$1.pid" ] && [ -e "$d/$1.cancel" ] && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done
+else
+    touch "$d/$1.killed"
 fi
 [ -s "$d/$1.pid" ] && kill -KILL -"$(cat "$d/$1.pid")" 2>/dev/null && rc=0
 i=0
@@ -624,12 +628,9 @@ class DockerBackend:
 
     def _kill_sync(self, handle: str, command_id: str) -> bool:
         container = self._find_managed(handle)
-        tree_id = tree_id_or_none(container.labels.get(LABEL_TREE)) if container is not None else None
-        if container is None or tree_id is None:
+        if container is None:
             return False
-        # First, and from the host: a start that the killer misses sees it, even in a container too
-        # full to fork the killer.
-        (_make_tombstones_dir(tree_id) / command_id).touch()
+        _leave_tombstone(container, command_id)
         return self._run_killer(handle, command_id, "kill")
 
     def _run_killer(self, handle: str, command_id: str, mode: str) -> bool:
@@ -641,6 +642,20 @@ class DockerBackend:
         # The restart emptied /tmp: the mark again, lest a start of that id still on its way runs it.
         self._run_killer(handle, command_id, mode)
         return True
+
+
+def _leave_tombstone(container: Container, command_id: str) -> None:
+    """The id's tombstone in the directory the container mounts, before the killer runs: a start
+    the killer misses sees it, even in a container too full to fork the killer, and a restart
+    keeps it. Only where that directory is this user's on this host (a runtime of another user,
+    or on another host of a remote engine, relies on the killer's tombstone in ``/tmp``)."""
+    sources = [mount.get("Source") for mount in container.attrs.get("Mounts") or ()
+               if mount.get("Destination") == TOMBSTONES]
+    tree_id = tree_id_or_none(container.labels.get(LABEL_TREE))
+    if tree_id is None or sources != [str(tombstones_dir(tree_id))]:
+        return
+    with contextlib.suppress(OSError):  # the killer's tombstone in /tmp stands
+        (tombstones_dir(tree_id) / command_id).touch()
 
 
 def _make_tombstones_dir(tree_id: uuid.UUID) -> Path:
