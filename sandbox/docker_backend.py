@@ -259,7 +259,6 @@ class DockerBackend:
         workdir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             os.chown(workdir, *parse_user(options.user))
-        _make_tombstones_dir(tree_id)  # the engine would make a missing one, root's and empty
         if container is not None:
             if container.labels.get(LABEL_SPEC) != spec["labels"][LABEL_SPEC]:
                 log.warning("sandbox %s was built from other settings or for another workdir; recreating it", name)
@@ -269,6 +268,7 @@ class DockerBackend:
             return str(container.id)
         if container is None:
             self._pull_if_missing(options.image)
+        _make_tombstones_dir(tree_id)  # after a removal, which drops it; the engine would make it root's
         with self._host_lock():
             # Looked up again: another claim may have made or started it while we waited.
             container = self._find(name)
