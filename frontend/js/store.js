@@ -287,7 +287,8 @@ export class TreeRuntime extends Emitter {
 
   #schedulePoll() {
     clearTimeout(this.#poll);
-    if (!this.observed) return;
+    // An ended stream is an archived tree, all of it read: nothing in it changes any more.
+    if (!this.observed || this.connection === "ended") return;
     const every = this.connection === "open" ? POLL_ONLINE_MS : POLL_OFFLINE_MS;
     this.#poll = setTimeout(() => {
       this.refresh();
