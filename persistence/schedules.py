@@ -134,7 +134,8 @@ async def end_tree_schedules(conn: Connection, tree_id: uuid.UUID) -> None:
 
 
 async def due_schedules(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
-    """Schedules with a due time that has come, soonest first: what the sweep fires."""
+    """Schedules with a due time that has come, what the sweep fires: each scope in turn (every
+    scope's soonest, then every scope's second, ...), soonest first within a turn."""
     cur = await conn.execute(query("schedules_due"), {"limit": limit, "window": ALL_WAITING})
     return [row["schedule_id"] for row in await cur.fetchall()]
 

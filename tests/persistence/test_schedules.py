@@ -263,3 +263,21 @@ async def test_a_per_minute_cron_down_for_days_catches_up_at_its_latest_due_time
     if fired:
         assert now - datetime.timedelta(minutes=1) < fired[0]["due_at"] <= now
     assert now < listed["next_due_at"] <= now + datetime.timedelta(minutes=1)
+
+
+async def test_the_due_list_takes_each_scope_in_turn(db: Database, scope: Scope) -> None:
+    """A scope with many schedules due does not fill a sweep's batch ahead of another scope's one:
+    each scope's first due schedule comes before any scope's second, oldest first within a place."""
+    other = Scope(f"other-{scope.user_id}", scope.app_id)
+    busy, quiet = await make_tree(db, scope), await make_tree(db, other)
+    async with db.tx() as conn:
+        many = [(await schedules.create_schedule(conn, scope, busy.root_id, schedules.Rule(interval_seconds=60),
+                                                 f"busy {index}"))["schedule_id"] for index in range(3)]
+        one = (await schedules.create_schedule(conn, other, quiet.root_id, schedules.Rule(interval_seconds=60),
+                                               "quiet"))["schedule_id"]
+    for seconds_ago, schedule_id in zip([40, 30, 20, 10], [*many, one], strict=True):
+        await _due_in_the_past(db, schedule_id, seconds_ago)
+    async with db.tx() as conn:
+        due = [schedule_id for schedule_id in await schedules.due_schedules(conn, limit=10_000)
+               if schedule_id in {*many, one}]
+    assert due == [many[0], one, many[1], many[2]]
