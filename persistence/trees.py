@@ -57,13 +57,16 @@ async def lock_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
 
 async def stop_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID, *,
                     reached: dict[str, Any] | None = None) -> list[uuid.UUID]:
-    """Stop all: cancel every in-flight Turn and pause every queue with pending input.
+    """Stop all: cancel every in-flight Turn and pause every queue with pending input; 409 for an
+    archived tree.
 
     One transaction under the tree lock, so no later scan can re-pause a tree that was
     continued after it. ``reached``: the budget limit that stops it (``usage.budget_reached``);
     without it a human stopped it. Returns the sessions whose live Runs must be told to stop.
     """
-    await lock_tree(conn, scope, tree_id)
+    tree = await lock_tree(conn, scope, tree_id)
+    if tree["archived"]:  # nothing in it runs or can: a stop would only add an event after its streams ended
+        raise Conflict(f"tree {tree_id} is archived; nothing in it runs, so there is nothing to stop")
     # Lock every member before reading any Turn or appending any event: a member finishing
     # meanwhile is waited for (never cancelled over its result), and the scope's event
     # counter is taken last, so this cannot deadlock with a member's own transaction.

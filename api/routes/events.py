@@ -76,7 +76,8 @@ async def _open(request: Request, runtime: Runtime, caller: ApiKey, query: Strea
         target = await views.require_target(conn, caller.scope, session_id=session_id, tree_id=tree_id)
         start = await views.latest_cursor(conn, caller.scope) if query.start == "latest" else query.start
         if await views.stream_finished(conn, caller.scope, after=start, session_id=session_id, tree_id=tree_id):
-            return Response(status_code=204)  # EventSource reconnects on anything else
+            # EventSource reconnects on anything else; a 204 is cacheable unless told otherwise.
+            return Response(status_code=204, headers={"Cache-Control": "no-store"})
         watched = target["tree_id"] if query.deltas else None
         if watched is not None:  # model calls of the tree stream their text from now on
             await stream_watchers.watch(conn, watched, streams.watch_seconds)

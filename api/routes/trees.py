@@ -30,10 +30,11 @@ async def tree_summary(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep
 
 
 @router.post("/{tree_id}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=TreeStopAccepted,
-             responses=errors(*COMMON, 404))
+             responses=errors(*COMMON, 404, 409))
 async def stop_tree(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
                     idempotency_key: IdempotencyKey = None) -> JSONResponse:
-    """Stop all: cancel every in-flight Turn and pause every queue with pending inputs."""
+    """Stop all: cancel every in-flight Turn and pause every queue with pending inputs. 409 for an
+    archived tree (nothing in it runs)."""
     return await respond_to_write(
         request, caller, idempotency_key, None, status.HTTP_202_ACCEPTED,
         lambda hook: runtime.stop_tree(caller, tree_id, in_tx=hook),

@@ -385,7 +385,8 @@ async def test_the_streams_of_an_archived_tree_end_and_their_reconnects_get_204(
     """An archived tree takes no input, so nothing more happens in it: its open streams (the tree's
     and a member's) send what is left and end, freeing their places; a reconnect with nothing left
     gets 204, which stops an EventSource for good, and takes no place; one from an earlier cursor
-    gets the rest, then ends."""
+    gets the rest, then ends. A stop is refused (409, no event); a budget change, still allowed,
+    is what a reconnect from the end then gets."""
     key = await runtime.create_api_key(scope)
     async with client(api.url, key) as http:
         text = script(call(create("helper", script(say("helped")))),
@@ -418,6 +419,7 @@ async def test_the_streams_of_an_archived_tree_end_and_their_reconnects_get_204(
                               (f"/api/v1/sessions/{root}/events?after=latest", {})):
             again = await http.get(path, headers=headers)
             assert (again.status_code, again.content) == (204, b""), (path, again.text)
+            assert again.headers["cache-control"] == "no-store"  # a 204 is cacheable by default
         assert await _places(runtime, key) == 0  # a 204 takes no place and marks nothing watched
         assert await rows(runtime.db, "SELECT count(*) AS n FROM stream_watchers WHERE tree_id = %s",
                           uuid.UUID(root)) == watched
@@ -425,6 +427,16 @@ async def test_the_streams_of_an_archived_tree_end_and_their_reconnects_get_204(
         middle = tree_events[len(tree_events) // 2]["cursor"]
         rest = await asyncio.wait_for(_read_to_the_end(http, f"/api/v1/trees/{root}/events", after=middle), 30)
         assert rest == [e for e in tree_events if e["cursor"] > middle]
+
+        # Nothing in it runs, so it cannot be stopped (no event); its budget may still change (it
+        # governs the trees it spawned), and a reconnect from the end then gets that, then ends.
+        before = await rows(runtime.db, "SELECT count(*) AS n FROM events WHERE tree_id = %s", uuid.UUID(root))
+        stop = await http.post(f"/api/v1/trees/{root}/stop")
+        assert stop.status_code == 409 and "archived" in stop.json()["detail"], stop.text
+        assert await rows(runtime.db, "SELECT count(*) AS n FROM events WHERE tree_id = %s", uuid.UUID(root)) == before
+        assert (await http.patch(f"/api/v1/trees/{root}/budget", json={"max_tokens": 10_000})).status_code == 200
+        changed = await asyncio.wait_for(_read_to_the_end(http, f"/api/v1/trees/{root}/events", after=int(last)), 30)
+        assert [e["kind"] for e in changed] == ["tree_budget_changed"]
 
 
 async def _read_to_the_end(http: httpx.AsyncClient, path: str, after: int | None = None) -> list[dict]:

@@ -393,7 +393,8 @@ async def test_archive_is_refused_while_a_request_is_open(db: Database, scope: S
     assert await archived(db, tree.tree_id) == [False, False]
 
 
-async def test_an_archived_tree_cannot_be_continued_and_is_hidden_from_lists(db: Database, scope: Scope) -> None:
+async def test_an_archived_tree_cannot_be_continued_or_stopped_and_is_hidden_from_lists(db: Database, scope: Scope
+                                                                                        ) -> None:
     tree, run = await start_root_run(db, scope)
     aaa = await create_child(db, run, "aaa")
     aaa_run = await claim_turn(db, tree.tree_id, aaa["turn_id"])
@@ -407,6 +408,10 @@ async def test_an_archived_tree_cannot_be_continued_and_is_hidden_from_lists(db:
     with pytest.raises(Conflict, match="archived"):
         async with db.tx() as conn:
             await trees.continue_tree(conn, scope, tree.tree_id)
+    # Nothing in it runs: a stop would only be one more event after its streams ended.
+    with pytest.raises(Conflict, match="archived"):
+        async with db.tx() as conn:
+            await trees.stop_tree(conn, scope, tree.tree_id)
     assert await count_rows(db) == before
     assert (await summary(db, scope, tree.tree_id))["stopped"] is True
 
