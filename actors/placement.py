@@ -340,9 +340,10 @@ class Hosted(Placement):
         try:
             if not await asyncio.wait_for(host.move.remote(node_id), _HINT_TIMEOUT_SECONDS):
                 return False  # there already, or draining: the next round asks again
-        except _GONE:
+        except ray.exceptions.ActorDiedError:
             pass  # a host that drained at once may exit before its reply leaves: it left all the same
-        await _until_gone(name)
+        if not await _until_gone(name):
+            return False  # still there (an outage of its node, not its exit): the next round asks again
         # Made now, so that no activation waits for its start (a hint would make it all the same).
         await asyncio.wait_for(self._hosts.get(index, fresh=True).ready.remote(), _HINT_TIMEOUT_SECONDS)
         return True
@@ -377,15 +378,17 @@ def _nth_live_node(index: int) -> dict[str, Any]:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=False)}
 
 
-async def _until_gone(name: str, timeout: float = _HINT_TIMEOUT_SECONDS) -> None:
-    """Until Ray no longer knows a live actor of that name (an exiting actor still holds it)."""
+async def _until_gone(name: str, timeout: float = _HINT_TIMEOUT_SECONDS) -> bool:
+    """Whether Ray, within ``timeout``, no longer knows a live actor of that name (an exiting actor
+    still holds it)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         try:
             await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
         except ValueError:
-            return
+            return True
         await asyncio.sleep(0.1)
+    return False
 
 
 def choose(settings: Settings, actors: ShapeActors) -> Placement:

@@ -134,7 +134,7 @@ _LIVE_STATES = ["running", "restarting", "paused"]
 _WRAPPER = f"""d={_STATE_DIR}; mkdir -p "$d"
 CANOPY_COMMAND_ID="$1" setsid sh -c \\
     'echo $$ > "$0.pid"; if [ -e "$0.cancel" ] || [ -e "$0.killed" ] || [ -e "$2" ]; then exit {KILLED_EXIT_CODE}; fi
-    exec sh -c "$1"' "$d/$1" "$2" "{TOMBSTONES}/$1"
+    exec sh -c "$1"' "$d/$1" "$2" "{TOMBSTONES}/$1.killed"
 rc=$?; rm -f "$d/$1.pid" "$d/$1.cancel"; exit $rc"""
 
 # $1 = command id, $2 = "cancel" or "kill". Both come after a mark, so a wrapper that has not
@@ -174,11 +174,20 @@ def container_name(tree_id: uuid.UUID) -> str:
 
 
 def tombstones_dir(tree_id: uuid.UUID) -> Path:
-    """The host directory of a tree's tombstones, one empty file per killed command id, mounted
-    read-only at ``TOMBSTONES``. It lives as long as the tree's container: a restart of the
-    container (its process limit full, or the engine's) empties ``/tmp`` but keeps them. The
-    sandbox user reads it (0755), only Canopy's user writes it."""
+    """The host directory of a tree's tombstones, an empty file ``<command id>.killed`` per killed
+    command (the suffix: ids ``.`` and ``..`` are valid), mounted read-only at ``TOMBSTONES``. It
+    lives as long as the tree's container: a restart of the container (its process limit full, or
+    the engine's) empties ``/tmp`` but keeps them. The sandbox user reads it (0755), only Canopy's
+    user writes it; its parent is this user's alone (0700), so no other user lists the trees."""
     return Path(tempfile.gettempdir()) / f"canopy-sandbox-killed-{os.geteuid()}" / str(tree_id)
+
+
+def _our_tombstones_dir(tree_id: uuid.UUID) -> Path:
+    """``tombstones_dir``, its parent first checked to be this user's private directory (made if
+    missing): a parent another user planted in the shared temp dir (a symlink, say) is never
+    followed, to write or to delete (``SandboxError``)."""
+    private_dir(tombstones_dir(tree_id).parent)
+    return tombstones_dir(tree_id)
 
 
 def connect(max_pool_size: int = 64) -> docker.DockerClient:
@@ -268,7 +277,6 @@ class DockerBackend:
             return str(container.id)
         if container is None:
             self._pull_if_missing(options.image)
-        _make_tombstones_dir(tree_id)  # after a removal, which drops it; the engine would make it root's
         with self._host_lock():
             # Looked up again: another claim may have made or started it while we waited.
             container = self._find(name)
@@ -278,8 +286,15 @@ class DockerBackend:
                     return str(container.id)
             self._check_room(options.max_containers)
             created = container is None
+            # After a removal, which drops it (the engine would make a missing one, root's), and
+            # only for a container about to be made or started: a refused one leaves none behind.
+            tombstones = _make_tombstones_dir(tree_id)
             if container is None:
-                container = self._create(tree_id, options.image, spec)
+                try:
+                    container = self._create(tree_id, options.image, spec)
+                except SandboxError:
+                    shutil.rmtree(tombstones, ignore_errors=True)
+                    raise
             # Exited, e.g. after an engine restart: start it again (same id; /tmp starts empty).
             self._start(container, remove_on_failure=created)
             return str(container.id)
@@ -435,7 +450,8 @@ class DockerBackend:
         # No command can start in it any more, and a new sandbox starts without tombstones.
         tree_id = tree_id_or_none(container.labels.get(LABEL_TREE))
         if tree_id is not None:
-            shutil.rmtree(tombstones_dir(tree_id), ignore_errors=True)
+            with contextlib.suppress(SandboxError):  # a planted parent: nothing of ours to delete
+                shutil.rmtree(_our_tombstones_dir(tree_id), ignore_errors=True)
 
     def _wait_gone(self, container_id: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -654,14 +670,12 @@ def _leave_tombstone(container: Container, command_id: str) -> None:
     tree_id = tree_id_or_none(container.labels.get(LABEL_TREE))
     if tree_id is None or sources != [str(tombstones_dir(tree_id))]:
         return
-    with contextlib.suppress(OSError):  # the killer's tombstone in /tmp stands
-        (tombstones_dir(tree_id) / command_id).touch()
+    with contextlib.suppress(OSError, SandboxError):  # the killer's tombstone in /tmp stands
+        (_our_tombstones_dir(tree_id) / f"{command_id}.killed").touch()
 
 
 def _make_tombstones_dir(tree_id: uuid.UUID) -> Path:
-    directory = tombstones_dir(tree_id)
-    private_dir(directory.parent, mode=0o755)
-    return private_dir(directory, mode=0o755)
+    return private_dir(_our_tombstones_dir(tree_id), mode=0o755)
 
 
 def _check_ours(container: Container, tree_id: uuid.UUID) -> None:

@@ -618,7 +618,7 @@ async def test_kill_command_from_a_fresh_manager_kills_that_command_only(sandbox
         tombstones = await _run(starter, tree, workdir, f"ls -A {TOMBSTONES}")
         # A tombstone of each id killed (a late start of it must not run), and no other mark.
         assert marks.stdout.split() == ["cmd-1.killed", "no-such-command.killed"]  # in /tmp, and on the host
-        assert tombstones.stdout.split() == ["cmd-1", "no-such-command"]
+        assert tombstones.stdout.split() == ["cmd-1.killed", "no-such-command.killed"]
     neighbour.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await neighbour

@@ -11,9 +11,11 @@ import dataclasses
 import io
 import os
 import re
+import shutil
 import socket
 import struct
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +63,7 @@ async def test_concurrent_claims_cannot_overshoot_the_container_limit(docker_kit
     for (tree, _), outcome in zip(trees, outcomes, strict=True):
         if not isinstance(outcome, str):
             assert docker_kit.backend.containers_for(tree) == []  # a refused claim created nothing
+            assert not tombstones_dir(tree).exists()  # not even the directory of its tombstones
 
 
 async def test_a_container_built_from_other_settings_is_recreated(docker_kit: SandboxKit) -> None:
@@ -407,7 +410,7 @@ async def test_a_kills_tombstone_outlives_a_restart_and_the_sandbox_user(docker_
     command_id = f"late-{uuid.uuid4().hex}"
     assert await docker_kit.new_backend().kill(handle, command_id) is False  # nothing ran yet: nothing to kill
 
-    erase = f"rm -f {TOMBSTONES}/{command_id} /tmp/.canopy/{command_id}.killed; ls {TOMBSTONES}"
+    erase = f"rm -f {TOMBSTONES}/{command_id}.killed /tmp/.canopy/{command_id}.killed; ls {TOMBSTONES}"
     erased = await backend.run(handle, erase, 30, f"erase-{uuid.uuid4().hex}")
     await asyncio.to_thread(backend.client.api.restart, handle, timeout=0)
     late = await backend.run(handle, "echo ran > late.txt; echo ran", 30, command_id)
@@ -422,3 +425,45 @@ async def test_a_kills_tombstone_outlives_a_restart_and_the_sandbox_user(docker_
     assert tombstones_dir(tree).is_dir()
     await backend.release(handle)
     assert not tombstones_dir(tree).exists()  # a new sandbox of the tree starts without tombstones
+
+
+async def test_command_ids_dot_and_dotdot_are_ids_like_any_other(docker_kit: SandboxKit) -> None:
+    """``.`` and ``..`` are valid command ids; as tombstone names they were the directory itself
+    and its parent, which always exist: every command of such an id exited as killed."""
+    backend = docker_kit.backend
+    tree, workdir = await docker_kit.new_tree()
+    handle = await backend.ensure(tree, workdir, docker_kit.options)
+    ran = {command_id: await backend.run(handle, f"echo ran {command_id}", 30, command_id)
+           for command_id in (".", "..")}
+    assert {key: (result.exit_code, result.stdout) for key, result in ran.items()} == {
+        ".": (0, "ran .\n"), "..": (0, "ran ..\n")}
+    await backend.kill(handle, "..")
+    assert (await backend.run(handle, "echo again", 30, "..")).exit_code == 137  # killed: never again
+    assert (await backend.run(handle, "echo again", 30, ".")).exit_code == 0
+
+
+async def test_a_planted_tombstones_parent_is_never_followed(docker_kit: SandboxKit, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tombstones' parent lives in the shared temp dir. Replaced by another user's symlink (after
+    a reboot emptied the temp dir, say), it is never followed: a kill writes nothing through it, a
+    release deletes nothing through it, and a new sandbox is refused, naming the directory."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "shared-tmp"))
+    (tmp_path / "shared-tmp").mkdir()
+    backend = docker_kit.new_backend()
+    tree, workdir = await docker_kit.new_tree()
+    handle = await backend.ensure(tree, workdir, docker_kit.options)
+    parent = tombstones_dir(tree).parent
+    assert parent.parent == tmp_path / "shared-tmp" and oct(parent.stat().st_mode & 0o777) == "0o700"
+    victim = tmp_path / "victim"
+    (victim / str(tree)).mkdir(parents=True)
+    (victim / str(tree) / "precious").write_text("kept")
+    await asyncio.to_thread(shutil.rmtree, parent)
+    parent.symlink_to(victim)
+
+    await backend.kill(handle, "cmd-1")
+    await backend.release(handle)
+    with pytest.raises(SandboxError, match="belongs to another user"):
+        await backend.ensure(tree, workdir, docker_kit.options)
+
+    assert sorted(path.name for path in (victim / str(tree)).iterdir()) == ["precious"]
+    assert backend.containers_for(tree) == []
