@@ -201,7 +201,7 @@ def connect(max_pool_size: int = 64) -> docker.DockerClient:
         return docker.from_env(timeout=60, max_pool_size=max_pool_size)
     except (docker.errors.DockerException, OSError) as error:
         raise SandboxUnavailable(
-            f"no Docker engine answers ({error}): start Docker or point DOCKER_HOST at one, or set "
+            f"no Docker engine answers ({error}): start Docker or point DOCKER_HOST at this machine's, or set "
             "CANOPY_SANDBOX_BACKEND=local to run commands on this host as the Canopy user, WITHOUT isolation"
         ) from error
 
