@@ -53,8 +53,9 @@ async def _child_config(conn: Connection, scope: Scope, caller: Row, agent_id: s
                         dispatcher: Dispatcher) -> dict[str, Any]:
     """Inherit the dispatcher's config, or freeze the named agent's, re-authorised for this user.
 
-    The approval mode always comes from the dispatcher's Turn, and the tools are the named
-    agent's that the dispatcher has too (all of the dispatcher's when the agent names none).
+    It asks when the dispatcher's Turn asks or the named agent does (a human chose ask for that
+    agent; an auto creator does not waive it), and the tools are the named agent's that the
+    dispatcher has too (all of the dispatcher's when the agent names none).
     """
     if agent_id is None:
         config = dict(caller["agent_config"])
@@ -68,7 +69,7 @@ async def _child_config(conn: Connection, scope: Scope, caller: Row, agent_id: s
                 f"agent {agent_id!r} has no tool that this session has ({', '.join(sorted(dispatcher.tools))}); "
                 "a session cannot create one with tools it lacks")
         config["tools"] = tools
-    config["approval_mode"] = dispatcher.approval_mode
+    config["approval_mode"] = "ask" if "ask" in (dispatcher.approval_mode, config.get("approval_mode")) else "auto"
     return config
 
 

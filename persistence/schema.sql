@@ -248,6 +248,8 @@ CREATE UNIQUE INDEX turns_one_open_per_session ON turns (session_id)
     WHERE status IN ('running', 'waiting', 'cancelling');
 -- A session's latest Turn (summaries, lists): without it every member scans all turns.
 CREATE INDEX turns_session ON turns (session_id, created_at DESC);
+-- The sessions with a Turn that asked (turn_insert.sql): each new Turn of theirs asks too.
+CREATE INDEX turns_asked ON turns (session_id) WHERE approval_mode = 'ask';
 
 CREATE TABLE runs (
     run_id              uuid PRIMARY KEY,

@@ -209,7 +209,8 @@ async def test_a_child_inherits_config_and_a_named_agent_is_frozen(db: Database,
     assert rows["aaa"]["agent_config"]["model"] == "canopy/scripted"
     assert rows["bbb"]["agent_id"] == "reviewer"
     assert rows["bbb"]["agent_config"]["model"] == "m-1"  # frozen at creation
-    assert rows["bbb"]["agent_config"]["approval_mode"] == "auto"  # from the dispatcher, not the agent
+    assert rows["bbb"]["agent_config"]["approval_mode"] == "ask"  # the agent asks, though its creator does not
+    assert rows["aaa"]["agent_config"]["approval_mode"] == "auto"
 
 
 # --- scope confinement --------------------------------------------------------------------------
