@@ -34,6 +34,9 @@ from persistence.statuses import WaitKind
 
 MAX_WAIT_IDS = 100
 LIST_PAGE = 10
+# A project's sessions a page: a project may hold thousands, and a tool result is sent again with
+# every later model call of its Turn.
+PROJECT_PAGE = 100
 
 
 class ToolArgs(BaseModel):
@@ -222,17 +225,14 @@ _LISTED = ("session_id", "title", "path", "tree_id", "project_id", "current_turn
 
 
 async def list_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: ListSessionsArgs) -> ToolResult:
-    if args.scope == "project":
-        rows = await sessions.list_project_sessions(conn, ctx.run.scope, ctx.session["project_id"],
-                                                    include_archived=args.include_archived)
-    else:
-        rows = await sessions.list_project_sessions(conn, ctx.run.scope, None, offset=args.offset,
-                                                    limit=LIST_PAGE, newest_first=True,
-                                                    include_archived=args.include_archived)
+    page = PROJECT_PAGE if args.scope == "project" else LIST_PAGE
+    rows = await sessions.list_project_sessions(
+        conn, ctx.run.scope, ctx.session["project_id"] if args.scope == "project" else None, offset=args.offset,
+        limit=page, newest_first=args.scope == "all", include_archived=args.include_archived)
     entries = [{key: row[key] for key in _LISTED} for row in rows]
     entries = [{**_jsonable(e), "root_id": str(e["tree_id"])} for e in entries]
-    return {"sessions": entries, "offset": args.offset, "next_offset":
-            args.offset + LIST_PAGE if args.scope == "all" and len(entries) == LIST_PAGE else None}
+    return {"sessions": entries, "offset": args.offset,
+            "next_offset": args.offset + page if len(entries) == page else None}
 
 
 async def list_agents(ctx: ToolContext, conn: Connection, call_id: str, args: ListAgentsArgs) -> ToolResult:
@@ -282,8 +282,8 @@ COOPERATION_TOOLS: list[Tool] = [
     Tool("wait_sessions", "Wait until any of these sessions has an update after the cursor.",
          WaitSessionsArgs, wait_sessions),
     Tool("get_result", "The exact result of one input or turn.", GetResultArgs, get_result),
-    Tool("list_sessions", "Sessions of this project, or your whole history (scope='all', 10 a page); archived "
-         "trees only with include_archived.",
+    Tool("list_sessions", f"Sessions of this project ({PROJECT_PAGE} a page), or your whole history "
+         f"(scope='all', {LIST_PAGE} a page, newest first); archived trees only with include_archived.",
          ListSessionsArgs, list_sessions),
     Tool("list_agents", "Agents you may run in create_session(agent_id=...).", ListAgentsArgs, list_agents),
     Tool("ask_user", "Ask the human a question and wait for the answer.", AskUserArgs, ask_user),

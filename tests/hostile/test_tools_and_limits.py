@@ -16,6 +16,7 @@ import pytest
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from actors.tools import PROJECT_PAGE
 from persistence.databases import rows
 from persistence.errors import InvalidArgument
 from persistence.records import Scope
@@ -110,6 +111,24 @@ async def test_numbers_and_lists_past_what_the_database_takes_are_refused_not_a_
     runs = await rows(runtime.db, "SELECT count(*) AS n FROM runs WHERE session_id = %s", tree_id)
     assert runs[0]["n"] == 1  # no Run crashed and was recovered
     assert await footprint(runtime, tree_id) == {"sessions": ["/root"], "spawned_trees": 0, **_NOTHING_ELSE}
+
+
+async def test_a_projects_sessions_come_a_page_at_a_time(runtime: Runtime, scope: Scope) -> None:
+    """``list_sessions`` of a project listed every session of it in one tool result, which every
+    later model call sends again: a project may hold 10,000 conversations and their members. It
+    pages now, as the whole history does, ``PROJECT_PAGE`` sessions a page."""
+    for index in range(PROJECT_PAGE + 4):
+        await runtime.create_root(scope, title=f"idle {index}")
+    text = script(call(("list_sessions", {})), call(("list_sessions", {"offset": PROJECT_PAGE})),
+                  say("${0.next_offset}|${1.next_offset}"))
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"] == f"{PROJECT_PAGE}|null", result
+    pages = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool' "
+                       "ORDER BY id", created["session"]["session_id"])
+    listed = [[entry["session_id"] for entry in json.loads(page["content"])["sessions"]] for page in pages]
+    assert [len(page) for page in listed] == [PROJECT_PAGE, 5]
+    assert len({*listed[0], *listed[1]}) == PROJECT_PAGE + 5  # every session once
 
 
 def _spawn_chain(creates: int) -> str:
