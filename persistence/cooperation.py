@@ -10,9 +10,9 @@ import dataclasses
 import uuid
 from typing import Any
 
-from persistence import agents, receipts
+from persistence import agents, receipts, usage
 from persistence.db import Connection, query
-from persistence.errors import InvalidArgument
+from persistence.errors import Conflict, InvalidArgument
 from persistence.events import append_event
 from persistence.messages import insert_coop_message
 from persistence.records import Row, RunRef, Scope
@@ -119,6 +119,11 @@ async def submit_input(conn: Connection, run: RunRef, call_id: str, *, target: s
         return stored
     caller = await get_session_row(conn, run.scope, run.session_id)
     session = await resolve_target(conn, run.scope, run.tree_id, target)
+    if session["tree_id"] != run.tree_id and (
+            budget := await usage.budget_left_behind(conn, run.tree_id, session["tree_id"])) is not None:
+        raise Conflict(f"this tree works under the budget of tree {budget}, which does not cover tree "
+                       f"{session['tree_id']}: work submitted there would escape it. Hand it to a session of "
+                       "this tree, or of a tree it spawned (create_session mode=root)")
     receipt = await submit_input_row(conn, run.scope, session["session_id"], text, _origin(caller, run, dispatcher))
     result = {"session_id": str(receipt["session_id"]), "input_id": str(receipt["input_id"]),
               "turn_id": str(receipt["turn_id"]) if receipt["turn_id"] else None, "status": receipt["status"]}

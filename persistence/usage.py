@@ -96,6 +96,14 @@ async def budget_reached(conn: Connection, tree_id: uuid.UUID) -> dict[str, Any]
     return row["reached"] if row else None
 
 
+async def budget_left_behind(conn: Connection, caller_tree: uuid.UUID, target_tree: uuid.UUID) -> uuid.UUID | None:
+    """The tree whose budget covers ``caller_tree`` but not ``target_tree`` (nearest first), or None:
+    a budget counts the work of its tree and of the trees it spawned, not of another tree's queue."""
+    cur = await conn.execute(query("budget_left_behind"), {"caller": caller_tree, "target": target_tree})
+    row = await cur.fetchone()
+    return row["tree_id"] if row else None
+
+
 async def set_budget(conn: Connection, scope: Scope, tree_id: uuid.UUID, changes: dict[str, Any]) -> dict[str, Any]:
     """Change some limits of a tree's budget (a limit given as None is removed; the others stay).
     Returns the whole budget. A raised budget does not restart a stopped tree: continue does."""

@@ -218,6 +218,36 @@ async def test_a_spawned_tree_cannot_escape_the_budget_of_the_trees_that_spawned
     assert (await summary(db, scope, tree_b))["spawned_usage"]["tokens"] == 300
 
 
+async def test_work_cannot_leave_a_budget_through_another_trees_queue(db: Database, scope: Scope) -> None:
+    """A tree under a budget hands its task to a tree of the user's outside its spawn chain, whose
+    work that budget would not count: refused, nothing written. Into its own spawned tree (which
+    the budget covers) it may; a tree without a budget may hand work anywhere, as before."""
+    tree_a, run_a = await start_root_run(db, scope)
+    await set_budget(db, scope, tree_a.tree_id, max_model_calls=3)
+    outside = await make_tree(db, scope)
+    async with db.tx() as conn:
+        spawned = await cooperation.create_session(conn, run_a, "spawn", name="side", description="work",
+                                                   mode="root", limits=limits(), dispatcher=DISPATCHER)
+    await finish(db, await claim_turn(db, uuid.UUID(spawned["tree_id"]), spawned["turn_id"]))
+
+    before = await count_rows(db)
+    with pytest.raises(Conflict, match=f"budget of tree {tree_a.tree_id}"):
+        async with db.tx() as conn:
+            await cooperation.submit_input(conn, run_a, "out", target=str(outside.root_id), text="the whole task",
+                                           dispatcher=DISPATCHER)
+    assert await count_rows(db) == before
+    async with db.tx() as conn:
+        inside = await cooperation.submit_input(conn, run_a, "in", target=spawned["session_id"], text="more",
+                                                dispatcher=DISPATCHER)
+    assert inside["status"] == "started"
+
+    _, free_run = await start_root_run(db, scope)  # no budget over it
+    async with db.tx() as conn:
+        anywhere = await cooperation.submit_input(conn, free_run, "any", target=str(outside.root_id), text="help",
+                                                  dispatcher=DISPATCHER)
+    assert anywhere["status"] == "started"
+
+
 async def test_a_spawned_tree_takes_its_agents_default_budget(db: Database, scope: Scope) -> None:
     tree, run = await start_root_run(db, scope)
     async with db.tx() as conn:
