@@ -68,15 +68,16 @@ async def require_target(conn: Connection, scope: Scope, *, session_id: uuid.UUI
 
 
 async def stream_finished(conn: Connection, scope: Scope, *, after: int, session_id: uuid.UUID | None = None,
-                          tree_id: uuid.UUID | None = None) -> bool:
+                          tree_id: uuid.UUID | None = None, target: Row | None = None) -> bool:
     """Whether an event stream of the session or tree, at cursor ``after``, has nothing left to
     wait for: its tree is archived (it takes no input and cannot be stopped, so nothing more runs
     in it) and no event of it follows ``after``. One kind may still come: a change of its budget,
     which governs the trees it spawned; a stream that ended does not wait for one (the tree's
     summary shows the budget), a reconnect from its cursor gets it. The flag is read first: an
     event committed before it, the archive's own among them, is then seen by the read of the
-    events. NotFound when absent from this scope."""
-    target = await require_target(conn, scope, session_id=session_id, tree_id=tree_id)
+    events. ``target``: the session or tree as ``require_target`` just read it in this transaction
+    (else it is read here). NotFound when absent from this scope."""
+    target = target or await require_target(conn, scope, session_id=session_id, tree_id=tree_id)
     if not target["archived"]:
         return False
     return not await events_after(conn, scope, after, session_id=session_id, tree_id=tree_id, limit=1)

@@ -29,7 +29,7 @@
   A ``kill`` also leaves a tombstone: a command of that id started afterwards (by a Run that
   lost its lease on its way to starting it) exits at once as killed (137), never running.
   Command ids are unique per Turn and call, and a killed one is never run again. The tombstone
-  is an empty file named by the command id in a host directory of the tree's
+  is an empty file ``<command id>.killed`` in a host directory of the tree's
   (``tombstones_dir``), which the container sees read-only: a restart of the container keeps it,
   and the sandbox user cannot remove it; a new container starts without any. A runtime that
   cannot write that directory (another user's, or one on another host of a remote engine)

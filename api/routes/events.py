@@ -75,7 +75,8 @@ async def _open(request: Request, runtime: Runtime, caller: ApiKey, query: Strea
     async with runtime.db.tx() as conn:
         target = await views.require_target(conn, caller.scope, session_id=session_id, tree_id=tree_id)
         start = await views.latest_cursor(conn, caller.scope) if query.start == "latest" else query.start
-        if await views.stream_finished(conn, caller.scope, after=start, session_id=session_id, tree_id=tree_id):
+        if await views.stream_finished(conn, caller.scope, after=start, session_id=session_id, tree_id=tree_id,
+                                       target=target):
             # EventSource reconnects on anything else; a 204 is cacheable unless told otherwise.
             return Response(status_code=204, headers={"Cache-Control": "no-store"})
         watched = target["tree_id"] if query.deltas else None
