@@ -13,6 +13,9 @@ which each is stuck by the rule above, given the others are (the greatest fixed 
 diamond — two Turns waiting for one that runs — is not a deadlock, and neither is a wait on an
 input that has ended). Timeouts do not save a cycle: every member would only time out.
 
+Only the waits reachable from the new one are read, in one recursive statement (wait_graph.sql), so
+a check costs what the new wait's own chain holds, not what every other tree of the scope waits for.
+
 Race-free: every cooperation wait of a scope is checked and committed under the scope's wait
 lock (a transaction-scoped advisory lock taken by the check and held until the wait commits),
 so of two Turns closing the same cycle at once, the second sees the first's wait and is refused.
@@ -22,11 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Any
+
+from psycopg.types.json import Jsonb
 
 from persistence.db import Connection, advisory_lock, query
 from persistence.errors import Deadlock
-from persistence.records import RunRef, Scope
+from persistence.records import RunRef
 from persistence.statuses import WaitKind
 
 
@@ -42,57 +46,25 @@ class _Waiter:
     on: list[uuid.UUID | None]
 
 
-def _scope_params(scope: Scope) -> dict[str, Any]:
-    return {"user_id": scope.user_id, "app_id": scope.app_id}
-
-
 async def check_wait(conn: Connection, run: RunRef, label: str, *, input_ids: list[uuid.UUID] | None = None,
                      session_ids: list[uuid.UUID] | None = None) -> None:
     """Raise Deadlock (with the cycle's session paths) if the Run's Turn waiting for these inputs
     (all of them) or sessions (any of them) would close a cycle of waits; else return, holding the
     scope's wait lock until this transaction commits its wait."""
     await advisory_lock(conn, f"canopy.waits:{run.scope.user_id}:{run.scope.app_id}")
-    cur = await conn.execute(query("wait_graph"), _scope_params(run.scope))
-    open_waits = await cur.fetchall()
-    waits_inputs = [uuid.UUID(i) for w in open_waits if w["kind"] == WaitKind.INPUTS
-                    for i in w["condition"]["input_ids"]]
-    waits_sessions = [uuid.UUID(s) for w in open_waits if w["kind"] == WaitKind.SESSIONS
-                      for s in w["condition"]["targets"]]
-    blockers = await _input_blockers(conn, run.scope, [*waits_inputs, *(input_ids or [])])
-    open_turns = await _open_turns(conn, run.scope, [*waits_sessions, *(session_ids or [])])
-
-    graph: dict[uuid.UUID, _Waiter] = {}
-    for wait in open_waits:
-        if wait["kind"] == WaitKind.INPUTS:
-            on = [blockers.get(uuid.UUID(i)) for i in wait["condition"]["input_ids"]]
-        else:
-            on = [open_turns.get(uuid.UUID(s)) for s in wait["condition"]["targets"]]
-        graph[wait["turn_id"]] = _Waiter(wait["turn_id"], wait["path"], wait["tree_id"],
-                                         wait["kind"] == WaitKind.INPUTS, on)
-    on = [blockers.get(i) for i in input_ids] if input_ids is not None else \
-        [open_turns.get(s) for s in session_ids or []]
-    graph[run.turn_id] = _Waiter(run.turn_id, label, run.tree_id, input_ids is not None, on)
-
+    kind, condition = (WaitKind.INPUTS, {"input_ids": [str(i) for i in input_ids]}) if input_ids is not None \
+        else (WaitKind.SESSIONS, {"targets": [str(s) for s in session_ids or []]})
+    cur = await conn.execute(query("wait_graph"), {
+        "user_id": run.scope.user_id, "app_id": run.scope.app_id, "turn_id": run.turn_id, "kind": kind,
+        "condition": Jsonb(condition), "label": label, "tree_id": run.tree_id})
+    graph = {row["turn_id"]: _Waiter(row["turn_id"], row["path"], row["tree_id"], row["needs_all"], row["waits_on"])
+             for row in await cur.fetchall()}
     stuck = _stuck(graph, run.turn_id)
     if run.turn_id in stuck:
         cycle = _cycle(graph, stuck, run.turn_id)
         names = [_name(graph[turn], run.tree_id) for turn in cycle]
         raise Deadlock(f"waiting would deadlock: {' waits for '.join(names)}; no turn of this cycle could ever "
                        "resume. Wait for something else, or finish without waiting.", names)
-
-
-async def _input_blockers(conn: Connection, scope: Scope, ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
-    if not ids:
-        return {}
-    cur = await conn.execute(query("input_blockers"), {**_scope_params(scope), "ids": list(dict.fromkeys(ids))})
-    return {row["input_id"]: row["blocker"] for row in await cur.fetchall() if row["blocker"] is not None}
-
-
-async def _open_turns(conn: Connection, scope: Scope, ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
-    if not ids:
-        return {}
-    cur = await conn.execute(query("session_open_turns"), {**_scope_params(scope), "ids": list(dict.fromkeys(ids))})
-    return {row["session_id"]: row["turn_id"] for row in await cur.fetchall() if row["turn_id"] is not None}
 
 
 def _stuck(graph: dict[uuid.UUID, _Waiter], start: uuid.UUID) -> set[uuid.UUID]:
