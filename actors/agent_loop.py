@@ -254,12 +254,14 @@ class RunExecutor:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             try:
                 async with self.db.tx() as conn:
-                    alive = await run_repo.heartbeat(conn, self.run, self.settings.lease_seconds)
+                    turn_status = await run_repo.heartbeat(conn, self.run, self.settings.lease_seconds)
             except Exception:
                 log.exception("heartbeat of run %s failed", self.run.run_id)
                 continue
-            if not alive and main is not None:
-                main.cancel()  # a stale incarnation must stop acting at once
+            # A stale incarnation must stop acting at once; so must a Run whose Turn is being
+            # cancelled, whose signal may have been lost while a command or model call runs on.
+            if turn_status in (None, TurnStatus.CANCELLING) and main is not None:
+                main.cancel()
                 return
 
     async def begin(self, conn: Connection, acquired: run_repo.AcquiredRun | None = None) -> None:

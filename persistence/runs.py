@@ -66,6 +66,7 @@ RETURNING r.run_id, r.turn_id, r.kind, {SESSION_COLUMNS}, s.user_id, s.app_id, t
 _HEARTBEAT = """
 UPDATE runs SET lease_expires_at = now() + make_interval(secs => %(lease)s)
 WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
+RETURNING (SELECT t.status FROM turns t WHERE t.turn_id = runs.turn_id) AS turn_status
 """
 _FENCE = """
 SELECT run_id FROM runs
@@ -171,9 +172,11 @@ def _run_ref(row: Row, owner: str) -> RunRef:
     )
 
 
-async def heartbeat(conn: Connection, run: RunRef, lease_seconds: float) -> bool:
+async def heartbeat(conn: Connection, run: RunRef, lease_seconds: float) -> str | None:
+    """Renew the Run's lease; the status of its Turn, or None when this incarnation no longer holds it."""
     cur = await conn.execute(_HEARTBEAT, {"run_id": run.run_id, "owner": run.owner, "lease": lease_seconds})
-    return cur.rowcount == 1
+    row = await cur.fetchone()
+    return None if row is None else str(row["turn_status"])
 
 
 async def fence(conn: Connection, run: RunRef) -> None:

@@ -58,6 +58,30 @@ async def test_a_cancelled_turn_runs_none_of_its_committed_calls(runtime: Runtim
     assert not (await workdir_of(runtime, tree_id) / "cancelled.txt").exists()
 
 
+async def test_a_cancel_whose_signal_is_lost_stops_a_running_command(runtime: Runtime, scope: Scope) -> None:
+    # The cancel is committed while the member's command runs, and its hint to the actor is lost:
+    # the Run's next heartbeat reads the Turn being cancelled and stops the command, instead of
+    # letting it run to its end (Stop all promises the commands of its Turns are interrupted).
+    command = "echo start >> log.txt; sleep 8; echo end >> log.txt"
+    member = script(call(("run_command", {"command": command})), say("finished"))
+    text = script(call(create("runner", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
+                  say("${1.results.0.status}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    workdir = await workdir_of(runtime, tree_id)
+    runner = await eventually(lambda: _member(runtime, tree_id, "/root/runner"))
+    turn_id = await eventually(lambda: _open_turn(runtime, runner))
+    await eventually(lambda: _started(workdir / "log.txt"), every=0.05)
+    async with runtime.db.tx() as conn:
+        assert await turns.cancel_turn(conn, scope, runner, turn_id, reason="cancelled by the test")
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"] == "cancelled"
+    await asyncio.sleep(9)  # past the moment the command would have written "end"
+    assert (workdir / "log.txt").read_text() == "start\n"
+    assert [r["status"] for r in await rows(runtime.db, "SELECT status FROM turns WHERE turn_id = %s",
+                                            turn_id)] == ["cancelled"]
+
+
 async def test_a_command_of_a_lost_run_is_stopped_and_reported_unknown(runtime: Runtime, scope: Scope) -> None:
     # The member's command starts, writes "start", and would write "end" 8 s later; its actor dies
     # at once. The sweeper stops the command before resuming the Turn, which is told the outcome is

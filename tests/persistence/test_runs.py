@@ -253,9 +253,9 @@ async def test_heartbeat_extends_the_lease_only_for_its_owner(db: Database, scop
     _, run = await start_root_run(db, scope)
     before = (await run_row(db, run.run_id))["lease_expires_at"]
     async with db.tx() as conn:
-        assert await runs.heartbeat(conn, run, 600)
+        assert await runs.heartbeat(conn, run, 600) == "running"
         impostor = RunRef(run.scope, run.session_id, run.tree_id, run.turn_id, run.run_id, "impostor")
-        assert not await runs.heartbeat(conn, impostor, 600)
+        assert await runs.heartbeat(conn, impostor, 600) is None
     assert (await run_row(db, run.run_id))["lease_expires_at"] > before
 
 
@@ -359,7 +359,7 @@ async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: S
             async with db.tx() as conn:
                 await write(conn)
     async with db.tx() as conn:
-        assert not await runs.heartbeat(conn, run, LEASE_SECONDS)
+        assert await runs.heartbeat(conn, run, LEASE_SECONDS) is None
     assert await count_rows(db) == before
     assert (await turn_row(db, run.turn_id))["status"] == "running"  # the resume Run owns the Turn now
 
