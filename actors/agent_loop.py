@@ -64,6 +64,31 @@ def identity_block(session: Row, run: RunRef, input_id: uuid.UUID) -> str:
 _WRAPPED_ORIGINS = ("message", "steer", "compaction")
 
 
+# What a model reads for a call of an ended Turn that was never answered (the Turn was cancelled
+# or stopped, or gave up, between its reply and the call's result).
+UNANSWERED_CALL = json.dumps({"error": "not run: its turn ended before this call ran"})
+
+
+def model_messages(history: list[Row], turn_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The history as the model's messages. A provider refuses a request in which a tool call has no
+    result before the next message (OpenAI and Anthropic both do), so each unanswered call of an
+    earlier Turn is answered here with UNANSWERED_CALL; nothing is stored, so a replay reads the
+    same. The current Turn's calls are all answered before its next model call."""
+    out: list[dict[str, Any]] = []
+    unanswered: dict[str, None] = {}  # the calls of the last assistant message still without a result
+    for row in history:
+        if row["role"] == "tool":
+            unanswered.pop(row["tool_call_id"], None)
+        elif unanswered:
+            out.extend({"role": "tool", "tool_call_id": call_id, "content": UNANSWERED_CALL} for call_id in unanswered)
+            unanswered = {}
+        message = to_model_message(row)
+        if row["role"] == "assistant" and row["turn_id"] != turn_id:
+            unanswered = dict.fromkeys(call["id"] for call in message["tool_calls"])
+        out.append(message)
+    return out
+
+
 def to_model_message(row: Row) -> dict[str, Any]:
     if row["role"] == "assistant":
         return {"role": "assistant", "content": row["content"], "tool_calls": row["tool_calls"] or []}
@@ -392,13 +417,13 @@ class RunExecutor:
         config = session["agent_config"]
         system = "\n\n".join([config.get("instructions") or DEFAULT_INSTRUCTIONS,
                                identity_block(session, self.run, input_id)])
-        request = [{"role": "system", "content": system}, *(to_model_message(row) for row in self._history)]
+        request = [{"role": "system", "content": system}, *model_messages(self._history, self.run.turn_id)]
         watch = {"session_id": str(self.run.session_id), "tree_id": str(self.run.tree_id),
                  "turn_id": str(self.run.turn_id)}
         try:
             await self._compact_if_due(config, request)
             if self._history[:1] and (self._history[0]["origin"] or {}).get("kind") == "compaction":
-                request = [request[0], *(to_model_message(row) for row in self._history)]
+                request = [request[0], *model_messages(self._history, self.run.turn_id)]
             return await gateways.call("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
                                        messages=request, tools=schemas(self._tools),
                                        watch=watch if stream else None, **tracing.carrier())

@@ -301,8 +301,33 @@ def _summary(transcript: str) -> Reply:
     return Reply(content=f"Summary of {len(lines)} earlier messages. First: {lines[0][:120] if lines else ''}")
 
 
+def check_tool_results(messages: list[Any]) -> None:
+    """Refuse a request whose tool calls and results do not pair up, with OpenAI's words, as its API
+    does: each call of an assistant message is answered by a tool message before any message of
+    another role, and each tool message answers a call of the assistant message before it."""
+    unanswered: dict[str, None] = {}  # the calls still to answer, in order
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool":
+            call_id = str(message.get("tool_call_id"))
+            if call_id not in unanswered:
+                raise ScriptError("Invalid parameter: messages with role 'tool' must be a response to a "
+                                  "preceding message with 'tool_calls'.")
+            del unanswered[call_id]
+            continue
+        if unanswered:
+            break
+        if role == "assistant":
+            unanswered = dict.fromkeys(str(c.get("id")) for c in message.get("tool_calls") or [] if isinstance(c, dict))
+    if unanswered:
+        raise ScriptError("An assistant message with 'tool_calls' must be followed by tool messages responding "
+                          f"to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                          f"{', '.join(unanswered)}")
+
+
 def plan_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, limits: Limits) -> Reply:
     """The scripted model's answer to one chat completion request (raises ScriptError)."""
+    check_tool_results(messages)
     last = content_text(messages[-1].get("content")) if messages else ""
     if messages and messages[-1].get("role") == "user" and last.startswith(COMPACT_TAG):
         return _summary(last)

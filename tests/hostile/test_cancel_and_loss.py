@@ -56,6 +56,11 @@ async def test_a_cancelled_turn_runs_none_of_its_committed_calls(runtime: Runtim
     assert await rows(runtime.db, "SELECT 1 FROM tool_receipts WHERE turn_id = %s", turn_id) == []
     assert await rows(runtime.db, "SELECT 1 FROM thread_messages WHERE turn_id = %s AND role = 'tool'", turn_id) == []
     assert not (await workdir_of(runtime, tree_id) / "cancelled.txt").exists()
+    # The calls left unanswered stay in the member's history; a provider refuses a request with an
+    # unanswered call (the scripted model does too), so the member's next Turn is told they did not run.
+    later = await runtime.submit_input(scope, member_id, script(say("after")))
+    result = await runtime.wait_result(scope, later["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "after")
 
 
 async def test_a_cancel_whose_signal_is_lost_stops_a_running_command(runtime: Runtime, scope: Scope) -> None:
