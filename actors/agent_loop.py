@@ -592,7 +592,7 @@ class RunExecutor:
 
     async def _deliver_wait_outcome(self, conn: Connection) -> None:
         """A Run that resumes a wait first commits the wait's outcome as the waiting call's result."""
-        wait = await waits.wait_resumed_by(conn, self.run.run_id)
+        wait = await waits.resumed_wait(conn, self.run.turn_id)
         if wait is None:
             return
         if await messages.has_tool_result(conn, self.run.turn_id, wait["tool_call_id"]):

@@ -382,9 +382,9 @@ CREATE TABLE waits (
     FOREIGN KEY (turn_id, session_id) REFERENCES turns (turn_id, session_id)
 );
 CREATE INDEX waits_open ON waits (deadline) WHERE status = 'open';
--- A Turn's open wait, found by the deadlock check's walk along the waits
--- (wait_graph.sql).
-CREATE INDEX waits_open_turn ON waits (turn_id) WHERE status = 'open';
+-- A Turn's waits: its open one, found by the deadlock check's walk along the waits (wait_graph.sql),
+-- and its latest resumed one, whose outcome a resume Run delivers (persistence/waits.py).
+CREATE INDEX waits_turn ON waits (turn_id, created_at);
 
 -- The Turns a cooperation wait is stuck behind, one row per target in target order (NULL for a
 -- target that is free: ended, idle, or starting as soon as it can). An input waits for its own

@@ -151,11 +151,15 @@ async def open_waits(conn: Connection, limit: int = 1000) -> list[uuid.UUID]:
     return [row["wait_id"] for row in await cur.fetchall()]
 
 
-async def wait_resumed_by(conn: Connection, run_id: uuid.UUID) -> Row | None:
-    """The wait that a resume Run continues, if it was a wait (not a crash recovery)."""
+async def resumed_wait(conn: Connection, turn_id: uuid.UUID) -> Row | None:
+    """The Turn's latest resumed wait, whose outcome a resume Run delivers unless its call has a
+    result already. Read by the Turn, not by the Run that resumed it: that Run may have been
+    recovered before it began (an activation that died, a lease that ran out), and the Run that
+    recovers it must still deliver the outcome, or the waiting call would run again."""
     cur = await conn.execute(
-        "SELECT wait_id, tool_call_id, kind, condition, deadline FROM waits WHERE resumed_run_id = %s",
-        (run_id,),
+        """SELECT wait_id, tool_call_id, kind, condition, deadline FROM waits
+           WHERE turn_id = %s AND status = 'resumed' ORDER BY created_at DESC LIMIT 1""",
+        (turn_id,),
     )
     return await cur.fetchone()
 

@@ -83,13 +83,38 @@ async def test_park_releases_the_slot_and_resumes_once(db: Database, scope: Scop
     new_run = await claim_turn(db, tree.tree_id, run.turn_id)
     assert new_run.run_id == resumed["run_id"] and new_run.turn_id == run.turn_id
     async with db.tx() as conn:
-        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        wait = await waits.resumed_wait(conn, new_run.turn_id)
         assert wait is not None
         outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id, new_run.turn_id)
     assert outcome["timed_out"] is False
     assert [(r["input_id"], r["output"], r["status"]) for r in outcome["results"]] == \
         [(uuid.UUID(aaa["input_id"]), "aaa's answer", "completed")]
     assert (await turn_row(db, run.turn_id))["approval_mode"] == "auto"  # what it read came from an auto Turn
+
+
+async def test_a_resume_run_recovered_before_it_began_leaves_the_outcome_to_its_recovery(
+        db: Database, scope: Scope) -> None:
+    # The Run that resumes the wait is granted, but nobody acquires it before its lease runs out
+    # (its activation died): the Run that recovers it finds the wait and delivers its outcome, so
+    # the waiting call is answered instead of run again.
+    tree, run = await start_root_run(db, scope)
+    aaa, aaa_run = await child_run(db, run, "aaa")
+    wait_id = await park(db, run, condition={"input_ids": [aaa["input_id"]]}, targets=[uuid.UUID(aaa["session_id"])])
+    await finish(db, aaa_run, output="aaa's answer")
+    resumed = await try_resume(db, wait_id)
+    assert resumed is not None
+    assert await grant(db, tree.tree_id) == [resumed["run_id"]]
+    async with db.tx() as conn:
+        await conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = %s",
+                           (resumed["run_id"],))
+        assert await turns.recover_expired_run(conn, resumed["run_id"]) is not None
+    recovery = await claim_turn(db, tree.tree_id, run.turn_id)
+    assert recovery.run_id != resumed["run_id"]
+    async with db.tx() as conn:
+        wait = await waits.resumed_wait(conn, recovery.turn_id)
+        assert wait is not None and wait["wait_id"] == wait_id
+        outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id, recovery.turn_id)
+    assert [(r["output"], r["status"]) for r in outcome["results"]] == [("aaa's answer", "completed")]
 
 
 async def test_concurrent_resumes_create_one_resume_run(db: Database, scope: Scope) -> None:
@@ -125,7 +150,7 @@ async def test_a_passed_deadline_resumes_with_timed_out(db: Database, scope: Sco
     assert resumed is not None
     new_run = await claim_turn(db, tree.tree_id, run.turn_id)
     async with db.tx() as conn:
-        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        wait = await waits.resumed_wait(conn, new_run.turn_id)
         assert wait is not None
         outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id, new_run.turn_id)
     assert outcome["timed_out"] is True and outcome["results"][0]["terminal"] is False
@@ -145,7 +170,7 @@ async def test_wait_sessions_resumes_on_an_update_after_the_cursor(db: Database,
     assert await try_resume(db, wait_id) is not None
     new_run = await claim_turn(db, tree.tree_id, run.turn_id)
     async with db.tx() as conn:
-        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        wait = await waits.resumed_wait(conn, new_run.turn_id)
         assert wait is not None
         outcome = await waits.wait_outcome(conn, scope, wait, tree.root_id, new_run.turn_id)
     assert [u["kind"] for u in outcome["updates"]] == ["turn_completed"]
@@ -190,7 +215,7 @@ async def test_ask_user_blocks_new_input_until_answered(db: Database, scope: Sco
     assert await try_resume(db, wait_id) is not None
     new_run = await claim_turn(db, tree.tree_id, run.turn_id)
     async with db.tx() as conn:
-        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        wait = await waits.resumed_wait(conn, new_run.turn_id)
         assert wait is not None
         assert await waits.wait_outcome(conn, scope, wait, tree.root_id, new_run.turn_id) == {"answer": "green"}
     stored = await fetch_one(db, "SELECT status, response FROM requests WHERE request_id = %s", (request["id"],))
@@ -207,7 +232,7 @@ async def test_denied_approval_resumes_with_deny(db: Database, scope: Scope) -> 
     assert await try_resume(db, wait_id) is not None
     new_run = await claim_turn(db, tree.tree_id, run.turn_id)
     async with db.tx() as conn:
-        wait = await waits.wait_resumed_by(conn, new_run.run_id)
+        wait = await waits.resumed_wait(conn, new_run.turn_id)
         assert wait is not None
         cur = await conn.execute("SELECT status, response FROM requests WHERE wait_id = %s", (wait["wait_id"],))
         assert await cur.fetchone() == {"status": "answered", "response": {"decision": "deny"}}

@@ -24,6 +24,6 @@ RETURNS TABLE (target_position bigint, blocker uuid) LANGUAGE sql STABLE AS $$
     FROM jsonb_array_elements_text(of_condition -> 'targets') WITH ORDINALITY AS target (id, position)
     WHERE of_kind = 'sessions'
 $$;
--- A Turn's open wait, found by the deadlock check's walk along the waits
--- (wait_graph.sql).
-CREATE INDEX waits_open_turn ON waits (turn_id) WHERE status = 'open';
+-- A Turn's waits: its open one, found by the deadlock check's walk along the waits (wait_graph.sql),
+-- and its latest resumed one, whose outcome a resume Run delivers (persistence/waits.py).
+CREATE INDEX waits_turn ON waits (turn_id, created_at);
