@@ -292,7 +292,8 @@ class Runtime:
                           in_tx: TxHook | None = None) -> None:
         async with self.db.tx() as conn:
             live = await turns.cancel_turn(conn, scope, session_id, turn_id, reason="cancelled by a human")
-            await record_intervention(conn, scope, session_id, "cancel", {"turn_id": str(turn_id)})
+            if live is not None:  # a Turn that had ended stays as it was, and nobody is told of a cancel
+                await record_intervention(conn, scope, session_id, "cancel", {"turn_id": str(turn_id)})
             await _run_hook(in_tx, conn, None)
         if live:
             await self.placement.activate(session_id)

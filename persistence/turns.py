@@ -306,8 +306,9 @@ async def finalize_cancel(conn: Connection, session: Row, turn_id: uuid.UUID, re
 
 
 async def cancel_turn(conn: Connection, scope: Scope, session_id: uuid.UUID, turn_id: uuid.UUID,
-                      reason: str = "cancelled") -> bool:
-    """Cancel exactly this Turn (history and side effects stay). True: a live Run must be signalled."""
+                      reason: str = "cancelled") -> bool | None:
+    """Cancel exactly this Turn (history and side effects stay). True: a live Run must be signalled;
+    None: the Turn had ended already, and nothing was written."""
     session = await lock_session(conn, scope, session_id)
     cur = await conn.execute(
         # NO KEY UPDATE: a tool call of this Turn committing meanwhile only needs a key-share lock on it
@@ -319,7 +320,7 @@ async def cancel_turn(conn: Connection, scope: Scope, session_id: uuid.UUID, tur
     if turn is None:
         raise NotFound(f"no turn {turn_id} in session {session_id}")
     if turn["status"] in TERMINAL_TURN_STATUSES:
-        return False
+        return None
     return await cancel_open_turn(conn, session, turn, reason)
 
 

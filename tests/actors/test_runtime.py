@@ -146,6 +146,22 @@ async def test_cancelling_parent_leaves_children_running(runtime: Runtime, scope
     assert (kid["status"], kid["output"]) == ("completed", "kid done")
 
 
+async def test_cancelling_an_ended_turn_changes_nothing(runtime: Runtime, scope: Scope) -> None:
+    text = script(call(create("kid", script(say("kid done")))),
+                  call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("root done"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    assert (await runtime.wait_result(scope, created["input"]["input_id"], timeout=30))["status"] == "completed"
+    kid = await session_id_at(runtime.db, tree_id, "/root/kid")
+    (turn,) = await rows(runtime.db, "SELECT turn_id FROM turns WHERE session_id = %s", kid)
+    for _ in range(2):
+        await runtime.cancel_turn(scope, kid, turn["turn_id"])
+    assert await rows(runtime.db, "SELECT kind FROM events WHERE tree_id = %s AND kind IN "
+                      "('user_intervention', 'turn_cancelling', 'turn_cancelled')", tree_id) == []
+    assert [t["status"] for t in await rows(runtime.db, "SELECT status FROM turns WHERE session_id = %s", kid)] == \
+        ["completed"]
+
+
 async def test_stop_all_then_continue(runtime: Runtime, scope: Scope) -> None:
     text = script(call(create("a", script(say("a", delay_ms=30000))), create("b", script(say("b", delay_ms=30000)))),
                   call(("wait_inputs", {"input_ids": ["${0.input_id}", "${1.input_id}"]})), say("never"))

@@ -153,7 +153,7 @@ async def test_cancel_a_running_turn_goes_through_cancelling(db: Database, scope
     assert (await turn_row(db, child["turn_id"]))["status"] == "running"
     assert (await run_row(db, child_run_ref.run_id))["status"] == "running"
     async with db.tx() as conn:
-        assert await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id) is False  # already terminal
+        assert await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id) is None  # already terminal
 
 
 async def test_cancel_turn_of_another_session_is_not_found(db: Database, scope: Scope) -> None:
