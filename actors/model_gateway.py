@@ -622,8 +622,17 @@ class ModelGateway:
             raise ModelError(self._routes)
         return self._routes
 
-    def _check_api_base(self, api_base: str | None) -> None:
-        if api_base and self._api_bases is not None and not _allowed_endpoint(api_base, self._allowed_endpoints):
+    def _check_api_base(self, api_base: str | None, api_key_ref: str | None) -> None:
+        """An agent's api_base must be a listed endpoint; with none listed, it gets no key: whoever may
+        create agents must not be able to send the operator's keys to a URL of their choosing."""
+        if not api_base:
+            return
+        if self._api_bases is None:
+            if api_key_ref:
+                raise ModelError(f"api_key_ref {api_key_ref!r} with api_base {api_base!r}: a key goes to an agent's "
+                                 "own api_base only when the operator lists that endpoint in CANOPY_AGENT_API_BASES "
+                                 "(unset: an api_base is called without a key)")
+        elif not _allowed_endpoint(api_base, self._allowed_endpoints):
             raise ModelError(f"api_base {api_base!r} is not one of the endpoints agents may use "
                              f"(CANOPY_AGENT_API_BASES: {', '.join(self._api_bases) or 'none'})")
 
@@ -631,7 +640,7 @@ class ModelGateway:
         """Why a call to ``model`` (with an agent's ``api_base``/``api_key_ref``) cannot work, as a
         sentence that names what is missing; None when litellm has all it needs. Makes no request."""
         try:
-            self._check_api_base(api_base)
+            self._check_api_base(api_base, api_key_ref)
             return self._current_routes().problem(model, api_base, api_key_ref)
         except ModelError as error:
             return str(error)
@@ -655,7 +664,7 @@ class ModelGateway:
         call) aborts the HTTP request.
         """
         litellm = _litellm()
-        self._check_api_base(api_base)
+        self._check_api_base(api_base, api_key_ref)
         routes = self._current_routes()
         call_id = uuid.uuid4().hex
         request: dict[str, Any] = {"model": routes.target(model, api_base, api_key_ref),

@@ -201,8 +201,8 @@ class Settings(BaseSettings):
     agent_api_bases: list[str] | None = Field(
         default=None, description="Endpoints (a JSON list of URLs) an agent's api_base must be, or be under: "
         "compared by scheme, host, port and whole path segments, never as text prefixes. An agent's calls go to "
-        "its api_base with the key its api_key_ref names: where users must not send the operator's keys "
-        "elsewhere, list the endpoints here. Unset: any http(s) URL.")
+        "its api_base with the key its api_key_ref names, so only a listed endpoint gets a key. Unset: any "
+        "http(s) URL, called without a key.")
 
     admin_token: SecretStr | None = Field(default=None, description="The bearer that creates and revokes API keys.")
     metrics_token: SecretStr | None = Field(

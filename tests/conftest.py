@@ -17,6 +17,7 @@ which start Rays of their own) fill in around them.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import tempfile
 import uuid
@@ -35,6 +36,7 @@ from persistence.records import Scope
 from persistence.settings import Settings, get_settings
 from sandbox.manager import SandboxManager
 from tests.actors.replay_server import ReplayServer
+from tests.ports import free_port
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -42,10 +44,19 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("CANOPY_SANDBOX_IMAGE", "canopy-sandbox:latest")
 
 
-@pytest.fixture(scope="module")
+# The replay server's port is fixed for the test process, so the runtimes can list its endpoint
+# among those an agent's api_base may be (with a key only a listed endpoint gets), as an operator
+# lists theirs. From the process's own slice of ports (tests/ports.py): nothing else binds it.
+REPLAY_PORT = free_port()
+# http://127.0.0.1:9 (discard) refuses every connection: an endpoint agents may name that is never there.
+AGENT_API_BASES = [f"http://127.0.0.1:{REPLAY_PORT}/v1", "http://127.0.0.1:9/v1"]
+
+
+@pytest.fixture(scope="session")
 def replay() -> Iterator[ReplayServer]:
-    """An OpenAI-compatible server of the test's own (tests/actors/replay_server.py), per module."""
-    server = ReplayServer().start()
+    """An OpenAI-compatible server of the tests' own (tests/actors/replay_server.py), one per test
+    process; each test scripts the model names it uses."""
+    server = ReplayServer().start(REPLAY_PORT)
     yield server
     server.stop()
 
@@ -91,6 +102,7 @@ def scope() -> Scope:
 
 # Short leases and sweeps so that kill tests recover in seconds, not minutes.
 RUNTIME_ENV = {
+    "CANOPY_AGENT_API_BASES": json.dumps(AGENT_API_BASES),
     "CANOPY_LEASE_SECONDS": "4",
     "CANOPY_HEARTBEAT_SECONDS": "1",
     "CANOPY_SWEEP_SECONDS": "0.5",

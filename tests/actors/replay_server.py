@@ -123,8 +123,8 @@ class ReplayServer:
                       "model": model, **({"usage": usage} if usage else {}),
                       "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
 
-    def start(self) -> ReplayServer:
-        self.port = free_port()
+    def start(self, port: int | None = None) -> ReplayServer:
+        self.port = port or free_port()
         self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
                                                      lifespan="off"))
         threading.Thread(target=self._server.run, name="replay-server", daemon=True).start()

@@ -123,7 +123,7 @@ async def test_other_models_pass_through_with_the_named_key_and_base(
     tmp_path: Path, replay: ReplayServer
 ) -> None:
     (tmp_path / "REPLAY_TEAM_KEY").write_text("sk-team\n")
-    gw = ModelGateway(timeout_seconds=30, retries=0, secrets_dir=str(tmp_path))
+    gw = ModelGateway(timeout_seconds=30, retries=0, secrets_dir=str(tmp_path), agent_api_bases=(replay.base_url,))
     replay.script("direct", say("direct"))
     result = await gw.complete(model="openai/direct", messages=scripted([{"say": "ignored"}]), tools=None,
                                api_key_ref="REPLAY_TEAM_KEY", api_base=replay.base_url)
@@ -267,7 +267,8 @@ async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(
     monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-operator-only")
-    gw = ModelGateway(timeout_seconds=30, retries=0, provider_env=("OPENAI_API_KEY",))
+    gw = ModelGateway(timeout_seconds=30, retries=0, provider_env=("OPENAI_API_KEY",),
+                      agent_api_bases=(replay.base_url,))
     replay.script("elsewhere", say("hello"))
     await gw.complete(model="openai/elsewhere", messages=scripted([{"say": "x"}]), tools=None,
                       api_base=replay.base_url)
@@ -280,6 +281,27 @@ async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(
         await gw.complete(model="openai/elsewhere", messages=scripted([{"say": "x"}]), tools=None,
                           api_base=replay.base_url, api_key_ref="REPLAY_NOT_A_PROVIDER_KEY")
     assert len(replay.requests_for("elsewhere")) == 1
+
+
+async def test_with_no_endpoints_listed_an_api_base_gets_no_key(
+    monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
+) -> None:
+    """Whoever may create agents names their api_base: with no endpoint listed by the operator, a key
+    named with it would go to a URL of that user's choosing, so an api_base is called keyless."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-operator-only")
+    gw = ModelGateway(timeout_seconds=30, retries=0, provider_env=("OPENAI_API_KEY",))
+    replay.script("unlisted", say("keyless"))
+    refused = await gw.check_model("openai/unlisted", replay.base_url, "OPENAI_API_KEY") or ""
+    assert "CANOPY_AGENT_API_BASES" in refused and "OPENAI_API_KEY" in refused, refused
+    with pytest.raises(ModelError, match="CANOPY_AGENT_API_BASES"):
+        await gw.complete(model="openai/unlisted", messages=scripted([{"say": "x"}]), tools=None,
+                          api_base=replay.base_url, api_key_ref="OPENAI_API_KEY")
+    assert replay.requests_for("unlisted") == []
+    assert await gw.check_model("openai/unlisted", replay.base_url, None) is None
+    result = await gw.complete(model="openai/unlisted", messages=scripted([{"say": "x"}]), tools=None,
+                               api_base=replay.base_url)
+    assert result["message"]["content"] == "keyless"
+    assert "sk-operator-only" not in (replay.requests_for("unlisted")[0].authorization or "")
 
 
 async def test_api_bases_outside_the_allowed_prefixes_are_refused(replay: ReplayServer) -> None:

@@ -22,21 +22,22 @@ from schemathesis.core.result import Ok
 from schemathesis.generation import GenerationMode
 
 from actors.scripted import call, say, script
+from tests.actors.replay_server import ReplayServer, fail
 from tests.api.conftest import ApiServer
 from tests.api.helpers import poll
 
 EXAMPLES_PER_OPERATION = 20
-# An agent whose provider answers 404 (this API has no chat completions): not a failure to retry,
-# so a Turn with it fails at once (an unknown provider is refused when the agent is created).
+# An agent whose provider answers 404: not a failure to retry, so a Turn with it fails at once (an
+# unknown provider is refused when the agent is created).
 BROKEN_MODEL = "openai/none"
-BROKEN_ENDPOINT = "/no-model-here/v1"
 # The live streams never end on a real object: only their 404/422 answers are fuzzed here.
 STREAMING = ("/api/v1/sessions/{session_id}/events", "/api/v1/trees/{tree_id}/events")
 
 
-async def _objects(api: ApiServer, http: httpx.AsyncClient) -> dict[str, list[str]]:
+async def _objects(replay: ReplayServer, http: httpx.AsyncClient) -> dict[str, list[str]]:
+    replay.script("none", then=fail(404))
     assert (await http.post("/api/v1/agents", json={"agent_id": "broken", "name": "Broken", "model": BROKEN_MODEL,
-                                                     "api_base": api.url + BROKEN_ENDPOINT})).status_code == 201
+                                                     "api_base": replay.base_url})).status_code == 201
     project = (await http.post("/api/v1/projects", json={"name": "fuzz"})).json()["project_id"]
     idle = (await http.post("/api/v1/sessions", json={"agent_id": "broken", "project_id": project})).json()
     parked = (await http.post("/api/v1/sessions", json={
@@ -109,8 +110,9 @@ def _fuzz(base_url: str, api_key: str, real: dict[str, list[str]],
     return failures
 
 
-async def test_schemathesis_finds_no_server_errors(api: ApiServer, http: httpx.AsyncClient) -> None:
-    real = await _objects(api, http)
+async def test_schemathesis_finds_no_server_errors(api: ApiServer, http: httpx.AsyncClient,
+                                                   replay: ReplayServer) -> None:
+    real = await _objects(replay, http)
     api_key = http.headers["Authorization"].removeprefix("Bearer ")
     statuses: collections.Counter[int] = collections.Counter()
     failures = await asyncio.to_thread(_fuzz, api.url, api_key, real, statuses)
