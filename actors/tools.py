@@ -89,7 +89,7 @@ class ListSessionsArgs(ToolArgs):
 
 
 class ListAgentsArgs(ToolArgs):
-    pass
+    offset: int = Field(default=0, ge=0, le=MAX_BIGINT)
 
 
 class AskUserArgs(ToolArgs):
@@ -236,8 +236,9 @@ async def list_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: 
 
 
 async def list_agents(ctx: ToolContext, conn: Connection, call_id: str, args: ListAgentsArgs) -> ToolResult:
-    rows = await agent_repo.list_agents(conn, ctx.run.scope)
-    return {"agents": [{"id": r["agent_id"], "name": r["name"], "description": r["description"]} for r in rows]}
+    rows = await agent_repo.list_agents(conn, ctx.run.scope, offset=args.offset, limit=LIST_PAGE)
+    return {"agents": [{"id": r["agent_id"], "name": r["name"], "description": r["description"]} for r in rows],
+            "offset": args.offset, "next_offset": args.offset + LIST_PAGE if len(rows) == LIST_PAGE else None}
 
 
 async def ask_user(ctx: ToolContext, conn: Connection, call_id: str, args: AskUserArgs) -> ToolResult:
@@ -285,6 +286,7 @@ COOPERATION_TOOLS: list[Tool] = [
     Tool("list_sessions", f"Sessions of this project ({PROJECT_PAGE} a page), or your whole history "
          f"(scope='all', {LIST_PAGE} a page, newest first); archived trees only with include_archived.",
          ListSessionsArgs, list_sessions),
-    Tool("list_agents", "Agents you may run in create_session(agent_id=...).", ListAgentsArgs, list_agents),
+    Tool("list_agents", f"Agents you may run in create_session(agent_id=...), {LIST_PAGE} a page, each with the "
+                        "beginning of its description.", ListAgentsArgs, list_agents),
     Tool("ask_user", "Ask the human a question and wait for the answer.", AskUserArgs, ask_user),
 ]

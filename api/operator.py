@@ -19,6 +19,7 @@ from persistence.records import Row, Scope
 from persistence.settings import get_settings
 
 T = TypeVar("T")
+_AGENTS_PAGE = 1000
 
 
 async def in_database(work: Callable[[Connection], Awaitable[T]]) -> T:
@@ -47,8 +48,13 @@ async def revoke_key(key_id: uuid.UUID) -> Row:
 
 
 async def list_agents(scope: Scope, console: Console) -> None:
-    found = await in_database(lambda conn: agents.list_agents(conn, scope))
-    console.print(agents_table(found))
+    async def every_agent(conn: Connection) -> list[Row]:  # a terminal shows them all, read a page at a time
+        found: list[Row] = []
+        while page := await agents.list_agents(conn, scope, offset=len(found), limit=_AGENTS_PAGE):
+            found += page
+        return found
+
+    console.print(agents_table(await in_database(every_agent)))
 
 
 async def create_agent(scope: Scope, fields: dict[str, Any], console: Console) -> None:

@@ -215,6 +215,33 @@ class AgentUpdate(RequestBody):
         return data
 
 
+def _with_id(data: Any) -> Any:
+    """An agent's ``id`` is its ``agent_id``."""
+    if isinstance(data, dict) and "id" not in data and "agent_id" in data:
+        return {**data, "id": data["agent_id"]}
+    return data
+
+
+class AgentSummary(ResponseBody):
+    """An agent as a list shows it: no instructions, and the description's beginning."""
+
+    id: str
+    agent_id: str
+    name: str
+    description: str = Field(description="Its first 500 characters; the whole agent is at GET /agents/{id}.")
+    description_truncated: bool
+    model: str
+    approval_mode: str
+    shared: bool
+    owner_user_id: str
+    updated_at: dt.datetime
+
+    @model_validator(mode="before")
+    @classmethod
+    def _id(cls, data: Any) -> Any:
+        return _with_id(data)
+
+
 class Agent(ResponseBody):
     id: str
     agent_id: str
@@ -236,9 +263,7 @@ class Agent(ResponseBody):
     @model_validator(mode="before")
     @classmethod
     def _id(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "id" not in data and "agent_id" in data:
-            return {**data, "id": data["agent_id"]}
-        return data
+        return _with_id(data)
 
 
 # -- projects ----------------------------------------------------------------------------------------

@@ -17,13 +17,15 @@ from persistence.usage import check_budget
 _COLUMNS = "agent_id, name, description, model, instructions, tools, approval_mode, shared, owner_user_id, " \
     "created_at, updated_at, compact_at_tokens, budget, api_base, api_key_ref"
 _VISIBLE = "app_id = %(app_id)s AND (owner_user_id = %(user_id)s OR shared)"
+# How much of an agent's description a list shows.
+DESCRIPTION_PREVIEW = 500
 EDITABLE_FIELDS = ("name", "description", "model", "instructions", "tools", "approval_mode", "shared",
                    "compact_at_tokens", "budget", "api_base", "api_key_ref")
 # What decides where an agent's model calls go and with which key: checked together (actors/runtime.py).
 ENDPOINT_FIELDS = ("model", "api_base", "api_key_ref")
 # The NAME of a key (an environment variable or a secret file), never a key: the database holds no key.
 API_KEY_REF_PATTERN = r"^[A-Z][A-Z0-9_]{0,63}$"
-API_BASE_PATTERN = r"^https?://[^\s*]+$"
+API_BASE_PATTERN = r"^https?://[^\s*\x00]+$"
 API_BASE_MAX_CHARS = 2000
 
 
@@ -115,10 +117,16 @@ async def get_agent(conn: Connection, scope: Scope, agent_id: str) -> Row:
     return row
 
 
-async def list_agents(conn: Connection, scope: Scope) -> list[Row]:
+async def list_agents(conn: Connection, scope: Scope, *, offset: int, limit: int) -> list[Row]:
+    """A page of the agents the user may run, by id, as summaries: no instructions, and the first
+    DESCRIPTION_PREVIEW characters of the description (the whole agent is one ``get_agent`` away).
+    Every user of an app sees its shared agents, so a page must not grow with what others wrote."""
     cur = await conn.execute(
-        f"SELECT {_COLUMNS} FROM agents WHERE {_VISIBLE} ORDER BY agent_id",
-        {"app_id": scope.app_id, "user_id": scope.user_id},
+        f"""SELECT agent_id, name, left(description, {DESCRIPTION_PREVIEW}) AS description,
+                   length(description) > {DESCRIPTION_PREVIEW} AS description_truncated, model, approval_mode,
+                   shared, owner_user_id, updated_at
+            FROM agents WHERE {_VISIBLE} ORDER BY agent_id OFFSET %(offset)s LIMIT %(limit)s""",
+        {"app_id": scope.app_id, "user_id": scope.user_id, "offset": offset, "limit": limit},
     )
     return await cur.fetchall()
 
@@ -155,10 +163,13 @@ async def update_agent(conn: Connection, scope: Scope, agent_id: str, changes: d
                    instructions = %(instructions)s, tools = %(tools)s, approval_mode = %(approval_mode)s,
                    shared = %(shared)s, compact_at_tokens = %(compact_at_tokens)s, budget = %(budget)s,
                    api_base = %(api_base)s, api_key_ref = %(api_key_ref)s, updated_at = now()
-            WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s
+            WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s AND owner_user_id = %(user_id)s
+              AND updated_at = %(read_at)s
             RETURNING {_COLUMNS}""",
-        {**merged, "app_id": scope.app_id, "agent_id": agent_id},
+        {**merged, "app_id": scope.app_id, "agent_id": agent_id, "user_id": scope.user_id,
+         "read_at": current["updated_at"]},
     )
     row = await cur.fetchone()
-    assert row is not None
+    if row is None:  # deleted, or replaced or edited by another request, since it was read
+        raise Conflict(f"agent {agent_id!r} changed while it was being edited; send the edit again")
     return row

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request, status
+from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
 from api.deps import COMMON, RuntimeDep, errors
-from api.schemas import Agent, AgentCreate, AgentUpdate
+from api.schemas import Agent, AgentCreate, AgentSummary, AgentUpdate
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import agents
 
@@ -17,12 +17,14 @@ router = APIRouter(prefix="/agents", tags=["agents"])
 AgentIdPath = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$", description="The agent's slug.")]
 
 
-@router.get("", response_model=list[Agent], responses=errors(*COMMON))
-async def list_agents(caller: ScopeDep, runtime: RuntimeDep) -> list[Agent]:
-    """Only the agents the caller may run."""
+@router.get("", response_model=list[AgentSummary], responses=errors(*COMMON))
+async def list_agents(caller: ScopeDep, runtime: RuntimeDep,
+                      offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+                      limit: Annotated[int, Query(ge=1, le=100)] = 100) -> list[AgentSummary]:
+    """A page of the agents the caller may run, by id, as summaries (a shorter page: the last)."""
     async with runtime.db.tx() as conn:
-        rows = await agents.list_agents(conn, caller)
-    return [Agent.model_validate(row) for row in rows]
+        rows = await agents.list_agents(conn, caller, offset=offset, limit=limit)
+    return [AgentSummary.model_validate(row) for row in rows]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Agent,
@@ -44,10 +46,11 @@ async def get_agent(agent_id: AgentIdPath, caller: ScopeDep, runtime: RuntimeDep
         return Agent.model_validate(await agents.get_agent(conn, caller, agent_id))
 
 
-@router.patch("/{agent_id}", response_model=Agent, responses=errors(*COMMON, 404, 413))
+@router.patch("/{agent_id}", response_model=Agent, responses=errors(*COMMON, 404, 409, 413))
 async def update_agent(agent_id: AgentIdPath, body: AgentUpdate, caller: ScopeDep, runtime: RuntimeDep) -> Agent:
     """Only the owner edits. Sessions already created from the agent keep their frozen copy. A new
-    model, api_base or api_key_ref is checked as at creation (422, nothing changed)."""
+    model, api_base or api_key_ref is checked as at creation (422, nothing changed). 409 when
+    another edit changed the agent meanwhile: nothing changed, send the edit again."""
     changes = body.model_dump(exclude_unset=True)
     return Agent.model_validate(await runtime.update_agent(caller, agent_id, changes))
 

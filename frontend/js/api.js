@@ -1,5 +1,7 @@
 // The HTTP client: every call goes to /api/v1 with the user's API key as a bearer token.
 
+const AGENTS_PAGE = 100; // GET /agents's largest page
+
 export class ApiError extends Error {
   constructor(status, detail) {
     super(detail || `HTTP ${status}`);
@@ -103,7 +105,15 @@ export class Api {
   // -- directory ---------------------------------------------------------------------------------
   checkKey = (key) => this.request("GET", "/sessions?limit=1", undefined, { keyOverride: key });
   projects = async () => listOf(await this.get("/projects"), "projects");
-  agents = async () => listOf(await this.get("/agents"), "agents");
+  // Every agent the user may run, a page at a time (the API pages its list).
+  agents = async () => {
+    const all = [];
+    for (let offset = 0; ; offset += AGENTS_PAGE) {
+      const page = listOf(await this.get(`/agents?offset=${offset}&limit=${AGENTS_PAGE}`), "agents");
+      all.push(...page);
+      if (page.length < AGENTS_PAGE) return all;
+    }
+  };
 
   // -- sessions ----------------------------------------------------------------------------------
   roots = async ({ projectId, offset = 0, limit = 50 } = {}) =>

@@ -318,6 +318,29 @@ async def test_an_agents_endpoint_and_key_name_are_checked_and_frozen(http: http
     assert cleared.status_code == 200 and cleared.json()["api_base"] is None, cleared.text
 
 
+async def test_the_agent_list_comes_a_page_at_a_time_as_summaries(http: httpx.AsyncClient, runtime: Runtime,
+                                                                  scope: Scope) -> None:
+    """Every user of an app lists its shared agents: a page held every agent whole (1,000 a user,
+    each with 100,000 characters of instructions and as many of description)."""
+    for name in ("a1", "a2", "a3"):
+        made = await http.post("/api/v1/agents", json={"agent_id": name, "name": name, "description": "d" * 600,
+                                                       "instructions": "the plan"})
+        assert made.status_code == 201, made.text
+    first = await http.get("/api/v1/agents", params={"limit": 2})
+    assert first.status_code == 200 and [a["id"] for a in first.json()] == ["a1", "a2"]
+    assert all("instructions" not in a and len(a["description"]) == 500 and a["description_truncated"]
+               for a in first.json())
+    assert [a["id"] for a in (await http.get("/api/v1/agents", params={"offset": 2})).json()] == ["a3"]
+    assert (await http.get("/api/v1/agents", params={"limit": 101})).status_code == 422
+    whole = (await http.get("/api/v1/agents/a1")).json()
+    assert (len(whole["description"]), whole["instructions"]) == (600, "the plan")
+
+    nul = await http.post("/api/v1/agents", json={"agent_id": "nul", "name": "Nul", "api_base": "http://a\u0000b/v1"})
+    assert nul.status_code == 422 and "api_base" in nul.text, nul.text
+    assert await rows(runtime.db, "SELECT agent_id FROM agents WHERE app_id = %s ORDER BY agent_id",
+                      scope.app_id) == [{"agent_id": "a1"}, {"agent_id": "a2"}, {"agent_id": "a3"}]
+
+
 async def test_a_messages_page_ends_at_its_byte_budget_and_links_the_next(http: httpx.AsyncClient,
                                                                          runtime: Runtime) -> None:
     """Up to 10,000 messages of 100,000 characters answered one read: a gigabyte built in the API."""

@@ -16,7 +16,8 @@ import pytest
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
-from actors.tools import PROJECT_PAGE
+from actors.tools import LIST_PAGE, PROJECT_PAGE
+from persistence import agents
 from persistence.databases import rows
 from persistence.errors import InvalidArgument
 from persistence.records import Scope
@@ -129,6 +130,28 @@ async def test_a_projects_sessions_come_a_page_at_a_time(runtime: Runtime, scope
     listed = [[entry["session_id"] for entry in json.loads(page["content"])["sessions"]] for page in pages]
     assert [len(page) for page in listed] == [PROJECT_PAGE, 5]
     assert len({*listed[0], *listed[1]}) == PROJECT_PAGE + 5  # every session once
+
+
+async def test_the_agents_come_a_page_at_a_time_with_the_beginning_of_their_descriptions(
+        runtime: Runtime, scope: Scope) -> None:
+    """``list_agents`` listed every agent of the app in one tool result, each description whole: a
+    colleague's 1,000 shared agents of 100,000 characters each went into every later model call."""
+    colleague = Scope("colleague", scope.app_id)
+    async with runtime.db.tx() as conn:
+        for index in range(LIST_PAGE + 2):
+            await agents.create_agent(conn, colleague, {"agent_id": f"agent-{index:02}", "name": f"A{index}",
+                                                        "model": "canopy/scripted", "shared": True,
+                                                        "description": "x" * 100_000})
+    text = script(call(("list_agents", {})), call(("list_agents", {"offset": LIST_PAGE})),
+                  say("${0.next_offset}|${1.next_offset}"))
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"] == f"{LIST_PAGE}|null", result
+    pages = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool' "
+                       "ORDER BY id", created["session"]["session_id"])
+    listed = [json.loads(page["content"])["agents"] for page in pages]
+    assert [len(page) for page in listed] == [LIST_PAGE, 2]
+    assert {len(agent["description"]) for page in listed for agent in page} == {agents.DESCRIPTION_PREVIEW}
 
 
 def _spawn_chain(creates: int) -> str:
