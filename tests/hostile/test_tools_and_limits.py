@@ -114,20 +114,27 @@ async def test_numbers_and_lists_past_what_the_database_takes_are_refused_not_a_
     assert await footprint(runtime, tree_id) == {"sessions": ["/root"], "spawned_trees": 0, **_NOTHING_ELSE}
 
 
+async def _two_pages(runtime: Runtime, scope: Scope, tool: str, key: str, page: int) -> list[list[Any]]:
+    """A model's two calls of a paged list tool, the second from where the first page ends: each
+    page as the tool result committed it; the first says where the second starts, the second that
+    it is the last."""
+    text = script(call((tool, {})), call((tool, {"offset": page})), say("${0.next_offset}|${1.next_offset}"))
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"] == f"{page}|null", result
+    pages = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool' "
+                       "ORDER BY id", created["session"]["session_id"])
+    return [json.loads(row["content"])[key] for row in pages]
+
+
 async def test_a_projects_sessions_come_a_page_at_a_time(runtime: Runtime, scope: Scope) -> None:
     """``list_sessions`` of a project listed every session of it in one tool result, which every
     later model call sends again: a project may hold 10,000 conversations and their members. It
     pages now, as the whole history does, ``PROJECT_PAGE`` sessions a page."""
     for index in range(PROJECT_PAGE + 4):
         await runtime.create_root(scope, title=f"idle {index}")
-    text = script(call(("list_sessions", {})), call(("list_sessions", {"offset": PROJECT_PAGE})),
-                  say("${0.next_offset}|${1.next_offset}"))
-    created = await runtime.create_root(scope, input_text=text)
-    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
-    assert result["output"] == f"{PROJECT_PAGE}|null", result
-    pages = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool' "
-                       "ORDER BY id", created["session"]["session_id"])
-    listed = [[entry["session_id"] for entry in json.loads(page["content"])["sessions"]] for page in pages]
+    listed = [[entry["session_id"] for entry in page]
+              for page in await _two_pages(runtime, scope, "list_sessions", "sessions", PROJECT_PAGE)]
     assert [len(page) for page in listed] == [PROJECT_PAGE, 5]
     assert len({*listed[0], *listed[1]}) == PROJECT_PAGE + 5  # every session once
 
@@ -142,14 +149,7 @@ async def test_the_agents_come_a_page_at_a_time_with_the_beginning_of_their_desc
             await agents.create_agent(conn, colleague, {"agent_id": f"agent-{index:02}", "name": f"A{index}",
                                                         "model": "canopy/scripted", "shared": True,
                                                         "description": "x" * 100_000})
-    text = script(call(("list_agents", {})), call(("list_agents", {"offset": LIST_PAGE})),
-                  say("${0.next_offset}|${1.next_offset}"))
-    created = await runtime.create_root(scope, input_text=text)
-    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
-    assert result["output"] == f"{LIST_PAGE}|null", result
-    pages = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool' "
-                       "ORDER BY id", created["session"]["session_id"])
-    listed = [json.loads(page["content"])["agents"] for page in pages]
+    listed = await _two_pages(runtime, scope, "list_agents", "agents", LIST_PAGE)
     assert [len(page) for page in listed] == [LIST_PAGE, 2]
     assert {len(agent["description"]) for page in listed for agent in page} == {agents.DESCRIPTION_PREVIEW}
 
