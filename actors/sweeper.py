@@ -81,6 +81,7 @@ class SweeperImpl:
         self.beside: dict[str, asyncio.Task[None]] = {}
         self.rounds = 0
         self.recoveries = 0
+        self._waits_after = waits.SWEEP_START  # where the next round's page of open waits starts
         self.sandboxes_released = 0
         # When each throttled step last ran (loop time), by step.
         self._last_run: dict[str, float] = {}
@@ -131,8 +132,8 @@ class SweeperImpl:
 
     async def _resume_due_waits(self, db: Database) -> None:
         async with db.tx() as conn:
-            open_waits = await waits.open_waits(conn)
-        await _each(open_waits, lambda wait_id: signals.resume_wait(self.placement, db, wait_id))
+            due, self._waits_after = await waits.waits_to_sweep(conn, self._waits_after)
+        await _each(due, lambda wait_id: signals.resume_wait(self.placement, db, wait_id))
 
     async def _fire_schedules(self, db: Database) -> None:
         async with db.tx() as conn:

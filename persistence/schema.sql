@@ -382,6 +382,8 @@ CREATE TABLE waits (
     FOREIGN KEY (turn_id, session_id) REFERENCES turns (turn_id, session_id)
 );
 CREATE INDEX waits_open ON waits (deadline) WHERE status = 'open';
+-- The open waits in id order: the sweep's page of them (waits_to_sweep.sql), past the closed ones.
+CREATE INDEX waits_open_id ON waits (wait_id) WHERE status = 'open';
 -- A Turn's waits: its open one, found by the deadlock check's walk along the waits (wait_graph.sql),
 -- and its latest resumed one, whose outcome a resume Run delivers (persistence/waits.py).
 CREATE INDEX waits_turn ON waits (turn_id, created_at);

@@ -143,12 +143,19 @@ async def change_targets(conn: Connection, session_ids: list[uuid.UUID]) -> tupl
     return row["tree_ids"], row["wait_ids"]
 
 
-async def open_waits(conn: Connection, limit: int = 1000) -> list[uuid.UUID]:
-    """Open waits, soonest deadline first: what the sweep re-evaluates."""
-    cur = await conn.execute(
-        "SELECT wait_id FROM waits WHERE status = 'open' ORDER BY deadline NULLS LAST LIMIT %s", (limit,)
-    )
-    return [row["wait_id"] for row in await cur.fetchall()]
+# Where a sweep of the open waits starts over (every wait id is after it).
+SWEEP_START = uuid.UUID(int=0)
+
+
+async def waits_to_sweep(conn: Connection, after: uuid.UUID, limit: int = 1000) -> tuple[list[uuid.UUID], uuid.UUID]:
+    """The open waits a sweep round re-evaluates, and where the next round goes on: each whose
+    deadline passed, and the next ``limit`` of the others after ``after``, so that a wait whose hint
+    was lost is reached within a few rounds however many others are open."""
+    cur = await conn.execute(query("waits_to_sweep"), {"after": after, "limit": limit})
+    found = await cur.fetchall()
+    page = [row["wait_id"] for row in found if not row["expired"]]
+    following = page[-1] if len(page) == limit else SWEEP_START
+    return list(dict.fromkeys(row["wait_id"] for row in found)), following
 
 
 async def resumed_wait(conn: Connection, turn_id: uuid.UUID) -> Row | None:

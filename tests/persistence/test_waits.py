@@ -117,6 +117,31 @@ async def test_a_resume_run_recovered_before_it_began_leaves_the_outcome_to_its_
     assert [(r["output"], r["status"]) for r in outcome["results"]] == [("aaa's answer", "completed")]
 
 
+async def test_a_sweep_reaches_every_open_wait_however_many_have_deadlines(db: Database, scope: Scope) -> None:
+    # A round took the soonest deadlines first: once a round's worth of waits with deadlines was open,
+    # a question to a human (no deadline) whose wake-up was lost was never swept again.
+    parked = []
+    for _ in range(3):
+        _, run = await start_root_run(db, scope)
+        parked.append(await park(db, run, timeout=3600))
+    _, asker = await start_root_run(db, scope)
+    question = await park(db, asker, "answer", timeout=None, request={"question": "Which colour?"})
+    _, late = await start_root_run(db, scope)
+    expired = await park(db, late, timeout=3600)
+    async with db.tx() as conn:
+        await conn.execute("UPDATE waits SET deadline = now() - interval '1 second' WHERE wait_id = %s", (expired,))
+    seen: list[uuid.UUID] = []
+    after = waits.SWEEP_START
+    for _ in range(1000):  # one whole cycle over the database's open waits, two a round
+        async with db.tx() as conn:
+            due, after = await waits.waits_to_sweep(conn, after, limit=2)
+        assert expired in due  # a passed deadline is in every round
+        seen += due
+        if after == waits.SWEEP_START:
+            break
+    assert {*parked, question, expired} <= set(seen)
+
+
 async def test_concurrent_resumes_create_one_resume_run(db: Database, scope: Scope) -> None:
     _, run = await start_root_run(db, scope)
     wait_id = await park(db, run, condition={"input_ids": []})  # an empty condition holds at once
