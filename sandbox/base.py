@@ -301,6 +301,11 @@ class SandboxBackend(Protocol):
         """Every sandbox this backend made that still exists (live or not): handle -> tree id."""
         ...
 
+    async def remove_leftovers(self) -> int:
+        """Remove what this backend keeps beside a sandbox that no longer exists (removed outside
+        Canopy, or by a process that died before removing the rest); how many trees' leftovers went."""
+        ...
+
     def close(self) -> None:
         """Free client resources (connections, threads). Sandboxes themselves stay."""
         ...

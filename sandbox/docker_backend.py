@@ -177,7 +177,8 @@ def tombstones_dir(tree_id: uuid.UUID) -> Path:
     """The host directory of a tree's tombstones, an empty file ``<command id>.killed`` per killed
     command (the suffix: ids ``.`` and ``..`` are valid), mounted read-only at ``TOMBSTONES``. It
     lives as long as the tree's container: a restart of the container (its process limit full, or
-    the engine's) empties ``/tmp`` but keeps them. The sandbox user reads it (0755), only Canopy's
+    the engine's) empties ``/tmp`` but keeps them, and the orphan sweep removes the directory of a
+    container removed outside Canopy (``remove_leftovers``). The sandbox user reads it (0755), only Canopy's
     user writes it; its parent is this user's alone (0700), so no other user lists the trees."""
     return Path(tempfile.gettempdir()) / f"canopy-sandbox-killed-{os.geteuid()}" / str(tree_id)
 
@@ -462,6 +463,26 @@ class DockerBackend:
 
     async def sandboxes(self) -> dict[str, uuid.UUID]:
         return await asyncio.to_thread(self._managed_containers)
+
+    async def remove_leftovers(self) -> int:
+        return await asyncio.to_thread(self._remove_orphan_tombstones)
+
+    def _remove_orphan_tombstones(self) -> int:
+        """Remove the tombstones directories of trees with no container on this engine, left by a
+        container removed outside Canopy or by a process that died between a container's removal and
+        its directory's. Under the host lock: a claim makes a directory and its container under it,
+        so a directory without a container then is a leftover, never one about to be used."""
+        parent = tombstones_dir(uuid.UUID(int=0)).parent
+        if not parent.is_dir():
+            return 0
+        with self._host_lock():
+            private_dir(parent)  # a planted parent is never followed (SandboxError)
+            live = set(self._managed_containers().values())
+            leftovers = [entry for entry in parent.iterdir()
+                         if (tree_id := tree_id_or_none(entry.name)) is not None and tree_id not in live]
+            for entry in leftovers:
+                shutil.rmtree(entry, ignore_errors=True)
+        return len(leftovers)
 
     def _listed(self, label: str) -> list[dict[str, Any]]:
         """Every container (running or not) with ``label``, as the engine lists them: one request.

@@ -131,6 +131,10 @@ class LocalBackend:
         return {handle: tree_id for handle, tree_id in trees.items()
                 if tree_id is not None and await self.exists(handle)}
 
+    async def remove_leftovers(self) -> int:
+        """Nothing: a local sandbox keeps everything in its tree's state dir (the sandbox itself)."""
+        return 0
+
     async def release(self, handle: str) -> None:
         tree_dir = Path(handle)
         await asyncio.to_thread(self._release_sync, tree_dir)

@@ -320,7 +320,8 @@ class SandboxManager:
 
         Each sandbox is judged under its tree's lease row lock and removed after ``releasing``
         is committed, so a claim meanwhile waits instead of adopting it. Returns the handles
-        released; a failing one is logged and skipped.
+        released; a failing one is logged and skipped. Then what sandboxes removed outside Canopy
+        left behind goes too (``remove_leftovers``).
         """
         reaped = []
         for handle, tree_id in (await self.backend.sandboxes()).items():
@@ -329,6 +330,11 @@ class SandboxManager:
                     reaped.append(handle)
             except Exception:
                 log.exception("reaping sandbox %s of tree %s failed; skipped", handle, tree_id)
+        try:
+            if left := await self.backend.remove_leftovers():
+                log.warning("removed what %d sandboxes removed outside Canopy left behind", left)
+        except Exception:
+            log.exception("removing the leftovers of removed sandboxes failed; the next round retries")
         return reaped
 
     async def _reap_if_orphan(self, handle: str, tree_id: uuid.UUID) -> bool:

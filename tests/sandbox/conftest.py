@@ -216,6 +216,9 @@ class GatedBackend:
     async def sandboxes(self) -> dict[str, uuid.UUID]:
         return await self.inner.sandboxes()
 
+    async def remove_leftovers(self) -> int:
+        return await self.inner.remove_leftovers()
+
     def close(self) -> None:
         self.inner.close()
 

@@ -427,6 +427,24 @@ async def test_a_kills_tombstone_outlives_a_restart_and_the_sandbox_user(docker_
     assert not tombstones_dir(tree).exists()  # a new sandbox of the tree starts without tombstones
 
 
+async def test_the_tombstones_of_a_container_removed_outside_canopy_are_removed(docker_kit: SandboxKit) -> None:
+    """A container removed with ``docker rm`` left its tree's tombstones directory in the temp dir
+    for good; the orphan sweep removes it, and leaves those of live containers alone."""
+    assert isinstance(docker_kit.backend, DockerBackend)
+    (gone, gone_workdir), (kept, kept_workdir) = await docker_kit.new_tree(), await docker_kit.new_tree()
+    manager = docker_kit.manager()
+    handle = await manager.claim(gone, gone_workdir)
+    await manager.claim(kept, kept_workdir)
+    await docker_kit.backend.kill(handle, "cmd-1")
+    assert (tombstones_dir(gone) / "cmd-1.killed").exists()
+    docker_kit.backend.client.containers.get(handle).remove(force=True)
+
+    await manager.reap_orphans()
+
+    assert not tombstones_dir(gone).exists()
+    assert tombstones_dir(kept).is_dir()
+
+
 async def test_command_ids_dot_and_dotdot_are_ids_like_any_other(docker_kit: SandboxKit) -> None:
     """``.`` and ``..`` are valid command ids; as tombstone names they were the directory itself
     and its parent, which always exist: every command of such an id exited as killed."""
