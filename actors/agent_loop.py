@@ -26,7 +26,7 @@ from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
 from persistence import messages, sessions, turns, usage, waits
 from persistence import runs as run_repo
 from persistence.cooperation import Dispatcher
-from persistence.db import Connection, Database, savepoint
+from persistence.db import Connection, Database, DatabaseError, savepoint
 from persistence.errors import CanopyError, Conflict, LeaseLost, TurnCancelled
 from persistence.messages import escape_wrappers
 from persistence.records import Row, RunRef
@@ -427,8 +427,8 @@ class RunExecutor:
             return await gateways.call("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
                                        messages=request, tools=schemas(self._tools),
                                        watch=watch if stream else None, **tracing.carrier())
-        except (LeaseLost, asyncio.CancelledError):
-            raise
+        except (LeaseLost, asyncio.CancelledError, DatabaseError):
+            raise  # a database error is this Run's, not the model's: the Run is recovered, the Turn goes on
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
             cause = getattr(error, "cause", None) or error
             await self._finish(TurnStatus.FAILED, error=f"model call failed: {cause}")

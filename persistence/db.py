@@ -22,6 +22,9 @@ from persistence.settings import Settings, get_settings, reveal
 _HERE = Path(__file__).parent
 
 Connection = psycopg.AsyncConnection[dict[str, Any]]
+# What a statement raises when the database fails or refuses it: the layers above tell it apart from
+# their own errors (a Run that met one is recovered, not failed) without importing the driver.
+DatabaseError = psycopg.Error
 # The largest bigint (ids, event cursors, offsets): a larger value fails its statement.
 MAX_BIGINT = 2**63 - 1
 

@@ -1,16 +1,17 @@
-"""Helpers for the actor tests: reads of durable facts, polling, and where the placement runs a
-session (killing its process, counting live sessions)."""
+"""Helpers for the actor tests: reads of durable facts, polling, where the placement runs a
+session (killing its process, counting live sessions), and a database error at one write."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,31 @@ def ray_prometheus_text() -> str:
             with urllib.request.urlopen(url, timeout=5) as response:
                 texts.append(response.read().decode())
     return "\n".join(texts)
+
+
+@contextlib.asynccontextmanager
+async def failing_once(db: Database, table: str, when: str) -> AsyncIterator[None]:
+    """A real PostgreSQL error, once: the first row written to ``table`` (insert or update) for which
+    ``when`` (SQL over ``NEW``) holds fails its statement, as a passing database error would; every
+    later one goes through. A trigger of the test's own, dropped on the way out."""
+    name = f"canopy_test_fail_{uuid.uuid4().hex[:12]}"
+    async with db.tx() as conn:
+        await conn.execute(f"CREATE SEQUENCE {name}")
+        await conn.execute(f"""CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF {when} THEN
+                    IF nextval('{name}') = 1 THEN
+                        RAISE EXCEPTION 'a database error made by the test ({name})';
+                    END IF;
+                END IF;
+                RETURN NEW;
+            END $$""")
+        await conn.execute(f"CREATE TRIGGER {name} BEFORE INSERT OR UPDATE ON {table} "
+                           f"FOR EACH ROW EXECUTE FUNCTION {name}()")
+    try:
+        yield
+    finally:
+        async with db.tx() as conn:
+            await conn.execute(f"DROP TRIGGER {name} ON {table}")
+            await conn.execute(f"DROP FUNCTION {name}()")
+            await conn.execute(f"DROP SEQUENCE {name}")

@@ -9,7 +9,7 @@ from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.databases import rows
 from persistence.records import Scope
-from tests.actors.helpers import eventually, kill_session_process
+from tests.actors.helpers import eventually, failing_once, kill_session_process
 
 THRESHOLD = 2000  # tokens: about 8,000 characters of history
 
@@ -41,6 +41,26 @@ async def test_a_300_turn_session_compacts_and_keeps_answering(runtime: Runtime,
                        "WHERE r.session_id = %s ORDER BY m.id", session_id)
     assert len(usage) >= 300
     assert max(u["prompt_tokens"] for u in usage[-100:]) < 2 * THRESHOLD
+
+
+async def test_a_database_error_committing_a_summary_is_recovered_not_failed(runtime: Runtime, scope: Scope) -> None:
+    # The summary is answered and its commit fails (a passing database error): that failed the Turn
+    # as "model call failed". The Run is recovered instead, and the Turn goes on from the summary.
+    created = await runtime.create_root(scope, input_text=script(say("first")))
+    session = created["session"]["session_id"]
+    await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    for n in range(3):  # some history to compact
+        receipt = await runtime.submit_input(scope, session, script(say(f"more {n}"), task="y" * 500))
+        await runtime.wait_result(scope, receipt["input_id"], timeout=60)
+    await runtime.request_compaction(scope, session)
+    async with failing_once(runtime.db, "thread_messages",
+                            f"NEW.session_id = '{session}' AND NEW.origin->>'kind' = 'compaction'"):
+        receipt = await runtime.submit_input(scope, session, script(say("after the summary")))
+        result = await runtime.wait_result(scope, receipt["input_id"], timeout=90)
+    assert (result["status"], result["output"]) == ("completed", "after the summary"), result
+    assert len(await _summaries(runtime, session)) == 1
+    runs = await rows(runtime.db, "SELECT error FROM runs WHERE turn_id = %s ORDER BY queued_at", receipt["turn_id"])
+    assert len(runs) == 2 and "lease expired" in runs[0]["error"]  # the first Run crashed and was recovered
 
 
 async def test_a_kill_during_compaction_leaves_exactly_one_summary(runtime: Runtime, scope: Scope) -> None:
