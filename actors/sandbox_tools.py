@@ -51,11 +51,12 @@ _KILL_AFTER_HOST_LOST_SECONDS = 30.0
 
 
 class CommandNotStopped(LeaseLost):
-    """A command whose host died could not be killed. The Run gives up its lease, like one that lost
-    it, without recording the command's outcome: its receipt stays ``started``, so the sweeper's
-    recovery of the Run kills the command (retrying each sweep) before the Turn resumes, and the
-    resumed Run tells the model the outcome is unknown. A tool error would instead be committed as
-    the call's result, and nothing would ever stop the command."""
+    """A started command whose outcome this Run cannot record: its host died and it could not be
+    killed, or recording failed (a database error). The Run gives up its lease, like one that lost
+    it: the receipt stays ``started``, so the sweeper's recovery of the Run kills the command
+    (retrying each sweep) before the Turn resumes, and the resumed Run tells the model the outcome
+    is unknown. A tool error would instead be committed as the call's result, the command might
+    still run with nothing to stop it, and a model told it failed may run it again."""
 
 
 def command_id(turn_id: uuid.UUID, call_id: str) -> str:
@@ -175,9 +176,14 @@ async def run_command(ctx: ToolContext, call_id: str, args: RunCommandArgs) -> T
     async with ctx.db.tx() as conn:  # committed before the command starts: it never runs twice unasked
         await run_repo.fence(conn, ctx.run)
         await receipts.start_command(conn, ctx.run, call_id, "run_command", key)
-    outcome = await _in_sandbox(ctx, "run_command", ctx.run.tree_id, workdir, args.command,
-                                args.timeout_seconds, command, command=command)
-    outcome = await _record_outcome(ctx, call_id, outcome)
+    try:
+        outcome = await _in_sandbox(ctx, "run_command", ctx.run.tree_id, workdir, args.command,
+                                    args.timeout_seconds, command, command=command)
+        outcome = await _record_outcome(ctx, call_id, outcome)
+    except (CanopyError, asyncio.CancelledError):
+        raise
+    except Exception as error:  # a database error recording the outcome, an error no layer below names
+        raise CommandNotStopped(f"command {command}: its outcome is not recorded ({error})") from error
     await failpoints.pause("after_command_receipt", ctx.session["name"])
     return outcome
 

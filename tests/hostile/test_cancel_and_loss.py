@@ -16,7 +16,7 @@ from actors.scripted import call, create, say, script
 from persistence import turns
 from persistence.databases import rows
 from persistence.records import Scope
-from tests.actors.helpers import eventually, kill_session_process
+from tests.actors.helpers import eventually, failing_once, kill_session_process
 from tests.hostile.helpers import workdir_of
 
 
@@ -105,6 +105,27 @@ async def test_a_command_of_a_lost_run_is_stopped_and_reported_unknown(runtime: 
     assert result["output"].startswith("unknown: an earlier run of this turn started this command")
     await asyncio.sleep(9)  # past the moment the command would have written "end"
     assert (workdir / "log.txt").read_text() == "start\n"
+    receipts = await rows(runtime.db, "SELECT state, result FROM tool_receipts r JOIN turns t USING (turn_id) "
+                          "WHERE t.session_id = %s", runner)
+    assert [(r["state"], r["result"]["outcome"]) for r in receipts] == [("done", "unknown")]
+
+
+async def test_a_command_whose_outcome_cannot_be_recorded_is_reported_unknown(runtime: Runtime, scope: Scope) -> None:
+    # The command ran, and the database failed the statement recording its outcome. That was
+    # committed as "internal error in run_command" with the receipt left started: the model, told
+    # it failed, could run it again. The Run now gives up instead; recovery reports it unknown.
+    marker = uuid.uuid4().hex
+    command = f"echo {marker} >> log.txt"
+    member = script(call(("run_command", {"command": command})), say("$${0.outcome}: $${0.error}"))
+    text = script(call(create("runner", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
+                  say("${1.results.0.output}"))
+    async with failing_once(runtime.db, "tool_receipts",
+                            f"NEW.state = 'done' AND NEW.arguments->>'command' LIKE '%{marker}%'"):
+        created = await runtime.create_root(scope, input_text=text)
+        result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
+    assert result["output"].startswith("unknown: an earlier run of this turn started this command"), result
+    assert (await workdir_of(runtime, created["session"]["session_id"]) / "log.txt").read_text() == f"{marker}\n"
+    runner = await _member(runtime, created["session"]["session_id"], "/root/runner")
     receipts = await rows(runtime.db, "SELECT state, result FROM tool_receipts r JOIN turns t USING (turn_id) "
                           "WHERE t.session_id = %s", runner)
     assert [(r["state"], r["result"]["outcome"]) for r in receipts] == [("done", "unknown")]
