@@ -59,6 +59,17 @@ async def _run_hook(hook: TxHook | None, conn: Connection, result: Any) -> None:
         await hook(conn, result)
 
 
+async def _after_commit(*hints: Awaitable[Any]) -> None:
+    """Send a committed write's hints. The write stands whatever becomes of them (the sweep derives
+    each again from the rows), so one that fails is logged, never answered as the write's failure:
+    a caller told a committed write failed retries it, and an answer or a cancel is then refused."""
+    for hint in hints:
+        try:
+            await hint
+        except Exception:
+            log.exception("a hint after a committed write failed; the sweep takes it up")
+
+
 def default_agent_config(settings: Settings) -> dict[str, Any]:
     return {"agent_id": None, "name": "assistant", "model": settings.default_model,
             "instructions": DEFAULT_INSTRUCTIONS, "tools": [], "approval_mode": "auto"}
@@ -268,7 +279,7 @@ class Runtime:
             session = await sessions.get_session(conn, scope, root_id)
             created = {"session": session, "input": receipt}
             await _run_hook(in_tx, conn, created)
-        await signals.send_hints(self.placement, self.db, hints)
+        await _after_commit(signals.send_hints(self.placement, self.db, hints))
         return created
 
     async def submit_input(self, scope: Scope, session_id: uuid.UUID, text: str,
@@ -283,7 +294,7 @@ class Runtime:
             # A Turn that starts at once gets its slot in this commit when the tree has one free.
             hints = await signals.change_hints(conn, [session_id],
                                                hand_off_tree=tree_id if receipt["turn_id"] else None)
-        await signals.send_hints(self.placement, self.db, hints)
+        await _after_commit(signals.send_hints(self.placement, self.db, hints))
         return receipt
 
     # -- acting on work ----------------------------------------------------------------------------
@@ -295,15 +306,14 @@ class Runtime:
             if live is not None:  # a Turn that had ended stays as it was, and nobody is told of a cancel
                 await record_intervention(conn, scope, session_id, "cancel", {"turn_id": str(turn_id)})
             await _run_hook(in_tx, conn, None)
-        if live:
-            await self.placement.activate(session_id)
-        await signals.after_change(self.placement, self.db, [session_id])
+        await _after_commit(*([self.placement.activate(session_id)] if live else []),
+                            signals.after_change(self.placement, self.db, [session_id]))
 
     async def cancel_input(self, scope: Scope, input_id: uuid.UUID, in_tx: TxHook | None = None) -> Row:
         async with self.db.tx() as conn:
             result = await turns.cancel_input(conn, scope, input_id)
             await _run_hook(in_tx, conn, result)
-        await signals.after_change(self.placement, self.db, [result["session_id"]])
+        await _after_commit(signals.after_change(self.placement, self.db, [result["session_id"]]))
         return result
 
     async def steer(self, scope: Scope, session_id: uuid.UUID, text: str, in_tx: TxHook | None = None) -> Row:
@@ -322,15 +332,15 @@ class Runtime:
                                       {"request_id": str(request_id), "kind": request["kind"]},
                                       text=response.get("answer") or response.get("decision"))
             await _run_hook(in_tx, conn, request)
-        await signals.resume_wait(self.placement, self.db, request["wait_id"])
+        await _after_commit(signals.resume_wait(self.placement, self.db, request["wait_id"]))
         return request
 
     async def stop_tree(self, scope: Scope, tree_id: uuid.UUID, in_tx: TxHook | None = None) -> list[uuid.UUID]:
         async with self.db.tx() as conn:
             live = await trees.stop_tree(conn, scope, tree_id)
             await _run_hook(in_tx, conn, live)
-        await asyncio.gather(*(self.placement.activate(session_id) for session_id in live))
-        await signals.after_change(self.placement, self.db, [tree_id])
+        await _after_commit(asyncio.gather(*(self.placement.activate(session_id) for session_id in live)),
+                            signals.after_change(self.placement, self.db, [tree_id]))
         return live
 
     async def continue_tree(self, scope: Scope, tree_id: uuid.UUID,

@@ -21,7 +21,14 @@ from actors.runtime import MALLOC_ARENA_MAX, Runtime
 from actors.scripted import call, create, say, script
 from persistence.errors import NotFound
 from persistence.records import Row, Scope
-from tests.actors.helpers import eventually, model_calls_in_flight, peak_concurrent_runs, rows, session_id_at
+from tests.actors.helpers import (
+    eventually,
+    failing_once,
+    model_calls_in_flight,
+    peak_concurrent_runs,
+    rows,
+    session_id_at,
+)
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:
@@ -237,6 +244,23 @@ async def test_ask_user_parks_and_answer_resumes(runtime: Runtime, scope: Scope)
     runs = await rows(runtime.db, "SELECT kind, status FROM runs WHERE turn_id = %s ORDER BY queued_at",
                       result["turn_id"])
     assert [(r["kind"], r["status"]) for r in runs] == [("start", "interrupted"), ("resume", "completed")]
+
+
+async def test_a_committed_answer_stands_when_its_hint_fails(runtime: Runtime, scope: Scope) -> None:
+    # The answer commits, then resuming its wait at once fails (a database error): the caller got
+    # that error (the API a 500) for an answer that was recorded, and a retry was refused as
+    # already answered. The answer is accepted; the sweep resumes the wait.
+    text = script(call(("ask_user", {"question": "favourite colour?"})), say("answer was ${0.answer}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id, turn_id = created["session"]["session_id"], created["input"]["turn_id"]
+    requests = await eventually(lambda: rows(runtime.db, "SELECT request_id FROM requests "
+                                             "WHERE tree_id = %s AND status = 'pending'", tree_id))
+    async with failing_once(runtime.db, "runs", f"NEW.kind = 'resume' AND NEW.turn_id = '{turn_id}'"):
+        await runtime.answer_request(scope, requests[0]["request_id"], {"answer": "blue"})
+        assert await rows(runtime.db, "SELECT status FROM requests WHERE request_id = %s",
+                          requests[0]["request_id"]) == [{"status": "answered"}]
+        result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=30)
+    assert result["output"] == "answer was blue"
 
 
 def _model_requests(runtime: Runtime, session_id: uuid.UUID) -> list[dict[str, Any]]:
