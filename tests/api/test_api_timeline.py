@@ -73,11 +73,15 @@ def check_trace_format(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
-def fan_out(children: int = 6) -> str:
+def fan_out(children: int = 6, *, ask_first: str | None = None) -> str:
+    """A root that creates ``children`` workers and waits for them all. ``ask_first``: it asks the
+    human that first, and starts only once answered (a test that must watch the whole run)."""
     names = [f"w{i}" for i in range(children)]
+    first = 1 if ask_first else 0  # the index of the first create among the Turn's tool calls
     return script(
+        *([call(("ask_user", {"question": ask_first}))] if ask_first else []),
         call(*(create(n, script(say(f"{n} done", delay_ms=CHILD_DELAY_MS), task=f"work {n}")) for n in names)),
-        call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(children)]})),
+        call(("wait_inputs", {"input_ids": [f"${{{first + i}.input_id}}" for i in range(children)]})),
         say("all done"),
         task="Fan out to six workers",
     )

@@ -45,11 +45,22 @@ async def open_timeline(page: Any, base: str, root_id: str) -> Any:
     return view
 
 
+async def _drawn(page: Any, tree_id: str) -> bool:
+    drawn = await model(page, tree_id)
+    return bool(drawn and drawn["loaded"])
+
+
 async def test_fan_out_timeline_live_then_finished(tab: Tab, user: User) -> None:
     page = tab.page
-    created = await create_root(user, fan_out(), title="Fan out, timed")
+    # The root asks before it fans out, so the whole run happens with the timeline open: a loaded
+    # machine can take longer to open the page than the tree takes to run.
+    created = await create_root(user, fan_out(ask_first="Start?"), title="Fan out, timed")
     root_id = created["session"]["session_id"]
     await open_timeline(page, user.base, root_id)
+    request = (await poll(lambda: get(user, f"/trees/{root_id}/requests"), what="the root's question"))[0]
+    await poll(lambda: _drawn(page, root_id), what="the timeline drawn")
+    answered = await user.http.post(f"/api/v1/requests/{request['id']}/answer", json={"answer": "go"})
+    assert answered.status_code == 200, answered.text
 
     # Live: bars appear while the tree runs (open ones grow), without reloading anything.
     seen: list[int] = []
@@ -90,7 +101,7 @@ async def test_fan_out_timeline_live_then_finished(tab: Tab, user: User) -> None
     assert len(queued) == 6 and len(waited) == 2, queued
     assert all(b["end"] - b["start"] >= CHILD_DELAY_MS for b in waited)
 
-    (wait,) = [b for b in drawn["bars"] if b["kind"] == "wait"]
+    (wait,) = [b for b in drawn["bars"] if b["kind"] == "wait" and b.get("waitsOn")]  # not the question's
     assert lanes[wait["sessionId"]] == "/root" and sorted(wait["waitsOn"]) == sorted(list(lanes)[1:])
     assert wait["start"] < min(b["end"] for b in children) and wait["end"] >= max(b["end"] for b in children)
     # On screen, the wait bar spans the children's bars horizontally.
