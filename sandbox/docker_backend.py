@@ -180,14 +180,19 @@ def tombstones_dir(tree_id: uuid.UUID) -> Path:
     the engine's) empties ``/tmp`` but keeps them, and the orphan sweep removes the directory of a
     container removed outside Canopy (``remove_leftovers``). The sandbox user reads it (0755), only Canopy's
     user writes it; its parent is this user's alone (0700), so no other user lists the trees."""
-    return Path(tempfile.gettempdir()) / f"canopy-sandbox-killed-{os.geteuid()}" / str(tree_id)
+    return _tombstones_parent() / str(tree_id)
+
+
+def _tombstones_parent() -> Path:
+    """The directory of every tree's tombstones directory: this user's, in the shared temp dir."""
+    return Path(tempfile.gettempdir()) / f"canopy-sandbox-killed-{os.geteuid()}"
 
 
 def _our_tombstones_dir(tree_id: uuid.UUID) -> Path:
     """``tombstones_dir``, its parent first checked to be this user's private directory (made if
     missing): a parent another user planted in the shared temp dir (a symlink, say) is never
     followed, to write or to delete (``SandboxError``)."""
-    private_dir(tombstones_dir(tree_id).parent)
+    private_dir(_tombstones_parent())
     return tombstones_dir(tree_id)
 
 
@@ -472,7 +477,7 @@ class DockerBackend:
         container removed outside Canopy or by a process that died between a container's removal and
         its directory's. Under the host lock: a claim makes a directory and its container under it,
         so a directory without a container then is a leftover, never one about to be used."""
-        parent = tombstones_dir(uuid.UUID(int=0)).parent
+        parent = _tombstones_parent()
         if not parent.is_dir():
             return 0
         with self._host_lock():
