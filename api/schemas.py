@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from persistence.agents import API_BASE_MAX_CHARS, API_BASE_PATTERN, API_KEY_REF_PATTERN
+from persistence.agents import API_BASE_MAX_CHARS, API_BASE_PATTERN, API_KEY_REF_PATTERN, DESCRIPTION_PREVIEW
 from persistence.statuses import Activity, InputStatus, RequestKind, RequestStatus, TurnStatus, WaitingFor
 from persistence.text import why_unstorable
 from persistence.turns import MAX_TEXT
@@ -215,21 +215,12 @@ class AgentUpdate(RequestBody):
         return data
 
 
-def _with_id(data: Any) -> Any:
-    """An agent's ``id`` is its ``agent_id``."""
-    if isinstance(data, dict) and "id" not in data and "agent_id" in data:
-        return {**data, "id": data["agent_id"]}
-    return data
-
-
-class AgentSummary(ResponseBody):
-    """An agent as a list shows it: no instructions, and the description's beginning."""
+class _AgentShown(ResponseBody):
+    """What every view of an agent shows; its ``id`` is its ``agent_id``."""
 
     id: str
     agent_id: str
     name: str
-    description: str = Field(description="Its first 500 characters; the whole agent is at GET /agents/{id}.")
-    description_truncated: bool
     model: str
     approval_mode: str
     shared: bool
@@ -239,31 +230,28 @@ class AgentSummary(ResponseBody):
     @model_validator(mode="before")
     @classmethod
     def _id(cls, data: Any) -> Any:
-        return _with_id(data)
+        if isinstance(data, dict) and "id" not in data and "agent_id" in data:
+            return {**data, "id": data["agent_id"]}
+        return data
 
 
-class Agent(ResponseBody):
-    id: str
-    agent_id: str
-    name: str
+class AgentSummary(_AgentShown):
+    """An agent as a list shows it: no instructions, and the description's beginning."""
+
+    description: str = Field(description=f"Its first {DESCRIPTION_PREVIEW} characters; the whole agent is at "
+                                         "GET /agents/{id}.")
+    description_truncated: bool
+
+
+class Agent(_AgentShown):
     description: str
-    model: str
     instructions: str
     tools: list[str]
-    approval_mode: str
-    shared: bool
     compact_at_tokens: int | None = None
-    owner_user_id: str
     created_at: dt.datetime
-    updated_at: dt.datetime
     budget: dict[str, Any] | None = Field(default=None, description="The default budget of a tree it starts.")
     api_base: str | None = None
     api_key_ref: str | None = Field(default=None, description="The name of the key's variable or file, not the key.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _id(cls, data: Any) -> Any:
-        return _with_id(data)
 
 
 # -- projects ----------------------------------------------------------------------------------------
