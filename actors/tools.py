@@ -231,14 +231,18 @@ async def list_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: 
         limit=page, newest_first=args.scope == "all", include_archived=args.include_archived)
     entries = [{key: row[key] for key in _LISTED} for row in rows]
     entries = [{**_jsonable(e), "root_id": str(e["tree_id"])} for e in entries]
-    return {"sessions": entries, "offset": args.offset,
-            "next_offset": args.offset + page if len(entries) == page else None}
+    return _page("sessions", entries, args.offset, page)
 
 
 async def list_agents(ctx: ToolContext, conn: Connection, call_id: str, args: ListAgentsArgs) -> ToolResult:
     rows = await agent_repo.list_agents(conn, ctx.run.scope, offset=args.offset, limit=LIST_PAGE)
-    return {"agents": [{"id": r["agent_id"], "name": r["name"], "description": r["description"]} for r in rows],
-            "offset": args.offset, "next_offset": args.offset + LIST_PAGE if len(rows) == LIST_PAGE else None}
+    entries = [{"id": r["agent_id"], "name": r["name"], "description": r["description"]} for r in rows]
+    return _page("agents", entries, args.offset, LIST_PAGE)
+
+
+def _page(key: str, entries: list[dict[str, Any]], offset: int, size: int) -> ToolResult:
+    """A list tool's page: its entries under ``key``, and where the next page starts (None: the last)."""
+    return {key: entries, "offset": offset, "next_offset": offset + size if len(entries) == size else None}
 
 
 async def ask_user(ctx: ToolContext, conn: Connection, call_id: str, args: AskUserArgs) -> ToolResult:
