@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from pathlib import Path
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence import turns
 from persistence.databases import rows
-from persistence.records import Scope
+from persistence.records import Row, Scope
 from tests.actors.helpers import eventually, failing_once, kill_session_process
 from tests.hostile.helpers import workdir_of
 
@@ -63,26 +64,51 @@ async def test_a_cancelled_turn_runs_none_of_its_committed_calls(runtime: Runtim
     assert (result["status"], result["output"]) == ("completed", "after")
 
 
+# A command that writes "start" at once and would write "end" 8 s later.
+_SLOW_COMMAND = "echo start >> log.txt; sleep 8; echo end >> log.txt"
+# What a member that ran a command says, and what its root then says: the command's outcome.
+_SAYS_OUTCOME = "$${0.outcome}: $${0.error}"
+_SAYS_RESULT = "${1.results.0.output}"
+
+
+async def _run_in_member(runtime: Runtime, scope: Scope, command: str, member_says: str,
+                         root_says: str) -> tuple[Row, Path, uuid.UUID]:
+    """A root whose member ``/root/runner`` runs ``command`` and says ``member_says``, while the root
+    waits for it and then says ``root_says``: the root's creation, the tree's workdir, the member."""
+    member = script(call(("run_command", {"command": command})), say(member_says))
+    text = script(call(create("runner", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
+                  say(root_says))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    workdir = await workdir_of(runtime, tree_id)
+    return created, workdir, await eventually(lambda: _member(runtime, tree_id, "/root/runner"))
+
+
+async def _stopped_before_its_end(workdir: Path) -> bool:
+    await asyncio.sleep(9)  # past the moment _SLOW_COMMAND would have written "end"
+    return (workdir / "log.txt").read_text() == "start\n"
+
+
+async def _outcomes(runtime: Runtime, member: uuid.UUID) -> list[tuple[str, str]]:
+    """The state and recorded outcome of each command receipt of the member."""
+    receipts = await rows(runtime.db, "SELECT state, result FROM tool_receipts r JOIN turns t USING (turn_id) "
+                          "WHERE t.session_id = %s", member)
+    return [(r["state"], r["result"]["outcome"]) for r in receipts]
+
+
 async def test_a_cancel_whose_signal_is_lost_stops_a_running_command(runtime: Runtime, scope: Scope) -> None:
     # The cancel is committed while the member's command runs, and its hint to the actor is lost:
     # the Run's next heartbeat reads the Turn being cancelled and stops the command, instead of
     # letting it run to its end (Stop all promises the commands of its Turns are interrupted).
-    command = "echo start >> log.txt; sleep 8; echo end >> log.txt"
-    member = script(call(("run_command", {"command": command})), say("finished"))
-    text = script(call(create("runner", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
-                  say("${1.results.0.status}"))
-    created = await runtime.create_root(scope, input_text=text)
-    tree_id = created["session"]["session_id"]
-    workdir = await workdir_of(runtime, tree_id)
-    runner = await eventually(lambda: _member(runtime, tree_id, "/root/runner"))
+    created, workdir, runner = await _run_in_member(runtime, scope, _SLOW_COMMAND, "finished",
+                                                    "${1.results.0.status}")
     turn_id = await eventually(lambda: _open_turn(runtime, runner))
     await eventually(lambda: _started(workdir / "log.txt"), every=0.05)
     async with runtime.db.tx() as conn:
         assert await turns.cancel_turn(conn, scope, runner, turn_id, reason="cancelled by the test")
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     assert result["output"] == "cancelled"
-    await asyncio.sleep(9)  # past the moment the command would have written "end"
-    assert (workdir / "log.txt").read_text() == "start\n"
+    assert await _stopped_before_its_end(workdir)
     assert [r["status"] for r in await rows(runtime.db, "SELECT status FROM turns WHERE turn_id = %s",
                                             turn_id)] == ["cancelled"]
 
@@ -91,23 +117,13 @@ async def test_a_command_of_a_lost_run_is_stopped_and_reported_unknown(runtime: 
     # The member's command starts, writes "start", and would write "end" 8 s later; its actor dies
     # at once. The sweeper stops the command before resuming the Turn, which is told the outcome is
     # unknown instead of running the command again.
-    command = "echo start >> log.txt; sleep 8; echo end >> log.txt"
-    member = script(call(("run_command", {"command": command})), say("$${0.outcome}: $${0.error}"))
-    text = script(call(create("runner", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
-                  say("${1.results.0.output}"))
-    created = await runtime.create_root(scope, input_text=text)
-    tree_id = created["session"]["session_id"]
-    workdir = await workdir_of(runtime, tree_id)
-    runner = await eventually(lambda: _member(runtime, tree_id, "/root/runner"))
+    created, workdir, runner = await _run_in_member(runtime, scope, _SLOW_COMMAND, _SAYS_OUTCOME, _SAYS_RESULT)
     await eventually(lambda: _started(workdir / "log.txt"), every=0.05)
     await kill_session_process(runtime, runner, "kill -9")
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"].startswith("unknown: an earlier run of this turn started this command")
-    await asyncio.sleep(9)  # past the moment the command would have written "end"
-    assert (workdir / "log.txt").read_text() == "start\n"
-    receipts = await rows(runtime.db, "SELECT state, result FROM tool_receipts r JOIN turns t USING (turn_id) "
-                          "WHERE t.session_id = %s", runner)
-    assert [(r["state"], r["result"]["outcome"]) for r in receipts] == [("done", "unknown")]
+    assert await _stopped_before_its_end(workdir)
+    assert await _outcomes(runtime, runner) == [("done", "unknown")]
 
 
 async def test_a_command_whose_outcome_cannot_be_recorded_is_reported_unknown(runtime: Runtime, scope: Scope) -> None:
@@ -115,20 +131,14 @@ async def test_a_command_whose_outcome_cannot_be_recorded_is_reported_unknown(ru
     # committed as "internal error in run_command" with the receipt left started: the model, told
     # it failed, could run it again. The Run now gives up instead; recovery reports it unknown.
     marker = uuid.uuid4().hex
-    command = f"echo {marker} >> log.txt"
-    member = script(call(("run_command", {"command": command})), say("$${0.outcome}: $${0.error}"))
-    text = script(call(create("runner", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
-                  say("${1.results.0.output}"))
     async with failing_once(runtime.db, "tool_receipts",
                             f"NEW.state = 'done' AND NEW.arguments->>'command' LIKE '%{marker}%'"):
-        created = await runtime.create_root(scope, input_text=text)
+        created, workdir, runner = await _run_in_member(runtime, scope, f"echo {marker} >> log.txt",
+                                                        _SAYS_OUTCOME, _SAYS_RESULT)
         result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"].startswith("unknown: an earlier run of this turn started this command"), result
-    assert (await workdir_of(runtime, created["session"]["session_id"]) / "log.txt").read_text() == f"{marker}\n"
-    runner = await _member(runtime, created["session"]["session_id"], "/root/runner")
-    receipts = await rows(runtime.db, "SELECT state, result FROM tool_receipts r JOIN turns t USING (turn_id) "
-                          "WHERE t.session_id = %s", runner)
-    assert [(r["state"], r["result"]["outcome"]) for r in receipts] == [("done", "unknown")]
+    assert (workdir / "log.txt").read_text() == f"{marker}\n"
+    assert await _outcomes(runtime, runner) == [("done", "unknown")]
 
 
 async def _started(path: os.PathLike[str]) -> bool:
