@@ -150,6 +150,11 @@ async def fetch_all(db: Database, query: LiteralString, params: tuple[Any, ...] 
         return await cur.fetchall()
 
 
+async def expire_lease(conn: Connection, run_id: uuid.UUID) -> None:
+    """Simulate a dead owner: the Run's lease ran out (its recovery may follow in this transaction)."""
+    await conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = %s", (run_id,))
+
+
 async def scalar(db: Database, query: LiteralString, params: tuple[Any, ...] | dict[str, Any] = ()) -> Any:
     row = await fetch_one(db, query, params)
     return next(iter(row.values()))

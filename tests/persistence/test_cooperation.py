@@ -18,6 +18,7 @@ from tests.persistence.helpers import (
     claim_turn,
     count_rows,
     create_child,
+    expire_lease,
     fetch_all,
     fetch_one,
     finish,
@@ -166,8 +167,7 @@ async def test_a_resumed_run_of_the_same_turn_replays_and_keeps_the_first_run(db
     first = await create(db, run, "call-1")
     # The owner dies: its lease runs out and the Turn is resumed by a new Run.
     async with db.tx() as conn:
-        await conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = %s",
-                           (run.run_id,))
+        await expire_lease(conn, run.run_id)
         await turns.recover_expired_run(conn, run.run_id)
     resumed = await claim_turn(db, tree.tree_id, run.turn_id)
     assert resumed.run_id != run.run_id and resumed.turn_id == run.turn_id

@@ -21,6 +21,7 @@ from tests.persistence.helpers import (
     claim_turn,
     count_rows,
     create_child,
+    expire_lease,
     fetch_all,
     finish,
     grant,
@@ -38,10 +39,8 @@ from tests.persistence.helpers import (
 
 
 async def _expire(db: Database, run: RunRef) -> None:
-    """Simulate a dead owner: its lease ran out."""
     async with db.tx() as conn:
-        await conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = %s",
-                           (run.run_id,))
+        await expire_lease(conn, run.run_id)
 
 
 async def test_a_fifth_run_waits_for_a_slot_even_from_a_grandchild(db: Database, scope: Scope) -> None:

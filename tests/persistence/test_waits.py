@@ -19,6 +19,7 @@ from tests.persistence.helpers import (
     claim_turn,
     count_rows,
     create_child,
+    expire_lease,
     fetch_all,
     fetch_one,
     finish,
@@ -105,8 +106,7 @@ async def test_a_resume_run_recovered_before_it_began_leaves_the_outcome_to_its_
     assert resumed is not None
     assert await grant(db, tree.tree_id) == [resumed["run_id"]]
     async with db.tx() as conn:
-        await conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = %s",
-                           (resumed["run_id"],))
+        await expire_lease(conn, resumed["run_id"])
         assert await turns.recover_expired_run(conn, resumed["run_id"]) is not None
     recovery = await claim_turn(db, tree.tree_id, run.turn_id)
     assert recovery.run_id != resumed["run_id"]
