@@ -424,9 +424,9 @@ class RunExecutor:
             await self._compact_if_due(config, request)
             if self._history[:1] and (self._history[0]["origin"] or {}).get("kind") == "compaction":
                 request = [request[0], *model_messages(self._history, self.run.turn_id)]
-            return await gateways.call("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
-                                       messages=request, tools=schemas(self._tools),
-                                       watch=watch if stream else None, **tracing.carrier())
+            return await gateways.complete_for_run(run_id=str(self.run.run_id), **self._endpoint(config),
+                                                    messages=request, tools=schemas(self._tools),
+                                                    watch=watch if stream else None, **tracing.carrier())
         except (LeaseLost, asyncio.CancelledError, DatabaseError):
             raise  # a database error is this Run's, not the model's: the Run is recovered, the Turn goes on
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
@@ -458,8 +458,9 @@ class RunExecutor:
             counted = await gateways.call("count_tokens", model=self._model(config), messages=request, tools=tools)
             if counted <= threshold:
                 return
-        reply = await gateways.call("complete_for_run", run_id=str(self.run.run_id), **self._endpoint(config),
-                                    messages=compaction.request(earlier, threshold), tools=None, watch=None)
+        reply = await gateways.complete_for_run(run_id=str(self.run.run_id), **self._endpoint(config),
+                                                 messages=compaction.request(earlier, threshold), tools=None,
+                                                 watch=None)
         await failpoints.pause("during_compaction", self._session_name)
         async with self.db.tx() as conn:
             summary = await messages.append_summary(

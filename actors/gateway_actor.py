@@ -45,6 +45,9 @@ DELTA_CHANNEL = "canopy_deltas"
 _DELTA_PIECE_CHARS = 600
 # Long enough to gather the calls that end together, short against any model latency.
 _RECORD_DELAY_SECONDS = 0.05
+# How long a call's reply is kept for a retry of it: longer than a caller waits for its gateway to
+# come back (actors/gateways.py RESTART_WAIT_SECONDS) and its last pause before asking again.
+REPLY_KEPT_SECONDS = 90.0
 
 
 class AccountedGateway(ModelGateway):
@@ -54,6 +57,7 @@ class AccountedGateway(ModelGateway):
         self._db = LazyDatabase(max_size=4)
         self._recorder = _CallRecorder(self._database, node_id)
         self._in_flight = _CallsInFlight(self._database, get_settings().sweep_seconds)
+        self._shared = _SharedCalls(REPLY_KEPT_SECONDS)
 
     async def _database(self) -> Database:
         return await self._db.get()
@@ -65,11 +69,19 @@ class AccountedGateway(ModelGateway):
         await self._db.close()
         await super().close()
 
-    async def complete_for_run(self, *, run_id: str, watch: dict[str, str] | None = None,
-                               trace: dict[str, str] | None = None, **request: Any) -> dict[str, Any]:
-        """A model call of one Run. With ``watch`` (session/tree/turn ids) text deltas are
-        published live on the ``canopy_deltas`` channel: not persisted, not in the event cursor.
-        ``trace``: the calling Run's span context (actors/tracing.py), the model call's parent."""
+    async def complete_for_run(self, *, call_id: str, run_id: str, **arguments: Any) -> dict[str, Any]:
+        """A model call of one Run. ``call_id`` names the call across its caller's retries
+        (actors/gateways.py): a retry of a call this process still runs, or answered within
+        :data:`REPLY_KEPT_SECONDS`, gets that call's reply instead of asking the model again. Ray
+        cannot tell a caller whether a call to an unavailable actor ran, so the caller asks again.
+        See :meth:`_complete_for_run` for the other arguments."""
+        return await self._shared.run(call_id, lambda: self._complete_for_run(run_id=run_id, **arguments))
+
+    async def _complete_for_run(self, *, run_id: str, watch: dict[str, str] | None = None,
+                                trace: dict[str, str] | None = None, **request: Any) -> dict[str, Any]:
+        """With ``watch`` (session/tree/turn ids) text deltas are published live on the
+        ``canopy_deltas`` channel: not persisted, not in the event cursor. ``trace``: the calling
+        Run's span context (actors/tracing.py), the model call's parent."""
         started = time.monotonic()
         publisher = None if watch is None else _DeltaPublisher(self._database, {**watch, "run_id": run_id})
         with (tracing.remote_span("model call", trace, run_id=run_id, model=str(request["model"])[:200]),
@@ -90,6 +102,44 @@ class AccountedGateway(ModelGateway):
             self._recorder.add(_Call.failed(run_id, attempt, started))
         self._recorder.add(_Call(run_id, reply["model"], reply["usage"], reply["cost_usd"], started, None))
         return reply
+
+
+class _SharedCalls:
+    """Calls by the key their callers name them by, each run once however often it is asked for.
+
+    A call runs in a task of its own, so a caller that goes does not end it while another waits
+    for it; the last waiter to be cancelled cancels it (the provider request is aborted). Its
+    outcome stays ``keep_seconds`` after it ends, for a caller whose first answer was lost."""
+
+    def __init__(self, keep_seconds: float) -> None:
+        self._keep_seconds = keep_seconds
+        self._calls: dict[str, _SharedCall] = {}
+
+    async def run(self, key: str, start: Callable[[], Awaitable[Any]]) -> Any:
+        call = self._calls.get(key)
+        if call is None:
+            call = self._calls[key] = _SharedCall(asyncio.create_task(start()))
+            call.task.add_done_callback(lambda _: asyncio.get_running_loop().call_later(
+                self._keep_seconds, self._forget, key, call))
+        call.waiters += 1
+        try:
+            return await asyncio.shield(call.task)
+        except asyncio.CancelledError:
+            if call.waiters == 1:
+                call.task.cancel()
+            raise
+        finally:
+            call.waiters -= 1
+
+    def _forget(self, key: str, call: _SharedCall) -> None:
+        if self._calls.get(key) is call:
+            del self._calls[key]
+
+
+@dataclasses.dataclass
+class _SharedCall:
+    task: asyncio.Task[Any]
+    waiters: int = 0
 
 
 class _CallsInFlight:

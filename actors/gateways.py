@@ -14,7 +14,9 @@ Nothing was committed for the lost call (the caller commits the reply and its us
 the reply is back), so the retry only re-asks the model and the Run is charged for the reply it
 gets, once. The dead gateway never accounted the lost call either: ``model_calls`` rows are
 written after a reply is handed back. The provider may have billed the lost request; nothing
-here can know, or avoid it.
+here can know, or avoid it. An *unavailable* gateway may not have died at all (Ray: the task
+"may or may not have been executed"), so a model call names itself (``call_id``) and a gateway
+still running it, or holding its reply, answers the retry from that one provider request.
 
 Each gateway starts its own scripted model (actors/scripted) on first use, in its own process:
 a gateway's calls go to its own server (the ``api_base`` is given per call), and it dies with
@@ -29,6 +31,7 @@ import asyncio
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +127,8 @@ async def call(method: str, **arguments: Any) -> Any:
             _local.forget()
         await asyncio.sleep(pause)
         pause = min(2 * pause, _RETRY_PAUSE_CAP_SECONDS)
+
+
+async def complete_for_run(**arguments: Any) -> dict[str, Any]:
+    """A model call of a Run (GatewayActor.complete_for_run), named once for all its retries."""
+    return await call("complete_for_run", call_id=uuid.uuid4().hex, **arguments)

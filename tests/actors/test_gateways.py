@@ -22,7 +22,7 @@ from actors.scripted import say, script
 from persistence.databases import rows
 from persistence.records import Scope
 from tests.actors.gateways_scenario import requests_with
-from tests.actors.helpers import eventually, scenario_findings
+from tests.actors.helpers import eventually, model_gateway, scenario_findings
 from tests.conftest import RUNTIME_ENV
 
 
@@ -93,6 +93,50 @@ async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime
                       "error": None, "node_id": node_id}], calls  # the dead gateway recorded nothing
     usage = await rows(runtime.db, "SELECT prompt_tokens, model_calls FROM tree_usage WHERE tree_id = %s", session_id)
     assert usage == [{"prompt_tokens": runs[0]["prompt_tokens"], "model_calls": 1}]
+
+
+async def test_a_call_asked_again_of_the_gateway_running_it_is_one_request(runtime: Runtime) -> None:
+    """Ray cannot tell a caller whether its call to an unavailable actor ran ("may or may not have
+    been executed"), so gateways.call asks again under the call's name. The gateway still running
+    that call joins the retry to it, and one that has answered it answers again from the reply it
+    keeps: one provider request, one record. Cancelling one of two callers leaves the call to the
+    other; another name is another call."""
+    gateway = model_gateway()
+    marker = f"once-{uuid.uuid4().hex[:8]}"
+    run_id = str(uuid.uuid4())
+
+    messages = [{"role": "user", "content": script(say(marker, delay_ms=3000))}]
+
+    def ask(call_id: str) -> Any:
+        return gateway.complete_for_run.remote(call_id=call_id, run_id=run_id, model=runtime.settings.default_model,
+                                               messages=messages, tools=None)
+
+    async def asked() -> bool:
+        return requests_with(runtime.settings, marker) == 1
+
+    call_id = uuid.uuid4().hex
+    first = ask(call_id)
+    await eventually(asked, timeout=30)
+    second = ask(call_id)
+    await asyncio.sleep(0.5)  # the retry has reached the gateway before its first caller goes
+    ray.cancel(first)
+    reply = await second
+    assert reply["message"]["content"] == marker
+    with pytest.raises((ray.exceptions.TaskCancelledError, asyncio.CancelledError)):
+        await first
+    assert await ask(call_id) == reply  # its answer was lost on the way: the kept reply
+    assert requests_with(runtime.settings, marker) == 1
+
+    assert (await ask(uuid.uuid4().hex))["message"]["content"] == marker
+    assert requests_with(runtime.settings, marker) == 2
+
+    async def recorded() -> list[dict[str, Any]]:
+        found = await rows(runtime.db, "SELECT error FROM model_calls WHERE run_id = %s", run_id)
+        return found if len(found) >= 2 else []
+
+    await eventually(recorded, timeout=10)
+    await asyncio.sleep(0.5)  # a third record would have been flushed by now (the gateway writes within 50 ms)
+    assert await recorded() == [{"error": None}, {"error": None}]
 
 
 async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(own_database_url: str,

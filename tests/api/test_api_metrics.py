@@ -185,8 +185,9 @@ async def test_model_labels_are_bounded(api: ApiServer, runtime: Runtime) -> Non
     spread = metrics.MAX_MODEL_LABELS + 5
     prefix = f"canopy/labels-{uuid.uuid4().hex[:8]}"
     messages = [{"role": "user", "content": script(say("ok"))}]
-    await asyncio.gather(*(gateway.complete_for_run.remote(run_id=str(uuid.uuid4()), model=f"{prefix}-{i}",
-                                                           messages=messages, tools=None) for i in range(spread)))
+    await asyncio.gather(*(gateway.complete_for_run.remote(call_id=uuid.uuid4().hex, run_id=str(uuid.uuid4()),
+                                                           model=f"{prefix}-{i}", messages=messages, tools=None)
+                           for i in range(spread)))
     async with client(api.url, ADMIN_TOKEN) as admin:
 
         async def scraped() -> Samples | None:
