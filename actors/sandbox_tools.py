@@ -33,7 +33,7 @@ from persistence import projects, receipts, sandbox_leases, waits
 from persistence import runs as run_repo
 from persistence.db import Connection, Database
 from persistence.errors import CanopyError, LeaseLost
-from persistence.records import RunRef
+from persistence.records import Row, RunRef
 from sandbox.base import SandboxError
 
 DENIED = "the human denied this call; it did not run"
@@ -65,13 +65,10 @@ def command_id(turn_id: uuid.UUID, call_id: str) -> str:
     return hashlib.sha256(f"{turn_id}:{call_id}".encode()).hexdigest()[:32]
 
 
-async def stop_started_commands(db: Database, run_id: uuid.UUID) -> None:
-    """Stop every command this Run started whose outcome it never recorded (before its Turn may
-    resume in a new Run). Raises if the sandbox cannot be asked: the caller tries again later."""
-    async with db.tx() as conn:
-        started = await receipts.started_commands(conn, run_id)
-    if not started:
-        return
+async def stop_commands(db: Database, started: list[Row]) -> None:
+    """Stop the commands a Run started whose outcome it never recorded (``receipts.started_commands``),
+    before its Turn may resume in a new Run. Raises if the sandbox cannot be asked: the caller tries
+    again later."""
     for row in started:
         await sandbox_hosts.kill_command(db, row["tree_id"], command_id(row["turn_id"], row["tool_call_id"]))
 

@@ -27,10 +27,11 @@ import ray
 
 from actors import hosting, metrics, sandbox_hosts, sandbox_tools, signals
 from actors.naming import NAMESPACE, SWEEPER_NAME
+from persistence import receipts, schedules, stream_watchers, turns, waits
 from persistence import runs as run_repo
-from persistence import schedules, stream_watchers, turns, waits
 from persistence.db import Database, LazyDatabase
 from persistence.metrics import read_gauges
+from persistence.records import Row
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,9 @@ _GAUGES_EVERY_SECONDS = 5.0
 _MAX_FIRINGS_PER_ROUND = 20
 # Expired watch marks are ignored by readers; deleting them is housekeeping only.
 _WATCHERS_EVERY_SECONDS = 60.0
+# How long a dead Run's commands are waited on to stop before a later round asks again: past the
+# Docker client's own timeout (sandbox/docker_backend.py) for the few calls a kill makes.
+_STOP_COMMANDS_SECONDS = 120.0
 # A restarted sweeper asks itself to start until a call comes back (``_ask_to_start``).
 _START_ASKS_AFTER_SECONDS = (0.0, 2.0, 5.0, 10.0, 20.0, 30.0)
 
@@ -79,6 +83,8 @@ class SweeperImpl:
         self._starting: asyncio.Task[None] | None = None
         # The steps whose slow work runs beside the rounds (Docker, process starts), by step.
         self.beside: dict[str, asyncio.Task[None]] = {}
+        # The lost Runs whose commands are being stopped beside the rounds, by Run (``_recover``).
+        self._stopping: dict[uuid.UUID, asyncio.Task[None]] = {}
         self.rounds = 0
         self.recoveries = 0
         self._waits_after = waits.SWEEP_START  # where the next round's page of open waits starts
@@ -126,8 +132,9 @@ class SweeperImpl:
         self.rounds += 1
 
     async def _recover_expired(self, db: Database) -> None:
+        self._stopping = {run_id: task for run_id, task in self._stopping.items() if not task.done()}
         async with db.tx() as conn:
-            expired = await run_repo.expired_runs(conn)
+            expired = await run_repo.expired_runs(conn, skip=list(self._stopping))
         await _each(expired, lambda run_id: self._recover(db, run_id))
 
     async def _resume_due_waits(self, db: Database) -> None:
@@ -231,9 +238,25 @@ class SweeperImpl:
         return True
 
     async def _recover(self, db: Database, run_id: uuid.UUID) -> None:
-        # A command the dead Run started may still run in the sandbox: it is stopped before the Turn
-        # may resume (a sandbox that cannot be asked now fails this record; the next sweep retries).
-        await sandbox_tools.stop_started_commands(db, run_id)
+        """A command the dead Run started may still run in its sandbox: it is stopped before the Turn
+        may resume. Asking a sandbox host can take long (Docker under load, a host that does not
+        answer), so such a Run is recovered beside the rounds, and the other records do not wait."""
+        async with db.tx() as conn:
+            started = await receipts.started_commands(conn, run_id)
+        if started:
+            self._stopping[run_id] = asyncio.create_task(self._stop_commands_then_recover(db, run_id, started))
+        else:
+            await self._recover_stopped(db, run_id)
+
+    async def _stop_commands_then_recover(self, db: Database, run_id: uuid.UUID, started: list[Row]) -> None:
+        # A host that cannot be asked now leaves the Run to a later round, which asks again.
+        try:
+            await asyncio.wait_for(sandbox_tools.stop_commands(db, started), _STOP_COMMANDS_SECONDS)
+            await self._recover_stopped(db, run_id)
+        except Exception:
+            log.exception("stopping the commands of run %s failed; a later round retries", run_id)
+
+    async def _recover_stopped(self, db: Database, run_id: uuid.UUID) -> None:
         async with db.tx() as conn:
             recovered = await turns.recover_expired_run(conn, run_id)
         if recovered:

@@ -74,8 +74,8 @@ WHERE run_id = %s AND owner = %s AND status = 'running' AND lease_expires_at > n
 FOR NO KEY UPDATE
 """
 _EXPIRED = """
-SELECT run_id FROM runs WHERE status = 'running' AND lease_expires_at < now()
-ORDER BY lease_expires_at LIMIT %s
+SELECT run_id FROM runs WHERE status = 'running' AND lease_expires_at < now() AND run_id <> ALL(%(skip)s)
+ORDER BY lease_expires_at LIMIT %(limit)s
 """
 _LOCK_EXPIRED_RUN = """
 SELECT r.run_id, r.turn_id, r.session_id, r.tree_id, t.status AS turn_status, s.user_id, s.app_id
@@ -234,8 +234,10 @@ async def insert_run(conn: Connection, turn_id: uuid.UUID, session_id: uuid.UUID
     return run_id
 
 
-async def expired_runs(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
-    cur = await conn.execute(_EXPIRED, (limit,))
+async def expired_runs(conn: Connection, skip: list[uuid.UUID], limit: int = 100) -> list[uuid.UUID]:
+    """Running Runs whose lease ran out, the longest expired first, but for those in ``skip``
+    (being recovered already: a page of them must not hide the rest)."""
+    cur = await conn.execute(_EXPIRED, {"skip": skip, "limit": limit})
     return [row["run_id"] for row in await cur.fetchall()]
 
 

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import uuid
 from pathlib import Path
 
+import psutil
+import ray
+from ray.util.state import list_actors
+
+from actors.naming import sandbox_host_name
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence import turns
@@ -139,6 +145,55 @@ async def test_a_command_whose_outcome_cannot_be_recorded_is_reported_unknown(ru
     assert result["output"].startswith("unknown: an earlier run of this turn started this command"), result
     assert (workdir / "log.txt").read_text() == f"{marker}\n"
     assert await _outcomes(runtime, runner) == [("done", "unknown")]
+
+
+async def test_a_sandbox_host_that_does_not_answer_holds_up_only_its_own_runs(runtime: Runtime, scope: Scope) -> None:
+    # A lost Run's command is stopped before its Turn resumes, through the sandbox's host. That host
+    # is stopped (SIGSTOP: alive, answering nothing), so the stop waits; the sweeper recovered Runs
+    # one after another, and every other lost Run waited behind it for as long. Now it waits alone.
+    command = "echo start >> log.txt; sleep 47.3917; echo end >> log.txt"  # its sleep names it among processes
+    created, workdir, runner = await _run_in_member(runtime, scope, command, _SAYS_OUTCOME, _SAYS_RESULT)
+    other = await runtime.create_root(scope, input_text=script(
+        call(create("sleeper", script(say("slept", delay_ms=6000)))),
+        call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("other ${1.results.0.output}")))
+    sleeper = await eventually(lambda: _member(runtime, other["session"]["session_id"], "/root/sleeper"))
+    await eventually(lambda: _started(workdir / "log.txt"), every=0.05)
+    await eventually(lambda: _open_turn(runtime, sleeper))
+    host = await _sandbox_host_pid()
+    os.kill(host, signal.SIGSTOP)
+    try:
+        await kill_session_process(runtime, runner, "kill -9")
+        if await runtime.placement.session_status(sleeper) is not None:  # not in the process just killed
+            await kill_session_process(runtime, sleeper, "kill -9")
+        # The sleeper's Run is dead either way: its lease runs out after the runner's.
+        async with runtime.db.tx() as conn:
+            await conn.execute("UPDATE runs SET lease_expires_at = now() + interval '6 seconds' "
+                               "WHERE session_id = %s AND status = 'running'", (sleeper,))
+        result = await runtime.wait_result(scope, other["input"]["input_id"], timeout=60)
+        assert (result["status"], result["output"]) == ("completed", "other slept"), result
+        assert await _open_turn(runtime, runner) is not None  # its command could not be stopped yet
+    finally:
+        os.kill(host, signal.SIGCONT)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
+    assert result["output"].startswith("unknown: an earlier run of this turn started this command"), result
+    assert await eventually(_no_process_sleeping_47, timeout=10)
+    assert (workdir / "log.txt").read_text() == "start\n"
+    assert await _outcomes(runtime, runner) == [("done", "unknown")]
+
+
+async def _sandbox_host_pid() -> int:
+    node_id = ray.get_runtime_context().get_node_id()
+    hosts = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                    filters=[("name", "=", sandbox_host_name(node_id)), ("state", "=", "ALIVE")])
+    return int(hosts[0].pid)
+
+
+async def _no_process_sleeping_47() -> bool:
+    def sleeping() -> list[int]:
+        return [process.pid for process in psutil.process_iter(["cmdline"])
+                if "47.3917" in (process.info["cmdline"] or []) and "sleep" in process.info["cmdline"][0]]
+
+    return not await asyncio.to_thread(sleeping)
 
 
 async def _started(path: os.PathLike[str]) -> bool:

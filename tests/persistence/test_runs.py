@@ -262,7 +262,8 @@ async def test_expired_lease_is_recovered_by_exactly_one_resume_run(db: Database
     tree, run = await start_root_run(db, scope)
     await _expire(db, run)
     async with db.tx() as conn:
-        assert run.run_id in await runs.expired_runs(conn)
+        assert run.run_id in await runs.expired_runs(conn, skip=[])
+        assert run.run_id not in await runs.expired_runs(conn, skip=[run.run_id])  # being recovered already
         assert await runs.over(conn, [run.run_id, uuid.uuid4()]) == set()  # expired is not yet over; unknown never
         recovered = await turns.recover_expired_run(conn, run.run_id)
     assert recovered == {"tree_id": tree.tree_id, "session_id": tree.root_id}
