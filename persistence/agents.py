@@ -1,5 +1,10 @@
 """The agent directory. An agent belongs to an app; it is visible to its owner, and to
-every user of the app when ``shared``."""
+every user of the app when ``shared``.
+
+An agent's id names it among its owner's agents, and a shared agent's id among the app's shared
+ones. Another user's private agent stays out of sight, its id included: taking that id is no
+conflict, as a refusal would tell that it exists. So a user may see two agents of one id (their
+own and a colleague's shared one, shared later); their own is the one the id reaches."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import re
 import urllib.parse
 from typing import Any
 
+from psycopg.errors import UniqueViolation
 from psycopg.types.json import Jsonb
 
 from persistence.db import Connection
@@ -17,6 +23,14 @@ from persistence.usage import check_budget
 _COLUMNS = "agent_id, name, description, model, instructions, tools, approval_mode, shared, owner_user_id, " \
     "created_at, updated_at, compact_at_tokens, budget, api_base, api_key_ref"
 _VISIBLE = "app_id = %(app_id)s AND (owner_user_id = %(user_id)s OR shared)"
+# An owner's edit, of the version it read (``read_at``).
+_UPDATE = f"""UPDATE agents SET name = %(name)s, description = %(description)s, model = %(model)s,
+                   instructions = %(instructions)s, tools = %(tools)s, approval_mode = %(approval_mode)s,
+                   shared = %(shared)s, compact_at_tokens = %(compact_at_tokens)s, budget = %(budget)s,
+                   api_base = %(api_base)s, api_key_ref = %(api_key_ref)s, updated_at = now()
+            WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s AND owner_user_id = %(user_id)s
+              AND updated_at = %(read_at)s
+            RETURNING {_COLUMNS}"""
 # How much of an agent's description a list shows.
 DESCRIPTION_PREVIEW = 500
 EDITABLE_FIELDS = ("name", "description", "model", "instructions", "tools", "approval_mode", "shared",
@@ -89,26 +103,30 @@ async def create_agent(conn: Connection, scope: Scope, fields: dict[str, Any]) -
         "api_base": fields.get("api_base"),
         "api_key_ref": fields.get("api_key_ref"),
     }
+    # An id the user can see already is taken for them: their own, or a shared one.
     cur = await conn.execute(
         f"""INSERT INTO agents (app_id, agent_id, owner_user_id, name, description, model, instructions,
                                 tools, approval_mode, shared, compact_at_tokens, budget, api_base, api_key_ref)
-            VALUES (%(app_id)s, %(agent_id)s, %(owner_user_id)s, %(name)s, %(description)s, %(model)s,
-                    %(instructions)s, %(tools)s, %(approval_mode)s, %(shared)s, %(compact_at_tokens)s, %(budget)s,
-                    %(api_base)s, %(api_key_ref)s)
+            SELECT %(app_id)s, %(agent_id)s, %(owner_user_id)s, %(name)s, %(description)s, %(model)s,
+                   %(instructions)s, %(tools)s, %(approval_mode)s, %(shared)s, %(compact_at_tokens)s, %(budget)s,
+                   %(api_base)s, %(api_key_ref)s
+            WHERE NOT EXISTS (SELECT 1 FROM agents WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s
+                                                     AND (owner_user_id = %(owner_user_id)s OR shared))
             ON CONFLICT DO NOTHING
             RETURNING {_COLUMNS}""",
         params,
     )
     row = await cur.fetchone()
     if row is None:
-        raise Conflict(f"an agent with id {fields['agent_id']!r} already exists in this app")
+        raise Conflict(f"an agent with id {fields['agent_id']!r} is already yours or shared in this app")
     return row
 
 
 async def get_agent(conn: Connection, scope: Scope, agent_id: str) -> Row:
     """An agent the user may run; any other agent is reported as absent."""
     cur = await conn.execute(
-        f"SELECT {_COLUMNS} FROM agents WHERE {_VISIBLE} AND agent_id = %(agent_id)s",
+        f"""SELECT {_COLUMNS} FROM agents WHERE {_VISIBLE} AND agent_id = %(agent_id)s
+            ORDER BY owner_user_id <> %(user_id)s LIMIT 1""",
         {"app_id": scope.app_id, "user_id": scope.user_id, "agent_id": agent_id},
     )
     row = await cur.fetchone()
@@ -125,7 +143,8 @@ async def list_agents(conn: Connection, scope: Scope, *, offset: int, limit: int
         f"""SELECT agent_id, name, left(description, {DESCRIPTION_PREVIEW}) AS description,
                    length(description) > {DESCRIPTION_PREVIEW} AS description_truncated, model, approval_mode,
                    shared, owner_user_id, updated_at
-            FROM agents WHERE {_VISIBLE} ORDER BY agent_id OFFSET %(offset)s LIMIT %(limit)s""",
+            FROM agents WHERE {_VISIBLE}
+            ORDER BY agent_id, owner_user_id <> %(user_id)s, owner_user_id OFFSET %(offset)s LIMIT %(limit)s""",
         {"app_id": scope.app_id, "user_id": scope.user_id, "offset": offset, "limit": limit},
     )
     return await cur.fetchall()
@@ -133,7 +152,7 @@ async def list_agents(conn: Connection, scope: Scope, *, offset: int, limit: int
 
 async def delete_agent(conn: Connection, scope: Scope, agent_id: str) -> None:
     """Only the owner deletes an agent; sessions created from it keep their frozen copy and run on.
-    Its id is free again in the app (a session's ``agent_id`` is the name it was made from)."""
+    Its id is free again (a session's ``agent_id`` is the name it was made from)."""
     cur = await conn.execute(
         "DELETE FROM agents WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s AND owner_user_id = %(user_id)s "
         "RETURNING agent_id",
@@ -158,17 +177,11 @@ async def update_agent(conn: Connection, scope: Scope, agent_id: str, changes: d
         raise Conflict(f"agent {agent_id!r} changed while its model was being checked; send the edit again")
     merged["tools"] = Jsonb(merged["tools"])
     merged["budget"] = _stored_budget(merged["budget"])
-    cur = await conn.execute(
-        f"""UPDATE agents SET name = %(name)s, description = %(description)s, model = %(model)s,
-                   instructions = %(instructions)s, tools = %(tools)s, approval_mode = %(approval_mode)s,
-                   shared = %(shared)s, compact_at_tokens = %(compact_at_tokens)s, budget = %(budget)s,
-                   api_base = %(api_base)s, api_key_ref = %(api_key_ref)s, updated_at = now()
-            WHERE app_id = %(app_id)s AND agent_id = %(agent_id)s AND owner_user_id = %(user_id)s
-              AND updated_at = %(read_at)s
-            RETURNING {_COLUMNS}""",
-        {**merged, "app_id": scope.app_id, "agent_id": agent_id, "user_id": scope.user_id,
-         "read_at": current["updated_at"]},
-    )
+    try:
+        cur = await conn.execute(_UPDATE, {**merged, "app_id": scope.app_id, "agent_id": agent_id,
+                                           "user_id": scope.user_id, "read_at": current["updated_at"]})
+    except UniqueViolation:  # made shared beside another shared agent of its id, which the user sees
+        raise Conflict(f"another shared agent of this app has id {agent_id!r}") from None
     row = await cur.fetchone()
     if row is None:  # deleted, or replaced or edited by another request, since it was read
         raise Conflict(f"agent {agent_id!r} changed while it was being edited; send the edit again")

@@ -71,9 +71,11 @@ CREATE TABLE agents (
     -- Where the agent's model calls go and the NAME of the key they use (never a key).
     api_base        text CHECK (api_base ~ '^https?://[^\s*]+$' AND length(api_base) <= 2000),
     api_key_ref     text CHECK (api_key_ref ~ '^[A-Z][A-Z0-9_]{0,63}$'),
-    PRIMARY KEY (app_id, agent_id)
+    -- An id names an agent among its owner's (quotas.check_room counts by this key's prefix), and
+    -- a shared one among the app's shared agents: another user's private agent never takes an id.
+    PRIMARY KEY (app_id, owner_user_id, agent_id)
 );
-CREATE INDEX agents_owner ON agents (app_id, owner_user_id);  -- quotas.check_room
+CREATE UNIQUE INDEX agents_shared_id ON agents (app_id, agent_id) WHERE shared;
 
 CREATE TABLE projects (
     project_id  uuid PRIMARY KEY,

@@ -120,6 +120,12 @@ async def test_other_scopes_get_404_everywhere_and_write_nothing(client_for: Cli
         assert ids["root"] not in json.dumps((await http.get("/api/v1/sessions")).json())
 
     assert await _snapshot(runtime, [victim_scope, *attackers.values()]) == before
+    # Nor does taking an id: another user of the app names an agent of their own as the victim's
+    # private one, and each reaches their own.
+    colleague = clients["same app, other user"]
+    assert (await colleague.post("/api/v1/agents", json={"agent_id": "secret", "name": "Mine"})).status_code == 201
+    assert (await colleague.get("/api/v1/agents/secret")).json()["name"] == "Mine"
+    assert (await victim.get("/api/v1/agents/secret")).json()["name"] == "Secret"
     assert own  # the attackers' own sessions exist; the victim's state is untouched:
     inbox = (await victim.get(f"/api/v1/trees/{ids['root']}/requests")).json()
     assert [r["id"] for r in inbox] == [ids["request"]]
