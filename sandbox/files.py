@@ -12,11 +12,13 @@ followed: it is the project's own layout.
 ``write_file`` content is capped at ``CANOPY_SANDBOX_WRITE_MAX_BYTES``.
 
 These run on the host against the workdir the sandbox mounts, so a sandboxed command
-could plant a symlink or a FIFO and race the checks. Hence a read ``lstat``s first, opens
-with ``O_NOFOLLOW | O_NONBLOCK`` and checks the descriptor (``fstat``: the same regular
-file; ``/proc/self/fd``: inside the workdir) before reading a byte. A write walks down to
-the parent directory one ``O_NOFOLLOW`` directory descriptor at a time (creating what is
-missing), writes a temp file created with ``O_EXCL | O_NOFOLLOW`` and renames it into
+could plant a symlink or a FIFO and race the checks. Hence both walk down to the parent
+directory one ``O_NOFOLLOW`` directory descriptor at a time (a write creates what is
+missing) and name the file relative to it: a directory swapped for a symlink after the
+checks is refused, never followed (an open through it could reach a device or a FIFO
+outside). A read ``lstat``s the file, opens it with ``O_NOFOLLOW | O_NONBLOCK`` and checks
+the descriptor (``fstat``: the same regular file; ``/proc/self/fd``: inside the workdir)
+before reading a byte. A write writes a temp file created with ``O_EXCL | O_NOFOLLOW`` and renames it into
 place relative to that descriptor: a rename replaces a name, it never writes through it,
 and readers never see half a write.
 
@@ -108,19 +110,23 @@ def read_file(workdir: Path, path: str, max_bytes: int = READ_LIMIT_BYTES) -> st
     """The text of a file in the workdir (as :func:`sandbox.base.as_text`), capped at ``max_bytes``."""
     root = Path(os.path.realpath(workdir))
     target = resolve_inside(workdir, path)
+    dir_fd = _open_parent(root, target.parent, None, path, create=False)
     try:
-        seen = os.lstat(target)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileMissing(f"no file {path!r} in the project workdir") from None
-    if stat.S_ISDIR(seen.st_mode):
-        raise FileMissing(f"{path!r} is a directory, not a file")
-    _require_regular(seen, path)
-    try:
-        fd = os.open(target, _READ_FLAGS)
-    except FileNotFoundError:
-        raise FileMissing(f"no file {path!r} in the project workdir") from None
-    except OSError as error:
-        raise PathRejected(f"cannot open {path!r}: {error.strerror}") from None
+        try:
+            seen = os.stat(target.name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise FileMissing(f"no file {path!r} in the project workdir") from None
+        if stat.S_ISDIR(seen.st_mode):
+            raise FileMissing(f"{path!r} is a directory, not a file")
+        _require_regular(seen, path)
+        try:
+            fd = os.open(target.name, _READ_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            raise FileMissing(f"no file {path!r} in the project workdir") from None
+        except OSError as error:
+            raise PathRejected(f"cannot open {path!r}: {error.strerror}") from None
+    finally:
+        os.close(dir_fd)
     try:
         opened = os.fstat(fd)
         _require_regular(opened, path)
@@ -176,7 +182,7 @@ def write_file(workdir: Path, path: str, content: str, settings: Settings | None
             raise PathRejected(f"{path!r} is a directory")
         _require_regular(existing, path)
     owner = sandbox_file_owner(settings)
-    dir_fd = _open_parent(root, target.parent, owner, path)
+    dir_fd = _open_parent(root, target.parent, owner, path, create=True)
     try:
         _check_fd_inside(dir_fd, root, path)
         _replace_in_dir(dir_fd, target.name, data, owner, path)
@@ -185,19 +191,23 @@ def write_file(workdir: Path, path: str, content: str, settings: Settings | None
     return len(data)
 
 
-def _open_parent(root: Path, parent: Path, owner: tuple[int, int] | None, path: str) -> int:
-    """A descriptor of ``parent``, reached from ``root`` one real directory at a time, creating
-    the missing ones: a symlink swapped in on the way is refused, never followed."""
+def _open_parent(root: Path, parent: Path, owner: tuple[int, int] | None, path: str, *, create: bool) -> int:
+    """A descriptor of ``parent``, reached from ``root`` one real directory at a time (creating the
+    missing ones when ``create``): a symlink swapped in on the way is refused, never followed. A
+    path resolved once is not resolved again, so no name in it can lead elsewhere meanwhile."""
     fd = os.open(root, _DIR_FLAGS)
     try:
         for part in parent.relative_to(root).parts:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-                if owner is not None:
-                    os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    if owner is not None:
+                        os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
             try:
                 child = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as error:
+                if not create and isinstance(error, FileNotFoundError | NotADirectoryError):
+                    raise FileMissing(f"no file {path!r} in the project workdir") from None
                 raise PathRejected(f"{path!r}: {part!r} is not a directory of the project workdir "
                                    f"({error.strerror})") from None
             os.close(fd)

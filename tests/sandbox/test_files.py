@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
 
 from persistence.errors import InvalidArgument
 from persistence.settings import Settings
+from sandbox import files
 from sandbox.base import TRUNCATION_MARKER, FileMissing, PathRejected
 from sandbox.files import read_file, write_file
 
@@ -254,3 +256,38 @@ def test_names_up_to_the_file_systems_limit_are_written_and_read(layout: tuple[P
 
     assert read_file(workdir, longest) == "long" and read_file(workdir, accented) == "accented"
     assert sorted(p.name for p in (workdir / "sub").iterdir()) == sorted(["c" * 255, "é" * 127])
+
+
+def test_a_directory_swapped_for_a_symlink_mid_read_is_never_followed(layout: tuple[Path, Path],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # A command renames a directory away and puts a symlink to the outside in its place, racing
+    # read_file between its checks and its open. Opened through the path again, the symlink led to
+    # a FIFO (or a device) outside: its writer woke before any check of the descriptor ran.
+    workdir, outside = layout
+    (workdir / "d").mkdir()
+    (workdir / "d" / "f").write_text("inside")
+    os.mkfifo(outside / "f")
+    woken = threading.Event()
+
+    def writer() -> None:
+        with open(outside / "f", "w"):  # blocks until somebody opens the FIFO to read
+            woken.set()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    checked = files._require_regular
+
+    def swap_then_check(info: os.stat_result, path: str) -> None:
+        if not (workdir / "d.old").exists():  # once: as the file is found regular, before it is opened
+            (workdir / "d").rename(workdir / "d.old")
+            (workdir / "d").symlink_to(outside)
+        checked(info, path)
+
+    monkeypatch.setattr(files, "_require_regular", swap_then_check)
+    try:
+        assert read_file(workdir, "d/f") == "inside"  # the directory the checks saw, renamed or not
+        assert not woken.wait(0.5), "the FIFO outside the workdir was opened"
+    finally:
+        fd = os.open(outside / "f", os.O_RDONLY | os.O_NONBLOCK)  # lets the writer go
+        thread.join(5)
+        os.close(fd)
