@@ -23,7 +23,7 @@ import datetime
 import uuid
 
 from persistence import lifecycle
-from persistence.db import Connection, query
+from persistence.db import Connection, advisory_lock, query
 from persistence.records import Row
 
 # Longer than an image pull or a container removal takes; the bound after which work is taken over.
@@ -193,3 +193,23 @@ async def loss_told(conn: Connection, tree_id: uuid.UUID, session_id: uuid.UUID)
     """The session was told of the tree's latest workdir loss: in the transaction that commits the
     result that told it, so a crash before that commit leaves the session still to be told."""
     await conn.execute(query("sandbox_loss_told"), {"tree_id": tree_id, "session_id": session_id})
+
+
+async def mark_killed(conn: Connection, tree_id: uuid.UUID, command_id: str) -> SandboxLease | None:
+    """Keep the kill of the tree's command ``command_id`` (a start of it not yet checked never runs),
+    and read the lease as it is now: a start that was checked already found the sandbox active,
+    and the caller kills it there. Under the tree's kill lock, as ``was_killed``."""
+    await advisory_lock(conn, _kill_lock(tree_id))
+    await conn.execute(query("sandbox_kill_keep"), {"tree_id": tree_id, "command_id": command_id})
+    return await get(conn, tree_id)
+
+
+async def was_killed(conn: Connection, tree_id: uuid.UUID, command_id: str) -> bool:
+    """Whether the tree's command ``command_id`` was killed: checked after the claim, before the start."""
+    await advisory_lock(conn, _kill_lock(tree_id))
+    cur = await conn.execute(query("sandbox_kill_find"), {"tree_id": tree_id, "command_id": command_id})
+    return await cur.fetchone() is not None
+
+
+def _kill_lock(tree_id: uuid.UUID) -> str:
+    return f"sandbox-kill:{tree_id}"

@@ -502,6 +502,15 @@ CREATE TABLE sandbox_leases (
     node_id         text,        -- the Ray node holding the sandbox and its workdir (actors/sandbox_hosts.py)
     workdir_lost_at timestamptz  -- when a command last found that node gone and moved the tree to a new one
 );
+-- The commands killed by id (sandbox/manager.py kill_command), so that a start of one still on its
+-- way never runs, whether or not the tree had a sandbox to leave a tombstone in at the kill (it
+-- was being made, or released). Checked after each claim, before the command starts.
+CREATE TABLE killed_commands (
+    tree_id     uuid NOT NULL REFERENCES trees (tree_id),
+    command_id  text NOT NULL,
+    killed_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tree_id, command_id)
+);
 -- Which members of a tree were told that its workdir was lost: each member from before the loss
 -- is told once, in the commit of the tool result that tells it (actors/sandbox_tools.py).
 CREATE TABLE workdir_losses_told (

@@ -33,7 +33,10 @@ settled by a compare-and-set (see ``persistence.sandbox_leases``). On that:
   engine may serve several deployments, and another's sandboxes are not ours to judge.
 - ``kill_command`` kills one command by the id its caller gave ``run_command``, from any
   process, even after the one that started it died, and leaves a tombstone: a command of that
-  id started later never runs.
+  id started later never runs. The kill is kept in the database too (``killed_commands``),
+  and ``run_command`` looks for it between its claim and the start: a start still on its way
+  when the tree had no sandbox to leave a tombstone in (the first one being made, or one being
+  released) never runs either.
 
 The lease names the node the sandbox is on (``node_id``, a manager's own node when it has
 one): a manager with a node never claims a sandbox its lease puts on another node
@@ -61,6 +64,7 @@ from persistence.sandbox_leases import SandboxLease
 from persistence.settings import Settings, get_settings
 from sandbox.base import (
     DEFAULT_TIMEOUT_SECONDS,
+    KILLED_EXIT_CODE,
     CommandResult,
     SandboxBackend,
     SandboxGone,
@@ -198,16 +202,25 @@ class SandboxManager:
         caller keeps it unique among the tree's running commands."""
         command_id = check_command_id(command_id or uuid.uuid4().hex)
         with self._using(tree_id):
-            handle = await self.claim(tree_id, workdir)
             try:
-                result = await self.backend.run(handle, command, timeout_seconds, command_id)
+                result = await self._start(tree_id, workdir, command, timeout_seconds, command_id)
             except SandboxGone:
                 # It vanished between claim and start (nothing ran): claim builds a new one.
                 log.warning("sandbox of tree %s vanished; claiming it again", tree_id)
-                handle = await self.claim(tree_id, workdir)
-                result = await self.backend.run(handle, command, timeout_seconds, command_id)
+                result = await self._start(tree_id, workdir, command, timeout_seconds, command_id)
             await self.touch(tree_id)
             return result
+
+    async def _start(self, tree_id: uuid.UUID, workdir: Path, command: str, timeout_seconds: float,
+                     command_id: str) -> CommandResult:
+        """Claim the tree's sandbox, then run the command there unless it was killed meanwhile (a
+        claim can take minutes): a kill before this check is kept in the database, one after it
+        finds the sandbox active and kills the command there (see ``kill_command``)."""
+        handle = await self.claim(tree_id, workdir)
+        async with self.db.tx() as conn:
+            if await leases.was_killed(conn, tree_id, command_id):
+                return CommandResult(KILLED_EXIT_CODE, "", "", False)
+        return await self.backend.run(handle, command, timeout_seconds, command_id)
 
     async def kill_command(self, tree_id: uuid.UUID, command_id: str) -> bool:
         """Kill the tree's command ``command_id`` if it still runs, wherever it was started; True if
@@ -216,7 +229,7 @@ class SandboxManager:
         later (by a Run that lost its lease on its way to starting it) exits as killed, never running."""
         check_command_id(command_id)
         async with self.db.tx() as conn:
-            lease = await leases.get(conn, tree_id)
+            lease = await leases.mark_killed(conn, tree_id, command_id)
         if (
             lease is None
             or lease.handle is None

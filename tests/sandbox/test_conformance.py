@@ -649,6 +649,41 @@ async def test_a_command_killed_before_it_started_never_runs(sandbox: SandboxKit
     assert other.exit_code == 0 and (workdir / "other.txt").read_text() == "ran\n"
 
 
+@pytest.mark.parametrize("gated", ["ensure", "release"])
+async def test_a_command_killed_while_its_sandbox_comes_or_goes_never_runs(sandbox: SandboxKit, gated: str) -> None:
+    """The kill of a command on its way to starting, while its tree's sandbox was being made (a
+    first command: an image pull can take a minute) or released, found no sandbox to leave its
+    tombstone in: the command ran once the sandbox was there, after its Run was told it stopped."""
+    backend = GatedBackend(sandbox.backend, gated)
+    starter = SandboxManager(sandbox.db, backend, 0.1, sandbox.options)
+    tree, workdir = await sandbox.new_tree()
+    if gated == "release":
+        await _run(starter, tree, workdir, "true")
+        await asyncio.sleep(0.3)
+        releasing = asyncio.create_task(starter.release_idle())
+        await asyncio.wait_for(backend.entered.wait(), 10)
+    command_id = f"late-{uuid.uuid4().hex}"
+    started = asyncio.create_task(starter.run_command(tree, workdir, "echo ran > late.txt; echo ran", 30, command_id))
+    if gated == "ensure":
+        await asyncio.wait_for(backend.entered.wait(), 60)
+    else:
+        await asyncio.sleep(0.3)  # its claim waits for the release
+    assert (await _lease(sandbox, tree)).state == ("creating" if gated == "ensure" else "releasing")
+
+    await sandbox.manager().kill_command(tree, command_id)  # from another process, as recovery does
+    backend.gate.set()
+    result = await asyncio.wait_for(started, 120)
+    if gated == "release":
+        await releasing
+
+    assert (result.exit_code, result.stdout, result.timed_out) == (137, "", False), result
+    await asyncio.sleep(0.5)
+    assert not (workdir / "late.txt").exists()
+    assert (await _lease(sandbox, tree)).state == "active"  # the sandbox is there for the next one
+    other = await starter.run_command(tree, workdir, "echo ran > other.txt", 30, f"other-{uuid.uuid4().hex}")
+    assert other.exit_code == 0 and (workdir / "other.txt").read_text() == "ran\n"
+
+
 @pytest.mark.parametrize("delay", [-0.01, 0.0, 0.01, 0.05, 0.2])
 async def test_a_kill_racing_the_start_of_its_command_leaves_nothing_running(
         sandbox: SandboxKit, delay: float) -> None:
@@ -683,6 +718,7 @@ async def test_kill_command_without_a_sandbox_is_false_and_makes_none(sandbox: S
 
     async with sandbox.db.tx() as conn:
         assert await leases.get(conn, tree) is None
+        assert await leases.was_killed(conn, tree, "cmd-1")  # a start of it still on its way never runs
 
 
 async def test_kill_command_after_the_starting_process_died(sandbox: SandboxKit) -> None:
