@@ -561,7 +561,9 @@ class DockerBackend:
         try:
             for stream_id, data in _frames(output.reader):
                 if sinks.get(stream_id, execution.stderr).feed(data):
-                    self._streams.submit(self._stop_flood, execution)
+                    # Not in the stream pool: every thread of it may be reading a stream meanwhile.
+                    threading.Thread(target=self._stop_flood, args=(execution,), name="canopy-flood-stop",
+                                     daemon=True).start()
         except (OSError, ValueError, EOFError):  # ValueError: read after the cut closed it
             execution.broken = not execution.cut
         finally:

@@ -26,7 +26,7 @@ import pytest
 
 from persistence import sandbox_leases as leases
 from persistence.settings import Settings
-from sandbox.base import CommandResult, SandboxError, parse_user
+from sandbox.base import FLOODED, CommandResult, SandboxError, parse_user
 from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, TOMBSTONES, DockerBackend, _frames, tombstones_dir
 from sandbox.manager import SandboxManager
 from tests.sandbox.conftest import SandboxKit
@@ -485,3 +485,16 @@ async def test_a_planted_tombstones_parent_is_never_followed(docker_kit: Sandbox
 
     assert sorted(path.name for path in (victim / str(tree)).iterdir()) == ["precious"]
     assert backend.containers_for(tree) == []
+
+
+async def test_a_flood_is_stopped_while_every_stream_thread_reads(docker_kit: SandboxKit) -> None:
+    # The stop of a flooding command waited for a thread of the pool that reads the commands'
+    # streams, the flooding one's included: with every thread reading (a node's long commands),
+    # `yes` ran on until its timeout, the host's CPU carrying every byte.
+    backend = DockerBackend(max_commands=1)
+    docker_kit.extra_backends.append(backend)
+    tree, workdir = await docker_kit.new_tree()
+    handle = await backend.ensure(tree, workdir, docker_kit.options)
+    result = await backend.run(handle, "yes", 60, f"flood-{uuid.uuid4().hex}")
+    assert (result.exit_code, result.timed_out) == (137, False), result.stderr[-300:]  # a flood, not a timeout
+    assert result.stderr.endswith(FLOODED), result.stderr[-300:]
