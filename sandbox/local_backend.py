@@ -75,6 +75,8 @@ _WRAPPER = f'if [ -e "$1" ]; then exit {KILLED_EXIT_CODE}; fi; exec /bin/sh -c "
 _READ_CHUNK = 65536
 # After a kill, how long to keep reading pipes that an escaped process may still hold open.
 _DRAIN_SECONDS = 2.0
+# How often the exit of a command killed at its timeout is looked for (it comes within milliseconds).
+_EXIT_POLL_SECONDS = 0.01
 
 
 def _default_state_root() -> Path:
@@ -225,8 +227,8 @@ class LocalBackend:
         except TimeoutError:
             timed_out = True
             _kill_group(proc.pid)
-            await proc.wait()
             await _drain(readers)
+            await _exited(proc)
         except asyncio.CancelledError:
             # Kill first, then let the cancellation go on: the caller must never wait on us.
             _kill_group(proc.pid)
@@ -259,6 +261,18 @@ async def _drain(readers: list[asyncio.Task[None]]) -> None:
     _done, pending = await asyncio.wait(readers, timeout=_DRAIN_SECONDS)
     for reader in pending:
         reader.cancel()
+
+
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Until the killed process's exit is known (SandboxError if it is not, within _DRAIN_SECONDS).
+    Not ``proc.wait()``: asyncio (3.11) answers it only once every pipe of the process is closed,
+    and a process that left its group may hold them open for as long as it lives. The child
+    watcher sees the exit itself, and sets ``returncode``; asyncio has no event for it."""
+    for _ in range(int(_DRAIN_SECONDS / _EXIT_POLL_SECONDS)):
+        if proc.returncode is not None:
+            return
+        await asyncio.sleep(_EXIT_POLL_SECONDS)
+    raise SandboxError(f"the command's shell (pid {proc.pid}) did not exit after its kill")
 
 
 def _kill_group(pgid: int) -> bool:

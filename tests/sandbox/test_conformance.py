@@ -235,6 +235,17 @@ async def test_exit_code_stderr_and_timeout(sandbox: SandboxKit) -> None:
     assert elapsed < 4
 
 
+async def test_a_timeout_returns_while_an_escaped_process_holds_the_output(sandbox: SandboxKit) -> None:
+    """A process that left the command's group (setsid) keeps its output open after the timeout's
+    kill: the local backend then waited for the command's exit, which asyncio reports only once
+    every pipe is closed, so the Run hung past its timeout until a human cancelled it."""
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    result = await asyncio.wait_for(manager.run_command(tree, workdir, "echo begun; setsid sleep 60 & sleep 60",
+                                                        timeout_seconds=1), 30)
+    assert (result.timed_out, result.stdout) == (True, "begun\n"), result
+
+
 async def test_idle_release_keeps_workdir_and_drops_tmp_and_processes(sandbox: SandboxKit) -> None:
     manager = sandbox.manager(idle_seconds=0.2)
     tree, workdir = await sandbox.new_tree()
