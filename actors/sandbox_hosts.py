@@ -7,16 +7,18 @@ it), which owns the node's SandboxManager (sandbox/manager.py) and so its Docker
 command, file read and write and kill of a tree whose sandbox is on that node runs in that host,
 wherever the session asking runs. ``host_for`` is the one place that decides which host.
 
-A tree with no node yet (no lease, or one from before nodes were recorded) uses the caller's
-node, and its first claim records it. A host is never created on another node: one is looked up
-by name, and only on a node Ray lists alive. When the lease's node has left the cluster (or its
-host is gone for good) the sandbox and its workdir went with it: the lease is released, moved to
-the caller's node and stamped ``workdir_lost_at`` in one compare-and-set (one caller moves it).
-Every member of the tree made before the loss is then told, once: its next sandbox call's tool
-result says so (``workdir_lost`` and :data:`WORKDIR_LOST`), and the commit of that result records
-it told (``workdir_losses_told``), so a crash before that commit tells it again. The command runs
-in a new sandbox on the caller's node, from what is durable: nothing of the old workdir is carried
-over, and no member's model is left to find it empty unwarned.
+A tree with no node yet (no lease, or one from before nodes were recorded) uses the caller's node,
+recorded by that first call, a file read or write as much as a command (a file written on one node
+while a later command made the sandbox on another would be on the first node's disk). A host is
+never created on another node: one is looked up by name, and only on a node Ray lists alive. When
+the lease's node has left the cluster (or its host is gone for good) the sandbox and its workdir
+went with it: the lease is released, moved to the caller's node and stamped ``workdir_lost_at`` in
+one compare-and-set (one caller moves it). Every member of the tree made before the loss is then
+told, once: its next sandbox call's tool result says so (``workdir_lost`` and
+:data:`WORKDIR_LOST`), and the commit of that result records it told (``workdir_losses_told``), so
+a crash before that commit tells it again. The command runs in a new sandbox on the caller's node,
+from what is durable: nothing of the old workdir is carried over, and no member's model is left to
+find it empty unwarned.
 
 Idle release and orphan reaping run per node, in each host (``EveryNode``: the
 sweeper asks every live node's existing host), because only a node's own engine can remove its
@@ -40,6 +42,7 @@ from actors.naming import NAMESPACE, NodeLocal, live_nodes, node_local_options, 
 from persistence import sandbox_leases as leases
 from persistence.db import Database, LazyDatabase
 from persistence.sandbox_leases import SandboxLease
+from persistence.settings import get_settings
 from sandbox import files
 from sandbox.base import SandboxError
 from sandbox.manager import SandboxManager
@@ -141,6 +144,12 @@ async def host_for(db: Database, tree_id: uuid.UUID, session_id: uuid.UUID) -> t
     this node, or an earlier call of another member did: see the module's docstring)."""
     lease = await _lease(db, tree_id)
     here = _here()
+    if lease is None or lease.node_id is None:
+        # The first call decides the node, a file write as much as a command: a file written here
+        # while a later command made the sandbox on another node would be on this node's disk only.
+        async with db.tx() as conn:
+            await leases.pin_node(conn, tree_id, get_settings().sandbox_backend, here)
+            lease = await leases.get(conn, tree_id)
     lost = lease is not None and lease.workdir_lost_at is not None
     if lease is None or lease.node_id is None or lease.node_id == here:
         host = _local.handle()

@@ -195,6 +195,12 @@ async def loss_told(conn: Connection, tree_id: uuid.UUID, session_id: uuid.UUID)
     await conn.execute(query("sandbox_loss_told"), {"tree_id": tree_id, "session_id": session_id})
 
 
+async def pin_node(conn: Connection, tree_id: uuid.UUID, backend: str, node_id: str) -> None:
+    """Put the tree's sandbox and workdir on ``node_id`` unless its lease names a node (or has a
+    sandbox) already: the tree's first sandbox call decides, a file write as much as a command."""
+    await conn.execute(query("sandbox_lease_pin"), {"tree_id": tree_id, "backend": backend, "node_id": node_id})
+
+
 async def mark_killed(conn: Connection, tree_id: uuid.UUID, command_id: str) -> SandboxLease | None:
     """Keep the kill of the tree's command ``command_id`` (a start of it not yet checked never runs),
     and read the lease as it is now: a start that was checked already found the sandbox active,

@@ -1,7 +1,8 @@
 """A tree's sandbox on a Ray cluster of two nodes (``ray.cluster_utils.Cluster``, both on this machine)
 with one database: the tree's first command, from a session on the second node, makes its sandbox
 there; the same session moved to the head runs its next command in that sandbox (the second node's
-sandbox host); the second node is removed, and the next command from the head is told the workdir
+sandbox host); another tree's first sandbox call, a file write on the second node, puts its sandbox
+there too; the second node is removed, and the next command from the head is told the workdir
 was lost and runs in a new sandbox on the head. Run by test_sandbox_hosts.py (one Ray per process);
 prints one JSON line. The local backend (CANOPY_SANDBOX_BACKEND=local, set by the test).
 
@@ -46,10 +47,10 @@ async def answer(runtime: Runtime, scope: Scope, input_id: uuid.UUID) -> dict[st
     return json.loads(result["output"]) if result["status"] == "completed" else {"status": result["status"]}
 
 
-async def lease(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
+async def lease(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any] | None:
     found = await rows(runtime.db, "SELECT state, handle, node_id, workdir_lost_at IS NOT NULL AS lost "
                        "FROM sandbox_leases WHERE tree_id = %s", tree_id)
-    return found[0]
+    return found[0] if found else None
 
 
 async def swept(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any] | None:
@@ -104,6 +105,17 @@ async def main() -> None:
         findings["second_lease"] = await lease(runtime, tree_id)
         findings["session_node"] = sorted({a.node_id for a in actors(session_actor_name(tree_id))
                                            if a.state == "ALIVE"})
+
+        # Another tree's first sandbox call is a file write, from a session on the second node; its
+        # first command then comes from the head.
+        pinned = await session_on(runtime, scope, other, script(
+            call(("write_file", {"path": "pinned.txt", "content": "written on node 2"})), say("${0.bytes}")))
+        findings["pinned_write"] = (await runtime.wait_result(scope, pinned["input_id"], timeout=60))["output"]
+        findings["pinned_lease"] = await lease(runtime, pinned["session_id"])
+        await move_session(pinned["session_id"], head)
+        receipt = await runtime.submit_input(scope, pinned["session_id"], command("cat pinned.txt"))
+        findings["pinned_run"] = await answer(runtime, scope, receipt["input_id"])
+        findings["pinned_run_lease"] = await lease(runtime, pinned["session_id"])
 
         cluster.remove_node(second)
         await until(lambda: not any(node["Alive"] for node in ray.nodes() if node["NodeID"] == other), timeout=30)

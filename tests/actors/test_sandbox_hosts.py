@@ -100,6 +100,15 @@ async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(o
     assert findings["second"] == {"exit_code": 0, "stdout": "first\nfrom-node-2\n", "stderr": ""}, findings
     assert findings["second_lease"] == first, findings
 
+    # Another tree's first sandbox call, a file write from the second node, put its sandbox there: its
+    # first command, from the head, ran in that node's sandbox (made there then), not in one of the
+    # head's, where the file written would not be (each node has its own disk).
+    assert findings["pinned_write"] == str(len("written on node 2")), findings
+    assert findings["pinned_lease"] == {"state": "released", "handle": None, "node_id": other, "lost": False}, findings
+    assert findings["pinned_run"] == {"exit_code": 0, "stdout": "written on node 2", "stderr": ""}, findings
+    pinned = findings["pinned_run_lease"]
+    assert (pinned["state"], pinned["node_id"]) == ("active", other), findings
+
     # The second node left, and the sweeper released the sandbox that went with it (a lease left
     # active would be counted, and never idle-released: no host of that node is left to ask). The
     # lease still names the lost node, and no command has been told yet: the next one is.
