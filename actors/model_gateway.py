@@ -589,6 +589,10 @@ class ModelGateway:
         """Requests the embedded scripted model is still answering (diagnostics and tests)."""
         return self._scripted.in_flight_requests if self._scripted is not None else 0
 
+    async def scripted_waiting(self) -> dict[float, int]:
+        """The embedded scripted model's requests waiting out their delay, by delay in seconds (tests)."""
+        return self._scripted.waiting if self._scripted is not None else {}
+
     async def scripted_hangups(self) -> list[dict[str, float]]:
         """The embedded scripted model's requests whose caller hung up during their delay (tests)."""
         return self._scripted.hangups if self._scripted is not None else []

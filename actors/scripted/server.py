@@ -204,6 +204,9 @@ def create_scripted_app(log_path: Path | None, limits: Limits) -> FastAPI:
     # The latest requests whose client hung up before their delay was over: a gateway's scripted
     # model serves as long as the gateway lives, so what it keeps for tests is bounded.
     app.state.hangups = collections.deque(maxlen=1000)
+    # The requests waiting out their delay now, by delay in seconds: which of a test's calls are still
+    # at the model, whatever other tests' calls are.
+    app.state.waiting = collections.Counter()
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -236,9 +239,17 @@ def create_scripted_app(log_path: Path | None, limits: Limits) -> FastAPI:
             # JSON nested near the interpreter's recursion limit parses, yet a walk over it may not.
             return _error(400, "the request is nested too deeply")
         latency = reply.delay_ms / 1000 - (time.monotonic() - arrived)
-        if latency > 0 and await _delay(request, latency):
-            app.state.hangups.append({"after_seconds": time.monotonic() - arrived,
-                                      "delay_seconds": reply.delay_ms / 1000})
+        if latency > 0:
+            app.state.waiting[reply.delay_ms / 1000] += 1
+            try:
+                hung_up = await _delay(request, latency)
+            finally:
+                app.state.waiting[reply.delay_ms / 1000] -= 1
+                if not app.state.waiting[reply.delay_ms / 1000]:
+                    del app.state.waiting[reply.delay_ms / 1000]
+            if hung_up:
+                app.state.hangups.append({"after_seconds": time.monotonic() - arrived,
+                                          "delay_seconds": reply.delay_ms / 1000})
         return response
 
     return app
@@ -279,6 +290,11 @@ class ScriptedModelServer:
     def in_flight_requests(self) -> int:
         """Requests still being handled; drops when a client hangs up during a delay."""
         return len(self._server.server_state.tasks)
+
+    @property
+    def waiting(self) -> dict[float, int]:
+        """The requests waiting out their delay now, by delay in seconds."""
+        return dict(self._server.config.app.state.waiting)
 
     @property
     def hangups(self) -> list[dict[str, float]]:

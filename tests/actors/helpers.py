@@ -74,9 +74,10 @@ def model_gateway() -> Any:
     return gateway_on(ray.get_runtime_context().get_node_id())
 
 
-async def model_calls_in_flight() -> int:
-    """Requests the node's scripted model is still answering."""
-    return await model_gateway().scripted_in_flight_requests.remote()
+async def model_calls_waiting(delay_seconds: float) -> int:
+    """Requests of that simulated latency the node's scripted model is waiting out: a test's own
+    calls, told apart from other tests' by a latency of their own."""
+    return (await model_gateway().scripted_waiting.remote()).get(delay_seconds, 0)
 
 
 async def live_sessions(runtime: Runtime) -> int:
