@@ -17,7 +17,9 @@ settled by a compare-and-set (see ``persistence.sandbox_leases``). On that:
   the first made (and a backend's ``ensure`` is idempotent per tree besides). A claim that
   arrives during a release sees ``releasing``, waits until the release settled, then
   builds a fresh sandbox. A claim that fails leaves the lease as it was (no row for a
-  first claim).
+  first claim). A claim that is cancelled (its command was) stops waiting at once, but the
+  round it is in (a decision and the work it announced) runs to its end: the sandbox it was
+  making is the tree's next command's.
 - ``release_idle`` is the sweep: a tree whose sandbox is unused for ``idle_seconds`` and
   that has no Run in ``running`` (checked under the row lock that commits ``releasing``)
   and no command in flight in this process is released — processes and ``/tmp`` go, the
@@ -55,8 +57,9 @@ import contextlib
 import datetime
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 from persistence import sandbox_leases as leases
 from persistence.db import Database
@@ -76,6 +79,8 @@ from sandbox.docker_backend import DockerBackend
 from sandbox.local_backend import LocalBackend
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 # Removing a sandbox must not hang forever: after this, the lease goes back to what it was.
 _RELEASE_TIMEOUT_SECONDS = 120.0
@@ -102,6 +107,8 @@ class SandboxManager:
         # Commands this process is running, per tree: the sweep never releases under them,
         # even for callers that have no Run (the runs table is the cross-process guard).
         self._in_flight: collections.Counter[uuid.UUID] = collections.Counter()
+        # Claim rounds carried on after their caller was cancelled (``_to_its_end``).
+        self._carried_on: set[asyncio.Future[Any]] = set()
 
     @classmethod
     def from_settings(cls, db: Database, settings: Settings | None = None, node_id: str | None = None) \
@@ -115,33 +122,52 @@ class SandboxManager:
     # -- use -------------------------------------------------------------------------
 
     async def claim(self, tree_id: uuid.UUID, workdir: Path) -> str:
-        """The tree's sandbox handle: existing, re-adopted, or new. Waits out a creation or release in flight."""
-        while True:
-            async with self.db.tx() as conn:
-                lease, inserted = await leases.lock(conn, tree_id, self.backend.name)
-                step = self._claim_step(lease)
-                if step == "reuse":
-                    await leases.touch(conn, tree_id)
-                elif step == "create":
-                    await leases.begin(conn, tree_id, "creating", self.backend.name, None, self.node_id)
-                elif step == "take over release":
-                    await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
-            if step == "wait":
-                await asyncio.sleep(_WAIT_POLL_SECONDS)
+        """The tree's sandbox handle: existing, re-adopted, or new. Waits out a creation or release in flight.
+
+        Each round runs to its end even when the claim is cancelled meanwhile (a cancelled command
+        is common): a round cut between committing ``creating`` (or ``releasing``) and doing the
+        work, or undoing it, left every claim of the tree waiting for it to go stale
+        (``TRANSITION_STALE_SECONDS``), minutes. The work a round began is the tree's next
+        command's anyway."""
+        while (handle := await self._to_its_end(self._claim_round(tree_id, workdir))) is None:
+            pass
+        return handle
+
+    async def _claim_round(self, tree_id: uuid.UUID, workdir: Path) -> str | None:
+        """One decision under the lease's lock and the work it announced: the handle, or None to go on."""
+        async with self.db.tx() as conn:
+            lease, inserted = await leases.lock(conn, tree_id, self.backend.name)
+            step = self._claim_step(lease)
+            if step == "reuse":
+                await leases.touch(conn, tree_id)
+            elif step == "create":
+                await leases.begin(conn, tree_id, "creating", self.backend.name, None, self.node_id)
             elif step == "take over release":
-                log.warning("tree %s: a release stalled; finishing it", tree_id)
-                await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))
-            elif step == "reuse":
-                assert lease.handle is not None
-                if await self.backend.fits(lease.handle, tree_id, workdir, self.options):
-                    return lease.handle
-                # Gone behind our back (docker rm, reboot), or built from other settings (an
-                # upgrade, a moved project): forget it; the next round builds (or adopts) one.
-                log.warning("sandbox of tree %s vanished or no longer fits its settings; making a new one", tree_id)
-                async with self.db.tx() as conn:
-                    await leases.settle(conn, tree_id, "active", lease.handle, "released", None)
-            elif (handle := await self._create(tree_id, workdir, inserted)) is not None:
-                return handle
+                await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
+        if step == "wait":
+            await asyncio.sleep(_WAIT_POLL_SECONDS)
+        elif step == "take over release":
+            log.warning("tree %s: a release stalled; finishing it", tree_id)
+            await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))
+        elif step == "reuse":
+            assert lease.handle is not None
+            if await self.backend.fits(lease.handle, tree_id, workdir, self.options):
+                return lease.handle
+            # Gone behind our back (docker rm, reboot), or built from other settings (an
+            # upgrade, a moved project): forget it; the next round builds (or adopts) one.
+            log.warning("sandbox of tree %s vanished or no longer fits its settings; making a new one", tree_id)
+            async with self.db.tx() as conn:
+                await leases.settle(conn, tree_id, "active", lease.handle, "released", None)
+        else:
+            return await self._create(tree_id, workdir, inserted)
+        return None
+
+    async def _to_its_end(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """``work``'s result; a cancelled caller stops waiting for it at once, and it goes on."""
+        task = asyncio.ensure_future(work)
+        self._carried_on.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._carried_on.discard)
+        return await asyncio.shield(task)
 
     def _claim_step(self, lease: SandboxLease) -> str:
         if self.node_id is not None and lease.node_id not in (None, self.node_id):
@@ -175,8 +201,8 @@ class SandboxManager:
         return None
 
     async def _undo_creating(self, tree_id: uuid.UUID, inserted: bool) -> None:
-        # Leave the lease as this claim found it. A sandbox the backend made anyway (a
-        # cancelled claim's thread runs on) is an orphan for reap_orphans.
+        # Leave the lease as this claim found it. A sandbox the backend made anyway (a build
+        # cut short may finish in its thread) is an orphan for reap_orphans.
         async with self.db.tx() as conn:
             if inserted:
                 await leases.forget_creating(conn, tree_id)

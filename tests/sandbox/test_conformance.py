@@ -660,6 +660,28 @@ async def test_a_command_killed_before_it_started_never_runs(sandbox: SandboxKit
     assert other.exit_code == 0 and (workdir / "other.txt").read_text() == "ran\n"
 
 
+async def test_a_command_cancelled_while_its_sandbox_is_made_leaves_it_made(sandbox: SandboxKit) -> None:
+    """A command cancelled during its claim cut the claim's round wherever it was: between committing
+    ``creating`` and building (a CI run hit it), the lease stayed ``creating`` and every command of
+    the tree waited two minutes for it to go stale. The round now runs to its end, and the next
+    command finds the sandbox made."""
+    backend = GatedBackend(sandbox.backend, "ensure")
+    manager = SandboxManager(sandbox.db, backend, 300, sandbox.options)
+    tree, workdir = await sandbox.new_tree()
+    started = asyncio.create_task(manager.run_command(tree, workdir, "echo ran > cancelled.txt", 30, "cancelled-1"))
+    await asyncio.wait_for(backend.entered.wait(), 60)
+    started.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await started
+    assert (await _lease(sandbox, tree)).state == "creating"  # its round goes on
+    backend.gate.set()
+
+    result = await asyncio.wait_for(manager.run_command(tree, workdir, "echo next", 30, "next-1"), 30)
+    assert (result.exit_code, result.stdout) == (0, "next\n"), result
+    assert backend.calls["ensure"] == 1  # the sandbox the cancelled command's round made
+    assert not (workdir / "cancelled.txt").exists()
+
+
 @pytest.mark.parametrize("gated", ["ensure", "release"])
 async def test_a_command_killed_while_its_sandbox_comes_or_goes_never_runs(sandbox: SandboxKit, gated: str) -> None:
     """The kill of a command on its way to starting, while its tree's sandbox was being made (a
