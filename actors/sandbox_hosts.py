@@ -39,8 +39,10 @@ from typing import Any
 import ray
 
 from actors.naming import NAMESPACE, NodeLocal, live_nodes, node_local_options, sandbox_host_name
+from persistence import runs as run_repo
 from persistence import sandbox_leases as leases
 from persistence.db import Database, LazyDatabase
+from persistence.records import RunRef
 from persistence.sandbox_leases import SandboxLease
 from persistence.settings import get_settings
 from sandbox import files
@@ -93,9 +95,17 @@ class SandboxHostImpl:
         await asyncio.to_thread(Path(workdir).mkdir, parents=True, exist_ok=True)
         return {"path": path, "content": await asyncio.to_thread(files.read_file, Path(workdir), path)}
 
-    async def write_file(self, workdir: str, path: str, content: str) -> dict[str, object]:
+    async def write_file(self, workdir: str, path: str, content: str, run: RunRef) -> dict[str, object]:
+        """Under the fence of ``run`` (LeaseLost when it no longer holds its lease): a Run that
+        stalled past its lease, its Turn resumed by another Run meanwhile, must not write over
+        what that one wrote since. The fence's row lock holds the Run's recovery off until the
+        write is done."""
         await asyncio.to_thread(Path(workdir).mkdir, parents=True, exist_ok=True)
-        return {"path": path, "bytes": await asyncio.to_thread(files.write_file, Path(workdir), path, content)}
+        db = await self._db.get()
+        async with db.tx() as conn:
+            await run_repo.fence(conn, run)
+            written = await asyncio.to_thread(files.write_file, Path(workdir), path, content)
+        return {"path": path, "bytes": written}
 
     async def release_idle(self) -> list[uuid.UUID]:
         return await (await self._sandboxes()).release_idle()

@@ -107,6 +107,8 @@ async def _in_sandbox(ctx: ToolContext, method: str, *args: object, command: str
         result = {"error": str(error)} if command is None else await _stop_orphaned(ctx, command)
     except SandboxError as error:
         result = {"error": str(error)}
+    except LeaseLost:
+        raise  # this Run is stale: it stops, whatever else there is to tell
     except CanopyError as error:
         if not lost:
             raise
@@ -207,7 +209,7 @@ async def write_file(ctx: ToolContext, call_id: str, args: WriteFileArgs) -> Too
                                              "preview": args.content[:500]})
     if refused is not None:
         return refused
-    outcome = await _in_sandbox(ctx, "write_file", await _workdir(ctx), args.path, args.content)
+    outcome = await _in_sandbox(ctx, "write_file", await _workdir(ctx), args.path, args.content, ctx.run)
     async with ctx.db.tx() as conn:  # a write that is replayed before this commit writes the same bytes again
         await run_repo.fence(conn, ctx.run)
         await receipts.store_result(conn, ctx.run, call_id, "write_file", key, outcome)

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from actors import sandbox_hosts
 from actors.runtime import Runtime
 from actors.sandbox_tools import DENIED
 from actors.scripted import call, create, say, script
 from persistence import agents
-from persistence.records import Scope
+from persistence.errors import LeaseLost
+from persistence.records import RunRef, Scope
 from tests.actors.helpers import eventually, kill_session_process, rows, session_id_at
 
 
@@ -67,6 +69,24 @@ async def test_cancel_kills_only_that_turns_command(runtime: Runtime, scope: Sco
     await runtime.cancel_turn(scope, sleeper, turn)
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     assert result["output"] == "cancelled sibling-done\n"
+
+
+async def test_a_stale_runs_file_write_is_refused_where_it_would_be_written(runtime: Runtime, scope: Scope) -> None:
+    # A Run that stalled past its lease between its write's receipt and the write, its Turn resumed
+    # by another Run meanwhile, wrote over what that one had written since: the sandbox host wrote
+    # whatever it was asked. It now writes under the asking Run's fence.
+    created = await runtime.create_root(scope, input_text=script(
+        call(("write_file", {"path": "plan.txt", "content": "newer"})), say("written")))
+    assert (await runtime.wait_result(scope, created["input"]["input_id"], timeout=60))["output"] == "written"
+    tree_id = created["session"]["session_id"]
+    [run] = await rows(runtime.db, "SELECT run_id, turn_id, owner FROM runs WHERE session_id = %s", tree_id)
+    stale = RunRef(scope, tree_id, tree_id, run["turn_id"], run["run_id"], run["owner"])
+    host, _ = await sandbox_hosts.host_for(runtime.db, tree_id, tree_id)
+    workdir = await _workdir(runtime, tree_id)
+
+    with pytest.raises(LeaseLost):
+        await sandbox_hosts.call(host, "write_file", str(workdir), "plan.txt", "stale", stale)
+    assert (workdir / "plan.txt").read_text() == "newer"
 
 
 async def _session(runtime: Runtime, tree_id: uuid.UUID, path: str) -> uuid.UUID | None:
