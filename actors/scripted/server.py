@@ -238,18 +238,19 @@ def create_scripted_app(log_path: Path | None, limits: Limits) -> FastAPI:
         except RecursionError:
             # JSON nested near the interpreter's recursion limit parses, yet a walk over it may not.
             return _error(400, "the request is nested too deeply")
-        latency = reply.delay_ms / 1000 - (time.monotonic() - arrived)
+        delay = reply.delay_ms / 1000
+        latency = delay - (time.monotonic() - arrived)
         if latency > 0:
-            app.state.waiting[reply.delay_ms / 1000] += 1
+            waiting = app.state.waiting
+            waiting[delay] += 1
             try:
                 hung_up = await _delay(request, latency)
             finally:
-                app.state.waiting[reply.delay_ms / 1000] -= 1
-                if not app.state.waiting[reply.delay_ms / 1000]:
-                    del app.state.waiting[reply.delay_ms / 1000]
+                waiting[delay] -= 1
+                if not waiting[delay]:
+                    del waiting[delay]
             if hung_up:
-                app.state.hangups.append({"after_seconds": time.monotonic() - arrived,
-                                          "delay_seconds": reply.delay_ms / 1000})
+                app.state.hangups.append({"after_seconds": time.monotonic() - arrived, "delay_seconds": delay})
         return response
 
     return app
