@@ -19,7 +19,7 @@ import ray
 from ray.util.state import list_actors
 
 from actors.gateways import gateway_on
-from actors.naming import NAMESPACE, host_actor_name
+from actors.naming import NAMESPACE, host_actor_name, sandbox_host_name
 from actors.placement import Hosted
 from actors.runtime import Runtime
 from persistence.databases import rows
@@ -91,6 +91,13 @@ async def live_sessions(runtime: Runtime) -> int:
     alive = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
                                     filters=[("state", "=", "ALIVE")], limit=10_000)
     return sum(1 for actor in alive if (actor.name or "").startswith("session:"))
+
+
+async def alive_sandbox_hosts() -> list[Any]:
+    """This node's sandbox host as Ray's actor table has it (its pid, its node), if it is alive."""
+    node_id = ray.get_runtime_context().get_node_id()
+    return await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                   filters=[("name", "=", sandbox_host_name(node_id)), ("state", "=", "ALIVE")])
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,16 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.state import list_actors
 
-from actors.naming import sandbox_host_name
 from actors.runtime import Runtime
 from actors.sandbox_hosts import WORKDIR_LOST
 from actors.sandbox_tools import HOST_LOST_STOPPED
 from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from sandbox.manager import choose_backend
-from tests.actors.helpers import eventually, rows, scenario_findings
+from tests.actors.helpers import alive_sandbox_hosts, eventually, rows, scenario_findings
 from tests.conftest import RUNTIME_ENV
 
 
@@ -39,8 +37,7 @@ async def test_the_sweeper_releases_an_idle_sandbox_in_its_nodes_host(runtime: R
     query = "SELECT state, handle, node_id FROM sandbox_leases WHERE tree_id = %s"
     [lease] = await rows(runtime.db, query, tree_id)
     assert (lease["state"], lease["node_id"]) == ("active", node_id)
-    hosts = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
-                                    filters=[("name", "=", sandbox_host_name(node_id)), ("state", "=", "ALIVE")])
+    hosts = await alive_sandbox_hosts()
     assert [host.node_id for host in hosts] == [node_id]
 
     async def released() -> Any:
@@ -55,7 +52,6 @@ async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Sco
     """A ``docker exec`` outlives the host that started it, and its timeout died with the host: the
     command must be killed through the host's successor, not left running (the model, told its
     outcome is unknown, may well run it again beside it)."""
-    node_id = ray.get_runtime_context().get_node_id()
     created = await runtime.create_root(scope, input_text=script(
         call(("run_command", {"command": "echo running > running.txt; sleep 8; echo late > late.txt",
                               "timeout_seconds": 60})), say("after")))
@@ -63,8 +59,7 @@ async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Sco
     workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
                                "WHERE s.session_id = %s", tree_id))[0]["workdir"])
     await eventually(lambda: asyncio.to_thread((workdir / "running.txt").exists), timeout=60)
-    hosts = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
-                                    filters=[("name", "=", sandbox_host_name(node_id)), ("state", "=", "ALIVE")])
+    hosts = await alive_sandbox_hosts()
     os.kill(int(hosts[0].pid), signal.SIGKILL)
     killed_at = asyncio.get_running_loop().time()
 

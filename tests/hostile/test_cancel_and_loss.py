@@ -14,16 +14,13 @@ import uuid
 from pathlib import Path
 
 import psutil
-import ray
-from ray.util.state import list_actors
 
-from actors.naming import sandbox_host_name
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence import turns
 from persistence.databases import rows
 from persistence.records import Row, Scope
-from tests.actors.helpers import eventually, failing_once, kill_session_process
+from tests.actors.helpers import alive_sandbox_hosts, eventually, failing_once, kill_session_process
 from tests.hostile.helpers import workdir_of
 
 
@@ -159,7 +156,7 @@ async def test_a_sandbox_host_that_does_not_answer_holds_up_only_its_own_runs(ru
     sleeper = await eventually(lambda: _member(runtime, other["session"]["session_id"], "/root/sleeper"))
     await eventually(lambda: _started(workdir / "log.txt"), every=0.05)
     await eventually(lambda: _open_turn(runtime, sleeper))
-    host = await _sandbox_host_pid()
+    host = int((await alive_sandbox_hosts())[0].pid)
     os.kill(host, signal.SIGSTOP)
     try:
         await kill_session_process(runtime, runner, "kill -9")
@@ -179,13 +176,6 @@ async def test_a_sandbox_host_that_does_not_answer_holds_up_only_its_own_runs(ru
     assert await eventually(_no_process_sleeping_47, timeout=10)
     assert (workdir / "log.txt").read_text() == "start\n"
     assert await _outcomes(runtime, runner) == [("done", "unknown")]
-
-
-async def _sandbox_host_pid() -> int:
-    node_id = ray.get_runtime_context().get_node_id()
-    hosts = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
-                                    filters=[("name", "=", sandbox_host_name(node_id)), ("state", "=", "ALIVE")])
-    return int(hosts[0].pid)
 
 
 async def _no_process_sleeping_47() -> bool:
