@@ -119,8 +119,9 @@ async def idle_trees(
     conn: Connection, idle_seconds: float, now: datetime.datetime | None = None, limit: int = 100,
     node_id: str | None = None,
 ) -> list[uuid.UUID]:
-    """Trees whose active sandbox was unused for ``idle_seconds`` before ``now`` (None: DB clock), on
-    ``node_id`` or no node in particular (``node_id`` None: on any node)."""
+    """Trees with no running Run whose active sandbox was unused for ``idle_seconds`` before ``now``
+    (None: DB clock), on ``node_id`` or no node in particular (``node_id`` None: on any node), least
+    recently used first."""
     params = {"idle_seconds": idle_seconds, "now": now, "limit": limit, "node_id": node_id}
     cur = await conn.execute(query("sandbox_lease_idle"), params)
     return [row["tree_id"] for row in await cur.fetchall()]

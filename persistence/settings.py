@@ -238,6 +238,11 @@ class Settings(BaseSettings):
                                          "connection, in seconds: a transaction left open this long loses its "
                                          "connection.")
 
+    @property
+    def sandbox_stream_threads(self) -> int:
+        """Docker's readers of command output on one node: one per slot of every container it may run."""
+        return self.sandbox_max_containers * self.tree_slots
+
     @classmethod
     def settings_customise_sources(
         cls,

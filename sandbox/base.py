@@ -60,6 +60,14 @@ class SandboxGone(SandboxError):
     """The handle no longer names a live sandbox; claim the tree again."""
 
 
+class SandboxFull(SandboxError):
+    """The engine already runs its most sandboxes; nothing was made. ``needed``: how many must go first."""
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
 class SandboxMoved(SandboxError):
     """The tree's lease names another node's sandbox: nothing ran here; ask that node's host."""
 

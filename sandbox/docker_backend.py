@@ -20,6 +20,8 @@
   host cannot both see room for one more (``flock`` locks belong to an open file, so two
   backend objects of one process exclude each other too). Runtimes of other Unix users, or
   on other hosts sharing a remote engine, hold other locks: their race may overshoot by one.
+  A claim refused for room (``SandboxFull``) gets it from the manager when enough sandboxes are
+  idle (``SandboxManager``: the least recently used go first).
 - Commands run through ``docker exec`` wrapped in ``sh``: the wrapper starts the command
   with ``setsid`` (its own process group) and ``CANOPY_COMMAND_ID`` in its environment, and
   records the group id in ``/tmp/.canopy/<command id>.pid``. Killing a command (a
@@ -55,7 +57,10 @@ stream cut short, like a failed read.
 
 Blocking SDK calls run in threads. Output streams get a dedicated thread pool because
 each one occupies a thread for the whole command; the loop's default executor (a few
-threads) would otherwise cap the number of concurrent commands.
+threads) would otherwise cap the number of concurrent commands. The pool has a thread for every
+slot of every container the node may run (``Settings.sandbox_stream_threads``): a command waiting
+for one has not started while its timeout runs, and one tree's long commands must not make
+another's wait.
 """
 
 from __future__ import annotations
@@ -85,12 +90,14 @@ import docker.errors
 from docker.models.containers import Container
 from docker.utils.socket import STDERR, STDOUT
 
+from persistence.settings import get_settings
 from sandbox.base import (
     FLOODED,
     KILLED_EXIT_CODE,
     CappedOutput,
     CommandResult,
     SandboxError,
+    SandboxFull,
     SandboxGone,
     SandboxOptions,
     SandboxUnavailable,
@@ -230,11 +237,11 @@ class _Exec:
 class DockerBackend:
     name = "docker"
 
-    def __init__(self, client: docker.DockerClient | None = None, *, max_commands: int = 64) -> None:
+    def __init__(self, client: docker.DockerClient | None = None, *, max_commands: int | None = None) -> None:
         self._client = client
         self._client_lock = threading.Lock()
-        self._max_commands = max_commands
-        self._streams = ThreadPoolExecutor(max_workers=max_commands, thread_name_prefix="canopy-exec")
+        self._max_commands = max_commands or get_settings().sandbox_stream_threads
+        self._streams = ThreadPoolExecutor(max_workers=self._max_commands, thread_name_prefix="canopy-exec")
         self._engine: dict[str, Any] | None = None
         self._running: dict[str, set[_Exec]] = {}  # by container: the commands a restart would stop
         self._restarting: dict[str, threading.Lock] = {}  # by container
@@ -327,9 +334,11 @@ class DockerBackend:
             quiet=True, filters={"label": f"{LABEL_MANAGED}=true", "status": _LIVE_STATES}
         )
         if len(live) >= limit:
-            raise SandboxError(
+            raise SandboxFull(
                 f"{len(live)} sandbox containers already run on this Docker engine, the limit of {limit} "
-                "(CANOPY_SANDBOX_MAX_CONTAINERS); wait until idle sandboxes are released, or raise the limit"
+                "(CANOPY_SANDBOX_MAX_CONTAINERS), and not enough of them are idle to make room; wait until "
+                "commands end, or raise the limit",
+                len(live) - limit + 1,
             )
 
     def _pull_if_missing(self, image: str) -> None:

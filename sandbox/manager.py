@@ -20,6 +20,11 @@ settled by a compare-and-set (see ``persistence.sandbox_leases``). On that:
   first claim). A claim that is cancelled (its command was) stops waiting at once, but the
   round it is in (a decision and the work it announced) runs to its end: the sandbox it was
   making is the tree's next command's.
+- A claim that finds the engine full (``SandboxFull``: ``CANOPY_SANDBOX_MAX_CONTAINERS``) makes
+  room by releasing as many of its node's idle sandboxes as it takes, least recently used first
+  (idle as for the sweep below, unused for ``_EVICTION_GRACE_SECONDS`` at least), and tries again.
+  When fewer are idle it releases none and fails: one scope's idle trees cannot keep every
+  other tree of the node from a sandbox for the whole idle window.
 - ``release_idle`` is the sweep: a tree whose sandbox is unused for ``idle_seconds`` and
   that has no Run in ``running`` (checked under the row lock that commits ``releasing``)
   and no command in flight in this process is released — processes and ``/tmp`` go, the
@@ -70,6 +75,7 @@ from sandbox.base import (
     KILLED_EXIT_CODE,
     CommandResult,
     SandboxBackend,
+    SandboxFull,
     SandboxGone,
     SandboxMoved,
     SandboxOptions,
@@ -86,6 +92,9 @@ _T = TypeVar("_T")
 _RELEASE_TIMEOUT_SECONDS = 120.0
 # How often a claim that waits for another process's creating/releasing looks again.
 _WAIT_POLL_SECONDS = 0.1
+# A sandbox claimed this recently is never released to make room: a caller with no Run (which
+# would guard it) may be between its claim and its command's start in another process.
+_EVICTION_GRACE_SECONDS = 10.0
 
 
 class SandboxManager:
@@ -159,7 +168,11 @@ class SandboxManager:
             async with self.db.tx() as conn:
                 await leases.settle(conn, tree_id, "active", lease.handle, "released", None)
         else:
-            return await self._create(tree_id, workdir, inserted)
+            try:
+                return await self._create(tree_id, workdir, inserted)
+            except SandboxFull as full:
+                if not await self._make_room(full.needed):
+                    raise
         return None
 
     async def _to_its_end(self, work: Coroutine[Any, Any, _T]) -> _T:
@@ -199,6 +212,27 @@ class SandboxManager:
             if await leases.settle(conn, tree_id, "creating", None, "active", handle):
                 return handle
         return None
+
+    async def _make_room(self, needed: int) -> bool:
+        """Release the ``needed`` least recently used idle sandboxes of this node; False, and none
+        released, if fewer are idle. One that got busy meanwhile is kept: the next round counts again."""
+        async with self.db.tx() as conn:
+            idle = await leases.idle_trees(
+                conn, _EVICTION_GRACE_SECONDS, limit=needed + len(self._in_flight), node_id=self.node_id
+            )
+        candidates = [tree_id for tree_id in idle if not self._in_flight[tree_id]][:needed]
+        if len(candidates) < needed:
+            return False
+        released = False
+        for tree_id in candidates:
+            try:
+                if await self._release_if_idle(tree_id, _EVICTION_GRACE_SECONDS):
+                    log.warning("released the idle sandbox of tree %s to make room (CANOPY_SANDBOX_MAX_CONTAINERS)",
+                                tree_id)
+                    released = True
+            except Exception:
+                log.exception("releasing the idle sandbox of tree %s to make room failed; skipped", tree_id)
+        return released
 
     async def _undo_creating(self, tree_id: uuid.UUID, inserted: bool) -> None:
         # Leave the lease as this claim found it. A sandbox the backend made anyway (a build
@@ -292,7 +326,7 @@ class SandboxManager:
             if self._in_flight[tree_id]:
                 continue
             try:
-                if await self._release_if_idle(tree_id, now):
+                if await self._release_if_idle(tree_id, self.idle_seconds, now):
                     released.append(tree_id)
             except Exception:
                 log.exception("idle release of the sandbox of tree %s failed; skipped", tree_id)
@@ -303,9 +337,10 @@ class SandboxManager:
                 log.exception("finishing the stalled release of tree %s failed; skipped", tree_id)
         return released
 
-    async def _release_if_idle(self, tree_id: uuid.UUID, now: datetime.datetime | None) -> bool:
+    async def _release_if_idle(self, tree_id: uuid.UUID, idle_seconds: float,
+                               now: datetime.datetime | None = None) -> bool:
         async with self.db.tx() as conn:
-            lease = await leases.lock_if_idle(conn, tree_id, self.idle_seconds, now)
+            lease = await leases.lock_if_idle(conn, tree_id, idle_seconds, now)
             if lease is None or await leases.tree_has_running_run(conn, tree_id):
                 return False
             await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
@@ -406,11 +441,15 @@ class SandboxManager:
 
 def choose_backend(settings: Settings | None = None) -> SandboxBackend:
     """The backend ``CANOPY_SANDBOX_BACKEND`` names. Docker connects on first use: without an
-    engine, using it raises ``SandboxUnavailable`` — never a silent switch to the local backend."""
+    engine, using it raises ``SandboxUnavailable`` — never a silent switch to the local backend.
+
+    Docker reads each command's output in a thread of its own, and a command waiting for one has
+    not started, though its timeout runs: the node gets one for every slot of every container it
+    may run, so no tree's commands wait for another's to end."""
     settings = settings or get_settings()
     if settings.sandbox_backend == "local":
         return LocalBackend()
-    return DockerBackend()
+    return DockerBackend(max_commands=settings.sandbox_stream_threads)
 
 
 def backend_warning(settings: Settings | None = None) -> str | None:

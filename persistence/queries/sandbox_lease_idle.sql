@@ -1,8 +1,11 @@
--- Candidates for the idle sweep; each one is re-checked under its row lock before release.
+-- Candidates for the idle sweep, least recently used first; each one is re-checked under its row
+-- lock before release. A tree with a running Run is in use: left out, or a page of busy trees would
+-- hide the idle ones behind it.
 SELECT tree_id
 FROM sandbox_leases
 WHERE state = 'active'
   AND last_used_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(idle_seconds)s)
   AND (%(node_id)s::text IS NULL OR node_id IS NULL OR node_id = %(node_id)s)
+  AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.tree_id = sandbox_leases.tree_id AND runs.status = 'running')
 ORDER BY last_used_at
 LIMIT %(limit)s

@@ -195,10 +195,16 @@ async def test_special_files_are_refused_by_read_and_write(tmp_path: Path, kind:
 
 
 async def test_live_container_limit_refuses_and_creates_nothing(docker_kit: SandboxKit) -> None:
-    """A hostile fan-out of trees cannot start containers without bound on the host."""
+    """A hostile fan-out of trees cannot start containers without bound on the host. When too few
+    sandboxes are idle to make room, none is released: a refused claim changes nothing."""
     roomy = docker_kit.manager()
-    first_tree, first_workdir = await docker_kit.new_tree()
-    await roomy.claim(first_tree, first_workdir)  # at least one managed container runs now
+    running_tree, running_workdir = await docker_kit.new_tree()
+    idle_tree, idle_workdir = await docker_kit.new_tree()
+    await roomy.claim(running_tree, running_workdir)  # at least two managed containers run now
+    await roomy.claim(idle_tree, idle_workdir)
+    await sandbox_suite.insert_running_run(docker_kit, running_tree)
+    await sandbox_suite.last_used(docker_kit, running_tree, 3600)
+    await sandbox_suite.last_used(docker_kit, idle_tree, 3600)
     limited = SandboxManager(
         docker_kit.db, docker_kit.backend, 300, dataclasses.replace(docker_kit.options, max_containers=1)
     )
@@ -211,4 +217,6 @@ async def test_live_container_limit_refuses_and_creates_nothing(docker_kit: Sand
     assert _labelled_containers(tree) == []
     assert await _lease_rows(docker_kit.db, tree) == []
     assert not (workdir / "made.txt").exists()
-    assert len(_labelled_containers(first_tree)) == 1  # the running one is left alone
+    for kept in (running_tree, idle_tree):  # the busy one, and the idle one that alone made too little room
+        assert len(_labelled_containers(kept)) == 1
+        assert [row["state"] for row in await _lease_rows(docker_kit.db, kept)] == ["active"]

@@ -106,6 +106,44 @@ async def new_tree(db: Database, root: Path, workdir: Path | None = None) -> tup
     return tree_id, workdir
 
 
+async def insert_running_run(kit: SandboxKit, tree: uuid.UUID) -> uuid.UUID:
+    """The root session of the tree with one Turn and one Run in ``running`` (plain SQL)."""
+    input_id, turn_id, run_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    async with kit.db.tx() as conn:
+        cur = await conn.execute("SELECT user_id, app_id, project_id FROM trees WHERE tree_id = %s", (tree,))
+        row = await cur.fetchone()
+        assert row is not None
+        scope = (row["user_id"], row["app_id"])
+        await conn.execute(
+            "INSERT INTO sessions (session_id, tree_id, user_id, app_id, project_id, name, path, depth, "
+            "agent_config) VALUES (%s, %s, %s, %s, %s, 'root', '/root', 0, '{}')",
+            (tree, tree, *scope, row["project_id"]),
+        )
+        await conn.execute(
+            "INSERT INTO inputs (input_id, session_id, user_id, app_id, text, status, origin) "
+            "VALUES (%s, %s, %s, %s, 'work', 'consumed', '{}')",
+            (input_id, tree, *scope),
+        )
+        await conn.execute(
+            "INSERT INTO turns (turn_id, session_id, input_id) VALUES (%s, %s, %s)", (turn_id, tree, input_id)
+        )
+        await conn.execute(
+            "INSERT INTO runs (run_id, turn_id, session_id, tree_id, kind, status, started_at) "
+            "VALUES (%s, %s, %s, %s, 'start', 'running', now())",
+            (run_id, turn_id, tree, tree),
+        )
+    return run_id
+
+
+async def last_used(kit: SandboxKit, tree: uuid.UUID, seconds_ago: float) -> None:
+    """Date the tree's sandbox lease's last use ``seconds_ago`` (plain SQL)."""
+    async with kit.db.tx() as conn:
+        await conn.execute(
+            "UPDATE sandbox_leases SET last_used_at = now() - make_interval(secs => %s) WHERE tree_id = %s",
+            (seconds_ago, tree),
+        )
+
+
 def sandbox_options() -> SandboxOptions:
     """Small limits; a container limit no other engineer's or suite's containers on a shared engine reach
     (the limit has tests of its own)."""

@@ -37,7 +37,7 @@ from sandbox.docker_backend import TOMBSTONES, DockerBackend, container_name, to
 from sandbox.files import read_file, write_file
 from sandbox.local_backend import LocalBackend
 from sandbox.manager import SandboxManager
-from tests.sandbox.conftest import GatedBackend, SandboxKit, open_transactions
+from tests.sandbox.conftest import GatedBackend, SandboxKit, insert_running_run, open_transactions
 
 # Prints "alive" or "dead" for the pid stored in a file; a zombie counts as dead.
 _PID_STATE = (
@@ -295,7 +295,7 @@ async def test_release_idle_skips_a_tree_with_a_running_run(sandbox: SandboxKit)
     manager = sandbox.manager(idle_seconds=0.1)
     tree, workdir = await sandbox.new_tree()
     await _run(manager, tree, workdir, 'echo t > "$CANOPY_TMP/marker"')
-    run_id = await _insert_running_run(sandbox, tree)
+    run_id = await insert_running_run(sandbox, tree)
     await asyncio.sleep(0.3)
 
     assert tree not in await manager.release_idle()
@@ -310,35 +310,6 @@ async def test_release_idle_skips_a_tree_with_a_running_run(sandbox: SandboxKit)
     await asyncio.sleep(0.3)
     assert tree in await manager.release_idle()
     assert (await _lease(sandbox, tree)).state == "released"
-
-
-async def _insert_running_run(kit: SandboxKit, tree: uuid.UUID) -> uuid.UUID:
-    """The root session of the tree with one Turn and one Run in ``running`` (plain SQL)."""
-    input_id, turn_id, run_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    async with kit.db.tx() as conn:
-        cur = await conn.execute("SELECT user_id, app_id, project_id FROM trees WHERE tree_id = %s", (tree,))
-        row = await cur.fetchone()
-        assert row is not None
-        scope = (row["user_id"], row["app_id"])
-        await conn.execute(
-            "INSERT INTO sessions (session_id, tree_id, user_id, app_id, project_id, name, path, depth, "
-            "agent_config) VALUES (%s, %s, %s, %s, %s, 'root', '/root', 0, '{}')",
-            (tree, tree, *scope, row["project_id"]),
-        )
-        await conn.execute(
-            "INSERT INTO inputs (input_id, session_id, user_id, app_id, text, status, origin) "
-            "VALUES (%s, %s, %s, %s, 'work', 'consumed', '{}')",
-            (input_id, tree, *scope),
-        )
-        await conn.execute(
-            "INSERT INTO turns (turn_id, session_id, input_id) VALUES (%s, %s, %s)", (turn_id, tree, input_id)
-        )
-        await conn.execute(
-            "INSERT INTO runs (run_id, turn_id, session_id, tree_id, kind, status, started_at) "
-            "VALUES (%s, %s, %s, %s, 'start', 'running', now())",
-            (run_id, turn_id, tree, tree),
-        )
-    return run_id
 
 
 async def test_release_in_flight_defers_a_claim_but_not_other_writes(sandbox: SandboxKit) -> None:

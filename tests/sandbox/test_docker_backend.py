@@ -28,8 +28,8 @@ from persistence import sandbox_leases as leases
 from persistence.settings import Settings
 from sandbox.base import FLOODED, CommandResult, SandboxError, parse_user
 from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, TOMBSTONES, DockerBackend, _frames, tombstones_dir
-from sandbox.manager import SandboxManager
-from tests.sandbox.conftest import SandboxKit
+from sandbox.manager import SandboxManager, choose_backend
+from tests.sandbox.conftest import SandboxKit, insert_running_run, last_used
 
 
 def _live_managed(backend: DockerBackend) -> set[str]:
@@ -64,6 +64,64 @@ async def test_concurrent_claims_cannot_overshoot_the_container_limit(docker_kit
         if not isinstance(outcome, str):
             assert docker_kit.backend.containers_for(tree) == []  # a refused claim created nothing
             assert not tombstones_dir(tree).exists()  # not even the directory of its tombstones
+
+
+async def _lease_state(kit: SandboxKit, tree: uuid.UUID) -> str:
+    async with kit.db.tx() as conn:
+        lease = await leases.get(conn, tree)
+    assert lease is not None
+    return lease.state
+
+
+async def test_a_full_engine_releases_the_least_recently_used_idle_sandboxes(docker_kit: SandboxKit) -> None:
+    """A claim that finds the engine full releases idle sandboxes, least recently used first, and
+    never one whose tree has a running Run or that was claimed moments ago. The limit is one under
+    the live count (two must go); other suites' containers may move it by one either way, hence
+    three idle trees and the order asserted rather than the number."""
+    assert isinstance(docker_kit.backend, DockerBackend)
+    roomy = docker_kit.manager()
+    names = ("oldest", "older", "old", "busy", "fresh")
+    trees = {name: await docker_kit.new_tree() for name in names}
+    for tree, workdir in trees.values():
+        await roomy.claim(tree, workdir)
+    await insert_running_run(docker_kit, trees["busy"][0])
+    for name, hours in (("busy", 4), ("oldest", 3), ("older", 2), ("old", 1)):
+        await last_used(docker_kit, trees[name][0], hours * 3600)
+    options = dataclasses.replace(docker_kit.options, max_containers=len(_live_managed(docker_kit.backend)) - 1)
+    tree, workdir = await docker_kit.new_tree()
+
+    result = await SandboxManager(docker_kit.db, docker_kit.backend, 300, options).run_command(
+        tree, workdir, "touch made.txt", 30
+    )
+
+    assert result.exit_code == 0 and (workdir / "made.txt").exists()
+    states = {name: await _lease_state(docker_kit, trees[name][0]) for name in names}
+    assert states["busy"] == states["fresh"] == "active"
+    released = [name for name in names[:3] if states[name] == "released"]
+    assert released and released == list(names[: len(released)]), states  # least recently used first
+    for name in names:
+        assert bool(docker_kit.backend.containers_for(trees[name][0])) == (name not in released)
+    assert (trees["oldest"][1]).exists()  # a release keeps the workdir
+
+
+async def test_every_slot_of_every_container_runs_a_command_at_once(docker_kit: SandboxKit) -> None:
+    """The Docker backend the settings choose reads as many commands at once as the node's containers
+    have slots: here 2 x 33 = 66, more than a pool of 64 held. The commands share a workdir and
+    wait at a barrier for all 66 to have started; one left waiting for a stream thread never starts,
+    and every one of them times out."""
+    backend = choose_backend(Settings(sandbox_backend="docker", sandbox_max_containers=2, tree_slots=33))
+    docker_kit.extra_backends.append(backend)
+    shared = docker_kit.root / "shared"
+    trees = [await docker_kit.new_tree(shared) for _ in range(2)]
+    manager = SandboxManager(docker_kit.db, backend, 300, docker_kit.options)
+    barrier = 'touch "b.$CANOPY_COMMAND_ID"; until [ "$(ls | grep -c "^b\\.")" -ge 66 ]; do sleep 1; done; echo through'
+
+    results = await asyncio.gather(
+        *(manager.run_command(tree, workdir, barrier, 90) for tree, workdir in trees for _ in range(33))
+    )
+
+    assert [(r.exit_code, r.timed_out, r.stdout) for r in results] == [(0, False, "through\n")] * 66
+    assert len(list(shared.glob("b.*"))) == 66
 
 
 async def test_a_container_built_from_other_settings_is_recreated(docker_kit: SandboxKit) -> None:

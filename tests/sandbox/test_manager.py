@@ -15,7 +15,7 @@ from persistence import sandbox_leases as leases
 from persistence.sandbox_leases import TRANSITION_STALE_SECONDS, SandboxLease
 from sandbox.base import SandboxMoved
 from sandbox.manager import SandboxManager
-from tests.sandbox.conftest import GatedBackend, SandboxKit, open_transactions
+from tests.sandbox.conftest import GatedBackend, SandboxKit, insert_running_run, last_used, open_transactions
 
 
 async def _lease(kit: SandboxKit, tree: uuid.UUID) -> SandboxLease | None:
@@ -217,3 +217,24 @@ async def test_the_sandboxes_of_a_lost_node_are_released_still_naming_it(sandbox
         assert lease is not None
         assert (lease.state, lease.handle, lease.node_id, lease.workdir_lost_at) == ("released", None, "node-b", None)
     assert await _lease(sandbox, kept) == before[kept]
+
+
+async def test_trees_with_a_running_run_do_not_fill_the_sweeps_page(sandbox: SandboxKit) -> None:
+    """The sweep reads its candidates a page at a time, least recently used first: a tree whose Run
+    runs (however long ago it touched its sandbox) is no candidate, or a page of them would hide
+    the idle trees behind it for as long as they run."""
+    manager = sandbox.manager()
+    busy, idle = [await sandbox.new_tree() for _ in range(2)]
+    for tree, workdir in (busy, idle):
+        await manager.claim(tree, workdir)
+    await insert_running_run(sandbox, busy[0])
+    await last_used(sandbox, busy[0], 7200)
+    await last_used(sandbox, idle[0], 3600)
+
+    async with sandbox.db.tx() as conn:
+        page = await leases.idle_trees(conn, 1800, limit=1)
+    released = await manager.release_idle()
+
+    assert page == [idle[0]]
+    assert idle[0] in released and busy[0] not in released
+    assert [(await _lease(sandbox, tree)).state for tree, _ in (busy, idle)] == ["active", "released"]
