@@ -22,9 +22,9 @@ import dataclasses
 import datetime
 import uuid
 
-from persistence import lifecycle
+from persistence import lifecycle, quotas
 from persistence.db import Connection, advisory_lock, query
-from persistence.records import Row
+from persistence.records import Row, Scope
 
 # Longer than an image pull or a container removal takes; the bound after which work is taken over.
 TRANSITION_STALE_SECONDS = 120.0
@@ -117,12 +117,12 @@ async def touch(conn: Connection, tree_id: uuid.UUID) -> bool:
 
 async def idle_trees(
     conn: Connection, idle_seconds: float, now: datetime.datetime | None = None, limit: int = 100,
-    node_id: str | None = None,
+    node_id: str | None = None, scope_of: uuid.UUID | None = None,
 ) -> list[uuid.UUID]:
     """Trees with no running Run whose active sandbox was unused for ``idle_seconds`` before ``now``
-    (None: DB clock), on ``node_id`` or no node in particular (``node_id`` None: on any node), least
-    recently used first."""
-    params = {"idle_seconds": idle_seconds, "now": now, "limit": limit, "node_id": node_id}
+    (None: DB clock), on ``node_id`` or no node in particular (``node_id`` None: on any node), and of
+    the scope of tree ``scope_of`` (None: of any scope); least recently used first."""
+    params = {"idle_seconds": idle_seconds, "now": now, "limit": limit, "node_id": node_id, "scope_of": scope_of}
     cur = await conn.execute(query("sandbox_lease_idle"), params)
     return [row["tree_id"] for row in await cur.fetchall()]
 
@@ -149,6 +149,19 @@ async def tree_has_running_run(conn: Connection, tree_id: uuid.UUID) -> bool:
     cur = await conn.execute(query("sandbox_tree_running"), {"tree_id": tree_id})
     row = await cur.fetchone()
     return bool(row and row["running"])
+
+
+async def scope_held(conn: Connection, tree_id: uuid.UUID) -> int:
+    """How many sandboxes the tree's user holds in its app (made or being made), the tree's own aside.
+    Counted under the scope's lock of sandboxes, held until the transaction ends: two claims of the
+    scope cannot both see room for the last one."""
+    cur = await conn.execute(query("sandbox_tree_scope"), {"tree_id": tree_id})
+    row = await cur.fetchone()
+    assert row is not None, f"tree {tree_id} has a lease, so it exists"
+    await quotas.hold(conn, Scope(row["user_id"], row["app_id"]), "sandboxes")
+    cur = await conn.execute(query("sandbox_scope_held"), {"tree_id": tree_id})
+    row = await cur.fetchone()
+    return int(row["held"]) if row else 0
 
 
 async def tree_known(conn: Connection, tree_id: uuid.UUID) -> bool:

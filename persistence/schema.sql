@@ -502,6 +502,9 @@ CREATE TABLE sandbox_leases (
     node_id         text,        -- the Ray node holding the sandbox and its workdir (actors/sandbox_hosts.py)
     workdir_lost_at timestamptz  -- when a command last found that node gone and moved the tree to a new one
 );
+-- The sandboxes made or being made, least recently used first (the idle sweep, a full engine, a
+-- scope's count), without reading every tree's lease.
+CREATE INDEX sandbox_leases_held ON sandbox_leases (last_used_at) WHERE state IN ('active', 'creating');
 -- The commands killed by id (sandbox/manager.py kill_command), so that a start of one still on its
 -- way never runs, whether or not the tree had a sandbox to leave a tombstone in at the kill (it
 -- was being made, or released). Checked after each claim, before the command starts.

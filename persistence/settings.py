@@ -160,6 +160,9 @@ class Settings(BaseSettings):
     sandbox_max_containers: int = Field(
         default=32, ge=1, description="Most sandbox containers running at once on one Docker engine."
     )
+    sandbox_max_per_scope: int = Field(
+        default=16, ge=1, description="Most sandboxes one user's trees in one app hold at once, on all nodes; "
+                                      "their idle ones are released to make room.")
     sandbox_write_max_bytes: int = Field(
         default=10 * 1024 * 1024, ge=1, description="Largest content write_file accepts, in UTF-8 bytes."
     )

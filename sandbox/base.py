@@ -102,7 +102,7 @@ def sandbox_user(root_user: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class SandboxOptions:
     """How a tree's sandbox is built; the defaults are the settings' defaults. Limits, ``tmp_size``,
-    ``network`` and ``max_containers`` apply to the Docker backend only.
+    ``network`` and ``max_containers`` apply to the Docker backend only; ``max_per_scope`` to both.
 
     ``network`` is a Docker network mode: ``"none"`` (no network) or ``"host"`` (the host's),
     the only other mode an engine started with ``--bridge=none`` offers.
@@ -116,6 +116,7 @@ class SandboxOptions:
     tmp_size: str = _setting_default("tmp_size")
     network: str = _setting_default("network")
     max_containers: int = _setting_default("max_containers")
+    max_per_scope: int = _setting_default("max_per_scope")
     user: str = dataclasses.field(default_factory=lambda: sandbox_user(_setting_default("user")))
 
     @classmethod
@@ -128,6 +129,7 @@ class SandboxOptions:
             tmp_size=settings.sandbox_tmp_size,
             network=settings.sandbox_network,
             max_containers=settings.sandbox_max_containers,
+            max_per_scope=settings.sandbox_max_per_scope,
             user=sandbox_user(settings.sandbox_user),
         )
 

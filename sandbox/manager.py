@@ -20,6 +20,10 @@ settled by a compare-and-set (see ``persistence.sandbox_leases``). On that:
   first claim). A claim that is cancelled (its command was) stops waiting at once, but the
   round it is in (a decision and the work it announced) runs to its end: the sandbox it was
   making is the tree's next command's.
+- A claim that would make a sandbox for a user whose trees hold ``max_per_scope`` already (in
+  one app, on every node; counted under the scope's lock) first releases the least recently used
+  idle one of theirs on this node; with none idle it is refused and changes nothing. One user's
+  busy trees cannot take every container of a node.
 - A claim that finds the engine full (``SandboxFull``: ``CANOPY_SANDBOX_MAX_CONTAINERS``) makes
   room by releasing as many of its node's idle sandboxes as it takes, least recently used first
   (idle as for the sweep below, unused for ``_EVICTION_GRACE_SECONDS`` at least), and tries again.
@@ -67,7 +71,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from persistence import sandbox_leases as leases
-from persistence.db import Database
+from persistence.db import Connection, Database
 from persistence.sandbox_leases import SandboxLease
 from persistence.settings import Settings, get_settings
 from sandbox.base import (
@@ -75,6 +79,7 @@ from sandbox.base import (
     KILLED_EXIT_CODE,
     CommandResult,
     SandboxBackend,
+    SandboxError,
     SandboxFull,
     SandboxGone,
     SandboxMoved,
@@ -147,6 +152,8 @@ class SandboxManager:
         async with self.db.tx() as conn:
             lease, inserted = await leases.lock(conn, tree_id, self.backend.name)
             step = self._claim_step(lease)
+            if step == "create" and not await self._room_in_scope(conn, tree_id):
+                step = "make room in scope"
             if step == "reuse":
                 await leases.touch(conn, tree_id)
             elif step == "create":
@@ -155,6 +162,8 @@ class SandboxManager:
                 await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
         if step == "wait":
             await asyncio.sleep(_WAIT_POLL_SECONDS)
+        elif step == "make room in scope" and not await self._make_room(1, scope_of=tree_id):
+            raise SandboxError(self._scope_full())
         elif step == "take over release":
             log.warning("tree %s: a release stalled; finishing it", tree_id)
             await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))
@@ -213,22 +222,45 @@ class SandboxManager:
                 return handle
         return None
 
-    async def _make_room(self, needed: int) -> bool:
-        """Release the ``needed`` least recently used idle sandboxes of this node; False, and none
-        released, if fewer are idle. One that got busy meanwhile is kept: the next round counts again."""
+    async def _room_in_scope(self, conn: Connection, tree_id: uuid.UUID) -> bool:
+        """Whether the tree's user may hold one more sandbox in its app (``max_per_scope``). When not,
+        and none of theirs on this node is idle, the claim is refused here, its transaction rolled
+        back: it changes nothing. When one is, False: the caller releases it and tries again."""
+        if await leases.scope_held(conn, tree_id) < self.options.max_per_scope:
+            return True
+        if await self._idle_here(conn, 1, scope_of=tree_id):
+            return False
+        raise SandboxError(self._scope_full())
+
+    def _scope_full(self) -> str:
+        return (
+            f"this user's trees already hold {self.options.max_per_scope} sandboxes in this app, the most they "
+            "may (CANOPY_SANDBOX_MAX_PER_SCOPE), and none of them is idle on this node; wait until their "
+            "commands end, or raise the limit"
+        )
+
+    async def _idle_here(self, conn: Connection, needed: int, scope_of: uuid.UUID | None = None) -> list[uuid.UUID]:
+        """Up to ``needed`` of this node's idle sandboxes (of ``scope_of``'s scope, if given), least
+        recently used first, none with a command in flight here."""
+        idle = await leases.idle_trees(
+            conn, _EVICTION_GRACE_SECONDS, limit=needed + len(self._in_flight), node_id=self.node_id,
+            scope_of=scope_of,
+        )
+        return [tree_id for tree_id in idle if not self._in_flight[tree_id]][:needed]
+
+    async def _make_room(self, needed: int, scope_of: uuid.UUID | None = None) -> bool:
+        """Release the ``needed`` least recently used idle sandboxes of this node (of ``scope_of``'s
+        scope, if given); False, and none released, if fewer are idle. One that got busy meanwhile
+        is kept: the next round counts again."""
         async with self.db.tx() as conn:
-            idle = await leases.idle_trees(
-                conn, _EVICTION_GRACE_SECONDS, limit=needed + len(self._in_flight), node_id=self.node_id
-            )
-        candidates = [tree_id for tree_id in idle if not self._in_flight[tree_id]][:needed]
+            candidates = await self._idle_here(conn, needed, scope_of)
         if len(candidates) < needed:
             return False
         released = False
         for tree_id in candidates:
             try:
                 if await self._release_if_idle(tree_id, _EVICTION_GRACE_SECONDS):
-                    log.warning("released the idle sandbox of tree %s to make room (CANOPY_SANDBOX_MAX_CONTAINERS)",
-                                tree_id)
+                    log.warning("released the idle sandbox of tree %s to make room for another", tree_id)
                     released = True
             except Exception:
                 log.exception("releasing the idle sandbox of tree %s to make room failed; skipped", tree_id)

@@ -6,6 +6,9 @@ FROM sandbox_leases
 WHERE state = 'active'
   AND last_used_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(idle_seconds)s)
   AND (%(node_id)s::text IS NULL OR node_id IS NULL OR node_id = %(node_id)s)
+  AND (%(scope_of)s::uuid IS NULL OR tree_id IN (
+        SELECT o.tree_id FROM trees t JOIN trees o ON o.user_id = t.user_id AND o.app_id = t.app_id
+        WHERE t.tree_id = %(scope_of)s))
   AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.tree_id = sandbox_leases.tree_id AND runs.status = 'running')
 ORDER BY last_used_at
 LIMIT %(limit)s

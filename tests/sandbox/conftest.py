@@ -77,22 +77,31 @@ class SandboxKit:
     def manager(self, idle_seconds: float = 300.0, backend: SandboxBackend | None = None) -> SandboxManager:
         return SandboxManager(self.db, backend or self.backend, idle_seconds, self.options)
 
-    async def new_tree(self, workdir: Path | None = None) -> tuple[uuid.UUID, Path]:
-        """A scope, project and tree row (the lease's foreign key), and the project workdir."""
-        tree_id, workdir = await new_tree(self.db, self.root, workdir)
+    async def new_tree(self, workdir: Path | None = None, scope_of: uuid.UUID | None = None) \
+            -> tuple[uuid.UUID, Path]:
+        """A scope (or that of tree ``scope_of``), project and tree row (the lease's foreign key), and
+        the project workdir."""
+        tree_id, workdir = await new_tree(self.db, self.root, workdir, scope_of)
         self.trees.append(tree_id)
         return tree_id, workdir
 
 
-async def new_tree(db: Database, root: Path, workdir: Path | None = None) -> tuple[uuid.UUID, Path]:
-    """A scope, project and tree row of this database (a lease needs its tree), and a project workdir
-    under ``root`` unless one is given."""
+async def new_tree(db: Database, root: Path, workdir: Path | None = None, scope_of: uuid.UUID | None = None) \
+        -> tuple[uuid.UUID, Path]:
+    """A scope (or that of tree ``scope_of``), project and tree row of this database (a lease needs its
+    tree), and a project workdir under ``root`` unless one is given."""
     tree_id = uuid.uuid4()
     workdir = workdir or root / f"project-{tree_id.hex[:8]}"
     workdir.mkdir(parents=True, exist_ok=True)
     user, app, project_id = f"user-{tree_id.hex[:8]}", "sandbox-tests", uuid.uuid4()
     async with db.tx() as conn:
-        await conn.execute("INSERT INTO scopes (user_id, app_id) VALUES (%s, %s)", (user, app))
+        if scope_of is None:
+            await conn.execute("INSERT INTO scopes (user_id, app_id) VALUES (%s, %s)", (user, app))
+        else:
+            cur = await conn.execute("SELECT user_id, app_id FROM trees WHERE tree_id = %s", (scope_of,))
+            row = await cur.fetchone()
+            assert row is not None
+            user, app = row["user_id"], row["app_id"]
         await conn.execute(
             "INSERT INTO projects (project_id, user_id, app_id, name, workdir) "
             "VALUES (%s, %s, %s, %s, %s)",

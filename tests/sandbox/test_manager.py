@@ -6,6 +6,7 @@ dead process would have left (its ``updated_at`` older than the takeover bound).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from persistence import sandbox_leases as leases
 from persistence.sandbox_leases import TRANSITION_STALE_SECONDS, SandboxLease
-from sandbox.base import SandboxMoved
+from sandbox.base import SandboxError, SandboxMoved
 from sandbox.manager import SandboxManager
 from tests.sandbox.conftest import GatedBackend, SandboxKit, insert_running_run, last_used, open_transactions
 
@@ -238,3 +239,51 @@ async def test_trees_with_a_running_run_do_not_fill_the_sweeps_page(sandbox: San
     assert page == [idle[0]]
     assert idle[0] in released and busy[0] not in released
     assert [(await _lease(sandbox, tree)).state for tree, _ in (busy, idle)] == ["active", "released"]
+
+
+async def test_a_scopes_sandboxes_are_bounded_and_its_idle_ones_make_room(sandbox: SandboxKit) -> None:
+    """A user's trees hold at most ``max_per_scope`` sandboxes. A claim past it releases the least
+    recently used idle one of theirs (never a busy one, nor another user's); with none idle it is
+    refused and leaves nothing behind. Other users are not held up."""
+    manager = SandboxManager(sandbox.db, sandbox.backend, 300, dataclasses.replace(sandbox.options, max_per_scope=2))
+    busy = await sandbox.new_tree()
+    idle = await sandbox.new_tree(scope_of=busy[0])
+    stranger = await sandbox.new_tree()  # another user's, idle longest of all
+    for tree, workdir in (busy, idle, stranger):
+        await manager.claim(tree, workdir)
+    await insert_running_run(sandbox, busy[0])
+    for (tree, _), hours in ((busy, 3), (idle, 1), (stranger, 5)):
+        await last_used(sandbox, tree, hours * 3600)
+
+    third = await sandbox.new_tree(scope_of=busy[0])
+    await manager.claim(*third)
+    fourth = await sandbox.new_tree(scope_of=busy[0])
+    with pytest.raises(SandboxError, match="CANOPY_SANDBOX_MAX_PER_SCOPE"):
+        await manager.claim(*fourth)  # busy's Run runs, and third was claimed a moment ago
+    another_users = await sandbox.new_tree(scope_of=stranger[0])
+    await manager.claim(*another_users)
+
+    states = [(await _lease(sandbox, tree)) for tree, _ in (busy, idle, stranger, third, fourth, another_users)]
+    assert [lease.state if lease else None for lease in states] == [
+        "active", "released", "active", "active", None, "active"
+    ]
+    assert await _sandboxes_of(sandbox, idle[0]) == [] and await _sandboxes_of(sandbox, fourth[0]) == []
+    assert len(await _sandboxes_of(sandbox, third[0])) == 1
+
+
+async def test_two_claims_of_a_scope_never_both_take_its_last_place(sandbox: SandboxKit) -> None:
+    options = dataclasses.replace(sandbox.options, max_per_scope=2)
+    first = await sandbox.new_tree()
+    rivals = [await sandbox.new_tree(scope_of=first[0]) for _ in range(2)]
+    await SandboxManager(sandbox.db, sandbox.backend, 300, options).claim(*first)
+
+    outcomes = await asyncio.gather(
+        *(SandboxManager(sandbox.db, sandbox.backend, 300, options).claim(*rival) for rival in rivals),
+        return_exceptions=True,
+    )
+
+    won = [outcome for outcome in outcomes if isinstance(outcome, str)]
+    lost = [outcome for outcome in outcomes if not isinstance(outcome, str)]
+    assert len(won) == 1 and len(lost) == 1 and isinstance(lost[0], SandboxError), outcomes
+    loser = rivals[outcomes.index(lost[0])][0]
+    assert await _lease(sandbox, loser) is None and await _sandboxes_of(sandbox, loser) == []
