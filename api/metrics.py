@@ -24,6 +24,7 @@ Series = dict[tuple[str, ...], float]
 _FIXED_SERIES: dict[str, list[tuple[str, ...]]] = {
     metrics.TURNS_ENDED.name: [(status,) for status in metrics.TURN_END_STATUSES],
     metrics.SANDBOX_COMMANDS.name: [(outcome,) for outcome in metrics.SANDBOX_OUTCOMES],
+    metrics.SANDBOXES_MADE_ROOM.name: [(limit,) for limit in metrics.ROOM_LIMITS],
     **{metric.name: [()] for metric in (metrics.TURNS_STARTED, metrics.RECOVERIES, metrics.SESSIONS_CREATED,
                                          metrics.TREES_CREATED)},
 }

@@ -97,6 +97,10 @@ MODEL_COST = Metric("canopy_model_cost_usd", "counter", "Model cost in US dollar
 TOOL_CALLS = Metric("canopy_tool_calls", "counter", "Tool calls by tool and outcome (refused: not run).",
                     ("tool", "outcome"))
 SANDBOX_COMMANDS = Metric("canopy_sandbox_commands", "counter", "Sandbox commands by outcome.", ("outcome",))
+SANDBOXES_MADE_ROOM = Metric(
+    "canopy_sandboxes_made_room", "counter",
+    "Idle sandboxes released before their idle time to make room for another: the engine was full "
+    "(engine) or their user held the most they may (scope).", ("limit",))
 SLOT_WAIT = Metric("canopy_slot_wait_seconds", "histogram", "How long a Run waited in its tree's queue for a slot.",
                    (), SLOT_WAIT_BUCKETS)
 
@@ -114,7 +118,7 @@ EVENT_STREAMS_OPEN = Metric("canopy_event_streams_open", "gauge", "Open API even
 
 METRICS: tuple[Metric, ...] = (
     TURNS_STARTED, TURNS_ENDED, RECOVERIES, SESSIONS_CREATED, TREES_CREATED, MODEL_CALLS, MODEL_LATENCY,
-    MODEL_TOKENS, MODEL_COST, TOOL_CALLS, SANDBOX_COMMANDS, SLOT_WAIT,
+    MODEL_TOKENS, MODEL_COST, TOOL_CALLS, SANDBOX_COMMANDS, SANDBOXES_MADE_ROOM, SLOT_WAIT,
     SLOTS_IN_USE, RUNS_QUEUED, INPUTS_PENDING, QUEUE_DEPTH, REQUESTS_PENDING, OPEN_TURNS, TREES, EVENT_STREAMS_OPEN,
 )
 
@@ -124,6 +128,7 @@ OPEN_TURN_SERIES = tuple(sorted({(status, "") for status in OPEN_TURN_STATUSES i
                                 | {(TurnStatus.WAITING, kind) for kind in WaitingFor}))
 TREE_STATES = ("busy", "stopped")
 SANDBOX_OUTCOMES = ("ok", "failed", "timeout", "error")
+ROOM_LIMITS = ("engine", "scope")
 
 
 def exported_names() -> frozenset[str]:

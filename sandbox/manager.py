@@ -70,6 +70,7 @@ from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from persistence import metrics
 from persistence import sandbox_leases as leases
 from persistence.db import Connection, Database
 from persistence.sandbox_leases import SandboxLease
@@ -162,7 +163,7 @@ class SandboxManager:
                 await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
         if step == "wait":
             await asyncio.sleep(_WAIT_POLL_SECONDS)
-        elif step == "make room in scope" and not await self._make_room(1, scope_of=tree_id):
+        elif step == "make room in scope" and not await self._make_room(1, "scope", scope_of=tree_id):
             raise SandboxError(self._scope_full())
         elif step == "take over release":
             log.warning("tree %s: a release stalled; finishing it", tree_id)
@@ -180,7 +181,7 @@ class SandboxManager:
             try:
                 return await self._create(tree_id, workdir, inserted)
             except SandboxFull as full:
-                if not await self._make_room(full.needed):
+                if not await self._make_room(full.needed, "engine"):
                     raise
         return None
 
@@ -248,10 +249,11 @@ class SandboxManager:
         )
         return [tree_id for tree_id in idle if not self._in_flight[tree_id]][:needed]
 
-    async def _make_room(self, needed: int, scope_of: uuid.UUID | None = None) -> bool:
+    async def _make_room(self, needed: int, limit: str, scope_of: uuid.UUID | None = None) -> bool:
         """Release the ``needed`` least recently used idle sandboxes of this node (of ``scope_of``'s
-        scope, if given); False, and none released, if fewer are idle. One that got busy meanwhile
-        is kept: the next round counts again."""
+        scope, if given), counted under ``limit``, the limit that wanted them gone (``engine`` or
+        ``scope``); False, and none released, if fewer are idle. One that got busy meanwhile is kept:
+        the next round counts again."""
         async with self.db.tx() as conn:
             candidates = await self._idle_here(conn, needed, scope_of)
         if len(candidates) < needed:
@@ -261,6 +263,7 @@ class SandboxManager:
             try:
                 if await self._release_if_idle(tree_id, _EVICTION_GRACE_SECONDS):
                     log.warning("released the idle sandbox of tree %s to make room for another", tree_id)
+                    metrics.add(metrics.SANDBOXES_MADE_ROOM, limit=limit)
                     released = True
             except Exception:
                 log.exception("releasing the idle sandbox of tree %s to make room failed; skipped", tree_id)

@@ -19,7 +19,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from psycopg.types.json import Jsonb
 
+from persistence import metrics
 from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from sandbox.base import CommandResult, SandboxBackend, SandboxOptions, SandboxUnavailable
@@ -151,6 +153,19 @@ async def last_used(kit: SandboxKit, tree: uuid.UUID, seconds_ago: float) -> Non
             "UPDATE sandbox_leases SET last_used_at = now() - make_interval(secs => %s) WHERE tree_id = %s",
             (seconds_ago, tree),
         )
+
+
+async def made_room(kit: SandboxKit, limit: str) -> float:
+    """``canopy_sandboxes_made_room{limit}`` in the counters table, once this process's counts are in."""
+    await metrics.flush(kit.db)
+    async with kit.db.tx() as conn:
+        cur = await conn.execute(
+            "SELECT coalesce(sum(value), 0) AS n FROM metric_counters WHERE name = %s AND labels = %s",
+            (metrics.SANDBOXES_MADE_ROOM.name, Jsonb({"limit": limit})),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return float(row["n"])
 
 
 def sandbox_options() -> SandboxOptions:

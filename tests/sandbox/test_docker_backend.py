@@ -29,7 +29,7 @@ from persistence.settings import Settings
 from sandbox.base import FLOODED, CommandResult, SandboxError, parse_user
 from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, TOMBSTONES, DockerBackend, _frames, tombstones_dir
 from sandbox.manager import SandboxManager, choose_backend
-from tests.sandbox.conftest import SandboxKit, insert_running_run, last_used
+from tests.sandbox.conftest import SandboxKit, insert_running_run, last_used, made_room
 
 
 def _live_managed(backend: DockerBackend) -> set[str]:
@@ -89,6 +89,7 @@ async def test_a_full_engine_releases_the_least_recently_used_idle_sandboxes(doc
         await last_used(docker_kit, trees[name][0], hours * 3600)
     options = dataclasses.replace(docker_kit.options, max_containers=len(_live_managed(docker_kit.backend)) - 1)
     tree, workdir = await docker_kit.new_tree()
+    counted_before = await made_room(docker_kit, "engine")
 
     result = await SandboxManager(docker_kit.db, docker_kit.backend, 300, options).run_command(
         tree, workdir, "touch made.txt", 30
@@ -99,6 +100,7 @@ async def test_a_full_engine_releases_the_least_recently_used_idle_sandboxes(doc
     assert states["busy"] == states["fresh"] == "active"
     released = [name for name in names[:3] if states[name] == "released"]
     assert released and released == list(names[: len(released)]), states  # least recently used first
+    assert await made_room(docker_kit, "engine") == counted_before + len(released)
     for name in names:
         assert bool(docker_kit.backend.containers_for(trees[name][0])) == (name not in released)
     assert (trees["oldest"][1]).exists()  # a release keeps the workdir

@@ -16,7 +16,14 @@ from persistence import sandbox_leases as leases
 from persistence.sandbox_leases import TRANSITION_STALE_SECONDS, SandboxLease
 from sandbox.base import SandboxError, SandboxMoved
 from sandbox.manager import SandboxManager
-from tests.sandbox.conftest import GatedBackend, SandboxKit, insert_running_run, last_used, open_transactions
+from tests.sandbox.conftest import (
+    GatedBackend,
+    SandboxKit,
+    insert_running_run,
+    last_used,
+    made_room,
+    open_transactions,
+)
 
 
 async def _lease(kit: SandboxKit, tree: uuid.UUID) -> SandboxLease | None:
@@ -256,6 +263,7 @@ async def test_a_scopes_sandboxes_are_bounded_and_its_idle_ones_make_room(sandbo
         await last_used(sandbox, tree, hours * 3600)
 
     third = await sandbox.new_tree(scope_of=busy[0])
+    counted_before = await made_room(sandbox, "scope")
     await manager.claim(*third)
     fourth = await sandbox.new_tree(scope_of=busy[0])
     with pytest.raises(SandboxError, match="CANOPY_SANDBOX_MAX_PER_SCOPE"):
@@ -269,6 +277,7 @@ async def test_a_scopes_sandboxes_are_bounded_and_its_idle_ones_make_room(sandbo
     ]
     assert await _sandboxes_of(sandbox, idle[0]) == [] and await _sandboxes_of(sandbox, fourth[0]) == []
     assert len(await _sandboxes_of(sandbox, third[0])) == 1
+    assert await made_room(sandbox, "scope") == counted_before + 1
 
 
 async def test_two_claims_of_a_scope_never_both_take_its_last_place(sandbox: SandboxKit) -> None:
