@@ -4,15 +4,31 @@ text); the API gives each class its HTTP status (api/errors.py)."""
 from __future__ import annotations
 
 import urllib.parse
+from typing import Any
 
 
 class CanopyError(Exception):
     """Base class: ``str(error)`` is a clear sentence for a person or a model."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Ray pickles an actor's error for its caller in another process. Python's default rebuilds
+        # an error by calling its class with ``args`` (the sentence alone), which fails for a class
+        # whose constructor takes more (Deadlock, SandboxFull, DatabaseUnreachable): the caller got
+        # Ray's UnserializableException instead of this error, and handled it as nothing it knew.
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
     @property
     def details(self) -> dict[str, object]:
         """Typed fields a tool error carries beside its sentence (none by default)."""
         return {}
+
+
+def _rebuilt(cls: type[CanopyError], args: tuple[Any, ...], state: dict[str, Any]) -> CanopyError:
+    """An unpickled error: its class, sentence and fields as they were, without calling ``__init__``."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class InvalidArgument(CanopyError):

@@ -10,13 +10,17 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import ray
 
+from actors import sandbox_hosts
 from actors.runtime import Runtime
 from actors.sandbox_hosts import WORKDIR_LOST
 from actors.sandbox_tools import HOST_LOST_STOPPED
 from actors.scripted import call, create, say, script
+from persistence.errors import DatabaseUnreachable
 from persistence.records import Scope
+from sandbox.base import SandboxFull
 from sandbox.manager import choose_backend
 from tests.actors.helpers import alive_sandbox_hosts, eventually, rows, scenario_findings
 from tests.conftest import RUNTIME_ENV
@@ -165,3 +169,28 @@ async def test_every_member_from_before_a_workdir_loss_is_told_once(runtime: Run
                        "USING (session_id) WHERE s.tree_id = %s ORDER BY s.name", tree_id)
     assert marks == [{"name": "c", "lost_at": lease["workdir_lost_at"]},
                      {"name": "root", "lost_at": lease["workdir_lost_at"]}]
+
+
+async def test_a_hosts_errors_reach_its_caller_as_themselves(runtime: Runtime) -> None:
+    """An error whose class takes more than its sentence (a full engine's, how many sandboxes must go)
+    crosses from the host's process to the caller's as itself; it came back as Ray's
+    UnserializableException, which no sandbox tool handles."""
+
+    @ray.remote(num_cpus=0)
+    class Failing:
+        def full(self) -> None:
+            raise SandboxFull("the engine is full", 3)
+
+        def unreachable(self) -> None:
+            raise DatabaseUnreachable("postgresql://canopy:secret@db/canopy", "connection refused")
+
+    host = Failing.remote()  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(SandboxFull, match="the engine is full") as full:
+            await sandbox_hosts.call(host, "full")
+        assert full.value.needed == 3
+        with pytest.raises(DatabaseUnreachable, match="connection refused") as unreachable:
+            await sandbox_hosts.call(host, "unreachable")
+        assert "secret" not in str(unreachable.value)
+    finally:
+        ray.kill(host)

@@ -1,0 +1,62 @@
+"""Canopy's errors cross processes as themselves: Ray pickles an actor's error for its caller."""
+
+from __future__ import annotations
+
+import pickle
+
+from ray import cloudpickle
+
+import actors.sandbox_hosts
+import actors.sandbox_tools
+import api.up
+import persistence.errors as errors
+import persistence.idempotency
+import sandbox.base
+
+# One of each error class Canopy defines, made as the code makes it.
+SAMPLES: list[errors.CanopyError] = [
+    errors.CanopyError("a sentence"),
+    errors.InvalidArgument("bad"),
+    errors.NotFound("no such session"),
+    errors.Conflict("not now"),
+    errors.LimitExceeded("too many"),
+    errors.IdempotencyConflict("other arguments"),
+    errors.Deadlock("waiting would deadlock", ["a", "b"]),
+    errors.TurnCancelled("cancelled"),
+    errors.LeaseLost("lost"),
+    errors.LimitReached("used up"),
+    errors.DatabaseUnreachable("postgresql://canopy:secret@db/canopy", "connection refused"),
+    errors.SharedDatabaseRequired("set CANOPY_DATABASE_URL"),
+    persistence.idempotency.IdempotencyKeyReused("reused"),
+    sandbox.base.SandboxError("engine gone"),
+    sandbox.base.SandboxUnavailable("no engine"),
+    sandbox.base.SandboxGone("vanished"),
+    sandbox.base.SandboxFull("the engine is full", 3),
+    sandbox.base.SandboxMoved("another node"),
+    sandbox.base.PathRejected("../x"),
+    sandbox.base.FileMissing("x"),
+    actors.sandbox_hosts.HostLost("host lost"),
+    actors.sandbox_tools.CommandNotStopped("not stopped"),
+    api.up.StartupError("cannot start"),
+]
+
+
+def _every_subclass(cls: type) -> set[type]:
+    found = set(cls.__subclasses__())
+    for sub in list(found):
+        found |= _every_subclass(sub)
+    return found
+
+
+def test_every_error_class_has_a_sample() -> None:
+    canopys = {cls for cls in _every_subclass(errors.CanopyError) if cls.__module__.split(".")[0] != "tests"}
+    assert canopys | {errors.CanopyError} == {type(error) for error in SAMPLES}
+
+
+def test_every_error_unpickles_as_itself() -> None:
+    for error in SAMPLES:
+        back = pickle.loads(cloudpickle.dumps(error))
+        assert type(back) is type(error)
+        assert (str(back), back.args, vars(back)) == (str(error), error.args, vars(error))
+        assert back.details == error.details
+    assert "secret" not in str(pickle.loads(cloudpickle.dumps(SAMPLES[10])))
