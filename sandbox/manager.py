@@ -163,8 +163,9 @@ class SandboxManager:
                 await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
         if step == "wait":
             await asyncio.sleep(_WAIT_POLL_SECONDS)
-        elif step == "make room in scope" and not await self._make_room(1, "scope", scope_of=tree_id):
-            raise SandboxError(self._scope_full())
+        elif step == "make room in scope":
+            if not await self._make_room(1, "scope", scope_of=tree_id):
+                raise SandboxError(self._scope_full())
         elif step == "take over release":
             log.warning("tree %s: a release stalled; finishing it", tree_id)
             await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))

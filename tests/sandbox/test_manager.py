@@ -252,7 +252,8 @@ async def test_a_scopes_sandboxes_are_bounded_and_its_idle_ones_make_room(sandbo
     """A user's trees hold at most ``max_per_scope`` sandboxes. A claim past it releases the least
     recently used idle one of theirs (never a busy one, nor another user's); with none idle it is
     refused and leaves nothing behind. Other users are not held up."""
-    manager = SandboxManager(sandbox.db, sandbox.backend, 300, dataclasses.replace(sandbox.options, max_per_scope=2))
+    counted = GatedBackend(sandbox.backend, gated="nothing")  # counts the backend's calls, holds none
+    manager = SandboxManager(sandbox.db, counted, 300, dataclasses.replace(sandbox.options, max_per_scope=2))
     busy = await sandbox.new_tree()
     idle = await sandbox.new_tree(scope_of=busy[0])
     stranger = await sandbox.new_tree()  # another user's, idle longest of all
@@ -264,7 +265,10 @@ async def test_a_scopes_sandboxes_are_bounded_and_its_idle_ones_make_room(sandbo
 
     third = await sandbox.new_tree(scope_of=busy[0])
     counted_before = await made_room(sandbox, "scope")
+    calls_before = counted.calls.copy()
     await manager.claim(*third)
+    # One release to make room, then one build, announced by its lease: none before the room was made.
+    assert counted.calls - calls_before == {"release": 1, "ensure": 1}
     fourth = await sandbox.new_tree(scope_of=busy[0])
     with pytest.raises(SandboxError, match="CANOPY_SANDBOX_MAX_PER_SCOPE"):
         await manager.claim(*fourth)  # busy's Run runs, and third was claimed a moment ago
