@@ -17,7 +17,7 @@ from persistence.db import Connection, advisory_lock, query
 from persistence.errors import LimitExceeded
 from persistence.records import Scope
 
-Kind = Literal["projects", "agents", "schedules", "roots", "sandboxes"]
+Kind = Literal["projects", "agents", "schedules", "roots"]
 # How a refusal names what the scope holds, and what frees a place.
 _HELD = {"projects": ("projects", "delete an empty one first"), "agents": ("agents", "delete one first"),
          "schedules": ("schedules", "delete one first"), "roots": ("conversations", "archive one first")}

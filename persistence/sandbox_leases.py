@@ -22,9 +22,9 @@ import dataclasses
 import datetime
 import uuid
 
-from persistence import lifecycle, quotas
+from persistence import lifecycle
 from persistence.db import Connection, advisory_lock, query
-from persistence.records import Row, Scope
+from persistence.records import Row
 
 # Longer than an image pull or a container removal takes; the bound after which work is taken over.
 TRANSITION_STALE_SECONDS = 120.0
@@ -156,10 +156,10 @@ async def scope_held(conn: Connection, tree_id: uuid.UUID) -> int:
     Counted under the scope's lock of sandboxes, held until the transaction ends: two claims of the
     scope cannot both see room for the last one."""
     cur = await conn.execute(query("sandbox_tree_scope"), {"tree_id": tree_id})
-    row = await cur.fetchone()
-    assert row is not None, f"tree {tree_id} has a lease, so it exists"
-    await quotas.hold(conn, Scope(row["user_id"], row["app_id"]), "sandboxes")
-    cur = await conn.execute(query("sandbox_scope_held"), {"tree_id": tree_id})
+    scope = await cur.fetchone()
+    assert scope is not None, f"tree {tree_id} has a lease, so it exists"
+    await advisory_lock(conn, f"sandbox-scope:{scope['user_id']}:{scope['app_id']}")
+    cur = await conn.execute(query("sandbox_scope_held"), {**scope, "tree_id": tree_id})
     row = await cur.fetchone()
     return int(row["held"]) if row else 0
 

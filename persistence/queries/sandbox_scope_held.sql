@@ -1,8 +1,8 @@
--- The sandboxes the tree's user holds in its app, made or being made, the tree's own aside.
+-- The sandboxes a user holds in an app, made or being made, one tree's own aside.
 SELECT count(*) AS held
-FROM trees t
-JOIN trees o ON o.user_id = t.user_id AND o.app_id = t.app_id
-JOIN sandbox_leases l ON l.tree_id = o.tree_id
-WHERE t.tree_id = %(tree_id)s
-  AND o.tree_id <> t.tree_id
+FROM sandbox_leases l
+JOIN trees t ON t.tree_id = l.tree_id
+WHERE t.user_id = %(user_id)s
+  AND t.app_id = %(app_id)s
+  AND l.tree_id <> %(tree_id)s
   AND l.state IN ('active', 'creating')
