@@ -478,10 +478,8 @@ class SandboxManager:
 def choose_backend(settings: Settings | None = None) -> SandboxBackend:
     """The backend ``CANOPY_SANDBOX_BACKEND`` names. Docker connects on first use: without an
     engine, using it raises ``SandboxUnavailable`` — never a silent switch to the local backend.
-
-    Docker reads each command's output in a thread of its own, and a command waiting for one has
-    not started, though its timeout runs: the node gets one for every slot of every container it
-    may run, so no tree's commands wait for another's to end."""
+    Docker gets an output reader for every slot of every container the node may run (see
+    ``sandbox/docker_backend.py``)."""
     settings = settings or get_settings()
     if settings.sandbox_backend == "local":
         return LocalBackend()

@@ -22,8 +22,10 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from persistence import metrics
+from persistence import sandbox_leases as leases
 from persistence.databases import create_database, drop_database
 from persistence.db import Database
+from persistence.sandbox_leases import SandboxLease
 from sandbox.base import CommandResult, SandboxBackend, SandboxOptions, SandboxUnavailable
 from sandbox.docker_backend import DockerBackend, connect
 from sandbox.local_backend import LocalBackend
@@ -144,6 +146,14 @@ async def insert_running_run(kit: SandboxKit, tree: uuid.UUID) -> uuid.UUID:
             (run_id, turn_id, tree, tree),
         )
     return run_id
+
+
+async def lease_of(kit: SandboxKit, tree: uuid.UUID) -> SandboxLease:
+    """The tree's sandbox lease, which must exist."""
+    async with kit.db.tx() as conn:
+        lease = await leases.get(conn, tree)
+    assert lease is not None
+    return lease
 
 
 async def last_used(kit: SandboxKit, tree: uuid.UUID, seconds_ago: float) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from persistence import sandbox_leases as leases
-from persistence.sandbox_leases import SandboxLease
 from sandbox.base import (
     FLOODED,
     OUTPUT_LIMIT_BYTES,
@@ -37,7 +36,7 @@ from sandbox.docker_backend import TOMBSTONES, DockerBackend, container_name, to
 from sandbox.files import read_file, write_file
 from sandbox.local_backend import LocalBackend
 from sandbox.manager import SandboxManager
-from tests.sandbox.conftest import GatedBackend, SandboxKit, insert_running_run, open_transactions
+from tests.sandbox.conftest import GatedBackend, SandboxKit, insert_running_run, lease_of, open_transactions
 
 # Prints "alive" or "dead" for the pid stored in a file; a zombie counts as dead.
 _PID_STATE = (
@@ -53,13 +52,6 @@ _PID_THEN_SLEEP = (
 
 async def _run(manager: SandboxManager, tree: uuid.UUID, workdir: Path, command: str) -> CommandResult:
     return await manager.run_command(tree, workdir, command, timeout_seconds=30)
-
-
-async def _lease(kit: SandboxKit, tree: uuid.UUID) -> SandboxLease:
-    async with kit.db.tx() as conn:
-        lease = await leases.get(conn, tree)
-    assert lease is not None
-    return lease
 
 
 async def _wait_for_file(manager: SandboxManager, tree: uuid.UUID, workdir: Path, path: str) -> str:
@@ -90,7 +82,7 @@ async def test_workdir_is_shared_between_commands(sandbox: SandboxKit) -> None:
     expected_cwd = "/workspace" if sandbox.kind == "docker" else str(workdir.resolve())
     assert read.stdout.splitlines() == ["hello", expected_cwd]
     assert (workdir / "out" / "shared.txt").read_text() == "hello\n"  # on the host, in the project
-    lease = await _lease(sandbox, tree)
+    lease = await lease_of(sandbox, tree)
     assert (lease.state, lease.backend) == ("active", sandbox.kind)
 
 
@@ -258,7 +250,7 @@ async def test_idle_release_keeps_workdir_and_drops_tmp_and_processes(sandbox: S
         "nohup sleep 300 >/dev/null 2>&1 & echo $! > bg.pid; "
         "setsid sleep 301 >/dev/null 2>&1 & echo $! >> bg.pid",
     )
-    old_handle = (await _lease(sandbox, tree)).handle
+    old_handle = (await lease_of(sandbox, tree)).handle
     bg_pids = [int(line) for line in (workdir / "bg.pid").read_text().split()]
     if sandbox.kind == "local":
         assert all(_host_process_alive(pid) for pid in bg_pids)
@@ -267,7 +259,7 @@ async def test_idle_release_keeps_workdir_and_drops_tmp_and_processes(sandbox: S
     released = await manager.release_idle()
 
     assert tree in released
-    lease = await _lease(sandbox, tree)
+    lease = await lease_of(sandbox, tree)
     assert (lease.state, lease.handle) == ("released", None)
     assert old_handle is not None and not await sandbox.backend.exists(old_handle)
     if sandbox.kind == "local":
@@ -283,12 +275,12 @@ async def test_release_idle_honours_the_idle_window(sandbox: SandboxKit) -> None
     manager = sandbox.manager()  # the default 300 s, judged at a given "now" instead of waited out
     tree, workdir = await sandbox.new_tree()
     await _run(manager, tree, workdir, "true")
-    used_at = (await _lease(sandbox, tree)).last_used_at
+    used_at = (await lease_of(sandbox, tree)).last_used_at
 
     assert await manager.release_idle(now=used_at + datetime.timedelta(seconds=299)) == []
-    assert (await _lease(sandbox, tree)).state == "active"
+    assert (await lease_of(sandbox, tree)).state == "active"
     assert await manager.release_idle(now=used_at + datetime.timedelta(seconds=301)) == [tree]
-    assert (await _lease(sandbox, tree)).state == "released"
+    assert (await lease_of(sandbox, tree)).state == "released"
 
 
 async def test_release_idle_skips_a_tree_with_a_running_run(sandbox: SandboxKit) -> None:
@@ -299,7 +291,7 @@ async def test_release_idle_skips_a_tree_with_a_running_run(sandbox: SandboxKit)
     await asyncio.sleep(0.3)
 
     assert tree not in await manager.release_idle()
-    assert (await _lease(sandbox, tree)).state == "active"
+    assert (await lease_of(sandbox, tree)).state == "active"
     kept = await _run(manager, tree, workdir, 'cat "$CANOPY_TMP/marker"')
     assert kept.stdout == "t\n"
 
@@ -309,7 +301,7 @@ async def test_release_idle_skips_a_tree_with_a_running_run(sandbox: SandboxKit)
         )
     await asyncio.sleep(0.3)
     assert tree in await manager.release_idle()
-    assert (await _lease(sandbox, tree)).state == "released"
+    assert (await lease_of(sandbox, tree)).state == "released"
 
 
 async def test_release_in_flight_defers_a_claim_but_not_other_writes(sandbox: SandboxKit) -> None:
@@ -326,7 +318,7 @@ async def test_release_in_flight_defers_a_claim_but_not_other_writes(sandbox: Sa
     await asyncio.sleep(0.5)  # a transaction held across release would be this old by now
     # The container removal runs with no transaction open and the lease row unlocked.
     assert await open_transactions(sandbox.db) == []
-    assert (await _lease(sandbox, tree)).state == "releasing"
+    assert (await lease_of(sandbox, tree)).state == "releasing"
     claimed_at: list[float] = []
 
     async def claim() -> str:
@@ -352,7 +344,7 @@ async def test_release_in_flight_defers_a_claim_but_not_other_writes(sandbox: Sa
     handle = await asyncio.wait_for(claim_task, 30)
 
     assert gated.finished_at is not None and claimed_at[0] >= gated.finished_at
-    lease = await _lease(sandbox, tree)
+    lease = await lease_of(sandbox, tree)
     assert (lease.state, lease.handle) == ("active", handle)
     fresh = await _run(claimer, tree, workdir, 'test -e "$CANOPY_TMP/marker" && echo old || echo fresh')
     assert fresh.stdout == "fresh\n"
@@ -416,14 +408,14 @@ async def test_a_vanished_sandbox_is_rebuilt_on_next_command(sandbox: SandboxKit
     manager = sandbox.manager()
     tree, workdir = await sandbox.new_tree()
     await _run(manager, tree, workdir, "echo kept > kept.txt")
-    old_handle = (await _lease(sandbox, tree)).handle
+    old_handle = (await lease_of(sandbox, tree)).handle
     assert old_handle is not None
     await sandbox.backend.release(old_handle)  # behind the manager's back (docker rm -f, reboot)
 
     result = await _run(manager, tree, workdir, "cat kept.txt")
 
     assert result.stdout == "kept\n"
-    lease = await _lease(sandbox, tree)
+    lease = await lease_of(sandbox, tree)
     assert lease.state == "active" and lease.handle is not None and await sandbox.backend.exists(lease.handle)
 
 
@@ -447,7 +439,7 @@ async def test_orphan_sandboxes_are_reaped_and_nothing_else(sandbox: SandboxKit)
         assert not await sandbox.backend.exists(orphan)
         assert await sandbox.backend.exists(kept) and await sandbox.backend.exists(foreign)
         assert (orphan_workdir / "kept.txt").read_text() == "workdir files survive"
-        lease = await _lease(sandbox, claimed_tree)
+        lease = await lease_of(sandbox, claimed_tree)
         assert (lease.state, lease.handle) == ("active", kept)
         async with sandbox.db.tx() as conn:
             assert await leases.get(conn, foreign_tree) is None  # judged without writing a row
@@ -464,7 +456,7 @@ async def test_a_stopped_container_is_restarted_with_a_fresh_tmp(sandbox: Sandbo
     manager = sandbox.manager()
     tree, workdir = await sandbox.new_tree()
     await _run(manager, tree, workdir, 'echo t > "$CANOPY_TMP/marker"')
-    handle = (await _lease(sandbox, tree)).handle
+    handle = (await lease_of(sandbox, tree)).handle
     assert handle is not None
     await asyncio.to_thread(sandbox.backend.client.containers.get(handle).stop, timeout=1)  # engine restart
     assert not await sandbox.backend.exists(handle)
@@ -472,7 +464,7 @@ async def test_a_stopped_container_is_restarted_with_a_fresh_tmp(sandbox: Sandbo
     result = await _run(manager, tree, workdir, 'test -e "$CANOPY_TMP/marker" && echo kept || echo fresh')
 
     assert result.stdout == "fresh\n"  # /tmp is a tmpfs: it goes with the container's processes
-    assert (await _lease(sandbox, tree)).handle == handle
+    assert (await lease_of(sandbox, tree)).handle == handle
     assert sandbox.backend.containers_for(tree) == [handle]
 
 
@@ -644,7 +636,7 @@ async def test_a_command_cancelled_while_its_sandbox_is_made_leaves_it_made(sand
     started.cancel()
     with pytest.raises(asyncio.CancelledError):
         await started
-    assert (await _lease(sandbox, tree)).state == "creating"  # its round goes on
+    assert (await lease_of(sandbox, tree)).state == "creating"  # its round goes on
     backend.gate.set()
 
     result = await asyncio.wait_for(manager.run_command(tree, workdir, "echo next", 30, "next-1"), 30)
@@ -672,7 +664,7 @@ async def test_a_command_killed_while_its_sandbox_comes_or_goes_never_runs(sandb
         await asyncio.wait_for(backend.entered.wait(), 60)
     else:
         await asyncio.sleep(0.3)  # its claim waits for the release
-    assert (await _lease(sandbox, tree)).state == ("creating" if gated == "ensure" else "releasing")
+    assert (await lease_of(sandbox, tree)).state == ("creating" if gated == "ensure" else "releasing")
 
     await sandbox.manager().kill_command(tree, command_id)  # from another process, as recovery does
     backend.gate.set()
@@ -683,7 +675,7 @@ async def test_a_command_killed_while_its_sandbox_comes_or_goes_never_runs(sandb
     assert (result.exit_code, result.stdout, result.timed_out) == (137, "", False), result
     await asyncio.sleep(0.5)
     assert not (workdir / "late.txt").exists()
-    assert (await _lease(sandbox, tree)).state == "active"  # the sandbox is there for the next one
+    assert (await lease_of(sandbox, tree)).state == "active"  # the sandbox is there for the next one
     other = await starter.run_command(tree, workdir, "echo ran > other.txt", 30, f"other-{uuid.uuid4().hex}")
     assert other.exit_code == 0 and (workdir / "other.txt").read_text() == "ran\n"
 

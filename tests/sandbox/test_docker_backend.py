@@ -29,7 +29,7 @@ from persistence.settings import Settings
 from sandbox.base import FLOODED, CommandResult, SandboxError, parse_user
 from sandbox.docker_backend import LABEL_MANAGED, LABEL_TREE, TOMBSTONES, DockerBackend, _frames, tombstones_dir
 from sandbox.manager import SandboxManager, choose_backend
-from tests.sandbox.conftest import SandboxKit, insert_running_run, last_used, made_room
+from tests.sandbox.conftest import SandboxKit, insert_running_run, last_used, lease_of, made_room
 
 
 def _live_managed(backend: DockerBackend) -> set[str]:
@@ -66,13 +66,6 @@ async def test_concurrent_claims_cannot_overshoot_the_container_limit(docker_kit
             assert not tombstones_dir(tree).exists()  # not even the directory of its tombstones
 
 
-async def _lease_state(kit: SandboxKit, tree: uuid.UUID) -> str:
-    async with kit.db.tx() as conn:
-        lease = await leases.get(conn, tree)
-    assert lease is not None
-    return lease.state
-
-
 async def test_a_full_engine_releases_the_least_recently_used_idle_sandboxes(docker_kit: SandboxKit) -> None:
     """A claim that finds the engine full releases idle sandboxes, least recently used first, and
     never one whose tree has a running Run or that was claimed moments ago. The limit is one under
@@ -96,7 +89,7 @@ async def test_a_full_engine_releases_the_least_recently_used_idle_sandboxes(doc
     )
 
     assert result.exit_code == 0 and (workdir / "made.txt").exists()
-    states = {name: await _lease_state(docker_kit, trees[name][0]) for name in names}
+    states = {name: (await lease_of(docker_kit, trees[name][0])).state for name in names}
     assert states["busy"] == states["fresh"] == "active"
     released = [name for name in names[:3] if states[name] == "released"]
     assert released and released == list(names[: len(released)]), states  # least recently used first
