@@ -45,7 +45,7 @@ from persistence.db import Database, LazyDatabase
 from persistence.records import RunRef
 from persistence.sandbox_leases import SandboxLease
 from persistence.settings import get_settings
-from sandbox import files
+from sandbox import files, workdirs
 from sandbox.base import SandboxError
 from sandbox.manager import SandboxManager
 
@@ -84,27 +84,26 @@ class SandboxHostImpl:
     async def run_command(self, tree_id: uuid.UUID, workdir: str, command: str, timeout_seconds: float,
                           command_id: str) -> dict[str, object]:
         manager = await self._sandboxes()
-        await asyncio.to_thread(Path(workdir).mkdir, parents=True, exist_ok=True)
-        result = await manager.run_command(tree_id, Path(workdir), command, timeout_seconds, command_id=command_id)
+        result = await manager.run_command(tree_id, await _ready(workdir), command, timeout_seconds,
+                                           command_id=command_id)
         return result.as_tool_result()
 
     async def kill_command(self, tree_id: uuid.UUID, command_id: str) -> bool:
         return await (await self._sandboxes()).kill_command(tree_id, command_id)
 
     async def read_file(self, workdir: str, path: str) -> dict[str, object]:
-        await asyncio.to_thread(Path(workdir).mkdir, parents=True, exist_ok=True)
-        return {"path": path, "content": await asyncio.to_thread(files.read_file, Path(workdir), path)}
+        return {"path": path, "content": await asyncio.to_thread(files.read_file, await _ready(workdir), path)}
 
     async def write_file(self, workdir: str, path: str, content: str, run: RunRef) -> dict[str, object]:
         """Under the fence of ``run`` (LeaseLost when it no longer holds its lease): a Run that
         stalled past its lease, its Turn resumed by another Run meanwhile, must not write over
         what that one wrote since. The fence's row lock holds the Run's recovery off until the
         write is done."""
-        await asyncio.to_thread(Path(workdir).mkdir, parents=True, exist_ok=True)
+        ready = await _ready(workdir)
         db = await self._db.get()
         async with db.tx() as conn:
             await run_repo.fence(conn, run)
-            written = await asyncio.to_thread(files.write_file, Path(workdir), path, content)
+            written = await asyncio.to_thread(files.write_file, ready, path, content)
         return {"path": path, "bytes": written}
 
     async def release_idle(self) -> list[uuid.UUID]:
@@ -115,6 +114,13 @@ class SandboxHostImpl:
 
 
 SandboxHost = ray.remote(SandboxHostImpl)
+
+
+async def _ready(workdir: str) -> Path:
+    """The workdir, made (and its disk image mounted) on this node: every use of it comes here first."""
+    path = Path(workdir)
+    await asyncio.to_thread(workdirs.prepare, path, get_settings().sandbox_workdir_mb)
+    return path
 
 
 def _create(node_id: str) -> Any:

@@ -4,7 +4,8 @@ line ``OK`` with what was found, or ``FAIL`` with what to do. Exit code 0 only w
 Checks, in order: the database answers; its schema version against this Canopy's (a missing
 or older schema is fine: ``canopy up`` creates or migrates it); Ray starts (or the cluster of
 ``CANOPY_RAY_ADDRESS`` accepts a driver) and runs a task, and where its token is; the Docker
-engine answers; the sandbox image is there; the default model (its route and key, without a
+engine answers; the sandbox image is there; a workdir's disk quota can be made (a probe workdir
+mounted and unmounted under the data dir's projects); the default model (its route and key, without a
 request). A check that needs a failed one is ``SKIP``ped rather than failed twice; what the
 doctor cannot verify is a ``NOTE``. Whatever the doctor starts (the embedded PostgreSQL when
 it was not running, a local Ray) it stops again.
@@ -16,8 +17,10 @@ import asyncio
 import dataclasses
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -27,7 +30,8 @@ from persistence.db import resolve_database_url
 from persistence.embedded import embedded_url, pgdata, running_postmaster, stop_embedded
 from persistence.errors import CanopyError
 from persistence.migrations import connect, current_version, latest_version, server_version
-from persistence.settings import Settings, get_settings
+from persistence.settings import WORKDIR_MIN_MB, Settings, get_settings
+from sandbox import workdirs
 from sandbox.images import build_hint
 
 SCRIPTED_MODEL = "canopy/scripted"
@@ -65,7 +69,8 @@ class Doctor:
 
     def checks(self) -> list[tuple[str, Callable[[], str]]]:
         return [("database", self.database), ("schema", self.schema), ("Ray", self.ray),
-                ("Docker", self.docker_engine), ("sandbox image", self.sandbox_image), ("model", self.model)]
+                ("Docker", self.docker_engine), ("sandbox image", self.sandbox_image),
+                ("workdir disk", self.workdir_disk), ("model", self.model)]
 
     def run(self) -> list[Outcome]:
         outcomes = []
@@ -181,6 +186,18 @@ class Doctor:
         except docker.errors.ImageNotFound:
             raise Problem(f"{image} (CANOPY_SANDBOX_IMAGE) is not on the engine: {build_hint(image)}") from None
         return f"{image} present ({found.attrs.get('Size', 0) / 1e6:.0f} MB)"
+
+    def workdir_disk(self) -> str:
+        size, projects = self.settings.sandbox_workdir_mb, self.settings.data_dir / "projects"
+        if size == 0:
+            raise Unverified(f"no quota (CANOPY_SANDBOX_WORKDIR_MB=0): a model's command can fill the file system "
+                             f"of {projects}; give it one of its own")
+        projects.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=projects, prefix=".doctor-") as probe:
+            workdir = Path(probe) / "workdir"
+            workdirs.prepare(workdir, WORKDIR_MIN_MB)  # a SandboxError says what to set
+            workdirs.unmount(workdir)
+        return f"{size} MiB per project workdir (CANOPY_SANDBOX_WORKDIR_MB): a loop-mounted image works here"
 
     def model(self) -> str:
         model = self.settings.default_model

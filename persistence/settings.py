@@ -20,10 +20,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SecretsSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "CANOPY_"
+WORKDIR_MIN_MB = 16  # ext4 with its smallest journal (4 MiB), and room left for files
 # What providers read from the environment (litellm's names): keys, and the endpoints that go with them.
 PROVIDER_ENV = (
     "OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_ORGANIZATION",
@@ -166,6 +167,12 @@ class Settings(BaseSettings):
     sandbox_write_max_bytes: int = Field(
         default=10 * 1024 * 1024, ge=1, description="Largest content write_file accepts, in UTF-8 bytes."
     )
+    sandbox_workdir_mb: int = Field(
+        default=10240, ge=0,
+        description="Disk quota of a project workdir, in MiB: a workdir is an ext4 image of this size, loop-mounted on "
+        "it (sandbox/workdirs.py), so a command cannot fill the data dir's file system (the embedded database's "
+        "too). Needs root or CAP_SYS_ADMIN; without them sandbox calls fail saying so. At least 16; 0: no quota for "
+        "the workdirs made from then on (one that has an image keeps it).")
 
     default_model: str = Field(
         default="canopy/scripted", description="The model (a litellm model string or a models file route) of "
@@ -240,6 +247,14 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="PostgreSQL idle_in_transaction_session_timeout of every pooled "
                                          "connection, in seconds: a transaction left open this long loses its "
                                          "connection.")
+
+    @field_validator("sandbox_workdir_mb")
+    @classmethod
+    def _workdir_fits_ext4(cls, value: int) -> int:
+        if 0 < value < WORKDIR_MIN_MB:
+            raise ValueError(f"a workdir's disk needs at least {WORKDIR_MIN_MB} MiB (ext4 and its journal); "
+                             "0 turns the quota off")
+        return value
 
     @property
     def sandbox_stream_threads(self) -> int:

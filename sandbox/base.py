@@ -68,6 +68,11 @@ class SandboxFull(SandboxError):
         self.needed = needed
 
 
+class WorkdirFull(SandboxError):
+    """The project workdir has no room left: its disk image is full (sandbox/workdirs.py), or the file
+    system beneath it."""
+
+
 class SandboxMoved(SandboxError):
     """The tree's lease names another node's sandbox: nothing ran here; ask that node's host."""
 

@@ -416,7 +416,10 @@ class DockerBackend:
             # driver keeps all of it in a file on the host, without bound. Canopy never reads it.
             "log_config": {"type": "none", "config": {}},
         }
-        digest = hashlib.sha256(json.dumps([options.image, spec], sort_keys=True).encode()).hexdigest()[:16]
+        # A container made before the workdir's disk image was mounted binds the directory beneath it
+        # (sandbox/workdirs.py): it must be made again to see the workdir.
+        digest = hashlib.sha256(json.dumps([options.image, spec, os.path.ismount(workdir)], sort_keys=True)
+                                .encode()).hexdigest()[:16]
         spec["labels"] = {LABEL_TREE: str(tree_id), LABEL_MANAGED: "true", LABEL_SPEC: digest}
         return spec
 

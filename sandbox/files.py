@@ -29,6 +29,7 @@ When the runtime is root, what a write creates is handed to the Docker sandbox u
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import uuid
@@ -36,7 +37,15 @@ from pathlib import Path, PurePosixPath
 
 from persistence.errors import InvalidArgument
 from persistence.settings import Settings, get_settings
-from sandbox.base import OUTPUT_LIMIT_BYTES, TRUNCATION_MARKER, FileMissing, PathRejected, as_text, sandbox_file_owner
+from sandbox.base import (
+    OUTPUT_LIMIT_BYTES,
+    TRUNCATION_MARKER,
+    FileMissing,
+    PathRejected,
+    WorkdirFull,
+    as_text,
+    sandbox_file_owner,
+)
 
 READ_LIMIT_BYTES = 4 * OUTPUT_LIMIT_BYTES
 NAME_MAX_BYTES = 255  # one name (Linux NAME_MAX)
@@ -182,12 +191,18 @@ def write_file(workdir: Path, path: str, content: str, settings: Settings | None
             raise PathRejected(f"{path!r} is a directory")
         _require_regular(existing, path)
     owner = sandbox_file_owner(settings)
-    dir_fd = _open_parent(root, target.parent, owner, path, create=True)
     try:
-        _check_fd_inside(dir_fd, root, path)
-        _replace_in_dir(dir_fd, target.name, data, owner, path)
-    finally:
-        os.close(dir_fd)
+        dir_fd = _open_parent(root, target.parent, owner, path, create=True)
+        try:
+            _check_fd_inside(dir_fd, root, path)
+            _replace_in_dir(dir_fd, target.name, data, owner, path)
+        finally:
+            os.close(dir_fd)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise WorkdirFull(f"the project workdir has no room left for {path!r} ({len(data)} bytes; nothing was "
+                          "written): remove files it no longer needs, or write less") from None
     return len(data)
 
 

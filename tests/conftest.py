@@ -42,6 +42,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # The offline busybox image .ci/docker-up.sh builds; canopy up's default (sandbox/images.py) is not built in CI.
 os.environ.setdefault("CANOPY_SANDBOX_IMAGE", "canopy-sandbox:latest")
+# A workdir's disk quota is a loop mount per workdir, which outlives the test that made it: the tests
+# of the quota (tests/sandbox/test_workdirs.py) turn it on and unmount what they mounted.
+os.environ.setdefault("CANOPY_SANDBOX_WORKDIR_MB", "0")
 
 
 # The replay server's port is fixed for the test process, so the runtimes can list its endpoint

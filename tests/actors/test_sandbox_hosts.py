@@ -20,6 +20,8 @@ from actors.sandbox_tools import HOST_LOST_STOPPED
 from actors.scripted import call, create, say, script
 from persistence.errors import DatabaseUnreachable
 from persistence.records import Scope
+from persistence.settings import get_settings
+from sandbox import workdirs
 from sandbox.base import SandboxFull
 from sandbox.manager import choose_backend
 from tests.actors.helpers import alive_sandbox_hosts, eventually, rows, scenario_findings
@@ -194,3 +196,34 @@ async def test_a_hosts_errors_reach_its_caller_as_themselves(runtime: Runtime) -
         assert "secret" not in str(unreachable.value)
     finally:
         ray.kill(host)
+
+
+async def test_a_hosts_commands_and_files_use_the_workdirs_disk(runtime: Runtime, scope: Scope,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way a host reaches a workdir mounts its disk image first (sandbox/workdirs.py): a command
+    that fills it fills 16 MiB, and a file read finds what the command wrote there. The runtime's own
+    hosts have no quota (tests/conftest.py); this host is one of the test's, with the setting on."""
+    if os.geteuid() != 0:
+        pytest.skip("a workdir's disk is a loop mount, which needs root")
+    created = await runtime.create_root(scope, input_text=script(say("made")))
+    tree_id = created["session"]["session_id"]
+    workdir = (await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
+                          "WHERE s.session_id = %s", tree_id))[0]["workdir"]
+    monkeypatch.setenv("CANOPY_SANDBOX_WORKDIR_MB", "16")
+    get_settings.cache_clear()
+    host = sandbox_hosts.SandboxHostImpl(ray.get_runtime_context().get_node_id())
+    try:
+        filled = await host.run_command(tree_id, workdir, "dd if=/dev/zero of=big bs=1M count=64 2>&1; "
+                                        "echo rc=$? > rc.txt", 60, "quota-1")
+        assert "No space left on device" in str(filled["stdout"]), filled
+        assert await host.read_file(workdir, "rc.txt") == {"path": "rc.txt", "content": "rc=1\n"}
+        assert os.path.ismount(workdir) and workdirs.image_of(Path(workdir)).stat().st_blocks * 512 <= 16 * 2**20
+    finally:
+        manager = await host._sandboxes()
+        [lease] = await rows(runtime.db, "SELECT handle FROM sandbox_leases WHERE tree_id = %s", tree_id)
+        await manager.backend.release(lease["handle"])
+        manager.close()
+        await host._db.close()
+        get_settings.cache_clear()
+        if os.path.ismount(workdir):
+            await asyncio.to_thread(workdirs.unmount, Path(workdir))

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from api.doctor import Doctor, Problem
+from api.doctor import Doctor, Problem, Unverified
 from persistence.migrations import latest_version
 from persistence.settings import Settings
 from sandbox.base import SandboxUnavailable
@@ -30,7 +30,7 @@ from sandbox.docker_backend import connect
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKS = ["database", "schema", "Ray", "Docker", "sandbox image", "model"]
+CHECKS = ["database", "schema", "Ray", "Docker", "sandbox image", "workdir disk", "model"]
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def doctor(root: Path, **settings: str) -> tuple[int, dict[str, tuple[str, str]]
     printed = done.stdout + done.stderr
     found = {}
     for line in done.stdout.splitlines():
-        match = re.match(r"(OK|FAIL|SKIP|NOTE)\s+(database|schema|Ray|Docker|sandbox image|model)\s+(.*)", line)
+        match = re.match(rf"(OK|FAIL|SKIP|NOTE)\s+({'|'.join(CHECKS)})\s+(.*)", line)
         if match:
             found[match.group(2)] = (match.group(1), match.group(3))
     return done.returncode, found, printed
@@ -94,6 +94,7 @@ def test_doctor_says_all_ok_on_what_ci_provides_and_leaves_nothing_running(root:
     assert found["schema"][1] == f"none yet: canopy up creates it (version {latest_version()})"
     assert re.search(r"token in \S*auth_token", found["Ray"][1]), found["Ray"]
     assert "canopy-sandbox:latest present" in found["sandbox image"][1]
+    assert found["workdir disk"][1].startswith("10240 MiB per project workdir"), found["workdir disk"]
     assert "built in" in found["model"][1]
     assert "Traceback" not in printed and "warning" not in printed.lower(), printed
     # It stopped what it started: the embedded PostgreSQL and its own Ray.
@@ -140,3 +141,15 @@ def test_doctor_checks_a_provider_model_for_its_key_without_calling_it(root: Pat
     found = Doctor(settings).model()
     assert found == "openai/gpt-4o-mini (CANOPY_DEFAULT_MODEL): litellm has its key and endpoint (not called)"
     assert "sk-doctor-test" not in found
+
+
+def test_doctor_probes_a_workdirs_disk_and_leaves_none(root: Path) -> None:
+    """The quota's probe mounts a workdir's disk under the data dir and takes it away again; with the
+    quota off, the doctor says what that leaves open."""
+    settings = Settings(data_dir=root / "data", sandbox_workdir_mb=16)
+    if os.geteuid() == 0:
+        assert Doctor(settings).workdir_disk().startswith("16 MiB per project workdir")
+        projects = root / "data" / "projects"
+        assert list(projects.iterdir()) == [] and str(projects) not in Path("/proc/self/mountinfo").read_text()
+    with pytest.raises(Unverified, match="CANOPY_SANDBOX_WORKDIR_MB=0"):
+        Doctor(settings.model_copy(update={"sandbox_workdir_mb": 0})).workdir_disk()

@@ -33,6 +33,7 @@ SAMPLES: list[errors.CanopyError] = [
     sandbox.base.SandboxGone("vanished"),
     sandbox.base.SandboxFull("the engine is full", 3),
     sandbox.base.SandboxMoved("another node"),
+    sandbox.base.WorkdirFull("no room left"),
     sandbox.base.PathRejected("../x"),
     sandbox.base.FileMissing("x"),
     actors.sandbox_hosts.HostLost("host lost"),

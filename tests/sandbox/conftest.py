@@ -26,6 +26,7 @@ from persistence import sandbox_leases as leases
 from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from persistence.sandbox_leases import SandboxLease
+from sandbox import workdirs
 from sandbox.base import CommandResult, SandboxBackend, SandboxOptions, SandboxUnavailable
 from sandbox.docker_backend import DockerBackend, connect
 from sandbox.local_backend import LocalBackend
@@ -210,6 +211,24 @@ async def sandbox(
         )
     yield kit
     await cleanup_kit(kit)
+
+
+@pytest.fixture
+def disks(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path``, whose workdirs' disk images (sandbox/workdirs.py) are unmounted after the test.
+    Ask for it before ``sandbox``: its containers, which bind the workdirs, go first."""
+    if os.geteuid() != 0:
+        pytest.skip("a workdir's disk is a loop mount, which needs root")
+    yield tmp_path
+    for point in sorted(mounts_under(tmp_path), key=lambda point: len(point.parts), reverse=True):
+        workdirs.unmount(point)
+
+
+def mounts_under(root: Path) -> list[Path]:
+    """The mount points under ``root``, as this process's mount table lists them."""
+    points = (Path(line.split()[4].encode().decode("unicode_escape"))
+              for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    return [point for point in points if point.is_relative_to(root)]
 
 
 @pytest.fixture
