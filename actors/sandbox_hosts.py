@@ -20,6 +20,10 @@ a crash before that commit tells it again. The command runs in a new sandbox on 
 from what is durable: nothing of the old workdir is carried over, and no member's model is left to
 find it empty unwarned.
 
+A user's limit of sandboxes counts every node, and a node can release only its own: a claim past
+it with none of the user's idle on its node asks the hosts of the nodes that hold idle ones to
+release one, and claims again.
+
 Idle release and orphan reaping run per node, in each host (``EveryNode``: the
 sweeper asks every live node's existing host), because only a node's own engine can remove its
 sandboxes. A lost node has no host left to ask: the sweeper releases its sandboxes itself
@@ -46,7 +50,7 @@ from persistence.records import RunRef
 from persistence.sandbox_leases import SandboxLease
 from persistence.settings import get_settings
 from sandbox import files, workdirs
-from sandbox.base import SandboxError
+from sandbox.base import SandboxError, ScopeFull
 from sandbox.manager import SandboxManager
 
 log = logging.getLogger(__name__)
@@ -84,9 +88,17 @@ class SandboxHostImpl:
     async def run_command(self, tree_id: uuid.UUID, workdir: str, command: str, timeout_seconds: float,
                           command_id: str) -> dict[str, object]:
         manager = await self._sandboxes()
-        result = await manager.run_command(tree_id, await _ready(workdir), command, timeout_seconds,
-                                           command_id=command_id)
+        ready = await _ready(workdir)
+        try:
+            result = await manager.run_command(tree_id, ready, command, timeout_seconds, command_id=command_id)
+        except ScopeFull as full:  # nothing ran: the claim was refused before its sandbox was made
+            if not await _room_on(full.nodes, tree_id):
+                raise
+            result = await manager.run_command(tree_id, ready, command, timeout_seconds, command_id=command_id)
         return result.as_tool_result()
+
+    async def make_room_in_scope(self, tree_id: uuid.UUID) -> bool:
+        return await (await self._sandboxes()).make_room_in_scope(tree_id)
 
     async def kill_command(self, tree_id: uuid.UUID, command_id: str) -> bool:
         return await (await self._sandboxes()).kill_command(tree_id, command_id)
@@ -147,6 +159,16 @@ async def _existing_host(node_id: str) -> Any | None:
         return ray.get_actor(sandbox_host_name(node_id), namespace=NAMESPACE)
     except ValueError:
         return None
+
+
+async def _room_on(nodes: list[str], tree_id: uuid.UUID) -> bool:
+    """Whether the host of one of ``nodes`` released an idle sandbox of the tree's user, whose limit
+    (``CANOPY_SANDBOX_MAX_PER_SCOPE``) counts every node while a node releases only its own."""
+    for node_id in nodes:
+        host = await _existing_host(node_id)
+        if host is not None and await call(host, "make_room_in_scope", tree_id):
+            return True
+    return False
 
 
 async def _lease(db: Database, tree_id: uuid.UUID) -> SandboxLease | None:

@@ -122,9 +122,21 @@ async def idle_trees(
     """Trees with no running Run whose active sandbox was unused for ``idle_seconds`` before ``now``
     (None: DB clock), on ``node_id`` or no node in particular (``node_id`` None: on any node), and of
     the scope of tree ``scope_of`` (None: of any scope); least recently used first."""
+    return [row["tree_id"] for row in await _idle(conn, idle_seconds, now, limit, node_id, scope_of)]
+
+
+async def idle_nodes(conn: Connection, idle_seconds: float, limit: int, scope_of: uuid.UUID) -> set[str]:
+    """The nodes of the ``limit`` least recently used idle sandboxes of the scope of tree ``scope_of``
+    (idle as for ``idle_trees``), on any node."""
+    found = await _idle(conn, idle_seconds, None, limit, None, scope_of)
+    return {row["node_id"] for row in found if row["node_id"] is not None}
+
+
+async def _idle(conn: Connection, idle_seconds: float, now: datetime.datetime | None, limit: int,
+                node_id: str | None, scope_of: uuid.UUID | None) -> list[Row]:
     params = {"idle_seconds": idle_seconds, "now": now, "limit": limit, "node_id": node_id, "scope_of": scope_of}
     cur = await conn.execute(query("sandbox_lease_idle"), params)
-    return [row["tree_id"] for row in await cur.fetchall()]
+    return await cur.fetchall()
 
 
 async def stale_releases(conn: Connection, limit: int = 100, node_id: str | None = None) -> list[uuid.UUID]:

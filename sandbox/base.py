@@ -68,6 +68,16 @@ class SandboxFull(SandboxError):
         self.needed = needed
 
 
+class ScopeFull(SandboxError):
+    """The tree's user holds the most sandboxes they may, none of them idle on the claiming node;
+    nothing was made. ``nodes``: the other nodes holding idle ones of theirs, whose hosts may release
+    one (actors/sandbox_hosts.py)."""
+
+    def __init__(self, message: str, nodes: list[str]) -> None:
+        super().__init__(message)
+        self.nodes = nodes
+
+
 class WorkdirFull(SandboxError):
     """The project workdir has no room left: its disk image is full (sandbox/workdirs.py), or the file
     system beneath it."""

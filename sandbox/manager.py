@@ -22,8 +22,10 @@ settled by a compare-and-set (see ``persistence.sandbox_leases``). On that:
   making is the tree's next command's.
 - A claim that would make a sandbox for a user whose trees hold ``max_per_scope`` already (in
   one app, on every node; counted under the scope's lock) first releases the least recently used
-  idle one of theirs on this node; with none idle it is refused and changes nothing. One user's
-  busy trees cannot take every container of a node.
+  idle one of theirs on this node; with none idle here it is refused and changes nothing
+  (``ScopeFull``, naming the nodes that hold idle ones: their hosts release one on request,
+  ``make_room_in_scope``, and the claim is made again). One user's busy trees cannot take every
+  container of a node.
 - A claim that finds the engine full (``SandboxFull``: ``CANOPY_SANDBOX_MAX_CONTAINERS``) makes
   room by releasing as many of its node's idle sandboxes as it takes, least recently used first
   (idle as for the sweep below, unused for ``_EVICTION_GRACE_SECONDS`` at least), and tries again.
@@ -80,11 +82,11 @@ from sandbox.base import (
     KILLED_EXIT_CODE,
     CommandResult,
     SandboxBackend,
-    SandboxError,
     SandboxFull,
     SandboxGone,
     SandboxMoved,
     SandboxOptions,
+    ScopeFull,
     check_command_id,
 )
 from sandbox.docker_backend import DockerBackend
@@ -164,8 +166,8 @@ class SandboxManager:
         if step == "wait":
             await asyncio.sleep(_WAIT_POLL_SECONDS)
         elif step == "make room in scope":
-            if not await self._make_room(1, "scope", scope_of=tree_id):
-                raise SandboxError(self._scope_full())
+            if not await self.make_room_in_scope(tree_id):
+                raise ScopeFull(self._scope_full(), [])
         elif step == "take over release":
             log.warning("tree %s: a release stalled; finishing it", tree_id)
             await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))
@@ -232,14 +234,20 @@ class SandboxManager:
             return True
         if await self._idle_here(conn, 1, scope_of=tree_id):
             return False
-        raise SandboxError(self._scope_full())
+        nodes = await leases.idle_nodes(conn, _EVICTION_GRACE_SECONDS, self.options.max_per_scope, scope_of=tree_id)
+        raise ScopeFull(self._scope_full(), sorted(nodes - {self.node_id}))
 
     def _scope_full(self) -> str:
         return (
             f"this user's trees already hold {self.options.max_per_scope} sandboxes in this app, the most they "
-            "may (CANOPY_SANDBOX_MAX_PER_SCOPE), and none of them is idle on this node; wait until their "
-            "commands end, or raise the limit"
+            "may (CANOPY_SANDBOX_MAX_PER_SCOPE), and none of them is idle; wait until their commands end, or "
+            "raise the limit"
         )
+
+    async def make_room_in_scope(self, tree_id: uuid.UUID) -> bool:
+        """Release this node's least recently used idle sandbox of the tree's user, for a claim of
+        theirs past ``max_per_scope`` (here, or on another node: see ``ScopeFull``); False if none is."""
+        return await self._make_room(1, "scope", scope_of=tree_id)
 
     async def _idle_here(self, conn: Connection, needed: int, scope_of: uuid.UUID | None = None) -> list[uuid.UUID]:
         """Up to ``needed`` of this node's idle sandboxes (of ``scope_of``'s scope, if given), least

@@ -1,7 +1,7 @@
 -- Candidates for the idle sweep, least recently used first; each one is re-checked under its row
 -- lock before release. A tree with a running Run is in use: left out, or a page of busy trees would
 -- hide the idle ones behind it.
-SELECT tree_id
+SELECT tree_id, node_id
 FROM sandbox_leases
 WHERE state = 'active'
   AND last_used_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(idle_seconds)s)

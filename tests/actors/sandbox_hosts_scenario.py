@@ -2,9 +2,11 @@
 with one database: the tree's first command, from a session on the second node, makes its sandbox
 there; the same session moved to the head runs its next command in that sandbox (the second node's
 sandbox host); another tree's first sandbox call, a file write on the second node, puts its sandbox
-there too; the second node is removed, and the next command from the head is told the workdir
-was lost and runs in a new sandbox on the head. Run by test_sandbox_hosts.py (one Ray per process);
-prints one JSON line. The local backend (CANOPY_SANDBOX_BACKEND=local, set by the test).
+there too; a user whose limit of sandboxes is reached by idle ones on the second node gets one on
+the head (the second node's host releases one); the second node is removed, and the next command
+from the head is told the workdir was lost and runs in a new sandbox on the head. Run by
+test_sandbox_hosts.py (one Ray per process); prints one JSON line. The local backend
+(CANOPY_SANDBOX_BACKEND=local, set by the test).
 
     CANOPY_DATA_DIR=... SCENARIO_DATABASE_URL=... python -m tests.actors.sandbox_hosts_scenario
 """
@@ -116,6 +118,20 @@ async def main() -> None:
         receipt = await runtime.submit_input(scope, pinned["session_id"], command("cat pinned.txt"))
         findings["pinned_run"] = await answer(runtime, scope, receipt["input_id"])
         findings["pinned_run_lease"] = await lease(runtime, pinned["session_id"])
+
+        # A user's limit of sandboxes (CANOPY_SANDBOX_MAX_PER_SCOPE=2, set by the test) counts every node:
+        # another user's two idle trees on the second node, then a third tree of theirs on the head.
+        limited = Scope(f"user-{uuid.uuid4().hex[:8]}", scope.app_id)
+        older, newer = [await session_on(runtime, limited, other, command(f"echo {name}")) for name in ("a", "b")]
+        for started in (older, newer):
+            await answer(runtime, limited, started["input_id"])
+        async with runtime.db.tx() as conn:  # idle past a claim's grace (10 s), the older one the longer
+            for started, seconds in ((older, 60), (newer, 30)):
+                await conn.execute("UPDATE sandbox_leases SET last_used_at = now() - make_interval(secs => %s) "
+                                   "WHERE tree_id = %s", (seconds, started["session_id"]))
+        third = await session_on(runtime, limited, head, command("echo third"))
+        findings["limited_third"] = await answer(runtime, limited, third["input_id"])
+        findings["limited_leases"] = [await lease(runtime, started["session_id"]) for started in (older, newer, third)]
 
         cluster.remove_node(second)
         await until(lambda: not any(node["Alive"] for node in ray.nodes() if node["NodeID"] == other), timeout=30)

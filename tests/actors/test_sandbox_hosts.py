@@ -85,7 +85,8 @@ async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(o
                                                                                tmp_path: Path) -> None:
     findings = await scenario_findings("tests.actors.sandbox_hosts_scenario", {
         **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": own_database_url,
-        "CANOPY_SANDBOX_BACKEND": "local"}, timeout=240)
+        "CANOPY_SANDBOX_BACKEND": "local", "CANOPY_SANDBOX_MAX_PER_SCOPE": "2",
+        "CANOPY_SANDBOX_IDLE_SECONDS": "600"}, timeout=240)
     head, other = findings["head"], findings["other"]
     assert head != other
 
@@ -109,6 +110,14 @@ async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(o
     assert findings["pinned_run"] == {"exit_code": 0, "stdout": "written on node 2", "stderr": ""}, findings
     pinned = findings["pinned_run_lease"]
     assert (pinned["state"], pinned["node_id"]) == ("active", other), findings
+
+    # The third tree of a user whose two sandboxes on the second node were idle got one on the head:
+    # the second node's host released the older (least recently used) one for it, and kept the other.
+    assert findings["limited_third"] == {"exit_code": 0, "stdout": "third\n", "stderr": ""}, findings
+    older, newer, third = findings["limited_leases"]
+    assert (older["state"], older["node_id"]) == ("released", other), findings
+    assert (newer["state"], newer["node_id"]) == ("active", other), findings
+    assert (third["state"], third["node_id"]) == ("active", head), findings
 
     # The second node left, and the sweeper released the sandbox that went with it (a lease left
     # active would be counted, and never idle-released: no host of that node is left to ask). The

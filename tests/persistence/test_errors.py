@@ -34,6 +34,7 @@ SAMPLES: list[errors.CanopyError] = [
     sandbox.base.SandboxFull("the engine is full", 3),
     sandbox.base.SandboxMoved("another node"),
     sandbox.base.WorkdirFull("no room left"),
+    sandbox.base.ScopeFull("the user holds the most", ["node-b"]),
     sandbox.base.PathRejected("../x"),
     sandbox.base.FileMissing("x"),
     actors.sandbox_hosts.HostLost("host lost"),

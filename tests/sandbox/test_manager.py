@@ -14,7 +14,7 @@ import pytest
 
 from persistence import sandbox_leases as leases
 from persistence.sandbox_leases import TRANSITION_STALE_SECONDS, SandboxLease
-from sandbox.base import SandboxError, SandboxMoved
+from sandbox.base import SandboxError, SandboxMoved, ScopeFull
 from sandbox.manager import SandboxManager
 from tests.sandbox.conftest import (
     GatedBackend,
@@ -282,6 +282,30 @@ async def test_a_scopes_sandboxes_are_bounded_and_its_idle_ones_make_room(sandbo
     assert await _sandboxes_of(sandbox, idle[0]) == [] and await _sandboxes_of(sandbox, fourth[0]) == []
     assert len(await _sandboxes_of(sandbox, third[0])) == 1
     assert await made_room(sandbox, "scope") == counted_before + 1
+
+
+async def test_a_scope_full_claim_names_the_nodes_whose_idle_sandboxes_may_go(sandbox: SandboxKit) -> None:
+    """A user's limit counts every node, and a node releases only its own: a claim past it with
+    none of theirs idle on its node is refused naming the nodes that hold idle ones, whose managers
+    release one on request (actors/sandbox_hosts.py asks them), and the claim is made then."""
+    options = dataclasses.replace(sandbox.options, max_per_scope=1)
+    here, there = (SandboxManager(sandbox.db, sandbox.backend, 300, options, node_id=node)
+                   for node in ("node-a", "node-b"))
+    idle_there = await sandbox.new_tree()
+    await there.claim(*idle_there)
+    await last_used(sandbox, idle_there[0], 3600)
+    claim = await sandbox.new_tree(scope_of=idle_there[0])
+
+    with pytest.raises(ScopeFull, match="CANOPY_SANDBOX_MAX_PER_SCOPE") as full:
+        await here.claim(*claim)
+    assert full.value.nodes == ["node-b"]
+    assert await _lease(sandbox, claim[0]) is None  # refused: nothing made, not even its lease
+    assert not await here.make_room_in_scope(claim[0])  # nothing of theirs is idle on node-a
+    assert await there.make_room_in_scope(claim[0])
+    await here.claim(*claim)
+
+    assert [(await _lease(sandbox, tree)).state for tree in (idle_there[0], claim[0])] == ["released", "active"]
+    assert await _sandboxes_of(sandbox, idle_there[0]) == []
 
 
 async def test_two_claims_of_a_scope_never_both_take_its_last_place(sandbox: SandboxKit) -> None:
