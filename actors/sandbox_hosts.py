@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +129,17 @@ class SandboxHostImpl:
 SandboxHost = ray.remote(SandboxHostImpl)
 
 
+# One preparation of a workdir at a time in this process: the others wait here, not in the
+# executor's few threads, which a long first copy into a workdir's disk image would fill.
+_preparing: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+
 async def _ready(workdir: str) -> Path:
     """The workdir, made (and its disk image mounted) on this node: every use of it comes here first."""
     path = Path(workdir)
-    await asyncio.to_thread(workdirs.prepare, path, get_settings().sandbox_workdir_mb)
+    lock = _preparing.setdefault(workdir, asyncio.Lock())
+    async with lock:
+        await asyncio.to_thread(workdirs.prepare, path, get_settings().sandbox_workdir_mb)
     return path
 
 
@@ -165,9 +173,12 @@ async def _room_on(nodes: list[str], tree_id: uuid.UUID) -> bool:
     """Whether the host of one of ``nodes`` released an idle sandbox of the tree's user, whose limit
     (``CANOPY_SANDBOX_MAX_PER_SCOPE``) counts every node while a node releases only its own."""
     for node_id in nodes:
-        host = await _existing_host(node_id)
-        if host is not None and await call(host, "make_room_in_scope", tree_id):
-            return True
+        try:
+            host = await _existing_host(node_id)
+            if host is not None and await call(host, "make_room_in_scope", tree_id):
+                return True
+        except Exception:  # that node's refusal stands; another may have room
+            log.exception("the sandbox host of node %s could not make room for tree %s", node_id, tree_id)
     return False
 
 

@@ -171,7 +171,7 @@ class Settings(BaseSettings):
         default=10240, ge=0,
         description="Disk quota of a project workdir, in MiB: a workdir is an ext4 image of this size, loop-mounted on "
         "it (sandbox/workdirs.py), so a command cannot fill the data dir's file system (the embedded database's "
-        "too). Needs root or CAP_SYS_ADMIN; without them sandbox calls fail saying so. At least 16; 0: no quota for "
+        "too). Needs Canopy to run as root; otherwise sandbox calls fail saying so. At least 16; 0: no quota for "
         "the workdirs made from then on (one that has an image keeps it).")
 
     default_model: str = Field(

@@ -417,9 +417,10 @@ class DockerBackend:
             "log_config": {"type": "none", "config": {}},
         }
         # A container made before the workdir's disk image was mounted binds the directory beneath it
-        # (sandbox/workdirs.py): it must be made again to see the workdir.
-        digest = hashlib.sha256(json.dumps([options.image, spec, os.path.ismount(workdir)], sort_keys=True)
-                                .encode()).hexdigest()[:16]
+        # (sandbox/workdirs.py): it must be made again to see the workdir. Only then does the digest
+        # change, so the containers of workdirs without a disk are kept across the upgrade.
+        mounted = ["workdir disk"] if os.path.ismount(workdir) else []
+        digest = hashlib.sha256(json.dumps([options.image, spec, *mounted], sort_keys=True).encode()).hexdigest()[:16]
         spec["labels"] = {LABEL_TREE: str(tree_id), LABEL_MANAGED: "true", LABEL_SPEC: digest}
         return spec
 

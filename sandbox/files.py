@@ -201,7 +201,7 @@ def write_file(workdir: Path, path: str, content: str, settings: Settings | None
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        raise WorkdirFull(f"the project workdir has no room left for {path!r} ({len(data)} bytes; nothing was "
+        raise WorkdirFull(f"the project workdir has no room left for {path!r} ({len(data)} bytes; the file was not "
                           "written): remove files it no longer needs, or write less") from None
     return len(data)
 

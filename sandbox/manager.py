@@ -166,8 +166,9 @@ class SandboxManager:
         if step == "wait":
             await asyncio.sleep(_WAIT_POLL_SECONDS)
         elif step == "make room in scope":
-            if not await self.make_room_in_scope(tree_id):
-                raise ScopeFull(self._scope_full(), [])
+            if not await self.make_room_in_scope(tree_id):  # its idle one got busy meanwhile
+                async with self.db.tx() as conn:
+                    raise ScopeFull(self._scope_full(), await self._idle_elsewhere(conn, tree_id))
         elif step == "take over release":
             log.warning("tree %s: a release stalled; finishing it", tree_id)
             await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))
@@ -234,8 +235,12 @@ class SandboxManager:
             return True
         if await self._idle_here(conn, 1, scope_of=tree_id):
             return False
+        raise ScopeFull(self._scope_full(), await self._idle_elsewhere(conn, tree_id))
+
+    async def _idle_elsewhere(self, conn: Connection, tree_id: uuid.UUID) -> list[str]:
+        """The other nodes holding idle sandboxes of the tree's user."""
         nodes = await leases.idle_nodes(conn, _EVICTION_GRACE_SECONDS, self.options.max_per_scope, scope_of=tree_id)
-        raise ScopeFull(self._scope_full(), sorted(nodes - {self.node_id}))
+        return sorted(nodes - {self.node_id})
 
     def _scope_full(self) -> str:
         return (
@@ -246,8 +251,10 @@ class SandboxManager:
 
     async def make_room_in_scope(self, tree_id: uuid.UUID) -> bool:
         """Release this node's least recently used idle sandbox of the tree's user, for a claim of
-        theirs past ``max_per_scope`` (here, or on another node: see ``ScopeFull``); False if none is."""
-        return await self._make_room(1, "scope", scope_of=tree_id)
+        theirs past ``max_per_scope`` (here, or on another node: see ``ScopeFull``); False if none is.
+        Runs to its end even when its caller is cancelled: a release cut short holds the lease
+        ``releasing`` until it is stale."""
+        return await self._to_its_end(self._make_room(1, "scope", scope_of=tree_id))
 
     async def _idle_here(self, conn: Connection, needed: int, scope_of: uuid.UUID | None = None) -> list[uuid.UUID]:
         """Up to ``needed`` of this node's idle sandboxes (of ``scope_of``'s scope, if given), least

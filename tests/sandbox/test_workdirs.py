@@ -82,6 +82,8 @@ def test_the_image_is_the_workdir_after_a_reboot_even_with_the_quota_off(disks: 
 
 
 def test_a_workdir_from_before_the_quota_moves_into_its_image(disks: Path) -> None:
+    """Copied into the image (modes, owners, symlinks kept); the old directory is moved aside, not
+    deleted: a sandbox that bound it goes on writing there, and loses nothing."""
     workdir = disks / "project"
     (workdir / "src").mkdir(parents=True)
     (workdir / "src" / "main.py").write_text("print(1)")
@@ -90,64 +92,84 @@ def test_a_workdir_from_before_the_quota_moves_into_its_image(disks: Path) -> No
     (workdir / "link").symlink_to("src/main.py")
     os.chown(workdir / "src" / "main.py", 10001, 10001)
     before = _files(workdir)
-
-    workdirs.prepare(workdir, 16)
+    held = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)  # as a container's bind mount holds it
+    try:
+        workdirs.prepare(workdir, 16)
+        os.close(os.open("late.txt", os.O_WRONLY | os.O_CREAT, dir_fd=held))  # written through it afterwards
+    finally:
+        os.close(held)
 
     assert mounts_under(disks) == [workdir]
     assert _files(workdir) == before
     assert (workdir / "run.sh").stat().st_mode & 0o777 == 0o755
     assert (os.stat(workdir / "src" / "main.py").st_uid, os.stat(workdir / "src" / "main.py").st_gid) == (10001, 10001)
-    assert _disks(disks) == ["project.ext4"]
+    assert _disks(disks) == ["project.before-quota", "project.ext4"]
+    assert _files(disks / workdirs.DISKS / "project.before-quota") == {**before, "late.txt": ""}
     workdirs.unmount(workdir)
     assert list(workdir.iterdir()) == []  # beneath the mount nothing is left to be hidden
 
 
-def test_a_workdir_too_big_for_its_quota_is_refused_and_kept(disks: Path) -> None:
+def test_a_workdir_too_big_for_its_quota_stays_as_it_was_until_the_quota_grows(disks: Path) -> None:
+    """Not refused (the model's work goes on) and not copied again at every call: marked with the size
+    it did not fit, and tried again with a larger one."""
     workdir = disks / "project"
     workdir.mkdir()
     (workdir / "big").write_bytes(b"x" * (20 * MB))
 
-    with pytest.raises(SandboxError, match="CANOPY_SANDBOX_WORKDIR_MB"):
-        workdirs.prepare(workdir, 16)
+    workdirs.prepare(workdir, 16)
+    workdirs.prepare(workdir, 16)
 
     assert mounts_under(disks) == []
     assert (workdir / "big").stat().st_size == 20 * MB
-    assert _disks(disks) == []
+    assert _disks(disks) == ["project.unbounded"]
+    assert (disks / workdirs.DISKS / "project.unbounded").read_text() == "16"
+    workdirs.prepare(workdir, 32)
+    assert mounts_under(disks) == [workdir] and (workdir / "big").stat().st_size == 20 * MB
 
 
-def test_files_beside_an_image_are_refused_not_hidden(disks: Path) -> None:
+def test_files_beneath_an_unmounted_image_are_moved_aside_not_hidden(disks: Path) -> None:
     workdir = disks / "project"
     workdirs.prepare(workdir, 16)
+    (workdir / "kept.txt").write_text("in the image")
     workdirs.unmount(workdir)
     (workdir / "stray.txt").write_text("written while it was unmounted")
 
-    with pytest.raises(SandboxError, match="beside its disk image"):
-        workdirs.prepare(workdir, 16)
+    workdirs.prepare(workdir, 16)
 
-    assert mounts_under(disks) == []
-    assert (workdir / "stray.txt").read_text() == "written while it was unmounted"
+    assert mounts_under(disks) == [workdir]
+    assert _files(workdir) == {"kept.txt": "in the image"}
+    [found] = [name for name in _disks(disks) if name.startswith("project.found-")]
+    assert _files(disks / workdirs.DISKS / found) == {"stray.txt": "written while it was unmounted"}
 
 
 def test_a_copy_completed_before_a_crash_is_finished(disks: Path) -> None:
-    """The process died after the copy into the image was complete, while it emptied the old directory."""
+    """The process died after the copy into the image was complete (``.copied``), before the old
+    directory was moved aside: the copy is the workdir, the old directory is kept aside."""
     workdir, donor = disks / "project", disks / "donor"
     workdirs.prepare(donor, 16)
-    (donor / "moved.txt").write_text("moved")
+    (donor / "copied.txt").write_text("in the copy")
     workdirs.unmount(donor)
     workdirs.image_of(donor).rename(workdirs.image_of(workdir).with_suffix(".copied"))
     workdir.mkdir()
-    (workdir / "moved.txt").write_text("moved")  # the old copy, half removed
+    (workdir / "old.txt").write_text("in the old directory")
 
     workdirs.prepare(workdir, 16)
 
-    assert _files(workdir) == {"moved.txt": "moved"}
-    workdirs.unmount(workdir)
-    assert list(workdir.iterdir()) == []
-    assert "project.ext4" in _disks(disks)
+    assert _files(workdir) == {"copied.txt": "in the copy"}
+    assert _disks(disks) == ["project.before-quota", "project.ext4"]
+    assert _files(disks / workdirs.DISKS / "project.before-quota") == {"old.txt": "in the old directory"}
+
+
+def test_what_the_file_system_refuses_is_a_sandbox_error(disks: Path) -> None:
+    (disks / "file").write_text("not a directory")
+
+    with pytest.raises(SandboxError, match="could not prepare the project workdir"):
+        workdirs.prepare(disks / "file" / "project", 16)
 
 
 def test_without_the_right_to_mount_the_quota_refuses_and_leaves_nothing(disks: Path) -> None:
-    """A Canopy that may not mount (not root, no CAP_SYS_ADMIN) says what to set, and makes no image."""
+    """A Canopy that may not mount says what to set, and makes no image. (Played by root without
+    CAP_SYS_ADMIN; mount(8) refuses a loop mount to any other user outright.)"""
     if shutil.which("capsh") is None:
         pytest.skip("capsh (libcap2-bin) drops the capability")
     workdir = disks / "project"
@@ -157,6 +179,7 @@ def test_without_the_right_to_mount_the_quota_refuses_and_leaves_nothing(disks: 
 
     assert done.returncode != 0
     assert "SandboxError" in done.stderr and "CANOPY_SANDBOX_WORKDIR_MB=0" in done.stderr, done.stderr
+    assert "run as root" in done.stderr
     assert mounts_under(disks) == []
     assert _disks(disks) == []
 
