@@ -26,7 +26,7 @@ from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
 from persistence import messages, sessions, turns, usage, waits
 from persistence import runs as run_repo
 from persistence.cooperation import Dispatcher
-from persistence.db import Connection, Database, DatabaseError, savepoint
+from persistence.db import Connection, Database, DatabaseError, LockConflict, savepoint
 from persistence.errors import CanopyError, Conflict, LeaseLost, TurnCancelled
 from persistence.messages import escape_wrappers
 from persistence.records import Row, RunRef
@@ -187,12 +187,20 @@ async def _guarded(call: dict[str, Any], running: Awaitable[ToolResult]) -> Tool
 async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id: str, args: Any) -> ToolResult:
     """Run a cooperation tool in the result's transaction. One that acts runs in a savepoint: a
     call that is refused or fails changes nothing, and its error is still committed as the
-    result. One that only reads writes nothing to undo (a database error in it fails the
-    transaction, and the Run, which recovery resumes)."""
+    result, so is a deadlock with another session's step (a Conflict). One that only reads writes
+    nothing to undo (a database error in it fails the transaction, and the Run, which recovery
+    resumes)."""
     if not tool.acts:
         return await tool.handler(ctx, conn, call_id, args)
-    async with savepoint(conn):
-        return await tool.handler(ctx, conn, call_id, args)
+    try:
+        async with savepoint(conn):
+            return await tool.handler(ctx, conn, call_id, args)
+    except LockConflict:
+        # Two sessions acting on each other at once (a submit_input or cancel_turn each way): each
+        # step holds its own session's row and waits for the other's. One is refused, and its step
+        # commits, which lets the other go on.
+        raise Conflict(f"{tool.name}: the session it acts on was busy acting on this one at the same moment; "
+                       "nothing was done, call it again") from None
 
 
 def _last_reply(history: list[Row], turn_id: uuid.UUID) -> Row | None:

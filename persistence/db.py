@@ -25,6 +25,8 @@ Connection = psycopg.AsyncConnection[dict[str, Any]]
 # What a statement raises when the database fails or refuses it: the layers above tell it apart from
 # their own errors (a Run that met one is recovered, not failed) without importing the driver.
 DatabaseError = psycopg.Error
+# Lost a row lock to another transaction: a deadlock, or the lock_timeout passed.
+LockConflict = (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable)
 # The largest bigint (ids, event cursors, offsets): a larger value fails its statement.
 MAX_BIGINT = 2**63 - 1
 

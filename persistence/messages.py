@@ -9,10 +9,11 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from persistence.db import Connection, query
-from persistence.errors import Conflict, LeaseLost
+from persistence.db import Connection, advisory_lock, query
+from persistence.errors import Conflict, LeaseLost, LimitReached
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
+from persistence.settings import get_settings
 from persistence.statuses import MessageKind, TurnStatus
 from persistence.turns import check_text, lock_session, open_turn
 
@@ -233,6 +234,7 @@ async def insert_coop_message(
     tool_call_id: str | None = None,
 ) -> uuid.UUID:
     check_text(body, "message")
+    await _check_unread_room(conn, receiver, body)
     message_id = new_id()
     await conn.execute(
         """INSERT INTO coop_messages (message_id, user_id, app_id, kind, sender_session_id, receiver_session_id,
@@ -247,6 +249,26 @@ async def insert_coop_message(
                            payload={"message_id": str(message_id),
                                     "receiver_session_id": str(receiver["session_id"])})
     return message_id
+
+
+async def _check_unread_room(conn: Connection, receiver: Row, body: str) -> None:
+    """LimitReached when the receiver's unread messages, with this one, would pass the settings' count
+    or bytes: its next model call takes them all in. Counted under a lock of the receiver's own, not
+    its row's: a sender holds its own session's row, and two sessions messaging each other would
+    each wait for the other's."""
+    settings = get_settings()
+    await advisory_lock(conn, f"unread:{receiver['session_id']}")
+    cur = await conn.execute(query("coop_messages_unread"), {"session_id": receiver["session_id"],
+                                                             "limit": settings.max_unread_messages})
+    unread = await cur.fetchone()
+    assert unread is not None
+    if unread["messages"] >= settings.max_unread_messages:
+        raise LimitReached(f"session {receiver['path']} has {unread['messages']} messages unread, the most it may "
+                           "(CANOPY_MAX_UNREAD_MESSAGES): send more once it has read them (at its next model call)")
+    if unread["bytes"] + len(body.encode()) > settings.max_unread_message_bytes:
+        raise LimitReached(f"session {receiver['path']} has {unread['bytes']} bytes of messages unread, and this one "
+                           f"would pass {settings.max_unread_message_bytes} (CANOPY_MAX_UNREAD_MESSAGE_BYTES): send it "
+                           "once it has read them (at its next model call), or shorter")
 
 
 async def steer(conn: Connection, scope: Scope, session_id: uuid.UUID, text: str) -> Row:

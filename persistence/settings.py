@@ -76,6 +76,16 @@ class Settings(BaseSettings):
         default=100, ge=1, description="A Turn that needs more model calls fails with that reason.")
     max_sessions_per_tree: int = Field(
         default=1000, ge=1, description="Sessions in one tree (root included); create_session refuses more.")
+    max_pending_inputs: int = Field(
+        default=100, ge=1, description="Inputs one session may have waiting in its queue; past it submit_input (and a "
+        "human's input, HTTP 429, and a schedule's firing) is refused until it takes some.")
+    max_unread_messages: int = Field(
+        default=200, ge=1, description="Messages one session may have waiting unread (its next model call takes "
+                                       "them all in); past it send_message (and a steer, HTTP 429) is refused.")
+    max_unread_message_bytes: int = Field(
+        default=512 * 1024, ge=400_000, description="Bytes (UTF-8) of the messages one session may have waiting "
+        "unread, counted as max_unread_messages is: its next model call sends them all, and more than the "
+        "model's context would fail its Turn. At least one message of the longest (100,000 characters).")
     max_spawned_trees: int = Field(
         default=8, ge=0, description="Trees made by mode='root' creates from one tree and from the trees it "
         "spawned, counted together so that a chain of spawns cannot escape the limit.")

@@ -16,9 +16,10 @@ from psycopg.types.json import Jsonb
 from persistence import lifecycle, metrics
 from persistence import runs as run_repo
 from persistence.db import Connection, query
-from persistence.errors import Conflict, InvalidArgument, LeaseLost, NotFound, TurnCancelled
+from persistence.errors import Conflict, InvalidArgument, LeaseLost, LimitReached, NotFound, TurnCancelled
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
+from persistence.settings import get_settings
 from persistence.statuses import TERMINAL_TURN_STATUSES, InputStatus, RunStatus, TurnStatus, WaitingFor
 
 MAX_TEXT = 100_000
@@ -86,6 +87,7 @@ async def submit_input(
     session = await lock_session(conn, scope, session_id)
     if session["archived"]:
         raise Conflict(f"session {session_id} is archived")
+    await _check_queue_room(conn, session)
     current = await open_turn(conn, session_id)
     if current and current["status"] == TurnStatus.WAITING and current["waiting_for"] in (WaitingFor.APPROVAL,
                                                                                 WaitingFor.ANSWER):
@@ -121,6 +123,17 @@ async def submit_input(
         "status": "started" if turn_id else "queued",
         "turn_id": turn_id,
     }
+
+
+async def _check_queue_room(conn: Connection, session: Row) -> None:
+    """LimitReached when the session's queue holds ``max_pending_inputs`` (counted under its lock):
+    a model that gives itself or another session work in a loop cannot grow a queue without bound."""
+    limit = get_settings().max_pending_inputs
+    cur = await conn.execute(query("inputs_pending_count"), {"session_id": session["session_id"], "limit": limit})
+    row = await cur.fetchone()
+    if row is not None and row["pending"] >= limit:
+        raise LimitReached(f"session {session['path']} already has {limit} inputs waiting in its queue, the most it "
+                           "may (CANOPY_MAX_PENDING_INPUTS): give it more once it has taken some")
 
 
 def _from_within(origin: dict[str, Any], session: Row) -> bool:

@@ -121,6 +121,8 @@ RUNTIME_ENV = {
     # limit leaves room for the other suites sharing the engine (tests/hostile tests the limit itself).
     "CANOPY_SANDBOX_IDLE_SECONDS": "20",
     "CANOPY_SANDBOX_MAX_CONTAINERS": "200",
+    # tests/actors/test_compaction.py queues a 300-Turn conversation at once (the limit has tests of its own).
+    "CANOPY_MAX_PENDING_INPUTS": "300",
     # A provider key the runtime must move out of every environment into the secrets directory; only
     # the model gateway reads it (tests/actors/test_providers.py looks for it everywhere else).
     "OPENAI_API_KEY": "sk-canopy-test-7c1e0f3b9a4d4e2f8b6a5d0c1e2f3a4b",

@@ -1,12 +1,20 @@
 """A reply's tool calls get ids unique within their Turn, in time linear in the calls: a hostile
 reply of thousands of calls with one id must not hold the session host's event loop (which serves
-every session of the host) for the square of that."""
+every session of the host) for the square of that. A cooperation call that deadlocks with another
+session's step is a clear refusal."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from typing import Any
 
-from actors.agent_loop import _with_unique_ids
+import pytest
+
+from actors.agent_loop import _in_savepoint, _with_unique_ids
+from actors.tools import Tool, ToolArgs
+from persistence.db import Connection, Database
+from persistence.errors import Conflict
 
 
 class _CountedSet(set[str]):
@@ -32,3 +40,39 @@ def test_ids_a_reply_repeats_are_made_unique_in_linear_time() -> None:
     assert ids[:3] == ["call_0_2", "call_0_3", "call_0_4"] and ids[3000:3002] == ["call", "call_2"]
     assert ids[-1] == "call_0_2_2"  # its own id was given to the first repeat of call_0
     assert taken.lookups <= 3 * len(calls), taken.lookups
+
+
+async def test_a_deadlock_with_another_sessions_step_is_a_conflict_that_changes_nothing(db: Database) -> None:
+    """Two sessions acting on each other at once: each step holds its own session's lock and waits for
+    the other's. The call PostgreSQL picks is refused with a Conflict (it was an internal error with
+    the server's details), what it wrote is undone, and its step goes on to commit."""
+    first, second = 7_000_000 + uuid.uuid4().int % 1_000_000, 8_000_000 + uuid.uuid4().int % 1_000_000
+    marker = f"deadlock-{uuid.uuid4().hex[:8]}"
+
+    async def acts_on_the_other(ctx: Any, conn: Connection, call_id: str, args: Any) -> dict[str, Any]:
+        await conn.execute("INSERT INTO scopes (user_id, app_id) VALUES (%s, 'deadlock')", (marker,))
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (second,))
+        return {"status": "accepted"}
+
+    tool = Tool("submit_input", "", ToolArgs, acts_on_the_other, acts=True)
+    holding = asyncio.Event()
+
+    async def other_step() -> None:
+        async with db.tx() as conn:
+            await conn.execute("SET LOCAL deadlock_timeout = '20s'")  # the tool's side detects it first
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (second,))
+            holding.set()
+            await asyncio.sleep(0.5)
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (first,))
+
+    other = asyncio.create_task(other_step())
+    async with db.tx() as conn:
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (first,))
+        await holding.wait()
+        with pytest.raises(Conflict, match="call it again"):
+            await _in_savepoint(conn, tool, None, "call-1", None)  # type: ignore[arg-type]
+        await conn.execute("SELECT 1")  # the step's transaction goes on, and commits
+    await asyncio.wait_for(other, 30)  # which let the other step take its lock
+    async with db.tx() as conn:
+        cur = await conn.execute("SELECT count(*) AS n FROM scopes WHERE user_id = %s", (marker,))
+        assert await cur.fetchone() == {"n": 0}

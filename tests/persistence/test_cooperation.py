@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 
 from persistence import cooperation, sessions, turns
 from persistence.db import Database
-from persistence.errors import IdempotencyConflict, InvalidArgument, NotFound
+from persistence.errors import IdempotencyConflict, InvalidArgument, LimitReached, NotFound
 from persistence.records import Row, RunRef, Scope
+from persistence.settings import get_settings
 from tests.persistence.helpers import (
     DISPATCHER,
     child_run,
@@ -279,3 +280,59 @@ async def test_grandchild_creation_through_child_run_records_origin(db: Database
     first_input = await fetch_one(db, "SELECT origin FROM inputs WHERE input_id = %s", (uuid.UUID(bbb["input_id"]),))
     assert first_input["origin"]["session_id"] == aaa["session_id"]
     assert first_input["origin"]["path"] == "/root/aaa"
+
+
+@pytest.fixture
+def small_queues(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("CANOPY_MAX_PENDING_INPUTS", "2")
+    monkeypatch.setenv("CANOPY_MAX_UNREAD_MESSAGES", "3")
+    monkeypatch.setenv("CANOPY_MAX_UNREAD_MESSAGE_BYTES", "400000")
+    get_settings.cache_clear()
+    yield
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+async def test_a_sessions_queue_is_bounded_for_models_and_humans(db: Database, scope: Scope,
+                                                                 small_queues: None) -> None:
+    """A model that gives a session work in a loop (itself included) cannot grow its queue without bound."""
+    _, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")  # busy with its first Turn: what it is given waits
+    for n in range(2):
+        assert (await submit_as(db, run, f"call-{n}", target="/root/aaa", text="more"))["status"] == "queued"
+    before = await count_rows(db)
+
+    with pytest.raises(LimitReached, match="CANOPY_MAX_PENDING_INPUTS"):
+        await submit_as(db, run, "call-2", target="/root/aaa", text="more")
+    with pytest.raises(LimitReached, match="2 inputs waiting"):
+        await submit(db, scope, uuid.UUID(aaa["session_id"]), "from a human")
+
+    assert await count_rows(db) == before
+    # The root's own queue is its own: it may still be given work.
+    assert (await submit_as(db, run, "call-3", target="/root", text="later"))["status"] == "queued"
+
+
+async def test_a_sessions_unread_messages_are_bounded_in_count_and_bytes(db: Database, scope: Scope,
+                                                                         small_queues: None) -> None:
+    """Its next model call takes every unread message in: how many and how large is bounded where
+    they are sent, and reading them makes room again."""
+    _, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    await create_child(db, run, "bbb")
+    for n in range(3):
+        await call(db, cooperation.send_message, run, f"a-{n}", target="/root/aaa", text="x")
+    wide = "é" * 100_000  # 200,000 bytes: two fit in 400,000
+    for n in range(2):
+        await call(db, cooperation.send_message, run, f"b-{n}", target="/root/bbb", text=wide)
+    before = await count_rows(db)
+
+    with pytest.raises(LimitReached, match="CANOPY_MAX_UNREAD_MESSAGES"):
+        await call(db, cooperation.send_message, run, "a-3", target="/root/aaa", text="x")
+    with pytest.raises(LimitReached, match="CANOPY_MAX_UNREAD_MESSAGE_BYTES"):
+        await call(db, cooperation.send_message, run, "b-2", target="/root/bbb", text="y")
+
+    assert await count_rows(db) == before
+    async with db.tx() as conn:  # what aaa's next model call does to them
+        await conn.execute("UPDATE coop_messages SET processed_at = now() WHERE receiver_session_id = %s",
+                           (uuid.UUID(aaa["session_id"]),))
+    assert (await call(db, cooperation.send_message, run, "a-4", target="/root/aaa", text="x"))["status"] == "received"
