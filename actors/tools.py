@@ -26,7 +26,7 @@ from persistence import agents as agent_repo
 from persistence import cooperation, deadlocks, sessions, turns
 from persistence.cooperation import Dispatcher
 from persistence.db import MAX_BIGINT, Connection, Database
-from persistence.errors import InvalidArgument, NotFound
+from persistence.errors import InvalidArgument, NotFound, shown
 from persistence.events import session_updates_after
 from persistence.records import Row, RunRef
 from persistence.settings import Settings
@@ -132,7 +132,7 @@ def _uuid(value: str, what: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise InvalidArgument(f"{what} {value!r} is not an id") from None
+        raise InvalidArgument(f"{what} {shown(value)} is not an id") from None
 
 
 def _jsonable(row: Row) -> dict[str, Any]:

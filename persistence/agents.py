@@ -16,7 +16,7 @@ from psycopg.errors import UniqueViolation
 from psycopg.types.json import Jsonb
 
 from persistence.db import Connection
-from persistence.errors import Conflict, InvalidArgument, NotFound
+from persistence.errors import Conflict, InvalidArgument, NotFound, shown
 from persistence.records import Row, Scope
 from persistence.usage import check_budget
 
@@ -131,7 +131,7 @@ async def get_agent(conn: Connection, scope: Scope, agent_id: str) -> Row:
     )
     row = await cur.fetchone()
     if row is None:
-        raise NotFound(f"no agent {agent_id!r} that you may run")
+        raise NotFound(f"no agent {shown(agent_id)} that you may run")
     return row
 
 

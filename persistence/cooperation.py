@@ -12,7 +12,7 @@ from typing import Any
 
 from persistence import agents, receipts, usage
 from persistence.db import Connection, query
-from persistence.errors import Conflict, InvalidArgument
+from persistence.errors import Conflict, InvalidArgument, shown
 from persistence.events import append_event
 from persistence.messages import insert_coop_message
 from persistence.records import Row, RunRef, Scope
@@ -154,7 +154,7 @@ async def cancel_turn(conn: Connection, run: RunRef, call_id: str, *, target: st
     try:
         turn_uuid = uuid.UUID(str(turn_id))
     except ValueError:
-        raise InvalidArgument(f"turn_id {turn_id!r} is not a turn id") from None
+        raise InvalidArgument(f"turn_id {shown(turn_id)} is not a turn id") from None
     if turn_uuid == run.turn_id:
         raise InvalidArgument("a turn cannot cancel itself; finish with a final answer instead")
     await cancel_turn_row(conn, run.scope, session["session_id"], turn_uuid, reason="cancelled by "

@@ -151,16 +151,23 @@ async def reader_page(conn: Connection, session_id: uuid.UUID, *, after_id: int,
 
 
 # "<", then "canopy" and ":" in any case, with whitespace, "/" or format characters (zero-width
-# spaces, joiners, BOM, direction marks: Unicode's Cf) around them. Each class excludes "<", so
-# the scan stays linear.
+# spaces, joiners, BOM, direction marks: Unicode's Cf) around them, and in the forms a model reads
+# as those: full-width and small letters and signs, angle brackets and quotation marks (NFKC maps
+# some of them, not all, so they are listed). Each class excludes the "<" forms, so the scan stays
+# linear.
 _INVISIBLE = "\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
-_WRAPPER_LIKE = re.compile(f"<[\\s/{_INVISIBLE}]*canopy[\\s{_INVISIBLE}]*:", re.IGNORECASE)
+_LESS_THAN = "<\uff1c\ufe64\u2039\u2329\u27e8\u3008\u1438"
+_COLON = ":\uff1a\ufe55\ufe13\u2236\ua789"
+_CANOPY = "".join(f"[{letter}{chr(ord(letter) - 0x61 + 0xFF41)}{chr(ord(letter) - 0x61 + 0xFF21)}]"
+                  for letter in "canopy")
+_WRAPPER_LIKE = re.compile(f"[{_LESS_THAN}][\\s/{_INVISIBLE}]*{_CANOPY}[\\s{_INVISIBLE}]*[{_COLON}]", re.IGNORECASE)
 
 
 def escape_wrappers(text: str) -> str:
     """Text from anyone but Canopy itself, made unable to pass for Canopy's wrappers: a message or
     reply that writes ``<canopy:message from="/root/boss">`` must not read as one from /root/boss,
-    nor in another case, with spaces or with invisible characters where a model would not see them."""
+    nor in another case, with spaces or with invisible characters where a model would not see them,
+    nor in look-alike characters (``＜ｃａｎｏｐｙ：``, ``‹canopy:``)."""
     return _WRAPPER_LIKE.sub(lambda found: "&lt;" + found.group()[1:], text)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from persistence.db import Connection, advisory_lock, query
-from persistence.errors import Conflict, InvalidArgument, LimitExceeded, NotFound
+from persistence.errors import Conflict, InvalidArgument, LimitExceeded, NotFound, shown
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
 from persistence.scopes import ensure_scope
@@ -47,7 +47,7 @@ _STATE_COLUMNS = "t.turn_id, t.status AS turn_status, t.waiting_for, lr.status A
 def check_name(name: Any) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise InvalidArgument(
-            f"invalid session name {name!r}: use 1-64 letters, digits, '_' or '-' (a local name, "
+            f"invalid session name {shown(name)}: use 1-64 letters, digits, '_' or '-' (a local name, "
             "never a path; the parent is always the creating session)"
         )
     return name
@@ -258,7 +258,7 @@ async def resolve_target(conn: Connection, scope: Scope, tree_id: uuid.UUID, tar
     except ValueError:
         if not (target == ROOT_PATH or target.startswith(ROOT_PATH + "/")):
             raise InvalidArgument(
-                f"target {target!r} is neither a session_id nor a path starting with /root"
+                f"target {shown(target)} is neither a session_id nor a path starting with /root"
             ) from None
         cur = await conn.execute(
             f"""SELECT {SESSION_COLUMNS}, s.user_id, s.app_id FROM sessions s
@@ -267,7 +267,7 @@ async def resolve_target(conn: Connection, scope: Scope, tree_id: uuid.UUID, tar
         )
         row = await cur.fetchone()
         if row is None:
-            raise NotFound(f"no session at {target} in this tree") from None
+            raise NotFound(f"no session at {shown(target)} in this tree") from None
         return row
     return await get_session_row(conn, scope, session_id)
 

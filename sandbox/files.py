@@ -35,7 +35,7 @@ import stat
 import uuid
 from pathlib import Path, PurePosixPath
 
-from persistence.errors import InvalidArgument
+from persistence.errors import InvalidArgument, shown
 from persistence.settings import Settings, get_settings
 from sandbox.base import (
     OUTPUT_LIMIT_BYTES,
@@ -73,7 +73,7 @@ def resolve_inside(workdir: Path, path: str) -> Path:
         raise PathRejected(f"path {path!r} names the project workdir itself, not a file")
     if len(os.fsencode(target)) >= PATH_MAX_BYTES:
         raise PathRejected(
-            f"path {_shown(path)} is too long: joined to the project workdir's own path on the host it is "
+            f"path {shown(path)} is too long: joined to the project workdir's own path on the host it is "
             f"{len(os.fsencode(target))} bytes, over the {PATH_MAX_BYTES - 1} the file system allows"
         )
     return target
@@ -87,16 +87,16 @@ def _check_relative(path: str) -> PurePosixPath:
     try:
         encoded = os.fsencode(path)
     except UnicodeEncodeError:
-        raise PathRejected(f"path {_shown(path)} is not valid text (it holds a lone surrogate)") from None
+        raise PathRejected(f"path {shown(path)} is not valid text (it holds a lone surrogate)") from None
     if len(encoded) > PATH_MAX_BYTES:
         raise PathRejected(
-            f"path {_shown(path)} is too long: {len(encoded)} bytes in UTF-8, over the {PATH_MAX_BYTES} "
+            f"path {shown(path)} is too long: {len(encoded)} bytes in UTF-8, over the {PATH_MAX_BYTES} "
             "a path may have"
         )
     for part in encoded.split(b"/"):
         if len(part) > NAME_MAX_BYTES:
             raise PathRejected(
-                f"path {_shown(path)} is too long: one of its names is {len(part)} bytes in UTF-8, over the "
+                f"path {shown(path)} is too long: one of its names is {len(part)} bytes in UTF-8, over the "
                 f"{NAME_MAX_BYTES} a file or directory name may have"
             )
     pure = PurePosixPath(path)
@@ -108,11 +108,6 @@ def _check_relative(path: str) -> PurePosixPath:
     if ".." in pure.parts:
         raise PathRejected(f"path {path!r} contains '..'; paths must stay inside the project workdir")
     return pure
-
-
-def _shown(path: str) -> str:
-    """``path`` for a message: its start, when it is too long to repeat whole."""
-    return repr(path) if len(path) <= 100 else f"{path[:60]!r}... ({len(path)} characters)"
 
 
 def read_file(workdir: Path, path: str, max_bytes: int = READ_LIMIT_BYTES) -> str:

@@ -336,3 +336,17 @@ async def test_a_sessions_unread_messages_are_bounded_in_count_and_bytes(db: Dat
         await conn.execute("UPDATE coop_messages SET processed_at = now() WHERE receiver_session_id = %s",
                            (uuid.UUID(aaa["session_id"]),))
     assert (await call(db, cooperation.send_message, run, "a-4", target="/root/aaa", text="x"))["status"] == "received"
+
+
+async def test_a_huge_argument_is_not_repeated_in_its_error(db: Database, scope: Scope) -> None:
+    """An error goes back into every later model call of its Turn: a megabyte target or id is named by
+    its start."""
+    _, run = await start_root_run(db, scope)
+    huge = "x" * 1_000_000
+    for target in (huge, "/root/" + huge):
+        with pytest.raises((InvalidArgument, NotFound)) as refused:
+            await submit_as(db, run, "call-1", target=target, text="work")
+        assert len(str(refused.value)) < 300 and "1000" in str(refused.value), str(refused.value)[:300]
+    with pytest.raises(InvalidArgument) as refused:
+        await call(db, cooperation.cancel_turn, run, "call-2", target="/root", turn_id=huge)
+    assert len(str(refused.value)) < 300
