@@ -58,8 +58,18 @@ ORDER BY cursor
 LIMIT %(limit)s
 """
 
+# A human wait's payload holds what the session asks (a question, a command to approve: up to
+# 100,000 characters each): the waiter is told of it with the start of each long text, so that an
+# update of a hundred of them is not a tool result of megabytes.
 _SESSION_UPDATES_AFTER = """
-SELECT cursor, kind, session_id, turn_id, run_id, payload, created_at
+SELECT cursor, kind, session_id, turn_id, run_id, created_at,
+       CASE WHEN kind IN ('waiting_approval', 'waiting_answer') THEN (
+           SELECT jsonb_object_agg(key, CASE
+               WHEN jsonb_typeof(value) = 'string' AND length(value #>> '{}') > 500
+               THEN to_jsonb(left(value #>> '{}', 500) || format('... (%%s characters)', length(value #>> '{}')))
+               ELSE value END)
+           FROM jsonb_each(payload))
+       ELSE payload END AS payload
 FROM events
 WHERE user_id = %(user_id)s AND app_id = %(app_id)s AND cursor > %(after)s
   AND session_id = ANY(%(targets)s) AND kind = ANY(%(kinds)s)

@@ -303,3 +303,22 @@ async def test_park_after_a_committed_cancel_is_refused(db: Database, scope: Sco
         await park(db, run, condition={"input_ids": []})
     assert await count_rows(db) == before
     assert await grant(db, tree.tree_id) == []
+
+
+async def test_a_waiter_is_told_of_a_long_question_by_its_start(db: Database, scope: Scope) -> None:
+    """wait_sessions hands its updates to the model: a child's question of 100,000 characters reaches
+    the waiting parent as its first 500 (a hundred such updates were a tool result of 10 MB); the
+    event keeps the whole question for the human's view."""
+    tree, run = await start_root_run(db, scope)
+    child, child_run_ = await child_run(db, run, "asker")
+    question = "why? " * 20_000
+    await park(db, child_run_, "answer", timeout=None, request={"question": question, "tool_call_id": "call-9"})
+
+    async with db.tx() as conn:
+        updates = await events.session_updates_after(conn, scope, tree.root_id, [uuid.UUID(child["session_id"])], 0)
+        stored = await events.events_after(conn, scope, 0, session_id=uuid.UUID(child["session_id"]))
+
+    [told] = [u for u in updates if u["kind"] == "waiting_answer"]
+    assert told["payload"] == {"question": question[:500] + "... (100000 characters)", "tool_call_id": "call-9"}
+    [kept] = [e for e in stored if e["kind"] == "waiting_answer"]
+    assert kept["payload"]["question"] == question
