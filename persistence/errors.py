@@ -6,6 +6,9 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
+from psycopg import ProgrammingError
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
 
 class CanopyError(Exception):
     """Base class: ``str(error)`` is a clear sentence for a person or a model."""
@@ -84,14 +87,23 @@ class DatabaseUnreachable(CanopyError):
                          "— check CANOPY_DATABASE_URL")
 
 
+# What libpq takes as a secret in a connection string: the password, and the client key's passphrase.
+_SECRETS = ("password", "sslpassword")
+
+
 def redact_url(url: str) -> tuple[str, bool]:
     """``url`` (a URL or a ``key=value`` connection string) without its password; whether it had one."""
     if "://" not in url:
-        kept = [part for part in url.split() if not part.lower().startswith("password=")]
-        return " ".join(kept), len(kept) != len(url.split())
+        # libpq's own parser: "password = x" and quoted values with spaces are passwords too.
+        try:
+            fields = conninfo_to_dict(url)
+        except ProgrammingError:
+            return "(a connection string libpq cannot read)", True
+        kept = {key: value for key, value in fields.items() if key not in _SECRETS}
+        return make_conninfo(**kept), len(kept) != len(fields)
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    kept_query = [(key, value) for key, value in query if key.lower() != "password"]
+    kept_query = [(key, value) for key, value in query if key.lower() not in _SECRETS]
     hidden = len(kept_query) != len(query)
     if hidden:
         parts = parts._replace(query=urllib.parse.urlencode(kept_query))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
 from ray import cloudpickle
 
 import actors.sandbox_hosts
@@ -62,3 +63,17 @@ def test_every_error_unpickles_as_itself() -> None:
         assert (str(back), back.args, vars(back)) == (str(error), error.args, vars(error))
         assert back.details == error.details
     assert "secret" not in str(pickle.loads(cloudpickle.dumps(SAMPLES[10])))
+
+
+@pytest.mark.parametrize("url", [
+    "host=db password=hunter2 user=canopy",
+    "host=db password = hunter2 user=canopy",  # libpq allows spaces around '='
+    "host=db password='correct hunter2 horse' user=canopy",  # and quoted values with spaces
+    "host=db sslpassword=hunter2 user=canopy",  # the client key's passphrase
+    "postgresql://canopy:hunter2@db:5432/canopy",
+    "postgresql://canopy@db/canopy?password=hunter2&sslpassword=hunter2&application_name=x",
+])
+def test_an_unreachable_database_is_named_without_its_secrets(url: str) -> None:
+    said = str(errors.DatabaseUnreachable(url, "connection refused"))
+    assert "hunter2" not in said and "horse" not in said, said
+    assert "(password hidden)" in said and "db" in said and "canopy" in said, said
