@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 import ray
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from actors.naming import NAMESPACE, SWEEPER_NAME
+from actors.runtime import Runtime
 from api import metrics
 from api.auth import require_metrics_reader
 from api.deps import RuntimeDep, errors
@@ -25,8 +27,22 @@ def _ray_reachable() -> str:
     return "ok"
 
 
+# The check in flight, per runtime. Probes need no key: many at once share one check, so that they
+# hold neither the database pool's connections nor the default executor's few threads (which
+# actor lookups use too) while Ray or the database is slow.
+_checking: weakref.WeakKeyDictionary[Runtime, asyncio.Future[Health]] = weakref.WeakKeyDictionary()
+
+
 async def healthz(runtime: RuntimeDep) -> JSONResponse:
     """Liveness, plus database and Ray reachability (503 when either is unreachable)."""
+    check = _checking.get(runtime)
+    if check is None or check.done():
+        check = _checking[runtime] = asyncio.ensure_future(_check(runtime))
+    body = await asyncio.shield(check)  # a probe that goes away leaves the check to the others
+    return JSONResponse(body.model_dump(), status_code=200 if body.status == "ok" else 503)
+
+
+async def _check(runtime: Runtime) -> Health:
     try:
         async with runtime.db.tx() as conn:
             await ping(conn)
@@ -38,8 +54,7 @@ async def healthz(runtime: RuntimeDep) -> JSONResponse:
     except Exception as error:
         ray_state = f"unreachable: {type(error).__name__}"
     healthy = database == "ok" and ray_state == "ok"
-    body = Health(status="ok" if healthy else "degraded", database=database, ray=ray_state)
-    return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)
+    return Health(status="ok" if healthy else "degraded", database=database, ray=ray_state)
 
 
 async def prometheus_metrics(runtime: RuntimeDep) -> Response:

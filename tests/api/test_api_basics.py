@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.runtime import Runtime
 from actors.scripted import say, script
+from api.routes import health
 from persistence import quotas
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
@@ -374,3 +376,22 @@ async def test_a_create_past_the_scopes_quota_is_a_429_and_writes_nothing(
     assert refused.status_code == 429 and "CANOPY_MAX_PROJECTS_PER_SCOPE" in refused.json()["detail"], refused.text
     names = await rows(runtime.db, "SELECT name FROM projects WHERE name LIKE %s", f"% {tag}")
     assert [row["name"] for row in names] == [f"last {tag}"]
+
+
+async def test_many_probes_at_once_share_one_health_check(api: ApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/healthz needs no key: fifty probes at once make one check of Ray (each held a thread of the
+    executor actor lookups use, and a database connection, for as long as Ray was slow)."""
+    asked = []
+
+    def slow_and_counted() -> str:
+        asked.append(1)
+        time.sleep(0.5)  # a slow GCS
+        return reachable()
+
+    reachable = health._ray_reachable
+    monkeypatch.setattr(health, "_ray_reachable", slow_and_counted)
+    async with client(api.url, None) as anon:
+        answers = await asyncio.gather(*(anon.get("/healthz") for _ in range(50)))
+
+    assert [answer.json() for answer in answers] == [{"status": "ok", "database": "ok", "ray": "ok"}] * 50
+    assert len(asked) <= 3, len(asked)  # one, or a few for probes that came after one ended
