@@ -47,6 +47,7 @@ from fastapi.openapi.utils import get_openapi
 from actors.runtime import Runtime
 from api import __version__, errors, ui
 from api.auth import KeyCache, require_scope
+from api.headers import SecurityHeaders
 from api.hub import EventHub
 from api.limits import BodyLimit
 from api.routes import (
@@ -139,6 +140,7 @@ def create_app(
                   generate_unique_id_function=lambda route: route.name)
     errors.install(app)
     app.add_middleware(BodyLimit)
+    app.add_middleware(SecurityHeaders)
     app.include_router(_api_router())
     app.include_router(health.build_router())
     ui.install(app)

@@ -19,13 +19,18 @@ export function forgetKey() {
   storage.set(KEY, null);
 }
 
-/** Take a key from "#key=..." and scrub it from the URL. */
+/**
+ * Take a key from "#key=..." and scrub it from the URL. Only when none is saved: a link that
+ * replaced a saved key would sign its reader into the link maker's account, where their prompts
+ * and files would go (sign out first to use another key's link).
+ */
 export function adoptKeyFromUrl() {
   const url = new URL(window.location.href);
   const key = new URLSearchParams(url.hash.replace(/^#\/?/, "")).get("key");
   if (!key) return false;
-  saveKey(key);
   history.replaceState(null, "", url.pathname + url.search);
+  if (apiKey()) return false;
+  saveKey(key);
   return true;
 }
 

@@ -395,3 +395,20 @@ async def test_many_probes_at_once_share_one_health_check(api: ApiServer, monkey
 
     assert [answer.json() for answer in answers] == [{"status": "ok", "database": "ok", "ray": "ok"}] * 50
     assert len(asked) <= 3, len(asked)  # one, or a few for probes that came after one ended
+
+
+async def test_every_response_carries_the_security_headers(api: ApiServer, http: httpx.AsyncClient) -> None:
+    """The UI shows what models wrote and keeps its key in the browser: its pages run only their own
+    scripts and are framed by no other site. The API reference pages keep their CDN scripts."""
+    async with client(api.url, None) as anon:
+        page, script, docs = await anon.get("/"), await anon.get("/js/first-paint.js"), await anon.get("/docs")
+    listed = await http.get("/api/v1/sessions")
+    for response in (page, script, docs, listed):
+        assert response.status_code == 200, response.text
+        assert (response.headers["x-content-type-options"], response.headers["x-frame-options"],
+                response.headers["referrer-policy"]) == ("nosniff", "DENY", "no-referrer")
+    for response in (page, script, listed):
+        policy = response.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy and "'unsafe" not in policy
+    assert "content-security-policy" not in docs.headers
+    assert "<script>" not in page.text  # the page has no inline script the policy would refuse

@@ -315,6 +315,18 @@ async def test_api_key_prompt(browser: Browser, user: User) -> None:
     finally:
         await opened.context.close()
 
+    # A link carrying another key does not replace a saved one: it would sign its reader into the
+    # link maker's account, where their prompts and files would go. The fragment is scrubbed all the same.
+    opened = await open_tab(browser, user)
+    page = opened.page
+    try:
+        await page.goto(f"{user.base}/#key=ck_someone_else")
+        await expect(page.locator(".sidebar .new-session")).to_be_visible()
+        assert "someone_else" not in page.url
+        assert await page.evaluate("() => localStorage.getItem('canopy:api-key')") == user.key
+    finally:
+        await opened.context.close()
+
     # A key in the query (?key=...) reached the server and its logs: it is not honoured.
     opened = await open_tab(browser, user, key=False)
     page = opened.page
