@@ -4,12 +4,31 @@
 
 import { h, newKey } from "./dom.js";
 
-/** What an approval asks for: a command to run, or a file to write (with its size). */
+// Characters a human would not see, or would see reordered, in what they approve: controls other
+// than newline and tab, and Unicode's format characters (bidi overrides and isolates, zero-width
+// spaces and joiners, the BOM, the soft hyphen). A model that wrote "ls", 200 blank lines and
+// "; curl … | sh", or reversed a command's tail with U+202E, must not get it approved as "ls".
+const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]/g;
+
+/** ``text`` with every hidden character shown as its code point, e.g. "⟨U+202E⟩". */
+export function visible(text) {
+  return text.replace(HIDDEN, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`);
+}
+
+/**
+ * What an approval asks for: a command to run, or a file to write (with its size), hidden
+ * characters shown; ``extent``: how long the command is, when it is more than one short line.
+ */
 export function approvalAction(payload) {
   if (payload.tool === "write_file") {
-    return { verb: "wants to write", subject: `${payload.path ?? ""} (${payload.bytes ?? 0} bytes)` };
+    return { verb: "wants to write", subject: `${visible(String(payload.path ?? ""))} (${payload.bytes ?? 0} bytes)`,
+      extent: "" };
   }
-  return { verb: "wants to run", subject: String(payload.command ?? "") };
+  const command = String(payload.command ?? "");
+  const lines = command.split("\n").length;
+  const extent = lines > 1 || command.length > 200
+    ? `${lines} line${lines === 1 ? "" : "s"}, ${command.length} characters: read all of it` : "";
+  return { verb: "wants to run", subject: visible(command), extent };
 }
 
 export class RequestCard {
@@ -37,7 +56,8 @@ export class RequestCard {
       const action = approvalAction(payload);
       this.body = h("div", { class: "request-body" },
         h("p", { text: `${action.verb}:` }),
-        h("pre", { class: "request-command" }, h("code", { text: action.subject })));
+        h("pre", { class: "request-command" }, h("code", { text: action.subject })),
+        h("p", { class: "request-extent", text: action.extent, hidden: !action.extent }));
     } else {
       this.answer = h("textarea", { class: "request-answer", rows: 2, "aria-label": "Your answer",
         placeholder: "Your answer…" });
