@@ -45,7 +45,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from actors.runtime import Runtime
-from api import __version__, errors, ui
+from api import __version__, errors, reference, ui
 from api.auth import KeyCache, require_scope
 from api.headers import SecurityHeaders
 from api.hub import EventHub
@@ -137,12 +137,14 @@ def create_app(
 
     app = FastAPI(title="Canopy", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                   # Operation ids are the handler names (all unique): readable client method names.
-                  generate_unique_id_function=lambda route: route.name)
+                  generate_unique_id_function=lambda route: route.name,
+                  docs_url=None, redoc_url=None)  # api/reference.py: the same pages, scripts pinned
     errors.install(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(SecurityHeaders)
     app.include_router(_api_router())
     app.include_router(health.build_router())
+    reference.install(app)
     ui.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -2,8 +2,8 @@
 the browser's storage, so a page of it must run no script but its own files, be framed by no other
 site (its Approve button), and leak nothing through referrers or content sniffing.
 
-The API reference pages (``/docs``, ``/redoc``: FastAPI's, with their scripts from a CDN and inline)
-get every header but the content policy, which would stop them working.
+The API reference pages (``/docs``, ``/redoc``: FastAPI's, with their scripts from a CDN, pinned and
+checked by hash, api/reference.py) get every header but the content policy, which would stop them.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.runtime import Runtime
 from actors.scripted import say, script
+from api import reference
 from api.routes import health
 from persistence import quotas
 from persistence.records import Scope
@@ -411,4 +412,13 @@ async def test_every_response_carries_the_security_headers(api: ApiServer, http:
         policy = response.headers["content-security-policy"]
         assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy and "'unsafe" not in policy
     assert "content-security-policy" not in docs.headers
+    # Those run on the UI's origin too: their scripts are pinned to a version and checked by hash.
+    async with client(api.url, None) as anon:
+        redoc = await anon.get("/redoc")
+    for page_of_the_reference, pinned in ((docs, (reference.SWAGGER_JS, reference.SWAGGER_CSS)),
+                                          (redoc, (reference.REDOC_JS,))):
+        assert page_of_the_reference.status_code == 200
+        for url, digest in pinned:
+            assert f'"{url}" integrity="{digest}" crossorigin="anonymous"' in page_of_the_reference.text
+        assert "@5/" not in page_of_the_reference.text and "@2/" not in page_of_the_reference.text
     assert "<script>" not in page.text  # the page has no inline script the policy would refuse
