@@ -84,8 +84,8 @@ async def _open(request: Request, runtime: Runtime, caller: ApiKey, query: Strea
             await stream_watchers.watch(conn, watched, streams.watch_seconds)
         stream_id = await open_streams.open_stream(conn, caller.key_id, limit=runtime.settings.max_streams_per_key,
                                                    seconds=streams.lease_seconds)
-    if stream_id is None:
-        raise unauthorized("invalid, expired or revoked API key")
+        if stream_id is None:  # inside the transaction: a refused stream leaves no watch behind
+            raise unauthorized("invalid, expired or revoked API key")
     lease = StreamLease(runtime.db, stream_id, caller.key_id)
     return EventStreamResponse(event_stream(state.hub, runtime.db, caller.scope, after=start, session_id=session_id,
                                             tree_id=tree_id, watched_tree_id=watched, settings=streams, lease=lease),

@@ -130,9 +130,19 @@ function show(page) {
   page.activate();
 }
 
+/** A route's part as it was encoded, or null for one that cannot be decoded (a hand-made "%E0"). */
+function decoded(part) {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    return null;
+  }
+}
+
 function route() {
   closeSidebar();
-  const parts = window.location.hash.replace(/^#\/?/, "").split("/").filter(Boolean);
+  const parts = window.location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decoded);
+  if (parts.includes(null)) parts.length = 0; // the start page, not a blank one
   if (parts[0] === "new") {
     newPage ??= new NewSessionPage({ ctx });
     show(newPage);
@@ -141,13 +151,13 @@ function route() {
     return;
   }
   if (parts[0] === "s" && parts[1]) {
-    const rootId = decodeURIComponent(parts[1]);
+    const rootId = parts[1];
     const workspace = workspaceFor(rootId);
     show(workspace);
     sessionList?.setActive(rootId);
     if (parts[2] === "m" && parts[3]) {
-      workspace.openSession(decodeURIComponent(parts[3]));
-      history.replaceState(null, "", `#/s/${parts[1]}`);
+      workspace.openSession(parts[3]);
+      history.replaceState(null, "", `#/s/${encodeURIComponent(parts[1])}`);
     }
     return;
   }

@@ -338,6 +338,13 @@ async def test_api_key_prompt(browser: Browser, user: User) -> None:
         await opened.context.close()
 
 
+async def test_a_route_that_cannot_be_decoded_shows_the_start_page(tab: Tab, user: User) -> None:
+    """A hand-made "#/s/%E0" threw in the router, and the page stayed blank (the tab fails on a page error)."""
+    await tab.page.goto(f"{user.base}/#/s/%E0")
+    await expect(tab.page.locator(".sidebar .new-session")).to_be_visible()
+    await expect(tab.page.locator(".workspace-host")).not_to_be_empty()
+
+
 async def test_sse_parser_and_cooperation_rows_in_the_page(tab: Tab, user: User) -> None:
     page = tab.page
     await page.goto(f"{user.base}/")
