@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from actors.model_gateway import INVALID_ARGUMENTS, MAX_ARGUMENT_DEPTH
 from actors.sandbox_tools import SANDBOX_TOOLS
 from actors.tools import COOPERATION_TOOLS, SandboxTool, Tool, ToolArgs
-from persistence.errors import InvalidArgument
+from persistence.errors import InvalidArgument, shown
 
 TOOLS: dict[str, Tool | SandboxTool] = {tool.name: tool for tool in [*COOPERATION_TOOLS, *SANDBOX_TOOLS]}
 # How much of arguments that are not a JSON object the model is shown back.
@@ -52,8 +52,7 @@ def parse_args(name: str, raw: dict[str, Any], allowed: frozenset[str]) -> tuple
         raise InvalidArgument(f"{what} {name!r} is not available to this session; its tools are: "
                               f"{', '.join(n for n in TOOLS if n in allowed) or 'none'}")
     if INVALID_ARGUMENTS in raw:
-        text = str(raw[INVALID_ARGUMENTS])
-        excerpt = repr(text[:_EXCERPT_CHARS]) + (f"... ({len(text)} characters)" if len(text) > _EXCERPT_CHARS else "")
+        excerpt = shown(str(raw[INVALID_ARGUMENTS]), limit=_EXCERPT_CHARS, keep=_EXCERPT_CHARS)
         raise InvalidArgument(f"the arguments of {name} are not a JSON object nested at most {MAX_ARGUMENT_DEPTH} "
                               f"levels deep with no NUL character (U+0000) or lone surrogate in its strings: "
                               f"{excerpt}; call it again with its arguments as one JSON object")

@@ -120,10 +120,11 @@ class SharedDatabaseRequired(CanopyError):
     """A Ray cluster of several nodes and no database they all reach: each node would start its own."""
 
 
-def shown(value: object) -> str:
-    """``value`` for an error sentence: whole when short, else its start. A model's argument may be
-    megabytes, and the sentence goes back into every later model call of its Turn."""
-    if isinstance(value, str) and len(value) > 100:
-        return f"{value[:60]!r}... ({len(value)} characters)"
+def shown(value: object, limit: int = 100, keep: int = 60) -> str:
+    """``value`` for an error sentence: whole up to ``limit`` characters, else its first ``keep``. A
+    model's argument may be megabytes, and the sentence goes back into every later model call of
+    its Turn."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:keep]!r}... ({len(value)} characters)"
     text = repr(value)
-    return text if len(text) <= 100 else f"{text[:60]}... ({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[:keep]}... ({len(text)} characters)"
