@@ -33,7 +33,6 @@ def _disks(root: Path) -> list[str]:
 async def test_a_command_that_fills_its_workdir_fills_its_own_disk_only(disks: Path, sandbox: SandboxKit) -> None:
     tree, workdir = await sandbox.new_tree(disks / "project-a")
     workdirs.prepare(workdir, 16)
-    free_before = shutil.disk_usage(disks).free
     manager = sandbox.manager()
 
     filled = await manager.run_command(tree, workdir, "dd if=/dev/zero of=big bs=1M count=64 2>&1; echo rc=$?", 60)
@@ -42,7 +41,6 @@ async def test_a_command_that_fills_its_workdir_fills_its_own_disk_only(disks: P
     assert (workdir / "big").stat().st_size < 16 * MB
     image = workdirs.image_of(workdir)
     assert image.stat().st_blocks * 512 <= 16 * MB
-    assert free_before - shutil.disk_usage(disks).free < 24 * MB
     # Another project's workdir has room of its own, and this one has room again once a file goes.
     other_tree, other = await sandbox.new_tree(disks / "project-b")
     workdirs.prepare(other, 16)
