@@ -10,15 +10,17 @@ wherever the session asking runs. ``host_for`` is the one place that decides whi
 A tree with no node yet (no lease, or one from before nodes were recorded) uses the caller's node,
 recorded by that first call, a file read or write as much as a command (a file written on one node
 while a later command made the sandbox on another would be on the first node's disk). A host is
-never created on another node: one is looked up by name, and only on a node Ray lists alive. When
-the lease's node has left the cluster (or its host is gone for good) the sandbox and its workdir
-went with it: the lease is released, moved to the caller's node and stamped ``workdir_lost_at`` in
-one compare-and-set (one caller moves it). Every member of the tree made before the loss is then
-told, once: its next sandbox call's tool result says so (``workdir_lost`` and
-:data:`WORKDIR_LOST`), and the commit of that result records it told (``workdir_losses_told``), so
-a crash before that commit tells it again. The command runs in a new sandbox on the caller's node,
-from what is durable: nothing of the old workdir is carried over, and no member's model is left to
-find it empty unwarned.
+never created on another node: one is looked up by name, and only on a node Ray lists alive. A host
+reaches a tree's workdir only while the lease names its node (``refuse_elsewhere``): a call routed
+by an older lease is refused there, and makes nothing. When the lease's node has left the cluster
+(or its host is gone for good) the sandbox and its workdir went with it: the lease is released,
+moved to the caller's node and stamped ``workdir_lost_at`` in one compare-and-set (one caller moves
+it; another that found the node gone at the same time reads the lease again and goes where it was
+moved). Every member of the tree made before the loss is then told, once: its next sandbox call's
+tool result says so (``workdir_lost`` and :data:`WORKDIR_LOST`), and the commit of that result
+records it told (``workdir_losses_told``), so a crash before that commit tells it again. The command
+runs in a new sandbox on the caller's node, from what is durable: nothing of the old workdir is
+carried over, and no member's model is left to find it empty unwarned.
 
 A user's limit of sandboxes counts every node, and a node can release only its own: a claim past
 it with none of the user's idle on its node asks the hosts of the nodes that hold idle ones to
@@ -51,8 +53,8 @@ from persistence.records import RunRef
 from persistence.sandbox_leases import SandboxLease
 from persistence.settings import get_settings
 from sandbox import files, workdirs
-from sandbox.base import SandboxError, ScopeFull
-from sandbox.manager import SandboxManager
+from sandbox.base import SandboxError, SandboxMoved, ScopeFull
+from sandbox.manager import SandboxManager, refuse_elsewhere
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,9 @@ WORKDIR_LOST = (
     "and programs installed before are gone. This and later calls run in a new, empty sandbox on another node")
 HOST_LOST = ("the sandbox host stopped while this call ran (its node left the cluster, or it died): whether "
              "the call took effect is unknown")
+# Each round of routing a call either finds the lease's node or moves the lease off a lost one; only
+# nodes lost one after another, each while a call was routed, keep it going.
+_ROUTE_ATTEMPTS = 5
 
 
 class HostLost(SandboxError):
@@ -86,10 +91,19 @@ class SandboxHostImpl:
 
     # The tool methods answer the tool's result (the sandbox tools, actors/sandbox_tools.py).
 
+    async def _workdir(self, tree_id: uuid.UUID, workdir: str) -> Path:
+        """The tree's workdir, made (and its disk mounted) here; SandboxMoved, nothing made, when the
+        tree's lease puts it on another node (the caller routed by an older lease: a workdir made here
+        would be another, empty one, and a file written to it lost to the tree)."""
+        db = await self._db.get()
+        async with db.tx() as conn:
+            refuse_elsewhere(await leases.get(conn, tree_id), self._node_id)
+        return await _ready(workdir)
+
     async def run_command(self, tree_id: uuid.UUID, workdir: str, command: str, timeout_seconds: float,
                           command_id: str) -> dict[str, object]:
         manager = await self._sandboxes()
-        ready = await _ready(workdir)
+        ready = await self._workdir(tree_id, workdir)
         try:
             result = await manager.run_command(tree_id, ready, command, timeout_seconds, command_id=command_id)
         except ScopeFull as full:  # nothing ran: the claim was refused before its sandbox was made
@@ -104,15 +118,16 @@ class SandboxHostImpl:
     async def kill_command(self, tree_id: uuid.UUID, command_id: str) -> bool:
         return await (await self._sandboxes()).kill_command(tree_id, command_id)
 
-    async def read_file(self, workdir: str, path: str) -> dict[str, object]:
-        return {"path": path, "content": await asyncio.to_thread(files.read_file, await _ready(workdir), path)}
+    async def read_file(self, tree_id: uuid.UUID, workdir: str, path: str) -> dict[str, object]:
+        ready = await self._workdir(tree_id, workdir)
+        return {"path": path, "content": await asyncio.to_thread(files.read_file, ready, path)}
 
     async def write_file(self, workdir: str, path: str, content: str, run: RunRef) -> dict[str, object]:
         """Under the fence of ``run`` (LeaseLost when it no longer holds its lease): a Run that
         stalled past its lease, its Turn resumed by another Run meanwhile, must not write over
         what that one wrote since. The fence's row lock holds the Run's recovery off until the
         write is done."""
-        ready = await _ready(workdir)
+        ready = await self._workdir(run.tree_id, workdir)
         db = await self._db.get()
         async with db.tx() as conn:
             await run_repo.fence(conn, run)
@@ -191,23 +206,30 @@ async def host_for(db: Database, tree_id: uuid.UUID, session_id: uuid.UUID) -> t
     """The host to run the tree's sandbox work in, and whether the calling session is still to be
     told that the tree's workdir was lost (this call found its node gone and moved the lease to
     this node, or an earlier call of another member did: see the module's docstring)."""
-    lease = await _lease(db, tree_id)
     here = _here()
-    if lease is None or lease.node_id is None:
-        # The first call decides the node, a file write as much as a command: a file written here
-        # while a later command made the sandbox on another node would be on this node's disk only.
+    for _ in range(_ROUTE_ATTEMPTS):
+        lease = await _lease(db, tree_id)
+        if lease is None or lease.node_id is None:
+            # The first call decides the node, a file write as much as a command: a file written here
+            # while a later command made the sandbox on another node would be on this node's disk only.
+            async with db.tx() as conn:
+                await leases.pin_node(conn, tree_id, get_settings().sandbox_backend, here)
+                lease = await leases.get(conn, tree_id)
+        if lease is None or lease.node_id in (None, here):  # None: a sandbox from before nodes were recorded
+            host = _local.handle()
+            break
+        if (host := await _existing_host(lease.node_id)) is not None:
+            break
         async with db.tx() as conn:
-            await leases.pin_node(conn, tree_id, get_settings().sandbox_backend, here)
-            lease = await leases.get(conn, tree_id)
+            if await leases.move_lost(conn, tree_id, lease.node_id, here):
+                log.warning("tree %s: the node %s of its sandbox is gone; its workdir is lost", tree_id,
+                            lease.node_id)
+        # Moved here by this call, or by another member's just before to wherever that one runs,
+        # which may be another live node: the lease, read again, says which.
+    else:
+        raise SandboxMoved(f"the tree's sandbox kept moving while this call looked for it ({_ROUTE_ATTEMPTS} "
+                           "times); ask again")
     lost = lease is not None and lease.workdir_lost_at is not None
-    if lease is None or lease.node_id is None or lease.node_id == here:
-        host = _local.handle()
-    elif (host := await _existing_host(lease.node_id)) is None:
-        async with db.tx() as conn:
-            moved = await leases.move_lost(conn, tree_id, lease.node_id, here)
-        if moved:
-            log.warning("tree %s: the node %s of its sandbox is gone; its workdir is lost", tree_id, lease.node_id)
-        lost, host = True, _local.handle()  # moved by this call, or by another member's just before
     if lost:
         async with db.tx() as conn:
             lost = await leases.loss_untold(conn, tree_id, session_id)

@@ -100,8 +100,9 @@ async def _in_sandbox(ctx: ToolContext, method: str, *args: object, command: str
     found the tree's node gone. A tool error (a bad path, a missing file) is raised, but is an
     ``error`` result too when the workdir was lost, so that the notice reaches the model. When the
     host is lost while it runs ``command`` (a command id), that command is stopped first."""
-    host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id, ctx.run.session_id)
+    lost = False
     try:
+        host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id, ctx.run.session_id)
         result = await sandbox_hosts.call(host, method, *args)
     except sandbox_hosts.HostLost as error:
         result = {"error": str(error)} if command is None else await _stop_orphaned(ctx, command)
@@ -195,7 +196,7 @@ async def _record_outcome(ctx: ToolContext, call_id: str, outcome: ToolResult) -
 
 
 async def read_file(ctx: ToolContext, call_id: str, args: ReadFileArgs) -> ToolResult:
-    return await _in_sandbox(ctx, "read_file", await _workdir(ctx), args.path)
+    return await _in_sandbox(ctx, "read_file", ctx.run.tree_id, await _workdir(ctx), args.path)
 
 
 async def write_file(ctx: ToolContext, call_id: str, args: WriteFileArgs) -> ToolResult:

@@ -105,6 +105,15 @@ _WAIT_POLL_SECONDS = 0.1
 _EVICTION_GRACE_SECONDS = 10.0
 
 
+def refuse_elsewhere(lease: SandboxLease | None, node_id: str | None) -> None:
+    """Raise SandboxMoved when ``lease`` puts the tree's sandbox and workdir on another node than
+    ``node_id`` (None: no node in particular). A sandbox or workdir made here would silently start
+    empty, and a file written here would be lost to the tree; the caller picked this node from an
+    older lease, and asks again."""
+    if node_id is not None and lease is not None and lease.node_id not in (None, node_id):
+        raise SandboxMoved(f"the tree's sandbox is on another node ({lease.node_id}); ask again")
+
+
 class SandboxManager:
     def __init__(
         self,
@@ -197,10 +206,7 @@ class SandboxManager:
         return await asyncio.shield(task)
 
     def _claim_step(self, lease: SandboxLease) -> str:
-        if self.node_id is not None and lease.node_id not in (None, self.node_id):
-            # Its sandbox and workdir are another node's: a sandbox made here would silently start
-            # from an empty workdir. The caller picked this node from an older lease; it asks again.
-            raise SandboxMoved(f"the tree's sandbox is on another node ({lease.node_id}); ask again")
+        refuse_elsewhere(lease, self.node_id)
         if lease.state == "active" and lease.handle is not None:
             if lease.backend == self.backend.name:
                 return "reuse"

@@ -3,8 +3,9 @@ with one database: the tree's first command, from a session on the second node, 
 there; the same session moved to the head runs its next command in that sandbox (the second node's
 sandbox host); another tree's first sandbox call, a file write on the second node, puts its sandbox
 there too; a user whose limit of sandboxes is reached by idle ones on the second node gets one on
-the head (the second node's host releases one); the second node is removed, and the next command
-from the head is told the workdir was lost and runs in a new sandbox on the head. Run by
+the head (the second node's host releases one); a call that finds a tree's node gone just after
+another member moved the lease to the second node goes there; the second node is removed, and the
+next command from the head is told the workdir was lost and runs in a new sandbox on the head. Run by
 test_sandbox_hosts.py (one Ray per process); prints one JSON line. The local backend
 (CANOPY_SANDBOX_BACKEND=local, set by the test).
 
@@ -25,10 +26,12 @@ import ray
 from pydantic import SecretStr
 from ray.cluster_utils import Cluster
 
+from actors import sandbox_hosts as hosts
 from actors.hosting import SHAPE_ACTORS
-from actors.naming import NAMESPACE, node_local_options, session_actor_name
+from actors.naming import NAMESPACE, node_local_options, sandbox_host_name, session_actor_name
 from actors.runtime import Runtime
 from actors.scripted import call, say, script
+from persistence import sandbox_leases as leases
 from persistence.databases import rows
 from persistence.records import Scope
 from persistence.settings import Settings
@@ -77,6 +80,27 @@ async def move_session(session_id: uuid.UUID, node_id: str) -> str:
     await until(lambda: not [a for a in actors(name) if a.state != "DEAD"], timeout=30)
     actor = SHAPE_ACTORS.session.options(**node_local_options(name, node_id)).remote(str(session_id))
     return str((await actor.status.remote())["owner"])
+
+
+async def raced_route(runtime: Runtime, tree_id: uuid.UUID, gone: str, other: str) -> dict[str, Any]:
+    """Where ``host_for`` sends a call that finds the tree's node ``gone`` lost just as another member,
+    on node ``other``, has moved the lease there: that member's move commits between this call's read
+    of the lease and its own move (played here at the one point between them)."""
+    existing = hosts._existing_host
+
+    async def moved_first(node_id: str) -> Any:
+        if node_id == gone:
+            async with runtime.db.tx() as conn:
+                assert await leases.move_lost(conn, tree_id, gone, other)
+        return await existing(node_id)
+
+    hosts._existing_host = moved_first
+    try:
+        host, lost = await hosts.host_for(runtime.db, tree_id, tree_id)
+    finally:
+        hosts._existing_host = existing
+    on_other = host._actor_id == ray.get_actor(sandbox_host_name(other), namespace=NAMESPACE)._actor_id
+    return {"host": "other" if on_other else "not other", "lost": lost}
 
 
 async def main() -> None:
@@ -132,6 +156,15 @@ async def main() -> None:
         third = await session_on(runtime, limited, head, command("echo third"))
         findings["limited_third"] = await answer(runtime, limited, third["input_id"])
         findings["limited_leases"] = [await lease(runtime, started["session_id"]) for started in (older, newer, third)]
+
+        # Two members of a tree find its node gone at once, and the one on the second node moves the
+        # lease first: the other's call goes to the second node's host (its own node's would refuse it).
+        raced = await runtime.create_root(scope, input_text=script(say("made")))
+        raced_id = raced["session"]["session_id"]
+        async with runtime.db.tx() as conn:
+            await leases.pin_node(conn, raced_id, "local", "dd" * 28)
+        findings["raced"] = await raced_route(runtime, raced_id, "dd" * 28, other)
+        findings["raced_lease"] = await lease(runtime, raced_id)
 
         cluster.remove_node(second)
         await until(lambda: not any(node["Alive"] for node in ray.nodes() if node["NodeID"] == other), timeout=30)

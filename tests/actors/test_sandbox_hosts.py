@@ -18,11 +18,12 @@ from actors.runtime import Runtime
 from actors.sandbox_hosts import WORKDIR_LOST
 from actors.sandbox_tools import HOST_LOST_STOPPED
 from actors.scripted import call, create, say, script
+from persistence import sandbox_leases as leases
 from persistence.errors import DatabaseUnreachable
-from persistence.records import Scope
+from persistence.records import RunRef, Scope, new_id
 from persistence.settings import get_settings
 from sandbox import workdirs
-from sandbox.base import SandboxFull
+from sandbox.base import SandboxFull, SandboxMoved
 from sandbox.manager import choose_backend
 from tests.actors.helpers import alive_sandbox_hosts, eventually, rows, scenario_findings
 from tests.conftest import RUNTIME_ENV
@@ -118,6 +119,10 @@ async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(o
     assert (older["state"], older["node_id"]) == ("released", other), findings
     assert (newer["state"], newer["node_id"]) == ("active", other), findings
     assert (third["state"], third["node_id"]) == ("active", head), findings
+
+    # A call whose move of a lost node's lease lost the race went where the winner moved it, told of the loss.
+    assert findings["raced"] == {"host": "other", "lost": True}, findings
+    assert findings["raced_lease"] == {"state": "released", "handle": None, "node_id": other, "lost": True}, findings
 
     # The second node left, and the sweeper released the sandbox that went with it (a lease left
     # active would be counted, and never idle-released: no host of that node is left to ask). The
@@ -225,7 +230,7 @@ async def test_a_hosts_commands_and_files_use_the_workdirs_disk(runtime: Runtime
         filled = await host.run_command(tree_id, workdir, "dd if=/dev/zero of=big bs=1M count=64 2>&1; "
                                         "echo rc=$? > rc.txt", 60, "quota-1")
         assert "No space left on device" in str(filled["stdout"]), filled
-        assert await host.read_file(workdir, "rc.txt") == {"path": "rc.txt", "content": "rc=1\n"}
+        assert await host.read_file(tree_id, workdir, "rc.txt") == {"path": "rc.txt", "content": "rc=1\n"}
         assert os.path.ismount(workdir) and workdirs.image_of(Path(workdir)).stat().st_blocks * 512 <= 16 * 2**20
     finally:
         get_settings.cache_clear()
@@ -237,3 +242,33 @@ async def test_a_hosts_commands_and_files_use_the_workdirs_disk(runtime: Runtime
         await host._db.close()
         if os.path.ismount(workdir):
             await asyncio.to_thread(workdirs.unmount, Path(workdir))
+
+
+async def test_a_host_refuses_a_tree_whose_sandbox_is_on_another_node_and_makes_nothing(
+        runtime: Runtime, scope: Scope) -> None:
+    """A call routed by an older lease (another member moved it meanwhile) reaches a host whose node
+    no longer holds the tree's workdir: a workdir made there would be another, empty one, and a file
+    written to it lost to the tree. The host refuses every entry point before touching the disk."""
+    created = await runtime.create_root(scope, input_text=script(say("made")))
+    tree_id = created["session"]["session_id"]
+    workdir = (await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
+                          "WHERE s.session_id = %s", tree_id))[0]["workdir"]
+    elsewhere = "ee" * 28
+    async with runtime.db.tx() as conn:
+        await leases.pin_node(conn, tree_id, get_settings().sandbox_backend, elsewhere)
+    before = await rows(runtime.db, "SELECT * FROM sandbox_leases WHERE tree_id = %s", tree_id)
+    host = sandbox_hosts.SandboxHostImpl(ray.get_runtime_context().get_node_id())
+    try:
+        calls = [host.run_command(tree_id, workdir, "echo here > note.txt", 60, "moved-1"),
+                 host.read_file(tree_id, workdir, "note.txt"),
+                 host.write_file(workdir, "note.txt", "here", RunRef(scope, tree_id, tree_id, new_id(), new_id(),
+                                                                     "a stale run"))]
+        for attempt in calls:
+            with pytest.raises(SandboxMoved, match=elsewhere):
+                await attempt
+    finally:
+        if host._manager is not None:
+            host._manager.close()
+        await host._db.close()
+    assert not Path(workdir).exists()
+    assert await rows(runtime.db, "SELECT * FROM sandbox_leases WHERE tree_id = %s", tree_id) == before
