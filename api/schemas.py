@@ -30,6 +30,9 @@ def _storable(value: str) -> str:
 Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT), AfterValidator(_storable)]
 OptionalText = Annotated[str, StringConstraints(max_length=MAX_TEXT), AfterValidator(_storable)]
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
+# A title is in every line of a list of conversations (100 a page), and the UI's edit field takes 500.
+MAX_TITLE = 500
+Title = Annotated[str, StringConstraints(max_length=MAX_TITLE), AfterValidator(_storable)]
 ScopeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@:-]{1,128}$")]
 AgentId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
 ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
@@ -274,13 +277,13 @@ class Project(ResponseBody):
 class SessionCreate(RequestBody):
     agent_id: AgentId | None = None
     project_id: uuid.UUID | None = None
-    title: OptionalText | None = None
+    title: Title | None = None
     input: Text | None = Field(default=None, description="Submitted at once as the root's first input.")
     budget: Budget | None = Field(default=None, description="The tree's budget (default: the agent's, if any).")
 
 
 class SessionUpdate(RequestBody):
-    title: OptionalText
+    title: Title
 
 
 class InputCreate(RequestBody):

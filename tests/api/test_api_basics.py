@@ -82,11 +82,13 @@ async def test_admin_creates_keys(api: ApiServer) -> None:
         assert refused.status_code == 401
 
 
-async def test_validation_and_limits(http: httpx.AsyncClient) -> None:
+async def test_validation_and_limits(http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
     too_long = await http.post("/api/v1/sessions", json={"input": "x" * 100_001})
     assert too_long.status_code == 422 and "100000" in too_long.json()["detail"]
     nul = await http.post("/api/v1/sessions", json={"title": "a\u0000b"})
     assert nul.status_code == 422
+    long_title = await http.post("/api/v1/sessions", json={"title": "t" * 501, "input": "hello"})
+    assert long_title.status_code == 422 and "500" in long_title.text, long_title.text
     surrogate = await http.post("/api/v1/sessions", content=b'{"input": "a\\ud800b"}',
                                 headers={"Content-Type": "application/json"})
     assert surrogate.status_code == 422 and "unicode" in surrogate.text
@@ -103,6 +105,12 @@ async def test_validation_and_limits(http: httpx.AsyncClient) -> None:
     assert huge.status_code == 413 and "detail" in huge.json()
     not_found = await http.get("/api/v1/sessions/00000000-0000-0000-0000-000000000000")
     assert not_found.status_code == 404 and isinstance(not_found.json()["detail"], str)
+    assert await rows(runtime.db, "SELECT count(*) AS n FROM sessions WHERE user_id = %s AND app_id = %s",
+                      scope.user_id, scope.app_id) == [{"n": 0}]  # nothing refused was made
+    kept = (await http.post("/api/v1/sessions", json={"title": "kept"})).json()["session"]["session_id"]
+    assert (await http.patch(f"/api/v1/sessions/{kept}", json={"title": "t" * 501})).status_code == 422
+    assert await rows(runtime.db, "SELECT title FROM sessions WHERE session_id = %s", kept) == [{"title": "kept"}]
+    assert (await http.patch(f"/api/v1/sessions/{kept}", json={"title": "t" * 500})).status_code == 200
 
 
 async def test_sessions_list_newest_first_and_archive(http: httpx.AsyncClient, scope: Scope) -> None:
