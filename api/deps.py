@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 
 from actors.runtime import Runtime
 from api.schemas import ErrorBody, HumanRequest, ValidationErrorBody
@@ -19,6 +19,8 @@ def get_runtime(request: Request) -> Runtime:
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+# Where a page of a list starts: the lists are ordered so that new rows do not shift earlier pages.
+Offset = Annotated[int, Query(ge=0, le=1_000_000)]
 
 
 async def pending_requests(runtime: Runtime, scope: Scope, *, session_id: uuid.UUID | None = None,

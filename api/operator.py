@@ -19,7 +19,7 @@ from persistence.records import Row, Scope
 from persistence.settings import get_settings
 
 T = TypeVar("T")
-_AGENTS_PAGE = 1000
+_PAGE = 1000
 
 
 async def in_database(work: Callable[[Connection], Awaitable[T]]) -> T:
@@ -38,9 +38,21 @@ async def create_key(scope: Scope, expires_in_seconds: float | None = None) -> t
     return await in_database(lambda conn: scopes.issue_key(conn, scope, expires_in_seconds=expires_in_seconds))
 
 
+async def _every_page(read: Callable[[Connection, int, int], Awaitable[list[Row]]]) -> list[Row]:
+    """Every row of a list a terminal shows whole, read a page (offset, limit) at a time."""
+    async def every_row(conn: Connection) -> list[Row]:
+        found: list[Row] = []
+        while page := await read(conn, len(found), _PAGE):
+            found += page
+        return found
+
+    return await in_database(every_row)
+
+
 async def list_keys(console: Console, *, user_id: str | None, app_id: str | None) -> None:
-    found = await in_database(lambda conn: scopes.list_keys(conn, user_id=user_id, app_id=app_id))
-    console.print(keys_table(found))
+    console.print(keys_table(await _every_page(
+        lambda conn, offset, limit: scopes.list_keys(conn, user_id=user_id, app_id=app_id, offset=offset,
+                                                     limit=limit))))
 
 
 async def revoke_key(key_id: uuid.UUID) -> Row:
@@ -48,13 +60,8 @@ async def revoke_key(key_id: uuid.UUID) -> Row:
 
 
 async def list_agents(scope: Scope, console: Console) -> None:
-    async def every_agent(conn: Connection) -> list[Row]:  # a terminal shows them all, read a page at a time
-        found: list[Row] = []
-        while page := await agents.list_agents(conn, scope, offset=len(found), limit=_AGENTS_PAGE):
-            found += page
-        return found
-
-    console.print(agents_table(await in_database(every_agent)))
+    console.print(agents_table(await _every_page(
+        lambda conn, offset, limit: agents.list_agents(conn, scope, offset=offset, limit=limit))))
 
 
 async def create_agent(scope: Scope, fields: dict[str, Any], console: Console) -> None:

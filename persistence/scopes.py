@@ -85,7 +85,9 @@ async def revoke_key(conn: Connection, key_id: uuid.UUID) -> Row:
     return row
 
 
-async def list_keys(conn: Connection, *, user_id: str | None = None, app_id: str | None = None) -> list[Row]:
-    """Every key (of ``user_id`` / ``app_id`` when given) without its hash, oldest first."""
-    cur = await conn.execute(query("api_key_list"), {"user_id": user_id, "app_id": app_id})
+async def list_keys(conn: Connection, *, user_id: str | None, app_id: str | None, offset: int,
+                    limit: int) -> list[Row]:
+    """A page of the keys (of ``user_id`` / ``app_id`` when given) without their hashes, oldest first."""
+    cur = await conn.execute(query("api_key_list"), {"user_id": user_id, "app_id": app_id, "offset": offset,
+                                                     "limit": limit})
     return await cur.fetchall()

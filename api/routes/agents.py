@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Request, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, RuntimeDep, errors
+from api.deps import COMMON, Offset, RuntimeDep, errors
 from api.schemas import Agent, AgentCreate, AgentSummary, AgentUpdate
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import agents
@@ -19,7 +19,7 @@ AgentIdPath = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$", descrip
 
 @router.get("", response_model=list[AgentSummary], responses=errors(*COMMON))
 async def list_agents(caller: ScopeDep, runtime: RuntimeDep,
-                      offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+                      offset: Offset = 0,
                       limit: Annotated[int, Query(ge=1, le=100)] = 100) -> list[AgentSummary]:
     """A page of the agents the caller may run, by id, as summaries (a shorter page: the last)."""
     async with runtime.db.tx() as conn:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, RuntimeDep, errors, pending_requests
+from api.deps import COMMON, Offset, RuntimeDep, errors, pending_requests
 from api.schemas import (
     CompactionRequested,
     HumanRequest,
@@ -66,7 +66,7 @@ async def list_roots(
         description="all: every root of your scope; project: the roots of project_id (default: your first "
                     "project)")] = "all",
     project_id: Annotated[uuid.UUID | None, Query(description="Only roots of this project.")] = None,
-    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     include_archived: Annotated[bool, Query(description="Also list archived roots (hidden by default).")] = False,
 ) -> list[RootSession]:

@@ -130,6 +130,16 @@ async def test_operators_list_keys_without_the_keys(api: ApiServer, scope: Scope
         assert (await http.get("/api/v1/admin/keys")).status_code == 401
 
 
+async def test_operators_list_keys_a_page_at_a_time(api: ApiServer, scope: Scope) -> None:
+    made = [(await _new_key(api, scope))["key_id"] for _ in range(3)]
+    async with client(api.url, ADMIN_TOKEN) as admin:
+        pages = [(await admin.get("/api/v1/admin/keys", params={"user_id": scope.user_id, **page})).json()
+                 for page in ({"limit": 2}, {"offset": 2, "limit": 2}, {"offset": 3})]
+        too_long = await admin.get("/api/v1/admin/keys", params={"limit": 1001})
+    assert [[entry["key_id"] for entry in page] for page in pages] == [made[:2], made[2:], []]
+    assert too_long.status_code == 422 and "1000" in too_long.text
+
+
 async def test_keys_in_query_parameters_are_refused(api: ApiServer, http: httpx.AsyncClient, scope: Scope) -> None:
     key = (await _new_key(api, scope))["api_key"]
     root = (await http.post("/api/v1/sessions", json={"title": "query keys"})).json()["session"]["session_id"]
