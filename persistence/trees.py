@@ -31,6 +31,7 @@ _OPEN_TURNS = """
 SELECT t.turn_id, t.status, t.waiting_for, t.session_id FROM turns t JOIN sessions s ON s.session_id = t.session_id
 WHERE s.tree_id = %s AND t.status IN ('running', 'waiting', 'cancelling')
 ORDER BY s.depth, s.path
+FOR NO KEY UPDATE OF t
 """
 _LOCK_MEMBERS = "SELECT session_id FROM sessions WHERE tree_id = %s ORDER BY session_id FOR NO KEY UPDATE"
 _MEMBERS_WITH_PENDING = """
@@ -77,6 +78,8 @@ async def stop_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID, *,
     cur = await conn.execute(_MEMBERS_WITH_PENDING, (tree_id,))
     for row in await cur.fetchall():
         await conn.execute("UPDATE sessions SET queue_paused = true WHERE session_id = %s", (row["session_id"],))
+    # Each open Turn locked, as a wait's resume locks it: one resumed meanwhile is read with its resume
+    # Run (cancelled with it below), never cancelled with that Run left to run in the stopped tree.
     cur = await conn.execute(_OPEN_TURNS, (tree_id,))
     to_signal = []
     why = ("stopped: the whole tree was stopped" if reached is None

@@ -80,8 +80,8 @@ async def submit_input(
     """Queue an input FIFO; start its Turn at once when the session is idle.
 
     A human's input also unpauses that member's queue (after a stop, only that member); one from
-    outside the tree (a schedule, another tree's session) to an idle member of a stopped tree
-    pauses it.
+    outside the tree (a schedule, another tree's session) to a member of a stopped tree that is idle,
+    or whose Turn the stop is still cancelling, pauses it.
     """
     check_text(text)
     session = await lock_session(conn, scope, session_id)
@@ -99,8 +99,8 @@ async def submit_input(
         if session["queue_paused"]:
             await conn.execute("UPDATE sessions SET queue_paused = false WHERE session_id = %s", (session_id,))
             session = {**session, "queue_paused": False}
-    elif (not session["queue_paused"] and current is None and not _from_within(origin, session)
-          and await _tree_stopped(conn, session["tree_id"])):
+    elif (not session["queue_paused"] and (current is None or current["status"] == TurnStatus.CANCELLING)
+          and not _from_within(origin, session) and await _tree_stopped(conn, session["tree_id"])):
         # Stop all paused every member with pending input; one given input later from outside the
         # tree (a schedule, another tree's session) while it is still stopped is paused the same way:
         # Continue, or a human's input, starts it. (Continue locks every member first: it waits for

@@ -39,6 +39,13 @@ WHERE w.wait_id = %s FOR UPDATE OF w
 """
 
 
+async def _lock_turn(conn: Connection, turn_id: uuid.UUID) -> Row | None:
+    """The Turn's status, its row locked until the transaction ends: before its wait's, in the order
+    every cancel takes them (``turns.cancel_turn``, ``trees.stop_tree``)."""
+    cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s FOR NO KEY UPDATE", (turn_id,))
+    return await cur.fetchone()
+
+
 async def park(
     conn: Connection,
     run: RunRef,
@@ -56,8 +63,7 @@ async def park(
     so a cancel that commits meanwhile is seen here and never overwritten by ``waiting``.
     """
     await run_repo.fence(conn, run)
-    cur = await conn.execute("SELECT status FROM turns WHERE turn_id = %s FOR NO KEY UPDATE", (run.turn_id,))
-    turn = await cur.fetchone()
+    turn = await _lock_turn(conn, run.turn_id)
     if turn is None or turn["status"] != TurnStatus.RUNNING:
         raise Conflict(f"turn {run.turn_id} is being cancelled; it cannot wait")
     wait_id = new_id()
@@ -113,8 +119,16 @@ async def _condition_met(conn: Connection, wait: Row) -> bool:
 async def try_resume(conn: Connection, wait_id: uuid.UUID) -> Row | None:
     """Resume the wait's Turn in a new pending Run if its condition holds or its deadline passed.
 
-    Exactly once: the wait row is locked, and ``runs.resumes_run_id`` is unique.
+    Exactly once: the wait row is locked, and ``runs.resumes_run_id`` is unique. Its Turn is locked
+    first: a cancel of the Turn (or a stop of its tree) under way then sees the resume Run when this
+    commits first, and cancels it with the Turn, instead of leaving it to run; and the two never
+    deadlock (each takes the Turn, then the wait).
     """
+    cur = await conn.execute("SELECT turn_id FROM waits WHERE wait_id = %s", (wait_id,))
+    found = await cur.fetchone()
+    if found is None:
+        return None
+    await _lock_turn(conn, found["turn_id"])
     cur = await conn.execute(_LOCK_WAIT, (wait_id,))
     wait = await cur.fetchone()
     if wait is None or wait["status"] != WaitStatus.OPEN:

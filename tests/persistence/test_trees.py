@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from persistence import runs, sessions, trees, turns
+from persistence import runs, sessions, trees, turns, waits
 from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument
 from persistence.records import Row, Scope
@@ -24,6 +24,7 @@ from tests.persistence.helpers import (
     fetch_all,
     fetch_one,
     finish,
+    grant,
     make_tree,
     session_row,
     start_root_run,
@@ -31,7 +32,7 @@ from tests.persistence.helpers import (
     submit,
     turn_row,
 )
-from tests.persistence.test_waits import park
+from tests.persistence.test_waits import park, try_resume
 
 SECRET_OUTPUT = "SECRET-OUTPUT-BODY-7f3a"
 
@@ -254,6 +255,64 @@ async def test_after_a_stop_a_human_input_unpauses_only_that_member(db: Database
     async with db.tx() as conn:
         await turns.submit_input(conn, scope, uuid.UUID(bbb["session_id"]), "from a peer", {"kind": "session"})
     assert (await session_row(db, bbb["session_id"]))["queue_paused"] is True
+
+
+async def test_a_stop_racing_a_resuming_wait_cancels_its_resume_run(db: Database, scope: Scope) -> None:
+    """A wait resumed (its resume Run queued, its Turn running again) by a transaction that commits
+    while Stop all runs: the stop cancels that Run with the Turn. It cancelled the Turn and left the
+    resume Run pending, which a slot then ran: a model call in a tree the human had stopped."""
+    tree, run = await start_root_run(db, scope)
+    wait_id = await park(db, run, condition={"input_ids": []})  # met at once
+    async with db.tx() as conn:
+        assert await waits.try_resume(conn, wait_id) is not None
+        stopping = asyncio.create_task(stop(db, scope, tree))
+        await asyncio.sleep(0.3)
+    await asyncio.wait_for(stopping, timeout=10)
+
+    assert (await turn_row(db, run.turn_id))["status"] == "cancelled"
+    assert await fetch_all(db, "SELECT run_id FROM runs WHERE turn_id = %s AND status IN ('pending', 'running')",
+                           (run.turn_id,)) == []
+    assert await grant(db, tree.tree_id) == []
+
+
+async def test_a_cancel_racing_a_resuming_wait_does_not_deadlock(db: Database, scope: Scope) -> None:
+    """Cancelling a waiting Turn locks the Turn, then its wait; resuming the wait locked the wait, then
+    the Turn: at once, PostgreSQL aborted one of them (the API's cancel answered 500)."""
+    tree, run = await start_root_run(db, scope)
+    wait_id = await park(db, run, condition={"input_ids": []})
+    async with db.tx() as conn:
+        await conn.execute("SELECT 1 FROM turns WHERE turn_id = %s FOR NO KEY UPDATE", (run.turn_id,))
+        resuming = asyncio.create_task(try_resume(db, wait_id))
+        await asyncio.sleep(0.3)
+        assert await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id) is False
+    assert await asyncio.wait_for(resuming, timeout=10) is None
+
+    assert (await turn_row(db, run.turn_id))["status"] == "cancelled"
+    assert (await fetch_one(db, "SELECT status FROM waits WHERE wait_id = %s", (wait_id,)))["status"] == "cancelled"
+    assert await fetch_all(db, "SELECT run_id FROM runs WHERE turn_id = %s AND kind = 'resume'", (run.turn_id,)) == []
+
+
+@pytest.mark.parametrize("origin", [
+    {"kind": "schedule"},
+    {"kind": "session", "tree_id": str(uuid.uuid4())},  # another tree's session
+])
+async def test_after_a_stop_input_from_outside_to_a_member_still_cancelling_waits_for_continue(
+        db: Database, scope: Scope, origin: dict[str, Any]) -> None:
+    """The stop left the member's Turn cancelling (its Run was live) and its queue unpaused (nothing
+    was pending): input from outside the tree meanwhile started a Turn once that Run ended."""
+    tree, run = await start_root_run(db, scope)
+    assert await stop(db, scope, tree) == [tree.root_id]
+    async with db.tx() as conn:
+        receipt = await turns.submit_input(conn, scope, tree.root_id, "tick", origin)
+    await finish(db, run, "cancelled")
+
+    assert receipt["status"] == "queued"
+    assert (await session_row(db, tree.root_id))["queue_paused"] is True
+    assert [t["status"] for t in await fetch_all(db, "SELECT status FROM turns WHERE session_id = %s",
+                                                  (tree.root_id,))] == ["cancelled"]
+    assert await resume(db, scope, tree) == [tree.root_id]
+    assert (await fetch_one(db, "SELECT status FROM inputs WHERE input_id = %s", (receipt["input_id"],)))["status"] \
+        == "consumed"
 
 
 @pytest.mark.parametrize("origin", [
