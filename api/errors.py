@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from persistence.db import LockConflict
 from persistence.errors import (
     CanopyError,
     Conflict,
@@ -79,8 +80,18 @@ async def _database_refusal(_: Request, error: Exception) -> JSONResponse:
                         status_code=422)
 
 
+async def _lock_conflict(_: Request, error: Exception) -> JSONResponse:
+    # Another transaction held the rows this request needed, in an order that could not both go on
+    # (PostgreSQL aborted this one), or past the lock timeout: nothing was written, and the same
+    # request sent again (with its idempotency key) goes through once the other has committed.
+    return JSONResponse({"detail": "another change to the same data ran at the same moment; nothing was written: "
+                                   "send the request again"}, status_code=409)
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(CanopyError, _canopy_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(psycopg.errors.IntegrityError, _database_refusal)
     app.add_exception_handler(psycopg.errors.DataError, _database_refusal)
+    for conflict in LockConflict:
+        app.add_exception_handler(conflict, _lock_conflict)

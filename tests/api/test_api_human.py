@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import httpx
@@ -93,6 +94,32 @@ async def test_steer_reaches_the_running_turn(http: httpx.AsyncClient, runtime: 
     assert len(steers) == 1 and "prefer short answers" in steers[0]["content"]
     idle = await http.post(f"/api/v1/sessions/{session_id}/steer", json={"text": "too late"})
     assert idle.status_code == 409
+
+
+async def test_a_cancel_that_meets_a_deadlock_answers_409_and_changes_nothing(http: httpx.AsyncClient,
+                                                                              runtime: Runtime) -> None:
+    """PostgreSQL aborts one of two transactions that lock the same rows in opposite orders: the
+    request's answered 500 with the server's details; it is a 409 that says to send it again."""
+    created = (await http.post("/api/v1/sessions", json={"input": script(say("slow", delay_ms=20000))})).json()
+    session_id, turn_id = created["session"]["session_id"], created["input"]["turn_id"]
+    async with runtime.db.tx() as conn:
+        await conn.execute("SELECT 1 FROM turns WHERE turn_id = %s FOR UPDATE", (turn_id,))
+        holder = (await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone())["pid"]
+        cancelling = asyncio.create_task(http.post(f"/api/v1/sessions/{session_id}/turns/{turn_id}/cancel"))
+
+        async def blocked() -> bool:  # the cancel holds the session's row and waits for the Turn's
+            return bool(await rows(runtime.db, "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                   holder))
+
+        await poll(blocked, timeout=30)
+        await conn.execute("SELECT 1 FROM sessions WHERE session_id = %s FOR UPDATE", (session_id,))
+    refused = await cancelling
+
+    assert refused.status_code == 409 and "send the request again" in refused.json()["detail"], refused.text
+    assert await rows(runtime.db, "SELECT status FROM turns WHERE turn_id = %s", turn_id) == [{"status": "running"}]
+    again = await http.post(f"/api/v1/sessions/{session_id}/turns/{turn_id}/cancel")
+    assert again.status_code == 202, again.text
+    assert (await _result(http, created["input"]["input_id"], timeout=30))["status"] == "cancelled"
 
 
 async def test_cancel_turn_and_queued_input(http: httpx.AsyncClient) -> None:
