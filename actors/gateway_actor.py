@@ -48,6 +48,9 @@ _RECORD_DELAY_SECONDS = 0.05
 # How long a call's reply is kept for a retry of it: longer than a caller waits for its gateway to
 # come back (actors/gateways.py RESTART_WAIT_SECONDS) and its last pause before asking again.
 REPLY_KEPT_SECONDS = 90.0
+# The error of a call aborted before its reply (model_calls.error).
+CALL_ABORTED = ("aborted: the call was cancelled before its reply (its Turn was cancelled, its tree stopped, or "
+                "its Run ended)")
 
 
 class AccountedGateway(ModelGateway):
@@ -92,6 +95,11 @@ class AccountedGateway(ModelGateway):
                 finally:
                     if publisher is not None:
                         await publisher.drain()  # every delta goes out before the reply is returned
+            except asyncio.CancelledError:
+                # Aborted (its Turn cancelled, its tree stopped, its Run over): the provider may bill
+                # what it generated meanwhile, so the call is a row too.
+                self._recorder.add(_Call.failed(run_id, {"model": request["model"], "error": CALL_ABORTED}, started))
+                raise
             except Exception as error:
                 # Each request that failed is a row; a call that failed before any request is one too.
                 attempts = getattr(error, "attempts", None)

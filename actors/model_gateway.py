@@ -29,6 +29,7 @@ import fnmatch
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -47,6 +48,8 @@ from persistence.text import storable, why_unstorable
 
 if TYPE_CHECKING:
     from actors.scripted.server import ScriptedModelServer
+
+log = logging.getLogger(__name__)
 
 SCRIPTED_PREFIX = "canopy/"
 # The scripted endpoint ignores the key, but litellm's OpenAI client insists on one.
@@ -83,6 +86,13 @@ _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_-]")
 IDENTIFIER_CHARS = 64
 # More tokens than any model's window: a figure past it is not a count.
 _MAX_TOKENS_PER_CALL = 100_000_000
+# The most one call may cost, in USD: the dearest models charge cents to dollars per call. A provider's
+# reported cost past it (or not a finite, non-negative number) is not believed: 1e308 overflowed a
+# tree's sum of costs in PostgreSQL, failing every later reply of its lineage.
+_MAX_COST_PER_CALL = 1000.0
+# The chunks one streamed reply may send: more than any model's longest output (a chunk is a token or
+# more), so a stream that never ends is cut before its chunks fill the gateway's memory.
+_MAX_STREAM_CHUNKS = 200_000
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _INVALID_NAME_PREFIX = "invalid_name_"
 
@@ -241,12 +251,18 @@ def _tool_name(name: Any) -> str:
     return (_INVALID_NAME_PREFIX + _identifier(name))[:IDENTIFIER_CHARS]
 
 
+def _function(call: Any) -> tuple[Any, Any]:
+    """A tool call's name and raw arguments; a call of another type than ``function`` (``custom``) has
+    neither, and is answered as a call of an unknown tool."""
+    function = getattr(call, "function", None)
+    return getattr(function, "name", None), getattr(function, "arguments", None)
+
+
 def _message(response: Any) -> dict[str, Any]:
     message = response.choices[0].message
     tool_calls = [
-        {"id": _identifier(call.id), "name": _tool_name(call.function.name),
-         "arguments": _arguments(call.function.arguments)}
-        for call in (message.tool_calls or [])
+        {"id": _identifier(call.id), "name": _tool_name(name), "arguments": _arguments(arguments)}
+        for call in (message.tool_calls or []) for name, arguments in [_function(call)]
     ]
     return {"role": "assistant", "content": _storable(message.content), "tool_calls": tool_calls}
 
@@ -278,24 +294,34 @@ def _estimate_usage(litellm: ModuleType, response: Any, messages: list[dict[str,
     tokens, and a provider must not spend a tree's without counting."""
     message = response.choices[0].message
     completion = (message.content or "") + "".join(
-        call.function.arguments or "" for call in message.tool_calls or [])
+        arguments if isinstance(arguments := _function(call)[1], str) else "" for call in message.tool_calls or [])
     prompt_tokens = int(litellm.token_counter(model=model, messages=messages))
     completion_tokens = int(litellm.token_counter(model=model, text=completion, count_response_tokens=True))
     response.usage = litellm.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                    total_tokens=prompt_tokens + completion_tokens)
 
 
+def _plausible_cost(figure: Any) -> bool:
+    return (isinstance(figure, int | float) and not isinstance(figure, bool) and math.isfinite(figure)
+            and 0 <= figure <= _MAX_COST_PER_CALL)
+
+
 def _cost(litellm: ModuleType, response: Any, priced: Any, model: str) -> float:
     """The reply's price: ``priced`` when litellm priced the call already (a whole reply; a stream's
-    figure comes before its usage chunk), else priced from the response."""
+    figure comes before its usage chunk), else priced from the response; a figure no call can cost
+    (a provider's reported ``usage.cost`` of 1e308) is priced from the reply's tokens instead."""
     if model.startswith(SCRIPTED_PREFIX):
         return 0.0
-    if isinstance(priced, int | float):
+    if _plausible_cost(priced):
         return float(priced)
+    usage = _usage(response)
     try:
-        return float(litellm.completion_cost(completion_response=response) or 0.0)
+        figure = litellm.completion_cost(completion_response=response)
+        if not _plausible_cost(figure):
+            figure = sum(litellm.cost_per_token(model=response.model or model, **usage))
     except Exception:  # unknown models have no price; accounting must not fail the call
         return 0.0
+    return float(figure) if _plausible_cost(figure) else 0.0
 
 
 # ---------------------------------------------------------------------------
@@ -446,6 +472,12 @@ class _Routes:
         # Canopy's defaults; the file's router_settings win (rpm/tpm of a deployment are enforced).
         settings = {"num_retries": retries, "timeout": timeout,
                     "optional_pre_call_checks": ["enforce_model_rate_limits"], **config["router_settings"]}
+        # litellm's timeout bounds each read of a reply, not the reply: a provider that sends a piece
+        # more often (a reply drip-fed, a stream that never ends) would hold the call, and its Run's
+        # slot, for ever. A call ends within the timeout for each attempt it may make.
+        each = settings["timeout"] if isinstance(settings["timeout"], int | float) else timeout
+        attempts = 1 + (settings["num_retries"] if isinstance(settings["num_retries"], int) else retries)
+        self.deadline = float(each) * attempts
         try:
             self.router = litellm.Router(model_list=model_list, **settings)
         except Exception as error:
@@ -521,17 +553,31 @@ class _Routes:
 # ---------------------------------------------------------------------------
 
 
+class _StreamCut(Exception):
+    """A stream that opened failed before its end (the connection dropped, the provider sent an error
+    event): the Router retried its opening only, so the call asks again. litellm's failure callback
+    has recorded the attempt."""
+
+
 async def _streamed(router: Any, litellm: ModuleType, request: dict[str, Any],
                     on_delta: Callable[[str], Awaitable[None]]) -> tuple[Any, dict[str, Any]]:
     """Stream the reply, hand over text deltas, and rebuild the whole response from the chunks;
-    with the stream's hidden params (the whole response built from chunks has none of its own)."""
+    with the stream's hidden params (the whole response built from chunks has none of its own).
+    _StreamCut when the stream fails after it opened."""
     stream = await router.acompletion(**request, stream=True, stream_options={"include_usage": True})
     chunks = []
-    async for chunk in stream:
-        chunks.append(chunk)
-        delta = chunk.choices[0].delta.content if chunk.choices else None
-        if delta:
-            await on_delta(delta)
+    try:
+        async for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) > _MAX_STREAM_CHUNKS:
+                raise ModelError(f"the provider's stream sent more than {_MAX_STREAM_CHUNKS} chunks; it was cut off")
+            delta = chunk.choices[0].delta.content if chunk.choices else None
+            if delta:
+                await on_delta(delta)
+    except ModelError:
+        raise
+    except Exception as error:
+        raise _StreamCut(_first_line(error)) from error
     return litellm.stream_chunk_builder(chunks, messages=request["messages"]), getattr(stream, "_hidden_params", {})
 
 
@@ -680,13 +726,11 @@ class ModelGateway:
         started = time.monotonic()
         failed = _failed_attempts[call_id] = []
         try:
-            if on_delta is None:
-                response = await routes.router.acompletion(**request)
-                hidden = getattr(response, "_hidden_params", {})
-                priced = hidden.get("response_cost")
-            else:
-                response, hidden = await _streamed(routes.router, litellm, request, on_delta)
-                priced = None
+            async with asyncio.timeout(routes.deadline):
+                response, hidden, priced = await self._reply(routes, litellm, request, on_delta)
+        except TimeoutError as error:
+            raise ModelError(f"the model call took longer than {routes.deadline:g} s (its timeout for each attempt "
+                             "it may make): it was cut off", [_attempt(routes, a, model) for a in failed]) from error
         except Exception as error:
             attempts = [_attempt(routes, a, model) for a in failed]
             tries = f" (after {len(attempts)} attempts)" if len(attempts) > 1 else ""
@@ -707,6 +751,22 @@ class ModelGateway:
             "model": routes.display(_model_group(hidden), model),
             "failed_attempts": [_attempt(routes, a, model) for a in failed],
         }
+
+    @staticmethod
+    async def _reply(routes: _Routes, litellm: ModuleType, request: dict[str, Any],
+                     on_delta: Callable[[str], Awaitable[None]] | None) -> tuple[Any, dict[str, Any], Any]:
+        """The response, its hidden params and litellm's price of it (None: to be priced). A stream
+        cut off midway is asked again whole, with the Router's retries: its watchers get no more
+        deltas, and the final message is what is kept anyway."""
+        if on_delta is not None:
+            try:
+                response, hidden = await _streamed(routes.router, litellm, request, on_delta)
+                return response, hidden, None
+            except _StreamCut as cut:
+                log.warning("a streamed model reply was cut off (%s); asking again", cut)
+        response = await routes.router.acompletion(**request)
+        hidden = getattr(response, "_hidden_params", {})
+        return response, hidden, hidden.get("response_cost")
 
     async def count_tokens(self, *, model: str, messages: list[dict[str, Any]],
                            tools: list[dict[str, Any]] | None = None) -> int:

@@ -205,7 +205,9 @@ class Settings(BaseSettings):
                     "a larger one gets HTTP 400 unparsed.")
     model_timeout_seconds: float = Field(
         default=120.0, gt=0, description="Seconds one model request may take (the models file's "
-                                         "router_settings.timeout wins).")
+                                         "router_settings.timeout wins): a call, with its retries, is cut off "
+                                         "after this times the attempts it may make, however steadily the "
+                                         "provider sends its reply.")
     model_retries: int = Field(
         default=2, ge=0, description="Retries of a failed model request, with exponential backoff and jitter, or "
                                      "after the provider's Retry-After (router_settings.num_retries wins).")

@@ -1,6 +1,7 @@
 """A tiny OpenAI-compatible chat completions server for provider tests: it replays, per model
 name, a list of steps (tool calls with an optional ``text``, a final answer, an HTTP error with
-headers, or a raw ``body``) and records every request it receives (arrival time, model,
+headers, or a raw ``body``; a reply may be sent slowly, ``drip`` seconds between its pieces, or cut
+off after ``break_after`` of them) and records every request it receives (arrival time, model,
 Authorization header, body). It is not Canopy's scripted model: it knows nothing of Canopy and
 reads no script from the prompt, so a test through it exercises litellm's OpenAI provider, its
 Router and Canopy's routing exactly as with a real provider. Served by uvicorn on a free loopback
@@ -8,11 +9,12 @@ port in a thread of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
@@ -57,17 +59,36 @@ def _message(step: dict[str, Any], index: int) -> tuple[dict[str, Any], str]:
 _USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
 
 
-def _sse(model: str, message: dict[str, Any], finish: str, usage: dict[str, int] | None) -> Iterator[str]:
-    """The reply as one content/tool-call delta, then the finish, then the usage chunk (if any)."""
-    delta = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        delta["tool_calls"] = [{**call, "index": n} for n, call in enumerate(message["tool_calls"])]
+def _sse(model: str, message: dict[str, Any], finish: str, usage: dict[str, Any] | None, drip: float) -> Iterator[str]:
+    """The reply as content/tool-call deltas (one for the whole text, or, dripped, one a character),
+    then the finish, then the usage chunk (if any)."""
     base = {"id": "chatcmpl-replay", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-    chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+    text = message.get("content")
+    texts = list(text or "") if drip else [text]
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": texts[0] if texts else None},
+                                    *({"content": piece} for piece in texts[1:])]
+    if message.get("tool_calls"):
+        deltas[-1]["tool_calls"] = [{**call, "index": n} for n, call in enumerate(message["tool_calls"])]
+    chunks = [*({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas),
               {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}]
     for chunk in chunks + ([{**base, "choices": [], "usage": usage}] if usage else []):
         yield f"data: {json.dumps(chunk)}\n\n"
     yield "data: [DONE]\n\n"
+
+
+async def _sent(pieces: Iterator[str], drip: float, break_after: int | None) -> AsyncIterator[str]:
+    """``pieces`` with ``drip`` seconds between them; with ``break_after``, the connection is cut
+    after that many (as a provider's proxy that drops it mid-reply)."""
+    for n, piece in enumerate(pieces):
+        if n == break_after:
+            raise ConnectionResetError("replay server: the connection is cut mid-reply")
+        if n and drip:
+            await asyncio.sleep(drip)
+        yield piece
+
+
+def _slices(text: str, size: int = 16) -> Iterator[str]:
+    return (text[i:i + size] for i in range(0, len(text), size))
 
 
 def _json(body: dict[str, Any], status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -117,11 +138,17 @@ class ReplayServer:
             return _json(error, status_code=step["status"], headers=step["headers"])
         message, finish = _message(step, index)
         usage = step.get("usage", _USAGE)  # None: a provider that reports no usage
+        drip, break_after = step.get("drip", 0.0), step.get("break_after")
         if body.get("stream"):
-            return StreamingResponse(_sse(model, message, finish, usage), media_type="text/event-stream")
-        return _json({"id": "chatcmpl-replay", "object": "chat.completion", "created": int(time.time()),
-                      "model": model, **({"usage": usage} if usage else {}),
-                      "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+            return StreamingResponse(_sent(_sse(model, message, finish, usage, drip), drip, break_after),
+                                     media_type="text/event-stream")
+        whole = {"id": "chatcmpl-replay", "object": "chat.completion", "created": int(time.time()),
+                 "model": model, **({"usage": usage} if usage else {}),
+                 "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        if drip or break_after is not None:  # the body in slices of 16 characters
+            return StreamingResponse(_sent(_slices(json.dumps(whole)), drip, break_after),
+                                     media_type="application/json")
+        return _json(whole)
 
     def start(self, port: int | None = None) -> ReplayServer:
         self.port = port or free_port()

@@ -15,6 +15,7 @@ import pytest
 import ray
 from ray.util.state import list_actors
 
+from actors.gateway_actor import CALL_ABORTED
 from actors.gateways import gateway_on
 from actors.naming import gateway_actor_name
 from actors.runtime import MALLOC_ARENA_MAX, Runtime
@@ -137,6 +138,27 @@ async def test_a_call_asked_again_of_the_gateway_running_it_is_one_request(runti
     await eventually(recorded, timeout=10)
     await asyncio.sleep(0.5)  # a third record would have been flushed by now (the gateway writes within 50 ms)
     assert await recorded() == [{"error": None}, {"error": None}]
+
+
+async def test_a_call_aborted_before_its_reply_is_recorded(runtime: Runtime) -> None:
+    """A call cancelled by its only caller (a cancel, a stop) is aborted at the provider, which may
+    bill what it generated: it is a row of model_calls, as a failed one is. It left none."""
+    gateway = model_gateway()
+    marker = f"aborted-{uuid.uuid4().hex[:8]}"
+    run_id = str(uuid.uuid4())
+    call = gateway.complete_for_run.remote(
+        call_id=uuid.uuid4().hex, run_id=run_id, model=runtime.settings.default_model,
+        messages=[{"role": "user", "content": script(say(marker, delay_ms=30_000))}], tools=None)
+    await eventually(lambda: asyncio.sleep(0, requests_with(runtime.settings, marker) == 1), timeout=30)
+    ray.cancel(call)
+    with pytest.raises((ray.exceptions.TaskCancelledError, asyncio.CancelledError)):
+        await call
+
+    async def recorded() -> list[dict[str, Any]]:
+        return await rows(runtime.db, "SELECT model, error, prompt_tokens FROM model_calls WHERE run_id = %s", run_id)
+
+    assert await eventually(recorded, timeout=10) == [
+        {"model": runtime.settings.default_model, "error": CALL_ABORTED, "prompt_tokens": 0}]
 
 
 async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(own_database_url: str,

@@ -29,6 +29,7 @@ TOOLS = [
     for n in ("create_session", "wait_inputs", "run_command")
 ]
 CANCEL_BOUND_SECONDS = 5.0
+_USAGE_REPORTED = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
 
 
 def scripted(steps: list[dict[str, Any]], task: str = "Do the thing.") -> list[dict[str, Any]]:
@@ -261,6 +262,60 @@ async def test_a_reply_without_choices_is_a_model_error(replay: ReplayServer) ->
     with pytest.raises(ModelError, match="no choices"):
         await ModelGateway(timeout_seconds=30, retries=0).complete(
             model="openai/no-choices", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
+
+
+@pytest.mark.parametrize("streamed", [None, _ignore_delta], ids=["whole", "streamed"])
+async def test_a_reply_sent_slowly_past_the_timeout_fails_the_call(replay: ReplayServer, streamed: Any) -> None:
+    """litellm's timeout bounds each read of a reply: a provider that sends a piece more often than
+    that (a reply drip-fed, a stream that never ends) held the call, and its Run's slot, forever.
+    A call ends within its timeout for each attempt it may make."""
+    replay.script("drip", then={**say("x" * 30), "drip": 0.3})
+    gw = ModelGateway(timeout_seconds=1, retries=1)
+    with pytest.raises(ModelError, match="took longer than 2 s"):
+        await gw.complete(model="openai/drip", messages=scripted([{"say": "x"}]), tools=None,
+                          api_base=replay.base_url, on_delta=streamed)
+
+
+async def test_a_stream_cut_off_midway_is_asked_again(replay: ReplayServer) -> None:
+    """The Router retries a request that fails, but a stream's chunks are read after it returned: a
+    stream cut off midway failed the call (a watched tree's calls are streamed, so a human watching
+    turned a provider's hiccup into a failed Turn). It is asked again, as a whole reply."""
+    replay.script("cut", {**say("never finished"), "break_after": 1}, say("whole"))
+    reply = await ModelGateway(timeout_seconds=30, retries=2).complete(
+        model="openai/cut", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url,
+        on_delta=_ignore_delta)
+    assert reply["message"]["content"] == "whole"
+    assert [r.body.get("stream", False) for r in replay.requests_for("cut")] == [True, False]
+    assert len(reply["failed_attempts"]) == 1 and reply["failed_attempts"][0]["model"] == "openai/cut"
+
+
+async def test_a_cost_a_provider_cannot_have_charged_is_priced_from_the_tokens(replay: ReplayServer) -> None:
+    """An OpenAI-compatible provider reports its charge in ``usage.cost``: 1.5e308 overflowed the
+    sum of the tree's next reply in PostgreSQL, failing every later reply of the lineage."""
+    import litellm  # the price map, read independently of the gateway
+
+    replay.script("gpt-4o-mini", then={**say("priced"), "usage": {**_USAGE_REPORTED, "cost": 1.5e308}})
+    price = sum(litellm.cost_per_token(model="gpt-4o-mini", prompt_tokens=11, completion_tokens=7))
+    gw = ModelGateway(timeout_seconds=30, retries=0)
+    for streamed in (None, _ignore_delta):
+        reply = await gw.complete(model="openai/gpt-4o-mini", messages=scripted([{"say": "x"}]), tools=None,
+                                  api_base=replay.base_url, on_delta=streamed)
+        assert reply["cost_usd"] == pytest.approx(price) and price > 0
+
+
+async def test_a_tool_call_of_another_type_is_answered_as_unknown(replay: ReplayServer) -> None:
+    """A ``custom`` tool call (no ``function``) made the reply unreadable: the Turn failed with an
+    AttributeError, and the reply the provider billed was charged to nobody."""
+    replay.script("custom", then={"body": {
+        "id": "x", "object": "chat.completion", "created": 1, "model": "custom", "usage": _USAGE_REPORTED,
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": None,
+            "tool_calls": [{"id": "c1", "type": "custom", "custom": {"name": "run_command", "input": "ls"}}]}}]}})
+    reply = await ModelGateway(timeout_seconds=30, retries=0).complete(
+        model="openai/custom", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
+    [call] = reply["message"]["tool_calls"]
+    assert call["id"] == "c1" and call["name"].startswith("invalid_name_") and call["name"] != "run_command"
+    assert reply["usage"] == {"prompt_tokens": 11, "completion_tokens": 7}
 
 
 async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(
