@@ -170,9 +170,16 @@ class SessionCore:
                     self._exit("idle")
 
     async def _work(self) -> bool:
+        """Whether a Run was run. A database that failed meanwhile (restarted: every pooled connection
+        fails once) is logged and the loop goes on: it would otherwise end with this process left
+        alive, never idle, until a hint. The Runs are durable; a granted one nobody took is the
+        sweeper's to activate again."""
         self._working = True
         try:
             return await self._run_claimable()
+        except Exception:
+            log.exception("session %s could not look for work; it looks again when woken or idle", self.session_id)
+            return False
         finally:
             self._working = False
 

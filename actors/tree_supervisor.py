@@ -20,12 +20,15 @@ a small machine, more than a whole wave of model calls). Both run this ``Supervi
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 from actors.placement import Placement, spawn
 from persistence import runs as run_repo
 from persistence.db import Database
 from persistence.settings import get_settings
+
+log = logging.getLogger(__name__)
 
 
 class SupervisorCore:
@@ -83,12 +86,17 @@ class SupervisorCore:
         while True:
             await asyncio.sleep(self.settings.sweep_seconds)
             pokes = self._pokes
-            db = await self._database()
-            async with db.tx() as conn:
-                active = await run_repo.tree_has_active_runs(conn, self.tree_id)
-            if active:
+            try:
+                db = await self._database()
+                async with db.tx() as conn:
+                    active = await run_repo.tree_has_active_runs(conn, self.tree_id)
+                if active:
+                    idle_since = None
+                    await self._grant()
+                    continue
+            except Exception:  # a database that restarted: each pooled connection fails once
+                log.exception("tree %s's supervisor could not look at its tree; it looks again", self.tree_id)
                 idle_since = None
-                await self._grant()
                 continue
             idle_since = idle_since or loop.time()
             if self._pokes != pokes or self._lock.locked():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -118,13 +119,16 @@ def session_options(settings: Settings) -> str:
 async def open_pool(url: str, max_size: int | None = None, min_size: int = 1,
                     settings: Settings | None = None) -> AsyncConnectionPool:
     settings = settings or get_settings()
+    given = conninfo_to_dict(url)
     pool = AsyncConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size or settings.db_pool_max,
         # After any options the URL carries, so that these bounds win (a later -c overrides).
         kwargs={"row_factory": dict_row, "autocommit": False, "prepare_threshold": 0,
-                "options": " ".join(filter(None, [conninfo_to_dict(url).get("options"), session_options(settings)]))},
+                "options": " ".join(filter(None, [given.get("options"), session_options(settings)])),
+                # Which process holds a connection (pg_stat_activity), unless the URL names it.
+                "application_name": given.get("application_name") or f"canopy-{os.getpid()}"},
         open=False,
     )
     await pool.open(wait=True)

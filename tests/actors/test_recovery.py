@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 import ray
+from ray.util.state import list_actors
 
+from actors.naming import session_actor_name, tree_actor_name
+from actors.placement import Dedicated
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.records import Scope
@@ -151,3 +155,41 @@ async def test_passivation_and_reactivation_with_full_history(runtime: Runtime, 
     history = await rows(runtime.db, "SELECT role, content FROM thread_messages WHERE session_id = %s ORDER BY id",
                          kid)
     assert [m["content"] for m in history if m["role"] == "assistant"] == ["first answer", "second answer"]
+
+
+async def test_an_idle_session_and_supervisor_passivate_after_their_database_connections_died(
+        runtime: Runtime, scope: Scope) -> None:
+    """A database that restarted (or a network that dropped) kills the pooled connections, and each
+    process's next use of one fails. The idle loops of a session and of its tree's supervisor died
+    on it, and with no further hint their processes stayed for ever (dedicated: ~110 MB each). They
+    log it and look again; idle, they passivate."""
+    if not isinstance(runtime.placement, Dedicated):
+        pytest.skip("the hosted shape's sessions and supervisors live in long-lived hosts")
+    # More children than slots: one waits for a slot, which the tree's supervisor actor grants.
+    children = 5
+    created = await runtime.create_root(scope, input_text=script(
+        call(*(create(f"c{i}", script(say(f"c{i} done"))) for i in range(children))),
+        call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(children)]})), say("done")))
+    tree_id = created["session"]["session_id"]
+    assert (await runtime.wait_result(scope, created["input"]["input_id"], timeout=60))["output"] == "done"
+    names = [session_actor_name(tree_id), tree_actor_name(tree_id)]
+
+    async def alive() -> list[Any]:
+        found = await asyncio.to_thread(list_actors, address=ray.get_runtime_context().gcs_address,
+                                        filters=[("state", "=", "ALIVE")], limit=10_000)
+        return [actor for actor in found if actor.name in names]
+
+    processes = await eventually(lambda: _both(alive(), len(names)), timeout=30)
+    terminated = await rows(runtime.db, "SELECT pg_terminate_backend(pid) AS done FROM pg_stat_activity "
+                            "WHERE application_name = ANY(%s)", [f"canopy-{actor.pid}" for actor in processes])
+    assert len(terminated) >= len(names) and all(row["done"] for row in terminated), terminated
+
+    async def gone() -> bool:
+        return not await alive()
+
+    await eventually(gone, timeout=60)
+
+
+async def _both(found: Any, count: int) -> list[Any] | None:
+    actors = await found
+    return actors if len(actors) == count else None
