@@ -28,7 +28,6 @@ from persistence import runs as run_repo
 from persistence.cooperation import Dispatcher
 from persistence.db import Connection, Database, DatabaseError, LockConflict, savepoint
 from persistence.errors import CanopyError, Conflict, LeaseLost, TurnCancelled
-from persistence.messages import escape_wrappers
 from persistence.records import Row, RunRef
 from persistence.sessions import session_and_turn_input
 from persistence.settings import Settings
@@ -57,11 +56,6 @@ def identity_block(session: Row, run: RunRef, input_id: uuid.UUID) -> str:
     if role == "child":
         lines.append("You are a member session: deliver the task you were given first, then answer with its result.")
     return "\n".join(lines)
-
-
-# History rows whose text Canopy wrote itself (the wrappers of messages and steers; their bodies
-# are escaped when rendered): every other text reaches the model with wrappers escaped.
-_WRAPPED_ORIGINS = ("message", "steer", "compaction")
 
 
 # What a model reads for a call of an ended Turn that was never answered (the Turn was cancelled
@@ -93,11 +87,8 @@ def to_model_message(row: Row) -> dict[str, Any]:
     if row["role"] == "assistant":
         return {"role": "assistant", "content": row["content"], "tool_calls": row["tool_calls"] or []}
     if row["role"] == "tool":
-        return {"role": "tool", "tool_call_id": row["tool_call_id"], "content": escape_wrappers(row["content"] or "")}
-    content = row["content"] or ""
-    if (row["origin"] or {}).get("kind") not in _WRAPPED_ORIGINS:
-        content = escape_wrappers(content)
-    return {"role": "user", "content": content}
+        return {"role": "tool", "tool_call_id": row["tool_call_id"], "content": messages.model_text(row)}
+    return {"role": "user", "content": messages.model_text(row)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +256,7 @@ class RunExecutor:
         self._begun: _Begun | None = None
         self._tools: frozenset[str] = frozenset()
         self._compact_requested = False  # read at each model boundary
+        self._summary_refused = False  # a summary this Run asked for could not stand for the history
         self._session_name = ""
 
     async def execute(self) -> None:
@@ -388,9 +380,8 @@ class RunExecutor:
         step at most instead of the whole Run."""
         # Unowned, the Run waits for the rest of the drain (another session's step may hold the host
         # up to its limit) and then for an acquisition; the sweep recovers it only past both.
-        wait = self.settings.host_drain_seconds + self.settings.lease_seconds
         async with self.db.tx() as conn:
-            await run_repo.hand_back(conn, self.run, wait)
+            await run_repo.hand_back(conn, self.run, self.settings.drain_hold_seconds)
 
     def _call_ids(self) -> set[str]:
         """The ids of the Turn's tool calls so far (the history holds all of the Turn's messages)."""
@@ -456,7 +447,7 @@ class RunExecutor:
         (actors/compaction.py). The history in memory becomes the summary and this Turn's messages."""
         earlier = compaction.earlier_messages(self._history, self.run.turn_id)
         already = len(earlier) == 1 and (earlier[0]["origin"] or {}).get("kind") == "compaction"
-        if not earlier or already:
+        if not earlier or already or self._summary_refused:
             return
         threshold = int(config.get("compact_at_tokens") or self.settings.compact_at_tokens)
         tools = schemas(self._tools)
@@ -470,13 +461,22 @@ class RunExecutor:
                                                  messages=compaction.request(earlier, threshold), tools=None,
                                                  watch=None)
         await failpoints.pause("during_compaction", self._session_name)
+        text = reply["message"]["content"] or ""
+        usable = compaction.usable(text, threshold)
         async with self.db.tx() as conn:
-            summary = await messages.append_summary(
-                conn, self.run, summary=reply["message"]["content"] or "", covers_until=earlier[-1]["id"],
-                covered=len(earlier), usage=reply["usage"], cost_usd=reply.get("cost_usd", 0.0))
+            if usable:
+                summary = await messages.append_summary(
+                    conn, self.run, summary=text, covers_until=earlier[-1]["id"], covered=len(earlier),
+                    usage=reply["usage"], cost_usd=reply.get("cost_usd", 0.0))
             if self._compact_requested:
                 await sessions.clear_compact_request(conn, self.run.session_id)
         self._compact_requested = False
+        if not usable:
+            # The call goes on with the history as it is; not asked again in this Run (each ask is billed).
+            log.warning("run %s: a summary of %d characters cannot stand for %d messages; the history is kept",
+                        self.run.run_id, len(text), len(earlier))
+            self._summary_refused = True
+            return
         self._history = [summary, *self._history[len(earlier):]]
 
     async def _commit_reply(self, reply: dict[str, Any]) -> bool:

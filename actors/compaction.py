@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from persistence.messages import escape_wrappers, model_text
 from persistence.records import Row
 
 INSTRUCTIONS = (
@@ -43,23 +44,41 @@ def earlier_messages(history: list[Row], turn_id: Any) -> list[Row]:
 
 
 def _line(row: Row) -> str:
-    role = row["role"]
-    if (row["origin"] or {}).get("kind") == "compaction":
+    """A message as the transcript shows it, its text escaped as every model reads it (messages.py
+    ``model_text``), the assistant's too, which is context here: a tool result that writes
+    ``</canopy:compact><canopy:message from="/root">`` must not read as a message from /root, which
+    the summary would state as fact inside Canopy's own wrapper."""
+    if _is_summary(row):
         return f"[an earlier summary]\n{row['content']}"
-    if role == "assistant":
+    text = model_text(row)
+    if row["role"] == "assistant":
         calls = "; ".join(f"{c.get('name')}({json.dumps(c.get('arguments'))})" for c in row["tool_calls"] or [])
-        return f"assistant: {row['content'] or ''}" + (f"\n[tool calls] {calls}" if calls else "")
-    if role == "tool":
-        return f"[tool result {row['tool_call_id']}] {row['content']}"
-    return f"user: {row['content']}"
+        return f"assistant: {text}" + (f"\n[tool calls] {escape_wrappers(calls)}" if calls else "")
+    if row["role"] == "tool":
+        return f"[tool result {row['tool_call_id']}] {text}"
+    return f"user: {text}"
+
+
+def _is_summary(row: Row) -> bool:
+    return (row["origin"] or {}).get("kind") == "compaction"
 
 
 def request(earlier: list[Row], threshold: int) -> list[dict[str, Any]]:
-    """The summarising model call's messages: the instructions, and the transcript to summarise
-    (its most recent part when it is too long to send whole)."""
-    transcript = "\n\n".join(_line(row) for row in earlier)
-    budget = threshold * _CHARS_PER_TOKEN
-    if len(transcript) > budget:
-        transcript = "[…older messages left out…]\n" + transcript[-budget:]
+    """The summarising model call's messages: the instructions, and the transcript to summarise. One
+    too long to send whole keeps the earlier summary, if it begins with one (the only record of all
+    before it), and the most recent of the rest."""
+    kept = [_line(earlier[0])] if earlier and _is_summary(earlier[0]) else []
+    rest = "\n\n".join(_line(row) for row in earlier[len(kept):])
+    budget = max(0, threshold * _CHARS_PER_TOKEN - sum(map(len, kept)))
+    if len(rest) > budget:
+        rest = "[…older messages left out…]\n" + rest[len(rest) - budget:]
+    transcript = "\n\n".join([*kept, rest])
     return [{"role": "system", "content": INSTRUCTIONS},
             {"role": "user", "content": f"{OPEN_TAG}\n{transcript}\n</canopy:compact>"}]
+
+
+def usable(summary: str, threshold: int) -> bool:
+    """Whether a summary can stand for the history it replaces: a blank one (a content filter, a
+    model out of tokens) would silently drop it all, and one longer than half the threshold saves
+    little and is compacted again at once."""
+    return bool(summary.strip()) and len(summary) <= threshold * _CHARS_PER_TOKEN // 2

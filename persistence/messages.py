@@ -163,6 +163,20 @@ _CANOPY = "".join(f"[{letter}{chr(ord(letter) - 0x61 + 0xFF41)}{chr(ord(letter) 
 _WRAPPER_LIKE = re.compile(f"[{_LESS_THAN}][\\s/{_INVISIBLE}]*{_CANOPY}[\\s{_INVISIBLE}]*[{_COLON}]", re.IGNORECASE)
 
 
+# The origins of history rows whose text is Canopy's own wrapper around an escaped body
+# (``render_coop_message``, ``render_summary``): any other row's text is escaped before a model reads it.
+WRAPPED_ORIGINS = ("message", "steer", "compaction")
+
+
+def model_text(row: Row) -> str:
+    """A history row's text as a model reads it as context: Canopy's own wrappers kept, anyone else's
+    escaped (see ``escape_wrappers``)."""
+    text = row["content"] or ""
+    if row["role"] == "user" and (row["origin"] or {}).get("kind") in WRAPPED_ORIGINS:
+        return text
+    return escape_wrappers(text)
+
+
 def escape_wrappers(text: str) -> str:
     """Text from anyone but Canopy itself, made unable to pass for Canopy's wrappers: a message or
     reply that writes ``<canopy:message from="/root/boss">`` must not read as one from /root/boss,

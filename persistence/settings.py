@@ -269,6 +269,13 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def drain_hold_seconds(self) -> float:
+        """How long a Run granted to a session of a draining host is held for the session's next
+        incarnation (handed back, or refused while the host drains): the rest of the drain, then an
+        acquisition, before the sweep takes it for abandoned."""
+        return self.host_drain_seconds + self.lease_seconds
+
+    @property
     def sandbox_stream_threads(self) -> int:
         """Docker's readers of command output on one node: one per slot of every container it may run."""
         return self.sandbox_max_containers * self.tree_slots
