@@ -21,6 +21,7 @@ from actors.naming import session_actor_name
 from actors.placement import Placement, ShapeActors, choose
 from actors.session_actor import SessionCore, this_actor
 from actors.tree_supervisor import SupervisorCore
+from persistence import runs as run_repo
 from persistence.db import Database, LazyDatabase
 from persistence.settings import Settings, get_settings
 
@@ -167,7 +168,11 @@ class SessionHostImpl:
         if session is None or session.exiting:
             if self.moving:
                 # Not made here, and no use retrying now: the work waits in the database, and the
-                # sweep hands it on once the host is made again where it now belongs.
+                # sweep hands it on once the host is made again where it now belongs. Its grants are
+                # held as a Run handed back is: a drain may outlast a lease.
+                db = await self.database()
+                async with db.tx() as conn:
+                    await run_repo.hold_unowned(conn, sid, self.settings.drain_hold_seconds)
                 return True
             session = self._sessions[sid] = _HostedSession(sid, self)
         return await session.signal()

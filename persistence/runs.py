@@ -186,6 +186,11 @@ async def fence(conn: Connection, run: RunRef) -> None:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
 
 
+async def hold_unowned(conn: Connection, session_id: uuid.UUID, wait_seconds: float) -> None:
+    """Hold the session's granted, unowned Runs ``wait_seconds`` more (their host drains: see the query)."""
+    await conn.execute(query("run_hold_unowned"), {"session_id": session_id, "wait": wait_seconds})
+
+
 async def hand_back(conn: Connection, run: RunRef, lease_seconds: float) -> None:
     """Give up the Run's lease but not the Run: it stays granted for the session's next incarnation
     (its host moves, actors/hosting.py), which has ``lease_seconds`` to acquire it before the sweep

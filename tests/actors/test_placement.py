@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +19,11 @@ from actors.naming import NAMESPACE, host_actor_name
 from actors.placement import Dedicated, Hosted, choose
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from persistence.databases import create_database, drop_database
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.helpers import eventually, peak_concurrent_runs, rows
+from tests.actors.helpers import eventually, peak_concurrent_runs, rows, scenario_findings
+from tests.conftest import RUNTIME_ENV
 
 
 def test_the_settings_choose_the_shape() -> None:
@@ -131,6 +134,27 @@ async def test_a_moving_host_drains_between_runs_and_gives_up_past_its_limit(run
     assert after["pid"] == before["pid"] and not after["moving"]  # the host stayed, open again
     assert after["drains_again_in"] > 0
     assert await host.move.remote("f" * 56) is False and not (await host.status.remote())["moving"]
+
+
+async def test_a_run_granted_while_its_host_drains_longer_than_a_lease_is_not_recovered(
+        database_url: str, tmp_path: Path) -> None:
+    """With the defaults a drain (60 s) outlasts a lease (30 s): a Run granted to a session whose
+    host drains, refused there (it waits for the drain), had its lease run out, and the sweep
+    recovered it as if its owner had died, counting towards the five recoveries after which a Turn
+    fails; a Turn queued through a few drains failed without ever running. The host that refuses
+    it holds its lease for the drain, as a Run handed back is held. A runtime of its own: see
+    drain_scenario.py."""
+    scratch = create_database(database_url, "canopy_drain")
+    try:
+        findings = await scenario_findings("tests.actors.drain_scenario", {
+            **RUNTIME_ENV, "CANOPY_SESSION_HOSTS": "2", "CANOPY_LEASE_SECONDS": "3",
+            "CANOPY_HEARTBEAT_SECONDS": "0.5", "CANOPY_HOST_DRAIN_SECONDS": "10",
+            "CANOPY_DATABASE_URL": scratch, "CANOPY_DATA_DIR": str(tmp_path / "data")}, timeout=300)
+    finally:
+        drop_database(scratch)
+    assert findings["moved"] is False, findings  # draining: the busy Run went on
+    assert findings["results"] == [["completed", "waited"], ["completed", "busy done"]], findings
+    assert findings["waited_runs"] == [["completed", False]], findings
 
 
 async def test_a_moving_host_hands_a_long_run_on_between_model_steps(runtime: Runtime, scope: Scope) -> None:
