@@ -54,15 +54,16 @@ WITH member AS (
            NULL, c.model, c.prompt_tokens, c.completion_tokens, c.cost_usd, NULL
     FROM run r JOIN model_calls c ON c.run_id = r.run_id
     UNION ALL
-    -- A tool call starts when the reply that made it is committed and ends when its result is
-    -- (or its receipt, the moment a side effect finished); a call whose Turn ended without a
-    -- result ends with the Turn. Messages are reached from the members by their session index
-    -- and their Turns by key: a plan that stays right when the planner's row estimates are not
-    -- (a tree that just grew, before autovacuum analyses it).
+    -- A tool call starts when the reply that made it is committed and ends when its result is (or,
+    -- with no result yet, its receipt: the moment a side effect finished; a command's receipt is
+    -- committed 'started' as it begins, and that call is open until its outcome); a call whose Turn
+    -- ended without a result ends with the Turn. Messages are reached from the members by their
+    -- session index and their Turns by key: a plan that stays right when the planner's row estimates
+    -- are not (a tree that just grew, before autovacuum analyses it).
     SELECT 'tool_call', m.turn_id::text || ':' || (tc.call ->> 'id'), m.session_id, t_member.path, m.created_at,
-           coalesce(receipt.created_at, result.created_at,
+           coalesce(result.created_at, CASE WHEN receipt.state = 'done' THEN receipt.created_at END,
                     CASE WHEN t.status IN ('completed', 'failed', 'cancelled') THEN t.ended_at END),
-           CASE WHEN result.id IS NULL AND receipt.turn_id IS NULL
+           CASE WHEN result.id IS NULL AND (receipt.turn_id IS NULL OR receipt.state = 'started')
                 THEN CASE WHEN t.status IN ('completed', 'failed', 'cancelled') THEN 'abandoned' ELSE 'open' END
                 WHEN left(result.content, 9) = '{"error":' THEN 'error' ELSE 'ok' END,
            CASE WHEN left(result.content, 9) = '{"error":' THEN left(result.content, 300) END,

@@ -214,6 +214,29 @@ async def test_fan_out_timeline_and_trace_match_the_runs_table(http: httpx.Async
     assert json.loads(out.read_text()) == trace
 
 
+async def test_a_commands_interval_lasts_until_its_outcome(http: httpx.AsyncClient, runtime: Runtime) -> None:
+    """A command's receipt is committed as it starts (so that it never runs twice unasked): its
+    interval ended there, "ok", while the command still ran, and a read since a moment after it never
+    showed its outcome. It ends with the command's result, and is open until then."""
+    text = script(call(("run_command", {"command": "sleep 2; echo slept"})), say("ran"))
+    created = (await http.post("/api/v1/sessions", json={"input": text})).json()
+    tree_id = created["session"]["tree_id"]
+
+    async def started() -> dict[str, Any] | None:  # the receipt is committed: the command runs
+        found = await rows(runtime.db, "SELECT r.state FROM tool_receipts r JOIN turns t USING (turn_id) "
+                           "WHERE t.session_id = %s", uuid.UUID(tree_id))
+        return await read_all(http, tree_id) if found and found[0]["state"] == "started" else None
+
+    running = [i for i in (await poll(started))["intervals"] if i["kind"] == "tool_call"]
+    await poll(lambda: terminal(http, created["input"]["input_id"]))
+    done = [i for i in (await read_all(http, tree_id))["intervals"] if i["kind"] == "tool_call"]
+
+    assert [(i["status"], i["end"]) for i in running] == [("open", None)], running
+    [result] = await rows(runtime.db, "SELECT created_at FROM thread_messages WHERE session_id = %s AND role = 'tool'",
+                          uuid.UUID(tree_id))
+    assert [(i["status"], when(i["end"])) for i in done] == [("ok", result["created_at"])], done
+
+
 async def _open_read(http: httpx.AsyncClient, tree_id: str) -> dict[str, Any] | None:
     found = await read_all(http, tree_id)
     return found if any(i["end"] is None for i in found["intervals"]) else None
