@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
+import stat
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -107,6 +109,30 @@ def _write_secrets(settings: Settings, database_url: str) -> Path:
     return directory
 
 
+def private_ray_token() -> None:
+    """Whoever reads Ray's token may run code on the cluster (its dashboard's job API). For a cluster
+    it starts, Ray writes a missing one to ``~/.ray/auth_token`` with the process's umask (0644 in a
+    0755 directory: every local user's). It is written here first, its owner's only (64 hex digits,
+    as Ray makes it), and an existing one of ours that others may read is made so. A token the
+    environment names (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``) is the operator's to keep."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") \
+            or os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        return
+    path = Path.home() / ".ray" / "auth_token"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as token:
+            token.write(secrets.token_hex(32))
+        return
+    except FileExistsError:
+        pass
+    found = path.stat()
+    if found.st_mode & 0o077 and found.st_uid == os.geteuid():
+        log.warning("Ray's token %s could be read by other users (mode %o): made its owner's only", path,
+                    stat.S_IMODE(found.st_mode))
+        path.chmod(0o600)
+
+
 def _move_provider_env(settings: Settings) -> None:
     """The provider variables (``settings.provider_env``: keys, endpoints) leave this process's
     environment, which every process it starts would inherit, for files of the secrets
@@ -191,6 +217,7 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
         for key in [key for key in os.environ if key.upper() in secret_env_names()]:
             del os.environ[key]
         os.environ.update(env)
+        private_ray_token()
         context = ray.init(address="local", namespace=NAMESPACE, **preload_options(WORKER_PRELOAD_MODULES),
                            **options)
     # The logging config set this process's loggers to INFO too: the driver keeps its own levels

@@ -24,6 +24,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 
 from api import __version__
@@ -31,7 +33,7 @@ from persistence.db import resolve_database_url
 from persistence.errors import CanopyError, DatabaseUnreachable
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
-from persistence.settings import get_settings
+from persistence.settings import Settings, env_names, get_settings
 
 DEFAULT_SCOPE = Scope("local", "canopy")
 
@@ -243,8 +245,24 @@ def _configure_local_ray(args: argparse.Namespace) -> None:
         os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
+def _invalid_settings(error: ValidationError | SettingsError) -> str:
+    """Each setting the environment (or the secrets directory) gives a value it cannot have, by the
+    variable an operator sets."""
+    if isinstance(error, SettingsError):
+        return str(error)
+    return "; ".join(
+        f"{' or '.join(env_names(str(problem['loc'][0])))}: {problem['msg']}"
+        if problem["loc"] and problem["loc"][0] in Settings.model_fields else problem["msg"]
+        for problem in error.errors())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:
+        get_settings()
+    except (ValidationError, SettingsError) as error:
+        print(f"canopy: invalid settings: {_invalid_settings(error)}", file=sys.stderr)
+        return 2
     _configure_local_ray(args)
     try:
         return int(args.handler(args))

@@ -27,7 +27,7 @@ import docker.errors
 
 from api.up import ray_token_location
 from persistence.db import resolve_database_url
-from persistence.embedded import embedded_url, pgdata, running_postmaster, stop_embedded
+from persistence.embedded import embedded_url, pgdata, require_one_node, running_postmaster, stop_embedded
 from persistence.errors import CanopyError
 from persistence.migrations import connect, current_version, latest_version, server_version
 from persistence.settings import WORKDIR_MIN_MB, Settings, get_settings
@@ -110,6 +110,7 @@ class Doctor:
         return f"{where} answers: PostgreSQL {version}"
 
     def _embedded(self) -> tuple[str, str]:
+        require_one_node(self.settings.ray_address)  # as canopy up: a cluster needs a shared database
         path = pgdata(self.settings.data_dir)
         running = running_postmaster(self.settings.data_dir)
         try:

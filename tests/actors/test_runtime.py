@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -17,7 +19,7 @@ from ray.util.state import list_actors, list_workers
 
 from actors.gateways import scripted_log_path
 from actors.placement import Dedicated
-from actors.runtime import MALLOC_ARENA_MAX, Runtime
+from actors.runtime import MALLOC_ARENA_MAX, Runtime, private_ray_token
 from actors.scripted import call, create, say, script
 from persistence.errors import NotFound
 from persistence.records import Row, Scope
@@ -396,3 +398,22 @@ async def test_an_activated_session_runs_in_a_process_started_before(runtime: Ru
     status = await runtime.placement.session_status(uuid.UUID(str(second["session"]["session_id"])))
     assert status is not None
     assert psutil.Process(int(status["pid"])).create_time() < activated_at
+
+
+def test_rays_token_is_its_owners_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whoever reads Ray's token may run code on the cluster. Ray wrote a missing one with the
+    process's umask: 0644 in a 0755 ~/.ray, every local user's. It is written before Ray starts,
+    its owner's only, and one found readable by others is made so (its token kept)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    token = tmp_path / ".ray" / "auth_token"
+
+    private_ray_token()
+    written = token.read_text()
+    assert re.fullmatch("[0-9a-f]{64}", written), written  # as Ray makes one
+    assert (stat.S_IMODE(token.stat().st_mode), stat.S_IMODE(token.parent.stat().st_mode)) == (0o600, 0o700)
+
+    token.chmod(0o644)
+    private_ray_token()
+    assert (stat.S_IMODE(token.stat().st_mode), token.read_text()) == (0o600, written)

@@ -153,3 +153,22 @@ def test_doctor_probes_a_workdirs_disk_and_leaves_none(root: Path) -> None:
         assert list(projects.iterdir()) == [] and str(projects) not in Path("/proc/self/mountinfo").read_text()
     with pytest.raises(Unverified, match="CANOPY_SANDBOX_WORKDIR_MB=0"):
         Doctor(settings.model_copy(update={"sandbox_workdir_mb": 0})).workdir_disk()
+
+
+@pytest.mark.parametrize(("settings", "says"), [
+    ({"CANOPY_TREE_SLOTS": "0"}, "CANOPY_TREE_SLOTS: Input should be greater than or equal to 1"),
+    ({"CANOPY_PROVIDER_ENV": "not json"}, 'error parsing value for field "provider_env"'),
+])
+def test_a_setting_no_value_can_have_is_named_not_a_traceback(root: Path, settings: dict[str, str],
+                                                               says: str) -> None:
+    code, _, printed = doctor(root, **settings)
+    assert code == 2 and f"canopy: invalid settings: {says}" in printed, printed
+    assert "Traceback" not in printed and not (root / "data").exists()
+
+
+def test_doctor_refuses_the_embedded_database_for_a_cluster_as_canopy_up_does(root: Path) -> None:
+    """Joining a Ray cluster with no CANOPY_DATABASE_URL, canopy up refuses (each node would start a
+    PostgreSQL of its own); the doctor started the embedded one and said the database was OK."""
+    code, found, printed = doctor(root, CANOPY_RAY_ADDRESS="ray://127.0.0.1:1")
+    assert code == 1 and found["database"][0] == "FAIL" and "CANOPY_DATABASE_URL" in found["database"][1], printed
+    assert not (root / "data" / "pg").exists() and "Traceback" not in printed
