@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import os
 import re
@@ -154,18 +155,41 @@ def _with_scope(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1 to 65535)")
+    return port
+
+
+def _address(text: str) -> str:
+    """An IP address to listen on: the servers bind an address, and a name (localhost) may stand for several."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (127.0.0.1, ::1, 0.0.0.0)") from None
+
+
+def _positive(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text}: at least 1")
+    return count
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="canopy", description="Cooperating LLM sessions on Ray and PostgreSQL")
     root.add_argument("--version", action="version", version=f"canopy {__version__}")
     commands = root.add_subparsers(dest="command", required=True)
 
     up_parser = commands.add_parser("up", help="start the local runtime: database, Ray, API and UI")
-    up_parser.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback only)")
-    up_parser.add_argument("--port", type=int, default=8000)
+    up_parser.add_argument("--host", type=_address, default="127.0.0.1",
+                           help="listen address (default: loopback only)")
+    up_parser.add_argument("--port", type=_port, default=8000)
     up_parser.add_argument("--data-dir", type=Path, default=None, help="default: CANOPY_DATA_DIR or ~/.canopy")
-    up_parser.add_argument("--dashboard-port", type=int, default=8265, help="Ray's dashboard (loopback only "
+    up_parser.add_argument("--dashboard-port", type=_port, default=8265, help="Ray's dashboard (loopback only "
                            "unless --expose-ray)")
-    up_parser.add_argument("--replicas", type=int, default=1, help="API replicas (Serve deployment)")
+    up_parser.add_argument("--replicas", type=_positive, default=1, help="API replicas (Serve deployment)")
     up_parser.add_argument("--expose-ray", action="store_true",
                            help="also open Ray (GCS, raylet, dashboard on --host, agents) beyond loopback: whoever "
                                 "holds the Ray token can run code on it; only on a trusted network")

@@ -341,6 +341,23 @@ def test_a_port_in_use_is_one_line_naming_the_flag_and_exit_code_2(root: Path, t
     assert not (root / "data" / "pg").exists() and not (root / "ray").exists()  # nothing was started
 
 
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--port", "70000", "70000 is not a TCP port (1 to 65535)"),
+    ("--dashboard-port", "-1", "-1 is not a TCP port (1 to 65535)"),
+    ("--host", "localhost", "'localhost' is not an IP address (127.0.0.1, ::1, 0.0.0.0)"),
+    ("--replicas", "0", "0: at least 1"),
+])
+def test_a_flag_no_server_can_take_is_refused_before_anything_starts(root: Path, flag: str, value: str,
+                                                                      says: str) -> None:
+    """These ended in a traceback (an overflow binding the probe, a name the address parser does not
+    take), --replicas 0 only once the database and Ray had started."""
+    done = subprocess.run([sys.executable, "-m", "api.cli", "up", flag, value, "--data-dir", str(root / "data")],
+                          cwd=REPO, env=_clean_env(root / "data", root / "ray"), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().endswith(f"error: argument {flag}: {says}"), done
+    assert "Traceback" not in done.stderr and not (root / "data").exists() and not (root / "ray").exists()
+
+
 def test_the_port_probe_accepts_time_wait_and_refuses_a_listener() -> None:
     with socket.socket() as server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
