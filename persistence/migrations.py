@@ -91,7 +91,13 @@ def connect(url: str) -> psycopg.Connection:
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
     except psycopg.OperationalError as error:
-        raise DatabaseUnreachable(url, connect_failure(error)) from error
+        # Not chained: libpq's own text may quote part of a password it misread as a host.
+        raise DatabaseUnreachable(url, connect_failure(error)) from None
+    except psycopg.ProgrammingError:
+        # libpq cannot read the URL, and its sentence quotes the part it could not (the password's
+        # stray "%" or space, say): neither that sentence nor the URL may be shown.
+        raise DatabaseUnreachable(url, "libpq cannot read this URL (a character of the password or another part "
+                                       "needs percent-encoding?)") from None
 
 
 def connect_failure(error: psycopg.OperationalError) -> str:

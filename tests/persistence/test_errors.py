@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import traceback
 
 import pytest
 from ray import cloudpickle
@@ -13,6 +14,7 @@ import api.up
 import persistence.errors as errors
 import persistence.idempotency
 import sandbox.base
+from persistence.migrations import connect
 
 # One of each error class Canopy defines, made as the code makes it.
 SAMPLES: list[errors.CanopyError] = [
@@ -77,3 +79,18 @@ def test_an_unreachable_database_is_named_without_its_secrets(url: str) -> None:
     said = str(errors.DatabaseUnreachable(url, "connection refused"))
     assert "hunter2" not in said and "horse" not in said, said
     assert "(password hidden)" in said and "db" in said and "canopy" in said, said
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://canopy:s3cr%ZZet@127.0.0.1:1/canopy",  # a stray "%": libpq quotes the token it cannot read
+    "postgresql://canopy:s3cr et@127.0.0.1:1/canopy",  # a space
+    "postgresql://canopy:s3cr@et@127.0.0.1:1/canopy",  # an "@": libpq takes "et@127.0.0.1" for the host
+])
+def test_a_url_libpq_cannot_use_is_refused_without_its_password(url: str) -> None:
+    """libpq's own sentence for a URL it cannot read quoted the password's part it could not, and was
+    raised as it is (a ProgrammingError, in canopy up's traceback and a replica's log)."""
+    with pytest.raises(errors.DatabaseUnreachable) as refused:
+        connect(url)
+    shown = "".join(traceback.format_exception(refused.value))
+    assert "s3cr" not in shown and "et@" not in shown, shown
+    assert "(password hidden)" in str(refused.value), refused.value
