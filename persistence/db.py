@@ -33,9 +33,14 @@ MAX_BIGINT = 2**63 - 1
 
 
 class Deferred(Protocol):
-    """Writes a ``Database.tx`` block runs last, just before its commit, gathered as it goes."""
+    """Writes a ``Database.tx`` block runs last, just before its commit, gathered as it goes, and
+    what follows once it has committed."""
 
     async def run(self, conn: Connection) -> None: ...
+
+    def committed(self) -> None:
+        """After the commit (counts, log lines): never for a transaction that did not commit."""
+        ...
 
     def mark(self) -> int:
         """How much it holds now (for ``undo``)."""
@@ -149,15 +154,18 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[Connection]:
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.pool.connection() as conn:
             connection = cast(Connection, conn)
-            queued = _last_statements[connection] = []
-            try:
-                yield connection
-            finally:
-                del _last_statements[connection]
-            for deferred in queued:  # only when the block succeeded: a failed one rolls back
-                await deferred.run(connection)
+            async with conn.transaction():
+                queued = _last_statements[connection] = []
+                try:
+                    yield connection
+                finally:
+                    del _last_statements[connection]
+                for deferred in queued:  # only when the block succeeded: a failed one rolls back
+                    await deferred.run(connection)
+            for deferred in queued:  # the commit succeeded too
+                deferred.committed()
         metrics.flush_soon(self)  # after the commit: this process's counts reach the table within a second
 
     async def close(self) -> None:

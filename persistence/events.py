@@ -100,6 +100,9 @@ class _ScopeEvents:
         if self.events:
             await _write_events(conn, self.scope, self.events)
 
+    def committed(self) -> None:
+        lifecycle.on_events(self.events)  # their log lines and counters
+
     def mark(self) -> int:
         return len(self.events)
 
@@ -114,7 +117,6 @@ async def _write_events(conn: Connection, scope: Scope, events: list[_Event]) ->
         "turn_ids": [e.turn_id for e in events], "run_ids": [e.run_id for e in events],
         "payloads": [Jsonb(e.payload) for e in events]})
     assert cur.rowcount == len(events), "scope row missing: ensure_scope() first"
-    lifecycle.on_events(events)  # their log lines and counters, as they reach the commit
 
 
 async def append_event(
@@ -133,6 +135,7 @@ async def append_event(
     queued = queued_last(conn)
     if queued is None:
         await _write_events(conn, scope, [event])
+        lifecycle.on_events([event])
         return
     batch = next((s for s in queued if isinstance(s, _ScopeEvents) and s.scope == scope), None)
     if batch is None:

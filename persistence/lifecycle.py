@@ -8,7 +8,7 @@ carry ids, statuses and kinds only: never a message body, a tool argument, an ou
 error text (which can hold what a model wrote).
 
 Most changes already write an event (persistence/events.py); ``on_events`` is called with them
-as they are written, just before their transaction commits. The few changes that have no event
+once their transaction has committed (a failed commit logs and counts nothing). The few changes that have no event
 (a Run picked up by its executor, a wait resumed, a sandbox claimed or released) call
 ``log_at_commit`` where they are made.
 """
@@ -46,7 +46,7 @@ def _ids(event: _Event) -> dict[str, Any]:
 
 
 def on_events(events: Iterable[_Event]) -> None:
-    """The log lines and counts of events being written (just before their commit)."""
+    """The log lines and counts of events written (once committed)."""
     for event in events:
         _on_event(event)
 

@@ -310,13 +310,17 @@ def observe(metric: Metric, value: float, **labels: str) -> None:
 
 
 class _AtCommit:
-    """A count that happens when its transaction reaches its commit (a ``Database.tx`` deferred):
-    a change rolled back — the transaction's, or a savepoint's around it — is not counted."""
+    """A count that happens once its transaction has committed (a ``Database.tx`` deferred): a
+    change rolled back — the transaction's, a savepoint's around it, or a failed commit — is not
+    counted."""
 
     def __init__(self, record: Callable[[], None]) -> None:
         self._record = record
 
     async def run(self, conn: Connection) -> None:
+        """Nothing to write before the commit."""
+
+    def committed(self) -> None:
         self._record()
 
     def mark(self) -> int:

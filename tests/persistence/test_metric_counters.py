@@ -13,6 +13,8 @@ import pytest
 from persistence import metrics
 from persistence.databases import rows
 from persistence.db import Database, savepoint
+from persistence.events import append_event
+from persistence.records import Scope
 
 
 async def _value(db: Database, name: str, labels: dict[str, str]) -> float | None:
@@ -66,6 +68,18 @@ async def test_a_change_rolled_back_is_not_counted(db: Database) -> None:
     assert await _value(db, "canopy_tool_calls", committed) == 1
     assert await _value(db, "canopy_tool_calls", rolled_back) is None
     assert await _value(db, "canopy_tool_calls", in_savepoint) is None
+
+
+async def test_a_transaction_that_fails_at_its_end_counts_nothing(db: Database) -> None:
+    """Counts were recorded as the block's last writes ran, before its commit: a transaction whose
+    last write (its events) failed was counted all the same, and again when its change was made anew."""
+    labels = _labels()
+    with pytest.raises(AssertionError, match="scope row missing"):
+        async with db.tx() as conn:
+            metrics.count_at_commit(conn, metrics.TOOL_CALLS, **labels)
+            await append_event(conn, Scope(f"nobody-{uuid.uuid4().hex[:8]}", "nowhere"), "turn_started")
+    await metrics.flush(db)
+    assert await _value(db, "canopy_tool_calls", labels) is None
 
 
 def test_labels_must_be_the_metrics_own() -> None:
