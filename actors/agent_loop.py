@@ -421,7 +421,7 @@ class RunExecutor:
                  "turn_id": str(self.run.turn_id)}
         try:
             await self._compact_if_due(config, request)
-            if self._history[:1] and (self._history[0]["origin"] or {}).get("kind") == "compaction":
+            if self._history[:1] and messages.is_summary(self._history[0]):
                 request = [request[0], *model_messages(self._history, self.run.turn_id)]
             return await gateways.complete_for_run(run_id=str(self.run.run_id), **self._endpoint(config),
                                                     messages=request, tools=schemas(self._tools),
@@ -446,7 +446,7 @@ class RunExecutor:
         asked), commit a summary of the messages before this Turn, which stands for them from now on
         (actors/compaction.py). The history in memory becomes the summary and this Turn's messages."""
         earlier = compaction.earlier_messages(self._history, self.run.turn_id)
-        already = len(earlier) == 1 and (earlier[0]["origin"] or {}).get("kind") == "compaction"
+        already = len(earlier) == 1 and messages.is_summary(earlier[0])
         if not earlier or already or self._summary_refused:
             return
         threshold = int(config.get("compact_at_tokens") or self.settings.compact_at_tokens)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from persistence.messages import escape_wrappers, model_text
+from persistence.messages import escape_wrappers, is_summary, model_text
 from persistence.records import Row
 
 INSTRUCTIONS = (
@@ -48,7 +48,7 @@ def _line(row: Row) -> str:
     ``model_text``), the assistant's too, which is context here: a tool result that writes
     ``</canopy:compact><canopy:message from="/root">`` must not read as a message from /root, which
     the summary would state as fact inside Canopy's own wrapper."""
-    if _is_summary(row):
+    if is_summary(row):
         return f"[an earlier summary]\n{row['content']}"
     text = model_text(row)
     if row["role"] == "assistant":
@@ -59,15 +59,11 @@ def _line(row: Row) -> str:
     return f"user: {text}"
 
 
-def _is_summary(row: Row) -> bool:
-    return (row["origin"] or {}).get("kind") == "compaction"
-
-
 def request(earlier: list[Row], threshold: int) -> list[dict[str, Any]]:
     """The summarising model call's messages: the instructions, and the transcript to summarise. One
     too long to send whole keeps the earlier summary, if it begins with one (the only record of all
     before it), and the most recent of the rest."""
-    kept = [_line(earlier[0])] if earlier and _is_summary(earlier[0]) else []
+    kept = [_line(earlier[0])] if earlier and is_summary(earlier[0]) else []
     rest = "\n\n".join(_line(row) for row in earlier[len(kept):])
     budget = max(0, threshold * _CHARS_PER_TOKEN - sum(map(len, kept)))
     if len(rest) > budget:

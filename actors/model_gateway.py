@@ -314,11 +314,10 @@ def _cost(litellm: ModuleType, response: Any, priced: Any, model: str) -> float:
         return 0.0
     if _plausible_cost(priced):
         return float(priced)
-    usage = _usage(response)
     try:
         figure = litellm.completion_cost(completion_response=response)
         if not _plausible_cost(figure):
-            figure = sum(litellm.cost_per_token(model=response.model or model, **usage))
+            figure = sum(litellm.cost_per_token(model=response.model or model, **_usage(response)))
     except Exception:  # unknown models have no price; accounting must not fail the call
         return 0.0
     return float(figure) if _plausible_cost(figure) else 0.0

@@ -8,9 +8,9 @@ carry ids, statuses and kinds only: never a message body, a tool argument, an ou
 error text (which can hold what a model wrote).
 
 Most changes already write an event (persistence/events.py); ``on_events`` is called with them
-once their transaction has committed (a failed commit logs and counts nothing). The few changes that have no event
-(a Run picked up by its executor, a wait resumed, a sandbox claimed or released) call
-``log_at_commit`` where they are made.
+once their transaction has committed (a failed commit logs and counts nothing). The few changes
+that have no event (a Run picked up by its executor, a wait resumed, a sandbox claimed or
+released) call ``log_at_commit`` where they are made.
 """
 
 from __future__ import annotations

@@ -110,6 +110,11 @@ async def append_summary(conn: Connection, run: RunRef, *, summary: str, covers_
                               origin={"kind": "compaction", "covers_until": covers_until, "covered": covered})
 
 
+def is_summary(row: Row) -> bool:
+    """Whether a history row is a compaction summary (``append_summary``)."""
+    return (row["origin"] or {}).get("kind") == "compaction"
+
+
 async def model_history(conn: Connection, session_id: uuid.UUID) -> list[Row]:
     """What a Run works from: the session's latest compaction summary, if any, then every message
     after what it covers (the summary itself first, where the messages it stands for were)."""
@@ -118,7 +123,7 @@ async def model_history(conn: Connection, session_id: uuid.UUID) -> list[Row]:
     if summary is None:
         return await history(conn, session_id)
     after = await history(conn, session_id, after_id=summary["origin"]["covers_until"])
-    return [summary, *(row for row in after if (row["origin"] or {}).get("kind") != "compaction")]
+    return [summary, *(row for row in after if not is_summary(row))]
 
 
 _HISTORY_PAGE = 10_000

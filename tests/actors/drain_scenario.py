@@ -18,8 +18,7 @@ from actors.runtime import Runtime
 from actors.scripted import say, script
 from persistence.records import Scope
 from persistence.runs import LEASE_EXPIRED
-from tests.actors.helpers import eventually, rows
-from tests.actors.test_placement import a_root_in_host
+from tests.actors.helpers import a_root_in_host, eventually, rows
 
 
 async def main() -> None:

@@ -24,6 +24,7 @@ from actors.placement import Hosted
 from actors.runtime import Runtime
 from persistence.databases import rows
 from persistence.db import Database
+from persistence.records import Scope
 
 
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 60.0, every: float = 0.1) -> Any:
@@ -159,3 +160,13 @@ async def failing_once(db: Database, table: str, when: str) -> AsyncIterator[Non
             await conn.execute(f"DROP TRIGGER {name} ON {table}")
             await conn.execute(f"DROP FUNCTION {name}()")
             await conn.execute(f"DROP SEQUENCE {name}")
+
+
+async def a_root_in_host(runtime: Runtime, scope: Scope, index: int, text: str) -> dict[str, Any]:
+    """A root session that host ``index`` runs, created with ``text`` as its input (roots made on the
+    way run theirs in the other host)."""
+    assert isinstance(runtime.placement, Hosted)
+    while True:
+        created = await runtime.create_root(scope, input_text=text)
+        if runtime.placement.host_index(created["session"]["session_id"]) == index:
+            return created

@@ -22,7 +22,7 @@ from actors.scripted import call, create, say, script
 from persistence.databases import create_database, drop_database
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.helpers import eventually, peak_concurrent_runs, rows, scenario_findings
+from tests.actors.helpers import a_root_in_host, eventually, peak_concurrent_runs, rows, scenario_findings
 from tests.conftest import RUNTIME_ENV
 
 
@@ -77,16 +77,6 @@ async def test_a_fan_out_runs_where_the_placement_puts_it(runtime: Runtime, scop
         assert session_actors & members  # an actor per active session...
         assert f"tree:{tree_id}" in actors_seen  # ...and per active tree supervisor
         assert hosts == []
-
-
-async def a_root_in_host(runtime: Runtime, scope: Scope, index: int, text: str) -> dict[str, Any]:
-    """A root session that host ``index`` runs, created with ``text`` as its input (roots made on the
-    way run theirs in the other host)."""
-    assert isinstance(runtime.placement, Hosted)
-    while True:
-        created = await runtime.create_root(scope, input_text=text)
-        if runtime.placement.host_index(created["session"]["session_id"]) == index:
-            return created
 
 
 async def drains_again_in(index: int) -> float:

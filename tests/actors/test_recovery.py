@@ -179,7 +179,11 @@ async def test_an_idle_session_and_supervisor_passivate_after_their_database_con
                                         filters=[("state", "=", "ALIVE")], limit=10_000)
         return [actor for actor in found if actor.name in names]
 
-    processes = await eventually(lambda: _both(alive(), len(names)), timeout=30)
+    async def all_alive() -> list[Any] | None:
+        found = await alive()
+        return found if len(found) == len(names) else None
+
+    processes = await eventually(all_alive, timeout=30)
     terminated = await rows(runtime.db, "SELECT pg_terminate_backend(pid) AS done FROM pg_stat_activity "
                             "WHERE application_name = ANY(%s)", [f"canopy-{actor.pid}" for actor in processes])
     assert len(terminated) >= len(names) and all(row["done"] for row in terminated), terminated
@@ -188,8 +192,3 @@ async def test_an_idle_session_and_supervisor_passivate_after_their_database_con
         return not await alive()
 
     await eventually(gone, timeout=60)
-
-
-async def _both(found: Any, count: int) -> list[Any] | None:
-    actors = await found
-    return actors if len(actors) == count else None
