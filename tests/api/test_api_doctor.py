@@ -23,7 +23,6 @@ import psutil
 import pytest
 
 from api.doctor import Doctor, Problem, Unverified
-from persistence.errors import SharedDatabaseRequired
 from persistence.migrations import latest_version
 from persistence.settings import Settings
 from sandbox.base import SandboxUnavailable
@@ -169,9 +168,14 @@ def test_a_setting_no_value_can_have_is_named_not_a_traceback(root: Path, settin
 
 def test_doctor_refuses_the_embedded_database_for_a_cluster_as_canopy_up_does(root: Path) -> None:
     """Joining a Ray cluster with no CANOPY_DATABASE_URL, canopy up refuses (each node would start a
-    PostgreSQL of its own); the doctor started the embedded one and said the database was OK. In this
-    process: through the CLI, the Ray check waits ~30 s for the cluster that is not there."""
-    settings = Settings(ray_address="ray://127.0.0.1:1", database_url=None, data_dir=root / "data")
-    with pytest.raises(SharedDatabaseRequired, match="CANOPY_DATABASE_URL"):
-        Doctor(settings).database()
+    PostgreSQL of its own); the doctor started the embedded one and said the database was OK. Only the
+    database check, in a process of its own: this one may be connected to a one-node Ray, which needs
+    no shared database, and through the CLI the Ray check waits ~30 s for the cluster that is not there."""
+    check = "from api.doctor import Doctor; from persistence.settings import Settings; Doctor(Settings()).database()"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("CANOPY_", "RAY_"))}
+    env.update({"CANOPY_DATA_DIR": str(root / "data"), "CANOPY_RAY_ADDRESS": "ray://127.0.0.1:1"})
+    done = subprocess.run([sys.executable, "-c", check], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "SharedDatabaseRequired" in done.stderr and "Set CANOPY_DATABASE_URL" in done.stderr, done.stderr
     assert not (root / "data" / "pg").exists()
