@@ -152,10 +152,14 @@ DEFAULT_SHAPE = "hosted"  # what canopy up runs (Settings.session_hosts defaults
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every actor test that uses ``runtime`` runs against both placements, like a conformance
     suite; every other test that uses it runs on the default shape's runtime — the same Ray as
-    the actor tests of that shape, not a third one."""
+    the actor tests of that shape, not a third one. So does an actor test marked ``default_shape``:
+    one at a scale that costs minutes, whose behaviour the shapes do not decide (where a session
+    runs is the shapes' difference, and tests of their own check it at a smaller scale)."""
     if "runtime" in metafunc.fixturenames:
         actors = Path(__file__).parent / "actors"
-        shapes = list(SHAPES) if metafunc.definition.path.is_relative_to(actors) else [DEFAULT_SHAPE]
+        both = metafunc.definition.path.is_relative_to(actors) and not metafunc.definition.get_closest_marker(
+            "default_shape")
+        shapes = list(SHAPES) if both else [DEFAULT_SHAPE]
         metafunc.parametrize("runtime", shapes, indirect=True, scope="session")
 
 

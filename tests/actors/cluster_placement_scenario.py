@@ -69,7 +69,7 @@ class ActorWatch:
                 await self.poll()
             except Exception as error:  # the state API may not answer while a node goes: poll again
                 self.errors.append(repr(error)[:200])
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(1.0)  # a child's actor lives its Turn (two steps) and 6 s idle after it
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())

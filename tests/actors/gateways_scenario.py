@@ -32,6 +32,10 @@ from persistence.records import Scope
 from persistence.settings import Settings
 from tests.ports import free_port
 
+# A session pinned by ``session_on`` must not passivate before its input reaches it: the tests' 6 s
+# idle was shorter than that on a busy CI machine, and the placement then made it again elsewhere.
+PINNED_ENV = {"CANOPY_ACTOR_IDLE_SECONDS": "120"}
+
 
 async def session_on(runtime: Runtime, scope: Scope, node_id: str, text: str) -> dict[str, Any]:
     """A root session whose actor runs on ``node_id``, then its first input. Ray places a zero-CPU actor

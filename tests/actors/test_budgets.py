@@ -21,7 +21,7 @@ from persistence.records import Scope
 from tests.actors.helpers import eventually, kill_session_process, rows, session_id_at
 from tests.actors.test_recovery import _owned_run
 
-CHILDREN = 6
+CHILDREN = 4
 STEPS = 3  # read-only tool steps per task, then the answer
 DELAY_MS = 120
 
@@ -41,7 +41,7 @@ TASKS = 3  # per child: the first is its description, the others are queued behi
 
 
 def fan_out() -> str:
-    """Six children, each given three multi-step tasks (the later ones queued behind the first)."""
+    """Four children, each given three multi-step tasks (the later ones queued behind the first)."""
     names = [f"w{i}" for i in range(CHILDREN)]
     return script(
         call(*(create(n, task(n, 1)) for n in names)),
@@ -50,7 +50,7 @@ def fan_out() -> str:
         call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(TASKS * CHILDREN)],
                               "timeout_seconds": 600})),
         say("all done"),
-        task="Fan out to six workers, three tasks each",
+        task="Fan out to four workers, three tasks each",
     )
 
 

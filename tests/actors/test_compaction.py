@@ -24,6 +24,7 @@ async def _summaries(runtime: Runtime, session_id: uuid.UUID) -> list[dict[str, 
                       "AND origin->>'kind' = 'compaction' ORDER BY id", session_id)
 
 
+@pytest.mark.default_shape  # minutes per shape; compaction in the dedicated shape: the tests below
 async def test_a_300_turn_session_compacts_and_keeps_answering(runtime: Runtime, scope: Scope) -> None:
     await runtime.create_agent(scope, {"agent_id": "talker", "name": "Talker", "model": "canopy/scripted",
                                        "compact_at_tokens": THRESHOLD})

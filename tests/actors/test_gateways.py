@@ -22,7 +22,7 @@ from actors.runtime import MALLOC_ARENA_MAX, Runtime
 from actors.scripted import say, script
 from persistence.databases import rows
 from persistence.records import Scope
-from tests.actors.gateways_scenario import requests_with
+from tests.actors.gateways_scenario import PINNED_ENV, requests_with
 from tests.actors.helpers import eventually, model_gateway, scenario_findings
 from tests.conftest import RUNTIME_ENV
 
@@ -57,9 +57,9 @@ async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime
     for kill in range(KILLS[how]):
 
         async def in_flight(asked: int = kill + 1) -> bool:
-            return requests_with(runtime.settings, marker) == asked
+            return requests_with(runtime.settings, marker) >= asked  # more: the count asserted below says so
 
-        await eventually(in_flight, timeout=60)
+        await eventually(in_flight, timeout=120)  # a restart on a loaded machine has taken a minute
         # its scripted model waits out the call's delay in this process
         killed = await _alive_gateway(node_id, not_pid=killed.pid if killed else None)
         if how == "ray.kill":
@@ -164,7 +164,8 @@ async def test_a_call_aborted_before_its_reply_is_recorded(runtime: Runtime) -> 
 async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(own_database_url: str,
                                                                              tmp_path: Path) -> None:
     findings = await scenario_findings("tests.actors.gateways_scenario", {
-        **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": own_database_url}, timeout=240)
+        **RUNTIME_ENV, **PINNED_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": own_database_url},
+        timeout=240)
 
     head, other = findings["head"], findings["other"]
     assert head != other

@@ -25,6 +25,7 @@ from persistence.settings import get_settings
 from sandbox import workdirs
 from sandbox.base import SandboxFull, SandboxMoved
 from sandbox.manager import choose_backend
+from tests.actors.gateways_scenario import PINNED_ENV
 from tests.actors.helpers import alive_sandbox_hosts, eventually, rows, scenario_findings
 from tests.conftest import RUNTIME_ENV
 
@@ -87,7 +88,7 @@ async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(o
     findings = await scenario_findings("tests.actors.sandbox_hosts_scenario", {
         **RUNTIME_ENV, "CANOPY_DATA_DIR": str(tmp_path), "SCENARIO_DATABASE_URL": own_database_url,
         "CANOPY_SANDBOX_BACKEND": "local", "CANOPY_SANDBOX_MAX_PER_SCOPE": "2",
-        "CANOPY_SANDBOX_IDLE_SECONDS": "600"}, timeout=240)
+        "CANOPY_SANDBOX_IDLE_SECONDS": "600", **PINNED_ENV}, timeout=240)
     head, other = findings["head"], findings["other"]
     assert head != other
 

@@ -124,10 +124,10 @@ async def test_first_run_at_is_the_trees_first_grant(db: Database, scope: Scope)
     assert (await summary(db, scope, tree.tree_id))["usage"]["first_run_at"] == first["started_at"]
 
 
-async def test_summary_statements_do_not_grow_from_10_to_1000_members(db: Database, database_url: str,
+async def test_summary_statements_do_not_grow_from_10_to_300_members(db: Database, database_url: str,
                                                                       scope: Scope) -> None:
     small = await seed_worked_tree(db, scope, members=10, turns_per_member=2, wait_every=2)
-    large = await seed_worked_tree(db, scope, members=1000, turns_per_member=1, wait_every=0)
+    large = await seed_worked_tree(db, scope, members=300, turns_per_member=1, wait_every=0)
     counted = {}
     for tree in (small, large):
         conn = await psycopg.AsyncConnection.connect(database_url, row_factory=dict_row,
@@ -143,7 +143,7 @@ async def test_summary_statements_do_not_grow_from_10_to_1000_members(db: Databa
     small_statements, small_summary = counted[small.tree_id]
     large_statements, large_summary = counted[large.tree_id]
     assert small_statements == large_statements == 2
-    assert len(large_summary["members"]) == 1000 and large_summary["usage"]["model_calls"] == 1000
+    assert len(large_summary["members"]) == 300 and large_summary["usage"]["model_calls"] == 300
     assert small_summary["usage"]["model_calls"] == 20
     assert all(m["usage"]["tokens"] == 48 for m in large_summary["members"])
 
