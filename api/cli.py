@@ -280,6 +280,10 @@ def _invalid_settings(error: ValidationError | SettingsError) -> str:
         for problem in error.errors())
 
 
+def _data_dir(args: argparse.Namespace) -> Path:
+    return (getattr(args, "data_dir", None) or get_settings().data_dir).expanduser().resolve()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -292,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args))
     except DatabaseUnreachable as error:
         print(f"canopy: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        data_dir = _data_dir(args)
+        if error.filename is None or not Path(error.filename).resolve().is_relative_to(data_dir):
+            raise
+        print(f"canopy: the data dir {data_dir} cannot be used: {error.strerror} ({error.filename}); choose "
+              "another with --data-dir or CANOPY_DATA_DIR", file=sys.stderr)
         return 2
     except CanopyError as error:
         print(f"canopy: {error}", file=sys.stderr)

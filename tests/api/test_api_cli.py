@@ -13,6 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 import ray
 from ray.util.state import list_jobs
 
@@ -127,3 +128,21 @@ def test_version_is_the_package_version() -> None:
     done = subprocess.run([sys.executable, "-m", "api.cli", "--version"], cwd=REPO, capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == f"canopy {importlib.metadata.version('canopy')}"
+
+
+@pytest.mark.parametrize("command", [["up", "--data-dir", "{data}"], ["run", "hello"], ["keys", "list"]])
+def test_a_data_dir_that_cannot_be_made_is_one_line_and_exit_code_2(tmp_path: Path, command: list[str]) -> None:
+    """Under a regular file (or any path the process cannot make): one line naming the data dir,
+    never a traceback, and nothing made, no server started."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    data = blocker / "data"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("CANOPY_", "RAY_"))}
+    env.update({"CANOPY_DATA_DIR": str(data), "RAY_TMPDIR": str(tmp_path / "ray")})
+    args = [part.format(data=data) for part in command]
+    done = subprocess.run([sys.executable, "-m", "api.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (f"canopy: the data dir {data} cannot be used: Not a directory ({data}); choose another "
+                           "with --data-dir or CANOPY_DATA_DIR\n"), done.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]  # no Ray temp dir either
