@@ -270,7 +270,7 @@ class RunExecutor:
         except LeaseLost:
             log.info("run %s lost its lease; stopping without further writes", self.run.run_id)
         except TurnCancelled:
-            await self._finish(TurnStatus.CANCELLED, error="cancelled")
+            await self._finish(TurnStatus.CANCELLED)  # the cancel's reason (turns.finish_turn)
         finally:
             heartbeat.cancel()
 
@@ -341,7 +341,7 @@ class RunExecutor:
                 async with self.db.tx() as conn:
                     boundary = await self._take_boundary(conn)
             if boundary.cancelling:
-                await self._finish(TurnStatus.CANCELLED, error="cancelled")
+                await self._finish(TurnStatus.CANCELLED)  # the cancel's reason (turns.finish_turn)
                 return
             if boundary.over_budget is not None:
                 if await self._stop_for_budget():
@@ -408,7 +408,7 @@ class RunExecutor:
         cancelled, as the stop cancelled it. False when a raised budget left room meanwhile."""
         if not await budgets.stop_tree(self.placement, self.db, self.run):
             return False
-        await self._finish(TurnStatus.CANCELLED, error="stopped: the tree's budget is used up")
+        await self._finish(TurnStatus.CANCELLED)  # the stop's reason, with the limit (turns.finish_turn)
         return True
 
     async def _call_model(self, session: Row, input_id: uuid.UUID, *, stream: bool) -> dict[str, Any] | None:
@@ -594,7 +594,7 @@ class RunExecutor:
 
     async def _after_park(self, wait_id: uuid.UUID | None) -> None:
         if wait_id is None:  # the Turn is being cancelled: it ends instead of waiting
-            await self._finish(TurnStatus.CANCELLED, error="cancelled")
+            await self._finish(TurnStatus.CANCELLED)  # the cancel's reason (turns.finish_turn)
             return
         # The condition may have been met between our check and the commit: re-check now.
         await signals.resume_wait(self.placement, self.db, wait_id)
@@ -625,4 +625,4 @@ class RunExecutor:
             async with self.db.tx() as conn:
                 status = await turns.turn_status(conn, self.run.turn_id)
             if status == TurnStatus.CANCELLING:
-                await self._finish(TurnStatus.CANCELLED, error="cancelled")
+                await self._finish(TurnStatus.CANCELLED)  # the cancel's reason (turns.finish_turn)

@@ -24,6 +24,8 @@ from persistence.statuses import TERMINAL_TURN_STATUSES, InputStatus, RunStatus,
 
 MAX_TEXT = 100_000
 _PREVIEW = 500
+# The error of a Turn cancelled with no reason given (a cancel of exactly this Turn).
+CANCELLED = "cancelled"
 
 _LOCK_SESSION = """
 SELECT session_id, tree_id, parent_id, path, user_id, app_id, queue_paused, archived
@@ -229,10 +231,15 @@ async def _end_turn(conn: Connection, session: Row, turn_id: uuid.UUID, result_r
 async def finish_turn(conn: Connection, run: RunRef, status: str, *, output: str | None = None,
                       error: str | None = None, locked_session: Row | None = None) -> Row | None:
     """The executing Run ends its Turn (completed, failed or cancelled); fenced by its lease.
-    ``locked_session``: the session's row when the caller has taken ``lock_session`` already."""
+    ``locked_session``: the session's row when the caller has taken ``lock_session`` already.
+    Cancelled with no error of the Run's own, the Turn was cancelled by someone else while it ran:
+    its error is the reason that cancel gave (a user, Stop all, a budget), as for a Turn a cancel
+    ends itself."""
     if status not in TERMINAL_TURN_STATUSES:
         raise ValueError(status)
     session = locked_session or await lock_session(conn, run.scope, run.session_id)
+    if status == TurnStatus.CANCELLED and error is None:
+        error = await cancel_reason(conn, run.session_id, run.turn_id)
     await run_repo.end_own_run(conn, run, status, output=output, error=error)
     return await _end_turn(conn, session, run.turn_id, run.run_id, status, output, error)
 
@@ -303,6 +310,13 @@ async def cancel_open_turn(conn: Connection, session: Row, turn: Row, reason: st
     return False
 
 
+async def cancel_reason(conn: Connection, session_id: uuid.UUID, turn_id: uuid.UUID) -> str:
+    """The reason the cancel of a Turn that was running gave (``cancel_open_turn``)."""
+    cur = await conn.execute(query("turn_cancel_reason"), {"session_id": session_id, "turn_id": turn_id})
+    found = await cur.fetchone()
+    return found["reason"] if found is not None and found["reason"] else CANCELLED
+
+
 async def finalize_cancel(conn: Connection, session: Row, turn_id: uuid.UUID, result_run_id: uuid.UUID,
                           reason: str) -> Row | None:
     await conn.execute(
@@ -319,7 +333,7 @@ async def finalize_cancel(conn: Connection, session: Row, turn_id: uuid.UUID, re
 
 
 async def cancel_turn(conn: Connection, scope: Scope, session_id: uuid.UUID, turn_id: uuid.UUID,
-                      reason: str = "cancelled") -> bool | None:
+                      reason: str = CANCELLED) -> bool | None:
     """Cancel exactly this Turn (history and side effects stay). True: a live Run must be signalled;
     None: the Turn had ended already, and nothing was written."""
     session = await lock_session(conn, scope, session_id)
@@ -422,7 +436,8 @@ async def recover_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None
     lifecycle.log_at_commit(conn, "run_interrupted", tree_id=expired["tree_id"], session_id=expired["session_id"],
                             turn_id=expired["turn_id"], run_id=run_id, reason="lease_expired")
     if expired["turn_status"] == TurnStatus.CANCELLING:
-        await finalize_cancel(conn, session, expired["turn_id"], run_id, "cancelled")
+        await finalize_cancel(conn, session, expired["turn_id"], run_id,
+                              await cancel_reason(conn, session["session_id"], expired["turn_id"]))
     elif await run_repo.recoveries_of_turn(conn, expired["turn_id"]) >= run_repo.MAX_RECOVERIES_PER_TURN:
         await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = %s", (run_id,))
         await _end_turn(conn, session, expired["turn_id"], run_id, TurnStatus.FAILED, None,

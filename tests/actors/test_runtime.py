@@ -190,6 +190,10 @@ async def test_stop_all_then_continue(runtime: Runtime, scope: Scope) -> None:
     await runtime.stop_tree(scope, tree_id)
     summary = await eventually(lambda: _all_turns_ended(runtime, scope, tree_id), timeout=30)
     assert {m["turn_status"] for m in summary["members"]} == {"cancelled"}
+    # Each says why: the running children's too, which their own Runs ended (they said "cancelled").
+    ended = await rows(runtime.db, "SELECT payload->>'error' AS error FROM events WHERE tree_id = %s "
+                       "AND kind = 'turn_cancelled'", tree_id)
+    assert [e["error"] for e in ended] == ["stopped: the whole tree was stopped"] * 3, ended
     pending = await rows(runtime.db, "SELECT status FROM inputs WHERE input_id = %s", queued["input_id"])
     assert pending[0]["status"] == "pending"
     assert [m["queue_paused"] for m in summary["members"] if m["path"] == "/root/a"] == [True]
