@@ -26,7 +26,7 @@ from tests.actors.replay_server import ReplayServer, fail
 from tests.api.conftest import ApiServer
 from tests.api.helpers import poll
 
-EXAMPLES_PER_OPERATION = 20
+EXAMPLES_PER_OPERATION = 12  # per operation and mode: ~1,400 requests in all
 # An agent whose provider answers 404: not a failure to retry, so a Turn with it fails at once (an
 # unknown provider is refused when the agent is created).
 BROKEN_MODEL = "openai/none"
