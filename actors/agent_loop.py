@@ -172,7 +172,7 @@ async def _guarded(call: dict[str, Any], running: Awaitable[ToolResult]) -> Tool
         except Exception as error:
             log.exception("tool %s failed", call.get("name"))
             outcome = {"error": f"internal error in {call.get('name')}: {error}"}
-    return count_tool_call(call.get("name"), outcome)
+    return outcome
 
 
 async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id: str, args: Any) -> ToolResult:
@@ -551,11 +551,13 @@ class RunExecutor:
             results: list[tuple[str, str]] = []
             park: tuple[str, Park] | None = None
             for item in batch:
+                refused = False
                 if isinstance(item.tool, Tool):
                     outcome = await _guarded(item.call, _in_savepoint(conn, item.tool, ctx, item.call["id"], item.args))
                 elif item.error is not None:
-                    outcome = count_tool_call(item.call.get("name"), item.error, refused=True)
-                assert outcome is not None
+                    outcome, refused = item.error, True
+                assert outcome is not None  # a sandbox call's ran before the transaction
+                count_tool_call(conn, item.call.get("name"), outcome, refused=refused)
                 if isinstance(outcome, Park):
                     park = item.call["id"], outcome
                     break

@@ -22,6 +22,7 @@ import ray
 from ray.util import metrics as ray_metrics
 
 from persistence import metrics
+from persistence.db import Connection
 from persistence.metrics import Metric
 
 
@@ -85,13 +86,13 @@ def tool_label(name: Any) -> str:
     return metrics.bounded(name, _tool_names()) if isinstance(name, str) else metrics.OTHER
 
 
-def count_tool_call(name: Any, outcome: Any, *, refused: bool = False) -> Any:
-    """Count one tool call by its outcome (refused: not run; parked; error; ok); returns ``outcome``."""
+def count_tool_call(conn: Connection, name: Any, outcome: Any, *, refused: bool = False) -> None:
+    """Count one tool call by its outcome (refused: not run; parked; error; ok) when the transaction
+    holding its result commits: a step whose commit fails is redone, and its calls count once."""
     if refused:
         result = "refused"
     elif isinstance(outcome, dict):
         result = "error" if "error" in outcome else "ok"
     else:
         result = "parked"  # a Park: the Turn waits for the call's answer
-    metrics.add(metrics.TOOL_CALLS, tool=tool_label(name), outcome=result)
-    return outcome
+    metrics.count_at_commit(conn, metrics.TOOL_CALLS, tool=tool_label(name), outcome=result)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 
 from actors.runtime import Runtime
 from actors.scripted import call, say, script
 from persistence.records import Scope
-from tests.actors.helpers import eventually, ray_prometheus_text, rows
+from tests.actors.helpers import eventually, failing_once, ray_prometheus_text, rows
 
 
 def _samples(text: str, name: str) -> dict[str, float]:
@@ -90,3 +91,26 @@ async def test_model_calls_and_turns_reach_rays_metrics_export(runtime: Runtime,
     assert _samples(text, "ray_canopy_queue_depth"), "the queue-depth gauge is exported"
     statuses = _samples(text, "ray_canopy_turns")
     assert any('status="waiting"' in labels and 'waiting_for="approval"' in labels for labels in statuses), statuses
+
+
+async def test_a_tool_call_is_counted_when_its_result_commits(runtime: Runtime, scope: Scope) -> None:
+    """The commit of a step's results fails (a passing database error): the Run is recovered and the
+    step, a read, runs again. Its call is counted once, by the commit that kept its result."""
+    counted = {"tool": "get_result", "outcome": "error"}  # a call hardly any other test makes
+    before = await _counter(runtime, "canopy_tool_calls", **counted)
+    created = await runtime.create_root(scope)
+    session_id = created["session"]["session_id"]
+    text = script(call(("get_result", {"input_id": str(uuid.uuid4())})), say("looked"))
+    async with failing_once(runtime.db, "thread_messages", f"NEW.session_id = '{session_id}' AND NEW.role = 'tool'"):
+        receipt = await runtime.submit_input(scope, session_id, text)
+        result = await runtime.wait_result(scope, receipt["input_id"], timeout=90)
+    assert (result["status"], result["output"]) == ("completed", "looked"), result
+    runs = await rows(runtime.db, "SELECT error FROM runs WHERE turn_id = %s ORDER BY queued_at", receipt["turn_id"])
+    assert len(runs) == 2 and "lease expired" in runs[0]["error"], runs  # the step ran twice
+
+    async def once() -> bool:
+        return await _counter(runtime, "canopy_tool_calls", **counted) == before + 1
+
+    await eventually(once, timeout=60)
+    await asyncio.sleep(3)  # a second count would have been flushed by now (each process flushes within ~1 s)
+    assert await _counter(runtime, "canopy_tool_calls", **counted) == before + 1
