@@ -33,21 +33,12 @@ import pytest
 
 from actors.scripted import say, script
 from api.up import port_free
+from tests.api.helpers import clean_env
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 240.0
 STEPS = ["database (embedded PostgreSQL) …", "Ray (local) …", "gateway …", "API (Serve on 127.0.0.1:", "ready ("]
-
-
-def _clean_env(data_dir: Path, ray_dir: Path) -> dict[str, str]:
-    """No test settings and no pointer to the test's own Ray cluster: ``canopy up`` starts its own,
-    with its Ray session under ``ray_dir``. Nor the variable that keeps Ray quiet about its token."""
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith("CANOPY_") and key not in ("RAY_ADDRESS", "RAY_NAMESPACE", "RAY_AUTH_MODE")}
-    env.update({"CANOPY_DATA_DIR": str(data_dir), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": str(ray_dir),
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONUNBUFFERED": "1"})
-    return env
 
 
 class Up:
@@ -62,7 +53,7 @@ class Up:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "api.cli", "up", "--port", str(port), "--dashboard-port", str(dashboard_port),
              "--data-dir", str(root / "data"), *extra],
-            cwd=REPO, env=env or _clean_env(root / "data", root / "ray"), stdout=subprocess.PIPE, stderr=self._stderr,
+            cwd=REPO, env=env or clean_env(root / "data", root / "ray"), stdout=subprocess.PIPE, stderr=self._stderr,
             text=True, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -241,7 +232,7 @@ def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothin
         # A second canopy up on the same data dir is refused while the first serves it.
         other = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(free_port()), "--dashboard-port",
                                 str(free_port()), "--data-dir", str(root / "data")], cwd=REPO, capture_output=True,
-                               text=True, timeout=120, env=_clean_env(root / "data", root / "other-ray"))
+                               text=True, timeout=120, env=clean_env(root / "data", root / "other-ray"))
         assert other.returncode == 2, other
         assert f"another canopy up (pid {first.process.pid}) serves the data dir" in other.stderr
         assert not (root / "other-ray").exists()  # it started no Ray
@@ -314,7 +305,7 @@ def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothin
 
 
 def test_an_unreachable_database_is_one_line_and_exit_code_2(root: Path) -> None:
-    env = _clean_env(root / "data", root / "ray")
+    env = clean_env(root / "data", root / "ray")
     nobody = free_port()
     env["CANOPY_DATABASE_URL"] = f"postgresql://canopy:hunter2@127.0.0.1:{nobody}/canopy"
     done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(free_port()), "--dashboard-port",
@@ -337,7 +328,7 @@ def test_a_port_in_use_is_one_line_naming_the_flag_and_exit_code_2(root: Path, t
         listener.listen()
         done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(ports["--port"]),
                                "--dashboard-port", str(ports["--dashboard-port"]), "--data-dir", str(root / "data")],
-                              cwd=REPO, env=_clean_env(root / "data", root / "ray"), capture_output=True, text=True,
+                              cwd=REPO, env=clean_env(root / "data", root / "ray"), capture_output=True, text=True,
                               timeout=120)
     assert done.returncode == 2, done
     [line] = done.stderr.strip().splitlines()
@@ -357,7 +348,7 @@ def test_a_flag_no_server_can_take_is_refused_before_anything_starts(root: Path,
     """These ended in a traceback (an overflow binding the probe, a name the address parser does not
     take), --replicas 0 only once the database and Ray had started."""
     done = subprocess.run([sys.executable, "-m", "api.cli", "up", flag, value, "--data-dir", str(root / "data")],
-                          cwd=REPO, env=_clean_env(root / "data", root / "ray"), capture_output=True, text=True,
+                          cwd=REPO, env=clean_env(root / "data", root / "ray"), capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and done.stderr.strip().endswith(f"error: argument {flag}: {says}"), done
     assert "Traceback" not in done.stderr and not (root / "data").exists() and not (root / "ray").exists()
@@ -381,7 +372,7 @@ def test_the_port_probe_accepts_time_wait_and_refuses_a_listener() -> None:
 
 
 def test_a_default_model_without_its_key_is_one_line_naming_the_variable_and_exit_code_2(root: Path) -> None:
-    env = _clean_env(root / "data", root / "ray")
+    env = clean_env(root / "data", root / "ray")
     env.pop("GROQ_API_KEY", None)
     env["CANOPY_DEFAULT_MODEL"] = "groq/llama-3.1-8b-instant"
     done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(free_port()), "--dashboard-port",

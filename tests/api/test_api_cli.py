@@ -21,7 +21,7 @@ from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
-from tests.api.helpers import client, rows
+from tests.api.helpers import clean_env, client, rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,8 +137,7 @@ def test_a_data_dir_that_cannot_be_made_is_one_line_and_exit_code_2(tmp_path: Pa
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     data = blocker / "data"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("CANOPY_", "RAY_"))}
-    env.update({"CANOPY_DATA_DIR": str(data), "RAY_TMPDIR": str(tmp_path / "ray")})
+    env = clean_env(data, tmp_path / "ray")
     args = [part.format(data=data) for part in command]
     done = subprocess.run([sys.executable, "-m", "api.cli", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)

@@ -27,6 +27,7 @@ from persistence.migrations import latest_version
 from persistence.settings import Settings
 from sandbox.base import SandboxUnavailable
 from sandbox.docker_backend import connect
+from tests.api.helpers import clean_env
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,8 +173,7 @@ def test_doctor_refuses_the_embedded_database_for_a_cluster_as_canopy_up_does(ro
     database check, in a process of its own: this one may be connected to a one-node Ray, which needs
     no shared database, and through the CLI the Ray check waits ~30 s for the cluster that is not there."""
     check = "from api.doctor import Doctor; from persistence.settings import Settings; Doctor(Settings()).database()"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("CANOPY_", "RAY_"))}
-    env.update({"CANOPY_DATA_DIR": str(root / "data"), "CANOPY_RAY_ADDRESS": "ray://127.0.0.1:1"})
+    env = {**clean_env(root / "data", root / "ray"), "CANOPY_RAY_ADDRESS": "ray://127.0.0.1:1"}
     done = subprocess.run([sys.executable, "-c", check], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
