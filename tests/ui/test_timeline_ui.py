@@ -245,9 +245,9 @@ async def test_500_members_render_only_what_is_on_screen(tab: Tab, user: User, r
     root_id = str(tree.tree_id)
     page = tab.page
     # Per member: a Run per Turn and one more per wait, as many queued intervals, the waits, a tool call per Turn.
-    runs = turns + turns // wait_every
-    figure = await seeded_timeline_figure(page, user.base, root_id, expected=500 * (2 * runs + turns // wait_every
-                                                                                    + turns))
+    waits = turns // wait_every
+    runs = turns + waits
+    figure = await seeded_timeline_figure(page, user.base, root_id, expected=500 * (2 * runs + waits + turns))
     print(figure)
     after = await model(page, root_id)
     assert [lane["path"] for lane in after["lanes"]] == [m["path"] for m in (
