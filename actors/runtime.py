@@ -8,6 +8,7 @@ sweeper run. Every operation commits first, then sends hints.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import secrets
@@ -41,7 +42,7 @@ from persistence import (
 )
 from persistence.cooperation import record_intervention
 from persistence.db import Connection, Database, resolve_database_url
-from persistence.errors import InvalidArgument
+from persistence.errors import Conflict, InvalidArgument
 from persistence.messages import steer
 from persistence.migrations import ensure_schema
 from persistence.records import Row, Scope
@@ -49,6 +50,8 @@ from persistence.settings import ENV_PREFIX, Settings, get_settings, reveal, sec
 from persistence.statuses import TERMINAL_TURN_STATUSES, Activity
 
 log = logging.getLogger(__name__)
+# Held (flock) by the canopy up serving a data dir, with its pid (api/up.py's RunRecord).
+UP_LOCK = "canopy-up.lock"
 
 # Runs inside a write's own transaction, after the write and before the commit, with the
 # write's result: the HTTP layer stores its Idempotency-Key receipt here, so the write
@@ -96,8 +99,19 @@ def _write_secrets(settings: Settings, database_url: str) -> Path:
     """The runtime's secrets as files only its user can read: ``<data dir>/secrets`` (0700), one
     file per secret setting (0600), named as ``Settings`` reads them from ``CANOPY_SECRETS_DIR``.
     A data dir serves one runtime configuration: the last runtime started on it wrote what its
-    workers read; a secret the runtime does not have is removed."""
+    workers read; a secret the runtime does not have is removed. While a ``canopy up`` serves the
+    data dir, the files are that run's (its replicas read them when they restart): a runtime
+    started beside it (``canopy run``) uses them as they are, and is refused if it would use another
+    database than the one they name, where its driver and its workers would each write to their own."""
     directory = _secrets_directory(settings)
+    holder = serving_pid(settings.data_dir)
+    if holder is not None:
+        served = directory / f"{ENV_PREFIX}database_url".lower()
+        if served.exists() and served.read_text() != database_url:
+            raise Conflict(f"a canopy up (pid {holder}) serves the data dir {settings.data_dir} with another "
+                           "database: use its database (the same CANOPY_DATABASE_URL, or none for its embedded "
+                           "one), or another data dir (CANOPY_DATA_DIR)")
+        return directory
     values = {name: reveal(getattr(settings, name)) for name in secret_fields()}
     values["database_url"] = database_url
     for name, value in values.items():
@@ -107,6 +121,23 @@ def _write_secrets(settings: Settings, database_url: str) -> Path:
         else:
             _write_secret_file(path, value)
     return directory
+
+
+def serving_pid(data_dir: Path) -> str | None:
+    """The pid of another process's ``canopy up`` that serves ``data_dir`` (it holds
+    :data:`UP_LOCK` locked while it runs and writes its pid there), or None."""
+    try:
+        fd = os.open(data_dir.expanduser().resolve() / UP_LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        return None if holder == str(os.getpid()) else holder
+    finally:
+        os.close(fd)  # which drops a lock taken here
 
 
 def private_ray_token() -> None:
@@ -138,12 +169,19 @@ def _move_provider_env(settings: Settings) -> None:
     environment, which every process it starts would inherit, for files of the secrets
     directory named like them: only the model gateway reads them there. A file whose variable
     this process does not have stays (a runtime started earlier moved it, or the operator put
-    it there); removing the file is how an operator takes a key away."""
+    it there); removing the file is how an operator takes a key away. While a ``canopy up``
+    serves the data dir, its files stay as they are (``_write_secrets``)."""
     directory = _secrets_directory(settings)
+    holder = serving_pid(settings.data_dir)
     for name in settings.provider_env:
         value = os.environ.pop(name, None)
-        if value:
+        if not value:
+            continue
+        if holder is None:
             _write_secret_file(directory / name, value)
+        elif not (directory / name).exists() or (directory / name).read_text() != value:
+            log.warning("%s is not used: the canopy up (pid %s) serving %s gives the model gateway its own "
+                        "provider settings", name, holder, settings.data_dir)
 
 
 # glibc gives the threads of a process up to 8 malloc arenas per core, and what is freed in them

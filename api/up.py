@@ -57,7 +57,7 @@ import ray
 from pydantic import SecretStr
 from ray import serve
 
-from actors.runtime import Runtime, init_ray, worker_env
+from actors.runtime import UP_LOCK, Runtime, init_ray, worker_env
 from api import __version__
 from api.serve_app import APP_NAME, LOOPBACK, application
 from persistence.db import resolve_database_url
@@ -105,7 +105,7 @@ class RunRecord:
     def acquire(self) -> dict[str, Any] | None:
         """Lock the data dir; the record of a previous run that did not stop, if any."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / "canopy-up.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.directory / UP_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import stat
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -15,14 +18,23 @@ from typing import Any
 import psutil
 import pytest
 import ray
+from pydantic import SecretStr
 from ray.util.state import list_actors, list_workers
 
 from actors.gateways import scripted_log_path
 from actors.placement import Dedicated
-from actors.runtime import MALLOC_ARENA_MAX, Runtime, private_ray_token
+from actors.runtime import (
+    MALLOC_ARENA_MAX,
+    Runtime,
+    _move_provider_env,
+    private_ray_token,
+    serving_pid,
+    worker_env,
+)
 from actors.scripted import call, create, say, script
-from persistence.errors import NotFound
+from persistence.errors import Conflict, NotFound
 from persistence.records import Row, Scope
+from persistence.settings import Settings
 from tests.actors.helpers import (
     eventually,
     failing_once,
@@ -422,3 +434,40 @@ def test_rays_token_is_its_owners_only(tmp_path: Path, monkeypatch: pytest.Monke
     token.chmod(0o644)
     private_ray_token()
     assert (stat.S_IMODE(token.stat().st_mode), token.read_text()) == (0o600, written)
+
+
+def test_a_runtime_beside_a_canopy_up_leaves_its_secrets_as_they_are(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``canopy run`` on the data dir a ``canopy up`` serves removed the up's admin token (it had
+    none of its own), so a replica restarted then had none. While the up holds the data dir, its
+    secrets stay as they are; a runtime that would use another database is refused, changing
+    nothing; once the up has stopped, the last runtime started writes them again."""
+    url = "postgresql://canopy@/canopy?host=/run/one"
+    up = Settings(data_dir=tmp_path, admin_token=SecretStr("adm-of-the-up"))
+    beside = Settings(data_dir=tmp_path, admin_token=None)
+    secrets_dir = Path(worker_env(up, url)["CANOPY_SECRETS_DIR"])
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-of-the-up")
+    _move_provider_env(up)
+    written = {path.name: path.read_text() for path in secrets_dir.iterdir()}
+    assert written["canopy_admin_token"] == "adm-of-the-up" and written["OPENAI_API_KEY"] == "sk-of-the-up"
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from api.up import RunRecord; "
+         f"RunRecord(Path({str(tmp_path)!r})).acquire(); print('locked', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        assert serving_pid(tmp_path) == str(holder.pid)
+        worker_env(beside, url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-of-a-run")
+        _move_provider_env(beside)
+        assert "OPENAI_API_KEY" not in os.environ  # out of the environment all the same
+        with pytest.raises(Conflict, match=f"canopy up \\(pid {holder.pid}\\) serves .* another database"):
+            worker_env(beside, "postgresql://canopy@/other?host=/run/two")
+        assert {path.name: path.read_text() for path in secrets_dir.iterdir()} == written
+    finally:
+        holder.communicate("", timeout=30)
+
+    assert serving_pid(tmp_path) is None
+    worker_env(beside, url)
+    assert not (secrets_dir / "canopy_admin_token").exists()
