@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any
 
 import ray
@@ -58,7 +58,7 @@ class AccountedGateway(ModelGateway):
         """``node_id``: the Ray node this gateway serves (actors/gateways.py), on each of its records."""
         super().__init__(*args, **kwargs)
         self._db = LazyDatabase(max_size=4)
-        self._recorder = _CallRecorder(self._database, node_id)
+        self._recorder = _CallRecorder(self._database, node_id, self.file_model_names)
         self._in_flight = _CallsInFlight(self._database, get_settings().sweep_seconds)
         self._shared = _SharedCalls(REPLY_KEPT_SECONDS)
 
@@ -240,9 +240,12 @@ class _CallRecorder:
     provider — records them all in one transaction instead of one each on the gateway's busy
     moment (a record and its metrics cost about as much CPU as litellm's own work per call)."""
 
-    def __init__(self, database: Callable[[], Awaitable[Database]], node_id: str | None) -> None:
+    def __init__(self, database: Callable[[], Awaitable[Database]], node_id: str | None,
+                 own_models: Callable[[], Collection[str]]) -> None:
+        """``own_models``: the operator's models, each counted under its own name (``ModelLabels``)."""
         self._database = database
         self._node_id = node_id
+        self._own_models = own_models
         self._pending: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
         self.labels = counters.ModelLabels(get_settings().default_model)
@@ -268,8 +271,9 @@ class _CallRecorder:
                     await usage.record_model_calls(conn, [(*call.row(), self._node_id) for call in calls])
             except Exception:
                 log.exception("recording %d model call(s) failed", len(calls))
+            own = self._own_models()
             for call in calls:
-                metrics.record_model_call(self.labels.label(call.model), call.latency_ms, call.usage,
+                metrics.record_model_call(self.labels.label(call.model, own), call.latency_ms, call.usage,
                                           call.cost_usd, call.error)
             if db is not None:
                 counters.flush_soon(db)

@@ -671,6 +671,13 @@ class ModelGateway:
             raise ModelError(self._routes)
         return self._routes
 
+    def file_model_names(self) -> frozenset[str]:
+        """The model names of the models file as it is now: the operator's own models."""
+        try:
+            return frozenset(deployment["model_name"] for deployment in self._current_routes().file_models)
+        except ModelError:
+            return frozenset()
+
     def _check_api_base(self, api_base: str | None, api_key_ref: str | None) -> None:
         """An agent's api_base must be a listed endpoint; with none listed, it gets no key: whoever may
         create agents must not be able to send the operator's keys to a URL of their choosing."""

@@ -28,8 +28,9 @@ cluster's Prometheus and the Ray dashboard see the same names with Ray's ``ray_`
 ``api/metrics.py`` renders the same definitions on ``/metrics`` with ``prometheus_client``.
 
 Label values are bounded: statuses, outcomes and kinds are fixed sets; tool names are the
-tools Canopy has (anything else is ``other``); model names are the configured default model
-and the first ``MAX_MODEL_LABELS`` models counted (``ModelLabels``), anything else ``other``.
+tools Canopy has (anything else is ``other``); model names are the configured default model,
+the models file's names and the first ``MAX_MODEL_LABELS`` others counted (``ModelLabels``),
+anything else ``other``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from psycopg.types.json import Jsonb
@@ -152,8 +153,10 @@ def sandbox_outcome(result: Any) -> str:
 
 
 class ModelLabels:
-    """Model label values: the default model and the first ``MAX_MODEL_LABELS`` others counted
-    (those already in the table, then new ones as they come); any further model is ``other``."""
+    """Model label values: the default model, the operator's own models (the models file's names,
+    a list the operator bounds) and the first ``MAX_MODEL_LABELS`` others counted (those already
+    in the table, then new ones as they come); any further model is ``other``, so the names a
+    tenant's agents make up never take an operator's model's label away."""
 
     def __init__(self, default_model: str) -> None:
         self._known = {default_model}
@@ -166,7 +169,10 @@ class ModelLabels:
                 self._known.add(model)
         self.seeded = True
 
-    def label(self, model: str) -> str:
+    def label(self, model: str, own: Collection[str] = ()) -> str:
+        """``own``: the operator's models, each its own label wherever the others stand."""
+        if model in own:
+            return model
         if model not in self._known and len(self._known) < self._limit:
             self._known.add(model)
         return model if model in self._known else OTHER

@@ -7,11 +7,21 @@ import asyncio
 import json
 import re
 import uuid
+from pathlib import Path
 
+import pytest
+import yaml
+
+from actors.gateway_actor import AccountedGateway
 from actors.runtime import Runtime
 from actors.scripted import call, say, script
+from persistence.db import Database
+from persistence.metrics import MAX_MODEL_LABELS
 from persistence.records import Scope
+from persistence.settings import get_settings
+from tests.actors import replay_server
 from tests.actors.helpers import eventually, failing_once, ray_prometheus_text, rows
+from tests.actors.replay_server import ReplayServer
 
 
 def _samples(text: str, name: str) -> dict[str, float]:
@@ -22,9 +32,9 @@ def _samples(text: str, name: str) -> dict[str, float]:
     return found
 
 
-async def _counter(runtime: Runtime, name: str, **labels: str) -> float:
+async def _counter(db: Database, name: str, **labels: str) -> float:
     """The durable counter's value summed over its rows whose labels include ``labels``."""
-    found = await rows(runtime.db, "SELECT coalesce(sum(value), 0) AS n FROM metric_counters "
+    found = await rows(db, "SELECT coalesce(sum(value), 0) AS n FROM metric_counters "
                                    "WHERE name = %s AND labels @> %s::jsonb", name, json.dumps(labels))
     return float(found[0]["n"])
 
@@ -37,11 +47,11 @@ async def test_counts_of_a_turn_reach_the_counters_table(runtime: Runtime, scope
                "latency": ("canopy_model_latency_seconds_count", {}),
                "commands_ok": ("canopy_sandbox_commands", {"outcome": "ok"}),
                "commands_failed": ("canopy_sandbox_commands", {"outcome": "failed"})}
-    before = {key: await _counter(runtime, name, **labels) for key, (name, labels) in counted.items()}
+    before = {key: await _counter(runtime.db, name, **labels) for key, (name, labels) in counted.items()}
 
     async def grown(key: str, by: float) -> bool:
         name, labels = counted[key]
-        return await _counter(runtime, name, **labels) >= before[key] + by
+        return await _counter(runtime.db, name, **labels) >= before[key] + by
 
     text = script(call(("list_sessions", {})), call(("no_such_tool", {})),
                   call(("run_command", {"command": "echo hi"})), call(("run_command", {"command": "exit 3"})),
@@ -53,9 +63,9 @@ async def test_counts_of_a_turn_reach_the_counters_table(runtime: Runtime, scope
     async def arrived() -> bool:  # each figure of this Turn, whichever process counted it
         return (await grown("model_calls", 5) and await grown("completed", 1) and await grown("latency", 5)
                 and await grown("commands_ok", 1) and await grown("commands_failed", 1)
-                and await _counter(runtime, "canopy_tool_calls", tool="list_sessions", outcome="ok") >= 1
-                and await _counter(runtime, "canopy_tool_calls", tool="other", outcome="refused") >= 1  # made up
-                and await _counter(runtime, "canopy_tool_calls", tool="run_command", outcome="ok") >= 2)
+                and await _counter(runtime.db, "canopy_tool_calls", tool="list_sessions", outcome="ok") >= 1
+                and await _counter(runtime.db, "canopy_tool_calls", tool="other", outcome="refused") >= 1  # made up
+                and await _counter(runtime.db, "canopy_tool_calls", tool="run_command", outcome="ok") >= 2)
 
     # Each process flushes its own counts about a second after they happen (a session process, the
     # gateway, the sandbox host: not together), and a flush that failed (a busy database) is retried
@@ -97,7 +107,7 @@ async def test_a_tool_call_is_counted_when_its_result_commits(runtime: Runtime, 
     """The commit of a step's results fails (a passing database error): the Run is recovered and the
     step, a read, runs again. Its call is counted once, by the commit that kept its result."""
     counted = {"tool": "get_result", "outcome": "error"}  # a call hardly any other test makes
-    before = await _counter(runtime, "canopy_tool_calls", **counted)
+    before = await _counter(runtime.db, "canopy_tool_calls", **counted)
     created = await runtime.create_root(scope)
     session_id = created["session"]["session_id"]
     text = script(call(("get_result", {"input_id": str(uuid.uuid4())})), say("looked"))
@@ -109,8 +119,37 @@ async def test_a_tool_call_is_counted_when_its_result_commits(runtime: Runtime, 
     assert len(runs) == 2 and "lease expired" in runs[0]["error"], runs  # the step ran twice
 
     async def once() -> bool:
-        return await _counter(runtime, "canopy_tool_calls", **counted) == before + 1
+        return await _counter(runtime.db, "canopy_tool_calls", **counted) == before + 1
 
     await eventually(once, timeout=60)
     await asyncio.sleep(3)  # a second count would have been flushed by now (each process flushes within ~1 s)
-    assert await _counter(runtime, "canopy_tool_calls", **counted) == before + 1
+    assert await _counter(runtime.db, "canopy_tool_calls", **counted) == before + 1
+
+
+async def test_the_operators_own_models_keep_their_label_whatever_else_was_called(
+        database_url: str, db: Database, replay: ReplayServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model labels are bounded: the first names counted take the places, then ``other``. A
+    tenant's agents calling made-up models first took them all, and the operator's own model (a
+    name of the models file) was counted as ``other``. It keeps its label now."""
+    monkeypatch.setenv("CANOPY_DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    own = f"ops-{uuid.uuid4().hex[:8]}"
+    models_file = tmp_path / "models.yaml"
+    models_file.write_text(yaml.safe_dump({"model_list": [{"model_name": own, "litellm_params": {
+        "model": f"openai/{own}", "api_base": replay.base_url, "api_key": "sk-file"}}]}))
+    gateway = AccountedGateway(timeout_seconds=30, retries=0, models_file=str(models_file),
+                               agent_api_bases=(replay.base_url,))
+    made_up = [f"junk-{uuid.uuid4().hex[:8]}" for _ in range(MAX_MODEL_LABELS + 2)]
+    try:
+        for model in [*made_up, own]:
+            replay.script(model, replay_server.say("hi"))
+            await gateway.complete_for_run(call_id=str(uuid.uuid4()), run_id=str(uuid.uuid4()),
+                                           model=model if model == own else f"openai/{model}",
+                                           messages=[{"role": "user", "content": "hi"}], tools=None,
+                                           api_base=None if model == own else replay.base_url)
+    finally:
+        await gateway.close()  # records the calls and flushes their counts
+        get_settings.cache_clear()
+
+    assert await _counter(db, "canopy_model_calls", model=own) == 1.0
+    assert await _counter(db, "canopy_model_calls", model=f"openai/{made_up[-1]}") == 0.0  # still bounded
