@@ -11,7 +11,12 @@ update it). Waits for a human (approvals, questions) are not in the graph: a hum
 A new wait deadlocks when the waiting Turn would belong to the greatest set of waiting Turns in
 which each is stuck by the rule above, given the others are (the greatest fixed point, so a
 diamond — two Turns waiting for one that runs — is not a deadlock, and neither is a wait on an
-input that has ended). Timeouts do not save a cycle: every member would only time out.
+input that has ended). Timeouts do not save a cycle: every member would only time out. A wait
+that is due but not yet resumed (what it waits for happened in this very transaction, such as a
+message the new waiter sent in the same step, or its deadline passed and the sweep has not come by)
+is not stuck: it resumes once this transaction commits. Whether it is due is asked of the waits
+module (``waits.is_due``, the rule that resumes it) only when a cycle is found, so a wait that closes
+none costs no more.
 
 Only the waits reachable from the new one are read, in one recursive statement (wait_graph.sql), so
 a check costs what the new wait's own chain holds, not what every other tree of the scope waits for.
@@ -28,6 +33,7 @@ import uuid
 
 from psycopg.types.json import Jsonb
 
+from persistence import waits
 from persistence.db import Connection, advisory_lock, query
 from persistence.errors import Deadlock
 from persistence.records import RunRef
@@ -40,6 +46,7 @@ class _Waiter:
     the Turns it waits on (None for a target that cannot be stuck: ended, idle or starting)."""
 
     turn_id: uuid.UUID
+    wait_id: uuid.UUID | None  # None for the new wait, not written yet
     label: str
     tree_id: uuid.UUID
     needs_all: bool
@@ -57,9 +64,16 @@ async def check_wait(conn: Connection, run: RunRef, label: str, *, input_ids: li
     cur = await conn.execute(query("wait_graph"), {
         "user_id": run.scope.user_id, "app_id": run.scope.app_id, "turn_id": run.turn_id, "kind": kind,
         "condition": Jsonb(condition), "label": label, "tree_id": run.tree_id})
-    graph = {row["turn_id"]: _Waiter(row["turn_id"], row["path"], row["tree_id"], row["needs_all"], row["waits_on"])
+    graph = {row["turn_id"]: _Waiter(row["turn_id"], row["wait_id"], row["path"], row["tree_id"], row["needs_all"],
+                                     row["waits_on"])
              for row in await cur.fetchall()}
     stuck = _stuck(graph, run.turn_id)
+    if run.turn_id in stuck:
+        # Freeing a due wait only frees more: one pass over the first stuck set finds them all.
+        for turn in stuck - {run.turn_id}:
+            if await waits.is_due(conn, graph[turn].wait_id):  # type: ignore[arg-type]
+                del graph[turn]
+        stuck = _stuck(graph, run.turn_id)
     if run.turn_id in stuck:
         cycle = _cycle(graph, stuck, run.turn_id)
         names = [_name(graph[turn], run.tree_id) for turn in cycle]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -165,6 +166,20 @@ async def events_after(
         },
     )
     return await cur.fetchall()
+
+
+def _is_update(event: _Event, waiter: uuid.UUID, targets: Collection[uuid.UUID]) -> bool:
+    """``_SESSION_UPDATES_AFTER``'s rule, for an event not written yet."""
+    return event.session_id in targets and event.kind in SESSION_UPDATE_KINDS \
+        and (event.kind != "coop_message" or event.payload.get("receiver_session_id") == str(waiter))
+
+
+def has_queued_update(conn: Connection, scope: Scope, waiter: uuid.UUID, targets: Collection[uuid.UUID]) -> bool:
+    """Whether this transaction appended an update of ``targets`` for ``waiter`` that it writes only
+    at its commit (``append_event``): after every cursor written before, so after any wait's."""
+    return any(_is_update(event, waiter, targets)
+               for batch in queued_last(conn) or () if isinstance(batch, _ScopeEvents) and batch.scope == scope
+               for event in batch.events)
 
 
 async def session_updates_after(

@@ -14,7 +14,7 @@ from persistence import lifecycle
 from persistence import runs as run_repo
 from persistence.db import Connection, query
 from persistence.errors import Conflict
-from persistence.events import append_event, session_updates_after
+from persistence.events import append_event, has_queued_update, session_updates_after
 from persistence.records import Row, RunRef, Scope, new_id
 from persistence.statuses import (
     RequestKind,
@@ -31,12 +31,13 @@ WAITING_FOR = {WaitKind.INPUTS: WaitingFor.COOPERATION, WaitKind.SESSIONS: Waiti
                WaitKind.APPROVAL: WaitingFor.APPROVAL, WaitKind.ANSWER: WaitingFor.ANSWER}
 HUMAN_REQUEST_KIND = {WaitKind.APPROVAL: RequestKind.APPROVAL, WaitKind.ANSWER: RequestKind.QUESTION}
 
-_LOCK_WAIT = """
+_WAIT = """
 SELECT w.wait_id, w.session_id, w.tree_id, w.turn_id, w.run_id, w.tool_call_id, w.kind, w.condition,
        w.deadline, w.status, w.resumed_run_id, w.deadline <= now() AS expired, s.user_id, s.app_id
 FROM waits w JOIN sessions s ON s.session_id = w.session_id
-WHERE w.wait_id = %s FOR UPDATE OF w
+WHERE w.wait_id = %s
 """
+_LOCK_WAIT = _WAIT + "FOR UPDATE OF w"
 
 
 async def _lock_turn(conn: Connection, turn_id: uuid.UUID) -> Row | None:
@@ -106,14 +107,23 @@ async def _condition_met(conn: Connection, wait: Row) -> bool:
         results = await results_of_inputs(conn, scope, ids)
         return all(result["terminal"] for result in results)
     if wait["kind"] == WaitKind.SESSIONS:
-        updates = await session_updates_after(
-            conn, scope, wait["session_id"], [uuid.UUID(t) for t in condition["targets"]],
-            condition["after_cursor"], limit=1,
-        )
-        return bool(updates)
+        targets = [uuid.UUID(t) for t in condition["targets"]]
+        if has_queued_update(conn, scope, wait["session_id"], targets):
+            return True
+        return bool(await session_updates_after(conn, scope, wait["session_id"], targets, condition["after_cursor"],
+                                                limit=1))
     cur = await conn.execute("SELECT status FROM requests WHERE wait_id = %s", (wait["wait_id"],))
     request = await cur.fetchone()
     return request is not None and request["status"] == RequestStatus.ANSWERED
+
+
+async def is_due(conn: Connection, wait_id: uuid.UUID) -> bool:
+    """Whether ``try_resume`` would resume this wait now (it is open, and its condition holds or its
+    deadline passed), as this transaction sees it; the wait is read, not locked."""
+    cur = await conn.execute(_WAIT, (wait_id,))
+    wait = await cur.fetchone()
+    return wait is not None and wait["status"] == WaitStatus.OPEN \
+        and bool(wait["expired"] or await _condition_met(conn, wait))
 
 
 async def try_resume(conn: Connection, wait_id: uuid.UUID) -> Row | None:

@@ -4,12 +4,12 @@
 -- the scope. UNION ends the walk where it meets a wait it has already read. OFFSET 0 keeps the
 -- lookup of a Turn's open wait a lookup by its index: flattened into a join, a planner without
 -- fresh statistics hashes every open wait instead.
-WITH RECURSIVE graph (turn_id, needs_all, path, tree_id, waits_on) AS (
-    SELECT %(turn_id)s::uuid, %(kind)s::text = 'inputs', %(label)s::text, %(tree_id)s::uuid,
+WITH RECURSIVE graph (turn_id, wait_id, needs_all, path, tree_id, waits_on) AS (
+    SELECT %(turn_id)s::uuid, NULL::uuid, %(kind)s::text = 'inputs', %(label)s::text, %(tree_id)s::uuid,
            ARRAY(SELECT o.blocker FROM canopy_wait_on(%(kind)s, %(condition)s, %(user_id)s, %(app_id)s) o
                  ORDER BY o.target_position)
   UNION
-    SELECT w.turn_id, w.kind = 'inputs', s.path, s.tree_id,
+    SELECT w.turn_id, w.wait_id, w.kind = 'inputs', s.path, s.tree_id,
            ARRAY(SELECT o.blocker FROM canopy_wait_on(w.kind, w.condition, %(user_id)s, %(app_id)s) o
                  ORDER BY o.target_position)
     FROM graph g
@@ -20,4 +20,4 @@ WITH RECURSIVE graph (turn_id, needs_all, path, tree_id, waits_on) AS (
                         OFFSET 0) AS w
     JOIN sessions s ON s.session_id = w.session_id AND s.user_id = %(user_id)s AND s.app_id = %(app_id)s
 )
-SELECT turn_id, needs_all, path, tree_id, waits_on FROM graph
+SELECT turn_id, wait_id, needs_all, path, tree_id, waits_on FROM graph

@@ -4,6 +4,7 @@ with the cycle's path at once (no hang until the timeouts), and the tree still f
 from __future__ import annotations
 
 import json
+import uuid
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
@@ -53,4 +54,24 @@ async def test_a_diamond_waits_and_finishes(runtime: Runtime, scope: Scope) -> N
     created = await runtime.create_root(scope, input_text=text)
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"] == "saw d done|saw d done"
+    assert await _deadlock_errors(runtime, created["session"]["session_id"]) == []
+
+
+async def test_a_wait_already_satisfied_in_the_same_step_is_no_cycle(runtime: Runtime, scope: Scope) -> None:
+    # The root waits for any update of the child. In one reply the child sends the root a message
+    # (an update: the root's wait is satisfied, and resumes once this step commits) and waits for
+    # the root. The root's wait was still open when the child's wait was checked: it was walked as
+    # stuck, and the child was told it would deadlock. The root's end is the child's update.
+    child = script(call(("send_message", {"target": "/root", "text": "ping"}),
+                        ("wait_sessions", {"targets": ["/root"], "timeout_seconds": 600}), delay_ms=1500),
+                   say("child saw $${1.updates.0.kind}"))
+    text = script(call(create("c", child)),
+                  call(("wait_sessions", {"targets": ["/root/c"], "timeout_seconds": 600})),
+                  say("${0.input_id} ${1.updates.0.kind}"))
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    child_input, seen = result["output"].split()
+    assert seen == "coop_message"
+    child_result = await runtime.wait_result(scope, uuid.UUID(child_input), timeout=60)
+    assert (child_result["status"], child_result["output"]) == ("completed", "child saw turn_completed")
     assert await _deadlock_errors(runtime, created["session"]["session_id"]) == []
