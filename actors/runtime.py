@@ -42,7 +42,7 @@ from persistence import (
 )
 from persistence.cooperation import record_intervention
 from persistence.db import Connection, Database, resolve_database_url
-from persistence.errors import Conflict, InvalidArgument
+from persistence.errors import Conflict, InvalidArgument, RayUnreachable
 from persistence.messages import steer
 from persistence.migrations import ensure_schema
 from persistence.records import Row, Scope
@@ -228,6 +228,22 @@ def logging_config() -> ray.LoggingConfig:
     return ray.LoggingConfig(encoding="JSON", log_level="INFO", additional_log_standard_attrs=["name"])
 
 
+def _join_ray(address: str, **options: Any) -> Any:
+    """Ray's context for the cluster at ``address``, or RayUnreachable saying what to check. Ray
+    sends a token to an address it is given only when ``RAY_AUTH_MODE=token`` is set before it is
+    imported (it never sends the local cluster's token to an address of someone's choosing), and a
+    cluster with token authentication, Ray's default, answers a client without one as if it were
+    not there: "Failed to connect", after 20 s."""
+    try:
+        return ray.init(address=address, namespace=NAMESPACE, **options)
+    except (ConnectionError, ray.exceptions.AuthenticationError) as error:
+        hint = "" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else (
+            "; if it uses token authentication (Ray's default), set RAY_AUTH_MODE=token and give this machine "
+            "the cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token: `ray get-auth-token` "
+            "on its head prints it)")
+        raise RayUnreachable(f"cannot join the Ray cluster at {address} (CANOPY_RAY_ADDRESS): {error}{hint}") from None
+
+
 def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     """Join ``settings.ray_address``, or start a Ray of this process's own (never some other
     cluster that happens to run on the machine); returns Ray's context.
@@ -247,8 +263,7 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     options.setdefault("logging_config", logging_config())
     root_level = logging.getLogger().level
     if settings.ray_address:
-        context = ray.init(address=settings.ray_address, namespace=NAMESPACE, runtime_env={"env_vars": env},
-                           **options)
+        context = _join_ray(settings.ray_address, runtime_env={"env_vars": env}, **options)
     else:
         # Every process Ray starts inherits this environment: the secrets leave it (they are in the
         # secrets directory, which ``Settings`` reads from now on, here too).

@@ -31,7 +31,7 @@ from rich.console import Console
 
 from api import __version__
 from persistence.db import resolve_database_url
-from persistence.errors import CanopyError, DatabaseUnreachable
+from persistence.errors import CanopyError, DatabaseUnreachable, RayUnreachable
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from persistence.settings import Settings, env_names, get_settings
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     _configure_local_ray(args)
     try:
         return int(args.handler(args))
-    except DatabaseUnreachable as error:
+    except (DatabaseUnreachable, RayUnreachable) as error:
         print(f"canopy: {error}", file=sys.stderr)
         return 2
     except OSError as error:

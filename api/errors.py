@@ -20,6 +20,7 @@ from persistence.errors import (
     LimitExceeded,
     LimitReached,
     NotFound,
+    RayUnreachable,
     SharedDatabaseRequired,
     TurnCancelled,
 )
@@ -38,6 +39,7 @@ STATUS: dict[type[CanopyError], int] = {
     LimitExceeded: 429,
     LimitReached: 429,
     DatabaseUnreachable: 503,
+    RayUnreachable: 503,
     SharedDatabaseRequired: 503,
     SandboxError: 503,
 }

@@ -62,7 +62,7 @@ from api import __version__
 from api.serve_app import APP_NAME, LOOPBACK, application
 from persistence.db import resolve_database_url
 from persistence.embedded import running_postmaster, stop_embedded
-from persistence.errors import CanopyError, DatabaseUnreachable
+from persistence.errors import CanopyError, DatabaseUnreachable, RayUnreachable
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from persistence.settings import Settings, get_settings, reveal
@@ -334,7 +334,7 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
         _announce(host, port, dashboard, api_key, settings, generated_token, started.local_ray)
         _serve_until_signalled()
         return 0
-    except (StartupError, DatabaseUnreachable) as error:
+    except (StartupError, DatabaseUnreachable, RayUnreachable) as error:
         print(f"canopy: {error}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:

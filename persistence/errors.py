@@ -116,6 +116,10 @@ def redact_url(url: str) -> tuple[str, bool]:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), hidden
 
 
+class RayUnreachable(CanopyError):
+    """The Ray cluster Canopy is to join (``CANOPY_RAY_ADDRESS``) refused or did not answer."""
+
+
 class SharedDatabaseRequired(CanopyError):
     """A Ray cluster of several nodes and no database they all reach: each node would start its own."""
 

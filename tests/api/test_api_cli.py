@@ -8,6 +8,7 @@ import datetime
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -26,9 +27,11 @@ from tests.api.helpers import clean_env, client, rows
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def canopy(runtime: Runtime, *args: str, join_ray: bool = False, timeout: float = 120.0) -> tuple[int, str]:
-    """Run the command; its exit code and its stdout (stderr, Ray's worker logs included, only on failure)."""
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+async def canopy(runtime: Runtime, *args: str, join_ray: bool = False, timeout: float = 120.0,
+                 unset: tuple[str, ...] = ()) -> tuple[int, str]:
+    """Run the command (without the variables ``unset``); its exit code and its stdout (stderr, Ray's
+    worker logs included, only on failure)."""
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", *unset)}
     env.update({"CANOPY_DATABASE_URL": runtime.database_url, "CANOPY_DATA_DIR": str(runtime.settings.data_dir),
                 "COLUMNS": "200", "PYTHONUNBUFFERED": "1"})
     if join_ray:
@@ -90,6 +93,20 @@ async def test_canopy_run_joins_the_cluster_and_prints_the_result(runtime: Runti
     for runtime_env in joined:
         shown = json.dumps(runtime_env)
         assert runtime.database_url not in shown and "CANOPY_DATABASE_URL" not in shown
+
+
+async def test_joining_a_cluster_without_its_token_mode_says_what_to_set(runtime: Runtime, scope: Scope) -> None:
+    """Ray sends its token to an address it is given only with RAY_AUTH_MODE=token set before it is
+    imported. Without it, a cluster with token authentication (the suite's Ray, as Ray's default)
+    answered "Failed to connect" in a traceback; it is one line saying what to set, and nothing starts."""
+    assert os.environ.get("RAY_AUTH_MODE") == "token"  # how the suite's own joins reach its Ray
+    code, out = await canopy(runtime, "run", script(say("never")), "--user", scope.user_id, "--app", scope.app_id,
+                             join_ray=True, unset=("RAY_AUTH_MODE",))
+    assert code == 2, out
+    assert re.search(r"canopy: cannot join the Ray cluster at \S+ \(CANOPY_RAY_ADDRESS\): .*set RAY_AUTH_MODE=token "
+                     r"and give this machine the cluster's token", out), out
+    assert "Traceback" not in out
+    assert await rows(runtime.db, "SELECT 1 FROM sessions WHERE user_id = %s", scope.user_id) == []
 
 
 async def test_operators_create_list_and_revoke_keys(api: ApiServer, runtime: Runtime, scope: Scope) -> None:
