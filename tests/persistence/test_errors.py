@@ -30,6 +30,7 @@ SAMPLES: list[errors.CanopyError] = [
     errors.LimitReached("used up"),
     errors.DatabaseUnreachable("postgresql://canopy:secret@db/canopy", "connection refused"),
     errors.SharedDatabaseRequired("set CANOPY_DATABASE_URL"),
+    errors.RayUnreachable("cannot join"),
     persistence.idempotency.IdempotencyKeyReused("reused"),
     sandbox.base.SandboxError("engine gone"),
     sandbox.base.SandboxUnavailable("no engine"),
