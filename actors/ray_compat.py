@@ -17,6 +17,10 @@ tests/hostile/test_api_exposure.py checks the Serve rebinding):
   tests/actors/test_runtime.py checks that a dedicated actor starts in a prestarted worker.
   Only a node's session directory calls it (actors/directory.py): the stubs weigh ~14 MiB,
   which no session process needs to carry.
+- ``serve_http_address``: ``ray.serve.context._get_global_client`` and its client's
+  ``http_config``: Serve has no public way to ask whether it runs on a cluster, nor where its
+  proxies listen, and ``serve.start`` on a running Serve ignores new HTTP options with only a
+  warning (api/up.py; tests/api/test_api_canopy_up.py checks it).
 """
 
 from __future__ import annotations
@@ -67,3 +71,12 @@ def prestart_worker(job_id: str, runtime_env: str, keep_alive_seconds: float) ->
         runtime_env_info=runtime_environment_pb2.RuntimeEnvInfo(serialized_runtime_env=runtime_env),
         keep_alive_duration_secs=max(1, round(keep_alive_seconds)), num_workers=1)
     _node_manager(f"{node.node_ip_address}:{node.node_manager_port}").PrestartWorkers(request, timeout=10)
+
+
+def serve_http_address() -> tuple[str, int] | None:
+    """Where the HTTP proxies of the Serve running on the connected cluster listen (host, port);
+    None when Serve does not run there."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return None if client is None else (str(client.http_config.host), int(client.http_config.port))

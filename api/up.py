@@ -57,6 +57,7 @@ import ray
 from pydantic import SecretStr
 from ray import serve
 
+from actors.ray_compat import serve_http_address
 from actors.runtime import UP_LOCK, Runtime, init_ray, worker_env
 from api import __version__
 from api.serve_app import APP_NAME, LOOPBACK, application
@@ -88,6 +89,8 @@ class Started:
     embedded_pg: Path | None = None
     local_ray: bool = False
     serve_app: bool = False
+    # Serve on a cluster it joined, which was not running there before (a local Ray takes its own).
+    joined_serve: bool = False
     ray_session_dir: str | None = None
 
 
@@ -273,12 +276,35 @@ async def _prepare(settings: Settings) -> str:
         await runtime.close()
 
 
+def _serve_on_cluster(host: str, port: int) -> bool:
+    """Whether Serve must be started on the cluster joined (it does not run there). Serve cannot
+    move its proxies once started, and ``serve.start`` would only warn and keep them where they
+    are; nor may a second run deploy over a first one's application and delete it on leaving."""
+    running = serve_http_address()
+    if running is None:
+        _check_ports([("the API's", host, port, "--port")], 0.0)
+        return True
+    if APP_NAME in serve.status().applications:
+        raise StartupError(f"a canopy up already serves this cluster (its API on {running[0]}:{running[1]}): use it, "
+                           "or stop it first")
+    if running != (host, port):
+        raise StartupError(f"Serve already runs on this cluster with its HTTP proxies on {running[0]}:{running[1]} and "
+                           f"cannot move them: use --host {running[0]} --port {running[1]}, or stop that Serve first "
+                           "(`serve shutdown`)")
+    return False
+
+
 def _stop(started: Started) -> None:
     if started.serve_app:
         # The replicas stop gracefully; a local Ray's Serve controller and proxy then go with
         # the cluster (serve.shutdown() would kill the controller mid-call, which Ray reports).
+        # On a cluster it joined, a Serve this run started goes whole: its proxy would hold the
+        # port, and the next run's options would be ignored.
         with contextlib.suppress(Exception):
-            serve.delete(APP_NAME)
+            if started.joined_serve:
+                serve.shutdown()
+            else:
+                serve.delete(APP_NAME)
     if ray.is_initialized():
         with contextlib.suppress(Exception):
             ray.shutdown()  # for a local cluster this stops the head node: every Ray process of it
@@ -320,11 +346,12 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
         print(f"Starting Canopy {__version__} (data dir {settings.data_dir})", flush=True)
         if previous is not None:
             _stop_previous_ray(previous)
-        # Checked first: Serve would otherwise keep retrying its proxy on a taken port.
-        listeners = [("the API's", host, port, "--port")]
+        # Checked first: Serve would otherwise keep retrying its proxy on a taken port. Joining a
+        # cluster, the API's port may be its Serve's own: checked once Ray tells (_serve_on_cluster).
         if settings.ray_address is None:
-            listeners.append(("Ray's dashboard", host if expose_ray else LOOPBACK, dashboard_port, "--dashboard-port"))
-        _check_ports(listeners, PORT_GRACE_SECONDS if previous is not None else 0.0)
+            _check_ports([("the API's", host, port, "--port"),
+                          ("Ray's dashboard", host if expose_ray else LOOPBACK, dashboard_port, "--dashboard-port")],
+                         PORT_GRACE_SECONDS if previous is not None else 0.0)
         if previous is not None:
             started.embedded_pg = _adopt_previous_pg(previous, settings.data_dir)
         _warn(settings, host, expose_ray)
@@ -376,8 +403,9 @@ def _start(settings: Settings, started: Started, record: RunRecord, host: str, p
         record.save(started)
     with _step("gateway"):
         api_key = asyncio.run(_prepare(settings))
-    started.serve_app = True
     with _step(f"API (Serve on {host}:{port})"):
+        started.joined_serve = settings.ray_address is not None and _serve_on_cluster(host, port)
+        started.serve_app = True
         start_serve(worker_env(settings, database_url), host, port, replicas)
     return api_key, ray_info["dashboard_url"]
 

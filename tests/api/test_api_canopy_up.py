@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from actors.scripted import say, script
-from api.up import port_free
+from api.up import LOOPBACK, port_free
 from tests.api.helpers import clean_env
 from tests.ports import free_port
 
@@ -302,6 +302,43 @@ def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothin
         first.close()
         if second is not None:
             second.close()
+
+
+@pytest.mark.timeout(600)
+def test_joining_a_cluster_it_leaves_no_serve_and_a_second_run_is_refused_in_one_line(
+        root: Path, own_database_url: str) -> None:
+    """Joining a Ray cluster, canopy up left the Serve it started running there (it deleted only its
+    application): its proxy held the port, so the next canopy up was refused, and Serve ignores the
+    HTTP options of a later start. A second run beside the first is refused in one line, changing
+    nothing of the first's; the first, stopped, leaves no Serve behind."""
+    gcs_port, port = free_port(), free_port()
+    cluster_env = {**clean_env(root / "data", root / "ray"), "RAY_AUTH_MODE": "token"}
+    head = subprocess.run(["ray", "start", "--head", "--port", str(gcs_port), "--num-cpus", "2", "--temp-dir",
+                           str(root / "ray"), "--include-dashboard=false", "--disable-usage-stats"],
+                          env=cluster_env, capture_output=True, text=True, timeout=120)
+    assert head.returncode == 0, head.stderr[-3000:]
+    joined = {**cluster_env, "CANOPY_RAY_ADDRESS": f"127.0.0.1:{gcs_port}", "CANOPY_DATABASE_URL": own_database_url}
+    first = Up(root, port, free_port(), env=joined, name="first")
+    try:
+        first.wait_ready()
+        assert "Ray (joining 127.0.0.1:" in first.output
+        _run_a_session(f"http://127.0.0.1:{port}", _api_key(first.output), "joined")
+        other = port + 1 if port_free(LOOPBACK, port + 1) else free_port()
+        second = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(other), "--data-dir",
+                                 str(root / "data2")], cwd=REPO, capture_output=True, text=True, timeout=180,
+                                env={**joined, "CANOPY_DATA_DIR": str(root / "data2")})
+        assert second.returncode == 2, second
+        assert f"canopy: a canopy up already serves this cluster (its API on 127.0.0.1:{port})" in second.stderr
+        _run_a_session(f"http://127.0.0.1:{port}", _api_key(first.output), "still serving")
+
+        first.process.send_signal(signal.SIGINT)
+        assert first.process.wait(timeout=120) == 0, first.output + first.stderr[-3000:]
+        deadline = time.monotonic() + 30
+        while not port_free(LOOPBACK, port):  # Serve's proxy went with the Serve it started
+            assert time.monotonic() < deadline, f"the API's port {port} is still held after canopy up stopped"
+            time.sleep(0.5)
+    finally:
+        first.close()
 
 
 def test_an_unreachable_database_is_one_line_and_exit_code_2(root: Path) -> None:
