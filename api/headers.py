@@ -19,7 +19,9 @@ _ALWAYS = [
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
 ]
-_REFERENCE_PAGES = ("/docs", "/redoc")
+# Exactly these paths: a prefix would also match "/docs%2F..%2F", which the server decodes to
+# "/docs/../" and the static files serve as the UI's own page, without its policy.
+_REFERENCE_PAGES = frozenset({"/docs", "/redoc"})
 
 
 class SecurityHeaders:
@@ -31,7 +33,7 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
         added = list(_ALWAYS)
-        if not scope["path"].startswith(_REFERENCE_PAGES):
+        if scope["path"] not in _REFERENCE_PAGES:
             added.append((b"content-security-policy", CONTENT_POLICY.encode()))
 
         async def with_headers(message: Message) -> None:

@@ -430,3 +430,8 @@ async def test_every_response_carries_the_security_headers(api: ApiServer, http:
             assert f'"{url}" integrity="{digest}" crossorigin="anonymous"' in page_of_the_reference.text
         assert "@5/" not in page_of_the_reference.text and "@2/" not in page_of_the_reference.text
     assert "<script>" not in page.text  # the page has no inline script the policy would refuse
+    # A path that only begins like a reference page's, and that the server decodes into the UI's own
+    # page ("/docs/../"), keeps the policy.
+    async with client(api.url, None) as anon:
+        dressed = await anon.get("/docs%2F..%2F")
+    assert dressed.status_code == 404 or "script-src 'self'" in dressed.headers.get("content-security-policy", "")
