@@ -97,7 +97,11 @@ async def create_schedule(conn: Connection, scope: Scope, session_id: uuid.UUID,
     if catch_up not in CATCH_UP:
         raise InvalidArgument(f"catch_up must be one of {', '.join(CATCH_UP)}")
     session = await get_session_row(conn, scope, session_id)  # NotFound for another scope's session
-    if session["archived"]:
+    # Read again under a share of the tree's row, which an archive holds for update until it has
+    # ended the tree's schedules: one that committed meanwhile is seen here, and no schedule is
+    # added behind it to a tree that takes no input.
+    cur = await conn.execute(query("tree_archived_shared"), {"tree_id": session["tree_id"]})
+    if session["archived"] or (await cur.fetchone() or {}).get("archived"):
         raise Conflict(f"session {session_id} is archived: it takes no input, so no schedule either")
     cur = await conn.execute(query("database_now"))
     now = (await cur.fetchone() or {})["now"]
@@ -146,6 +150,9 @@ async def fire_due(conn: Connection, schedule_id: uuid.UUID) -> Row | None:
     cur = await conn.execute(query("schedule_lock_due"), {"schedule_id": schedule_id, "window": ALL_WAITING})
     schedule = await cur.fetchone()
     if schedule is None or (schedule["catch_up"] == "all" and schedule["inputs_waiting"] >= ALL_WAITING):
+        return None
+    if schedule["archived"]:  # archiving ends a tree's schedules; one left live is ended, not fired for ever
+        await _advance(conn, schedule_id, None)
         return None
     rule, now, due = _rule(schedule), schedule["now"], schedule["next_due_at"]
     if schedule["catch_up"] != "all":  # missed due times collapse into the latest (once) or none (skip)

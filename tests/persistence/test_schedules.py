@@ -137,10 +137,11 @@ async def test_a_refused_input_is_recorded_and_skipped(db: Database, scope: Scop
     tree = await make_tree(db, scope)
     async with db.tx() as conn:
         made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(cron="* * * * *"), "tick")
-        await conn.execute("UPDATE sessions SET archived = true WHERE session_id = %s", (tree.root_id,))
+        # An input the session refuses (here a text stored before blank ones were refused).
+        await conn.execute("UPDATE schedules SET input_text = ' ' WHERE schedule_id = %s", (made["schedule_id"],))
     await _due_in_the_past(db, made["schedule_id"], 1)
     [fired] = await _fire_all(db, made["schedule_id"])
-    assert fired["receipt"] is None and "archived" in str(fired["error"])
+    assert fired["receipt"] is None and "non-empty" in str(fired["error"])
     assert await _inputs_of(db, tree.root_id) == []
     firings = await fetch_all(db, "SELECT input_id, error FROM schedule_firings WHERE schedule_id = %s",
                               (made["schedule_id"],))
@@ -281,3 +282,48 @@ async def test_the_due_list_takes_each_scope_in_turn(db: Database, scope: Scope)
         due = [schedule_id for schedule_id in await schedules.due_schedules(conn, limit=10_000)
                if schedule_id in {*many, one}]
     assert due == [many[0], one, many[1], many[2]]
+
+
+async def test_a_schedule_made_while_its_tree_is_archived_is_refused(db: Database, scope: Scope) -> None:
+    """The archive ends a tree's schedules. A schedule made at the same moment read its session
+    unarchived (the archive not committed yet) and was added after the archive had ended the others:
+    live on an archived tree, refused input at every due time for ever. It waits for the archive now."""
+    tree = await make_tree(db, scope)
+    archived, release = asyncio.Event(), asyncio.Event()
+
+    async def archive() -> None:
+        async with db.tx() as conn:
+            await trees.archive_root(conn, scope, tree.root_id)
+            archived.set()
+            await release.wait()  # holds the archive open while the schedule is made
+
+    async def make() -> None:
+        async with db.tx() as conn:
+            await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=60), "tick")
+
+    archiving = asyncio.create_task(archive())
+    await archived.wait()
+    making = asyncio.create_task(make())
+    await asyncio.sleep(1.0)  # the schedule's transaction reads the session meanwhile
+    release.set()
+    await archiving
+    with pytest.raises(Conflict, match="archived"):
+        await making
+    assert await scalar(db, "SELECT count(*) FROM schedules WHERE session_id = %s AND deleted_at IS NULL",
+                        (tree.root_id,)) == 0
+
+
+async def test_a_schedule_left_live_on_an_archived_tree_ends_at_its_due_time(db: Database, scope: Scope) -> None:
+    """One made before archives waited for it (or brought back by hand) ends when it comes due,
+    instead of recording a refused input at every due time for ever."""
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=60), "tick")
+        await trees.archive_root(conn, scope, tree.root_id)
+        await conn.execute("UPDATE schedules SET deleted_at = NULL WHERE schedule_id = %s", (made["schedule_id"],))
+    await _due_in_the_past(db, made["schedule_id"], 5)
+    assert await _fire_all(db, made["schedule_id"]) == []
+    [ended] = await fetch_all(db, "SELECT deleted_at FROM schedules WHERE schedule_id = %s", (made["schedule_id"],))
+    assert ended["deleted_at"] is not None
+    assert await scalar(db, "SELECT count(*) FROM schedule_firings WHERE schedule_id = %s",
+                        (made["schedule_id"],)) == 0
