@@ -154,7 +154,8 @@ async def archive_root(conn: Connection, scope: Scope, session_id: uuid.UUID) ->
     found = await get_session_row(conn, scope, session_id)
     if found["parent_id"] is not None:
         raise InvalidArgument("only a root session can be archived")
-    await lock_tree(conn, scope, found["tree_id"])
+    if (await lock_tree(conn, scope, found["tree_id"]))["archived"]:
+        return  # archived already: nothing more to hide or end
     session = await lock_session(conn, scope, session_id)
     members = await tree_members(conn, scope, session["tree_id"])
     busy = [m for m in members if m["activity"] != Activity.IDLE]

@@ -411,6 +411,21 @@ async def test_archive_is_refused_while_busy_and_deletes_nothing(db: Database, s
         await submit(db, scope, tree.root_id, "more")
 
 
+async def test_archiving_an_archived_tree_writes_nothing(db: Database, scope: Scope) -> None:
+    """As stop and continue of an archived tree do: a second archive appended another
+    ``tree_archived`` event (a stream that had ended at the first found more after it) and touched
+    every member."""
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        await trees.archive_root(conn, scope, tree.root_id)
+    written = await count_rows(db), await fetch_all(db, "SELECT updated_at FROM sessions WHERE tree_id = %s",
+                                                    (tree.tree_id,))
+    async with db.tx() as conn:
+        await trees.archive_root(conn, scope, tree.root_id)
+    assert (await count_rows(db), await fetch_all(db, "SELECT updated_at FROM sessions WHERE tree_id = %s",
+                                                  (tree.tree_id,))) == written
+
+
 async def test_archive_and_stop_queued_behind_a_tree_lock_do_not_deadlock(db: Database, scope: Scope) -> None:
     tree, run = await start_root_run(db, scope)
     await finish(db, run)
