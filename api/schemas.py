@@ -42,8 +42,9 @@ ApiKeyRef = Annotated[str, StringConstraints(pattern=API_KEY_REF_PATTERN)]
 _API_BASE = "Where the agent's model calls go (an OpenAI-compatible server, a proxy); default: the provider's own."
 _API_KEY_REF = ("The NAME of the variable or secret file that holds the key for the agent's calls (e.g. "
                 "OPENAI_API_KEY), never the key itself; default: the provider's own variable, or no key with api_base.")
-# May be null in a PATCH: null takes the agent back to its provider's default endpoint and key.
-_CLEARABLE = ("api_base", "api_key_ref")
+# May be null in a PATCH: null takes the agent back to its provider's default endpoint and key, or
+# to the setting's compaction threshold.
+_CLEARABLE = ("api_base", "api_key_ref", "compact_at_tokens")
 
 
 class RequestBody(BaseModel):
@@ -200,7 +201,8 @@ class AgentUpdate(RequestBody):
     tools: list[ToolName] | None = Field(default=None, max_length=64)
     approval_mode: Literal["auto", "ask"] | None = None
     shared: bool | None = Field(default=None, strict=True)
-    compact_at_tokens: int | None = Field(default=None, ge=1000, le=10_000_000, strict=True)
+    compact_at_tokens: int | None = Field(default=None, ge=1000, le=10_000_000, strict=True,
+                                          description="null: the setting (CANOPY_COMPACT_AT_TOKENS).")
     budget: Budget | None = Field(default=None, description="The default budget of a tree this agent starts "
                                                             "(an empty object: none).")
     api_base: ApiBase | None = Field(default=None, description=_API_BASE + " null: the default.")

@@ -327,6 +327,12 @@ async def test_an_agents_endpoint_and_key_name_are_checked_and_frozen(http: http
         "http://127.0.0.1:9/v1", None)
     cleared = await http.patch("/api/v1/agents/remote", json={"model": "canopy/scripted", "api_base": None})
     assert cleared.status_code == 200 and cleared.json()["api_base"] is None, cleared.text
+    # A compaction threshold of its own goes back to the setting's the same way.
+    own = await http.patch("/api/v1/agents/remote", json={"compact_at_tokens": 5000})
+    assert own.status_code == 200 and own.json()["compact_at_tokens"] == 5000, own.text
+    back = await http.patch("/api/v1/agents/remote", json={"compact_at_tokens": None})
+    assert back.status_code == 200, back.text
+    assert (await http.get("/api/v1/agents/remote")).json()["compact_at_tokens"] is None
 
 
 async def test_the_agent_list_comes_a_page_at_a_time_as_summaries(http: httpx.AsyncClient, runtime: Runtime,
