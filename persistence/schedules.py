@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 import uuid
 from typing import Any
 
@@ -40,6 +41,8 @@ from persistence.sessions import get_session_row
 
 CATCH_UP = ("once", "all", "skip")
 MIN_INTERVAL_SECONDS = 1.0
+# croniter's random value of a field: "R", or "R(a-b)", as an element of a field's list.
+_RANDOM = re.compile(r"(?:^|[\s,])R(?:$|[\s,(])", re.IGNORECASE)
 ALL_WAITING = 20
 
 
@@ -58,6 +61,9 @@ class Rule:
         if self.cron is not None and (len(self.cron.split()) != 5 or not croniter.is_valid(self.cron)):
             raise InvalidArgument(f"{self.cron!r} is not a cron expression "
                                   "(five fields: minute hour day-of-month month day-of-week, UTC)")
+        if self.cron is not None and _RANDOM.search(self.cron):
+            raise InvalidArgument(f"{self.cron!r} has a random field (R), whose value croniter draws again at every "
+                                  "reading: the schedule would fire at other times each time; choose the values")
 
     def after(self, moment: datetime.datetime) -> datetime.datetime | None:
         """The first due time strictly after ``moment``; None if there is none."""

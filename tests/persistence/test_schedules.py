@@ -154,6 +154,8 @@ async def test_a_refused_input_is_recorded_and_skipped(db: Database, scope: Scop
     # croniter's extra fields (seconds, year): a year makes a schedule that can come due once.
     schedules.Rule(cron="* * * * * *"), schedules.Rule(cron="14 15 3 12 * 0 2026"),
     schedules.Rule(cron="0 0 30 2 *"),  # five valid fields that never come due
+    # croniter's random fields: a value drawn again at every reading, so due times that move.
+    schedules.Rule(cron="R R * * *"), schedules.Rule(cron="0 1,r(2-5) * * *"),
 ])
 async def test_a_bad_schedule_is_refused_and_writes_nothing(db: Database, scope: Scope,
                                                             rule: schedules.Rule) -> None:
@@ -327,3 +329,8 @@ async def test_a_schedule_left_live_on_an_archived_tree_ends_at_its_due_time(db:
     assert ended["deleted_at"] is not None
     assert await scalar(db, "SELECT count(*) FROM schedule_firings WHERE schedule_id = %s",
                         (made["schedule_id"],)) == 0
+
+
+def test_names_of_months_and_days_are_no_random_field() -> None:
+    for cron in ("0 0 * * FRI", "0 0 * MAR,APR *", "0 0 * * fri-sun"):
+        schedules.Rule(cron=cron).check()
