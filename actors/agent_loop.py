@@ -468,6 +468,8 @@ class RunExecutor:
                 summary = await messages.append_summary(
                     conn, self.run, summary=text, covers_until=earlier[-1]["id"], covered=len(earlier),
                     usage=reply["usage"], cost_usd=reply.get("cost_usd", 0.0))
+            else:  # not used, but billed: a budget counts it
+                await messages.charge_call(conn, self.run, usage=reply["usage"], cost_usd=reply.get("cost_usd", 0.0))
             if self._compact_requested:
                 await sessions.clear_compact_request(conn, self.run.session_id)
         self._compact_requested = False

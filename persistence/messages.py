@@ -82,17 +82,31 @@ async def append_reply(conn: Connection, run: RunRef, *, content: str | None,
     """Commit a model reply of the executing Run and count its call's tokens and cost on the Run,
     in one fenced statement (LeaseLost, nothing written, if the lease is gone). Returns the
     row as :func:`history` reads it. A compaction summary is a reply too (see ``append_summary``)."""
-    cur = await conn.execute(query("append_reply"), {
-        "prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
-        "cost_usd": cost_usd, "run_id": run.run_id, "owner": run.owner, "session_id": run.session_id,
-        "turn_id": run.turn_id, "content": content, "tool_calls": Jsonb(tool_calls) if tool_calls else None,
-        "role": role, "origin": Jsonb(origin or {})})
-    row = await cur.fetchone()
-    if row is None:
-        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
+    row = await _charge(conn, run, usage, cost_usd, record={
+        "content": content, "tool_calls": Jsonb(tool_calls) if tool_calls else None, "role": role,
+        "origin": Jsonb(origin or {})})
     await append_event(conn, run.scope, "message", session_id=run.session_id, tree_id=run.tree_id,
                        turn_id=run.turn_id, run_id=run.run_id,
                        payload={"message_id": row["id"], "role": role, "tool_call_id": None})
+    return row
+
+
+async def charge_call(conn: Connection, run: RunRef, *, usage: dict[str, int], cost_usd: float) -> None:
+    """Count a model call whose reply joins no history (a summary that is not used) on the Run and
+    its tree, as ``append_reply`` does: the provider billed it, and a budget counts it."""
+    await _charge(conn, run, usage, cost_usd, record=None)
+
+
+async def _charge(conn: Connection, run: RunRef, usage: dict[str, int], cost_usd: float,
+                  record: dict[str, Any] | None) -> Row:
+    cur = await conn.execute(query("append_reply"), {
+        "prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
+        "cost_usd": cost_usd, "run_id": run.run_id, "owner": run.owner, "session_id": run.session_id,
+        "turn_id": run.turn_id, "record": record is not None,
+        **(record or {"content": None, "tool_calls": None, "role": "assistant", "origin": Jsonb({})})})
+    row = await cur.fetchone()
+    if row is None:
+        raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
     return row
 
 

@@ -3,7 +3,8 @@
 -- still holds the Run's lease (the Run row stays locked, as runs.fence leaves it). The tree's usage
 -- row is the sum of its Runs' charges because only this statement charges either; it is locked
 -- until the commit, so the concurrent Runs of one tree (at most its slots) commit their replies one
--- after another.
+-- after another. With %(record)s false the call is charged and nothing joins the history (a
+-- summary that is not used: billed all the same). No row: the lease is gone.
 WITH charged AS (
     UPDATE runs SET prompt_tokens = prompt_tokens + %(prompt_tokens)s,
                     completion_tokens = completion_tokens + %(completion_tokens)s,
@@ -17,7 +18,10 @@ WITH charged AS (
                             cost_usd = u.cost_usd + %(cost_usd)s,
                             model_calls = u.model_calls + 1
     FROM charged WHERE u.tree_id = charged.tree_id
+), recorded AS (
+    INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, tool_calls, origin)
+    SELECT %(session_id)s, %(turn_id)s, run_id, %(role)s, %(content)s, %(tool_calls)s, %(origin)s FROM charged
+    WHERE %(record)s
+    RETURNING id, role, content, tool_calls, tool_call_id, turn_id, run_id, origin, created_at
 )
-INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, tool_calls, origin)
-SELECT %(session_id)s, %(turn_id)s, run_id, %(role)s, %(content)s, %(tool_calls)s, %(origin)s FROM charged
-RETURNING id, role, content, tool_calls, tool_call_id, turn_id, run_id, origin, created_at
+SELECT recorded.* FROM charged LEFT JOIN recorded ON true

@@ -142,6 +142,17 @@ async def test_a_summary_that_cannot_stand_for_the_history_is_not_used(
     sent = json.dumps(replay.requests_for(model)[-1].body["messages"])
     assert "the first question" in sent and "the first answer" in sent
     assert len(replay.requests_for(model)) == 3  # one summary asked for, not one per step
+    # Not used, but billed: the summary's call is charged to its Run and its tree as every call is.
+    [usage] = await rows(runtime.db, "SELECT model_calls, prompt_tokens FROM tree_usage WHERE tree_id = %s", session)
+    assert usage["model_calls"] == 3, usage
+
+    async def billed() -> int | None:  # what the gateway recorded of the tree's calls (a moment after each)
+        found = await rows(runtime.db, "SELECT count(*) AS n, coalesce(sum(c.prompt_tokens), 0) AS tokens "
+                                       "FROM model_calls c JOIN runs r ON r.run_id = c.run_id WHERE r.tree_id = %s",
+                           session)
+        return int(found[0]["tokens"]) if found[0]["n"] == 3 else None
+
+    assert await eventually(billed, timeout=30) == usage["prompt_tokens"]
 
 
 async def test_a_long_transcript_keeps_the_earlier_summary_whole(runtime: Runtime, scope: Scope,
