@@ -126,12 +126,7 @@ async def continue_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> l
     if unfinished:
         raise Conflict(f"{len(unfinished)} turn(s) in this tree are still {unfinished[0]['status']}; "
                        "wait until they end before continuing")
-    reached = await usage.budget_reached(conn, tree_id)
-    if reached is not None:
-        owner = "this tree's budget" if reached["budget_tree_id"] == str(tree_id) else \
-            f"the budget of tree {reached['budget_tree_id']}, which spawned it,"
-        raise Conflict(f"{owner} is used up ({usage.describe_reached(reached)}); raise it "
-                       f"(PATCH /trees/{reached['budget_tree_id']}/budget) before continuing")
+    await usage.refuse_if_used_up(conn, tree_id, "continuing")
     await conn.execute("UPDATE trees SET stopped = false, stop_reason = NULL, stop_detail = NULL WHERE tree_id = %s",
                        (tree_id,))
     cur = await conn.execute(

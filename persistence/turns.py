@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from persistence import lifecycle, metrics
+from persistence import lifecycle, metrics, usage
 from persistence import runs as run_repo
 from persistence.db import Connection, query
 from persistence.errors import Conflict, InvalidArgument, LeaseLost, LimitReached, NotFound, TurnCancelled
@@ -81,7 +81,8 @@ async def submit_input(
 ) -> Row:
     """Queue an input FIFO; start its Turn at once when the session is idle.
 
-    A human's input also unpauses that member's queue (after a stop, only that member); one from
+    A human's input also unpauses that member's queue (after a stop, only that member), and is
+    refused while a budget that covers the tree is used up (it could not run); one from
     outside the tree (a schedule, another tree's session) to a member of a stopped tree that is idle,
     or whose Turn the stop is still cancelling, pauses it.
     """
@@ -98,6 +99,7 @@ async def submit_input(
             "answer its request before giving it new work"
         )
     if origin.get("kind") == "human":
+        await usage.refuse_if_used_up(conn, session["tree_id"], "giving it input")
         if session["queue_paused"]:
             await conn.execute("UPDATE sessions SET queue_paused = false WHERE session_id = %s", (session_id,))
             session = {**session, "queue_paused": False}

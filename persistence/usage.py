@@ -28,7 +28,7 @@ import uuid
 from typing import Any
 
 from persistence.db import Connection, query
-from persistence.errors import InvalidArgument, NotFound
+from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.events import append_event
 from persistence.records import Row, Scope
 
@@ -77,6 +77,18 @@ def budget_columns(budget: dict[str, Any] | None) -> dict[str, Any]:
 def budget_of(tree: Row) -> dict[str, Any]:
     """A trees row's budget, every limit named (None: no limit)."""
     return {name: tree[column] for name, column in LIMIT_COLUMNS.items()}
+
+
+async def refuse_if_used_up(conn: Connection, tree_id: uuid.UUID, doing: str) -> None:
+    """Conflict, naming the limit and the route that raises it, while a budget that covers the tree
+    is used up: the work ``doing`` would start could not run (its first model call would stop the
+    tree again)."""
+    reached = await budget_reached(conn, tree_id)
+    if reached is not None:
+        owner = "this tree's budget" if reached["budget_tree_id"] == str(tree_id) else \
+            f"the budget of tree {reached['budget_tree_id']}, which spawned it,"
+        raise Conflict(f"{owner} is used up ({describe_reached(reached)}); raise it "
+                       f"(PATCH /trees/{reached['budget_tree_id']}/budget) before {doing}")
 
 
 def describe_reached(reached: dict[str, Any]) -> str:
