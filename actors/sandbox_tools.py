@@ -3,7 +3,9 @@
 ``run_command`` and ``write_file`` are side effects. Under an ``ask`` Turn (its session asks,
 or the work came from a Turn that asks) each first parks the Turn for a human approval, and
 runs only once approved. Both are keyed by (Turn, tool call id): a replayed Run returns the
-stored outcome instead of acting again.
+stored outcome instead of acting again. A human approves all of what is done: the approval shows
+the whole command, or the whole content of the file, so what is approved is at most
+``MAX_APPROVED_CHARS`` characters; a longer write in an ``ask`` Turn is refused before it asks.
 
 A command's receipt is committed as ``started`` before the command starts, and its outcome
 replaces that when it ends. A Run that finds its call ``started`` knows an earlier Run of the
@@ -73,8 +75,13 @@ async def stop_commands(db: Database, started: list[Row]) -> None:
         await sandbox_hosts.kill_command(db, row["tree_id"], command_id(row["turn_id"], row["tool_call_id"]))
 
 
+# The most a human is asked to read whole in one approval: a command is never longer, nor, in a
+# Turn that asks, a write's content (an approval that showed only a part would approve the rest unseen).
+MAX_APPROVED_CHARS = 100_000
+
+
 class RunCommandArgs(ToolArgs):
-    command: str = Field(min_length=1, max_length=100_000)
+    command: str = Field(min_length=1, max_length=MAX_APPROVED_CHARS)
     timeout_seconds: int = Field(default=120, ge=1, le=3600)
 
 
@@ -84,7 +91,8 @@ class ReadFileArgs(ToolArgs):
 
 class WriteFileArgs(ToolArgs):
     path: str = Field(description="A path relative to the project workdir.")
-    content: str = Field(max_length=10_000_000)
+    content: str = Field(max_length=10_000_000, description=(
+        f"The file's whole text. Where a human approves each write, at most {MAX_APPROVED_CHARS:,} characters."))
 
 
 async def _workdir(ctx: ToolContext) -> str:
@@ -145,11 +153,16 @@ async def _stop_orphaned(ctx: ToolContext, command: str) -> ToolResult:
         await asyncio.sleep(0.5)
 
 
+def _asks(ctx: ToolContext) -> bool:
+    """This call's Turn asks a human before a side effect."""
+    assert ctx.dispatcher is not None, "a tool step sets its dispatcher before its calls run"
+    return ctx.dispatcher.approval_mode == "ask"
+
+
 async def _approved(ctx: ToolContext, call_id: str, request: dict[str, object]) -> ToolResult | None:
     """None when the call may run now; else what the call answers: a park that asks a human
     (an ask Turn's first attempt), or the denial."""
-    assert ctx.dispatcher is not None, "a tool step sets its dispatcher before its calls run"
-    if ctx.dispatcher.approval_mode != "ask":
+    if not _asks(ctx):
         return None
     async with ctx.db.tx() as conn:
         decision = await waits.approval_decision(conn, ctx.run.turn_id, call_id)
@@ -206,8 +219,14 @@ async def write_file(ctx: ToolContext, call_id: str, args: WriteFileArgs) -> Too
         stored = await receipts.begin_call(conn, ctx.run, call_id, "write_file", key)
     if stored is not None:
         return stored
+    if _asks(ctx) and len(args.content) > MAX_APPROVED_CHARS:
+        # Refused before a human is asked (no request, no receipt: nothing to replay but this answer):
+        # a card cannot show it whole, and a human must not approve what they were not shown.
+        return {"error": f"in ask mode a human approves every write whole: at most {MAX_APPROVED_CHARS:,} "
+                         f"characters per write_file; this one has {len(args.content):,}. Nothing was "
+                         "written: write it as several smaller files"}
     refused = await _approved(ctx, call_id, {"tool": "write_file", "path": args.path, "bytes": len(data),
-                                             "preview": args.content[:500]})
+                                             "content": args.content})
     if refused is not None:
         return refused
     outcome = await _in_sandbox(ctx, "write_file", await _workdir(ctx), args.path, args.content, ctx.run)

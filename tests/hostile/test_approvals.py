@@ -4,6 +4,8 @@ An ``ask`` root tries every route to get a command run (or a file written) witho
 approval: a child, a root-mode tree, a submitted input to an ``auto`` session (and that session's
 later Turns, whose history holds it), and a message to a running ``auto`` session. Each time the
 side effect waits for an approval request, and nothing runs or is written before a human approves.
+A write's request holds all of its content; one too long for a human to read whole is refused under
+``ask`` before anything is asked.
 """
 
 from __future__ import annotations
@@ -144,6 +146,54 @@ async def test_write_file_asks_under_ask(runtime: Runtime, scope: Scope) -> None
     text = script(call(("write_file", {"path": "pwned.txt", "content": "pwned"})), say("${0.bytes}"))
     created = await runtime.create_root(scope, input_text=text, agent_id=await _asker(runtime, scope))
     tree_id = created["session"]["session_id"]
-    await _approve_and_check(runtime, scope, tree_id, tree_id, {"tool": "write_file", "path": "pwned.txt", "bytes": 5})
+    await _approve_and_check(runtime, scope, tree_id, tree_id,
+                             {"tool": "write_file", "path": "pwned.txt", "bytes": 5, "content": "pwned"})
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     assert result["output"] == "5"
+
+
+_PART = "a" * 500  # an agent's description, as list_agents shows it (its first 500 characters)
+_LONG = "${0.agents.0.description}" * 200  # 100,000 characters once the references expand
+
+
+async def _long_write(runtime: Runtime, scope: Scope, approval_mode: str, extra: str = "a") -> dict[str, Any]:
+    """A model writes 100,000 characters and ``extra`` to big.txt: the content is built from
+    references to a tool result (list_agents), since an Input holds at most 100,000 characters.
+    Its answer is the write's result."""
+    await runtime.create_agent(scope, {"agent_id": "writer", "name": "Writer", "model": "canopy/scripted",
+                                       "approval_mode": approval_mode, "description": _PART})
+    text = script(call(("list_agents", {})), call(("write_file", {"path": "big.txt", "content": _LONG + extra})),
+                  say("${1}"))
+    created = await runtime.create_root(scope, input_text=text, agent_id="writer")
+    if approval_mode == "ask" and not extra:  # at the bound: the request holds all of it, a human approves
+        request = await _pending_approval(runtime, created["session"]["session_id"])
+        assert request["payload"]["content"] == "a" * 100_000
+        await runtime.answer_request(scope, request["request_id"], {"decision": "approve"})
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    return {"tree_id": created["session"]["session_id"], "output": result["output"]}
+
+
+async def test_a_write_too_long_to_read_whole_is_refused_under_ask(runtime: Runtime, scope: Scope) -> None:
+    """A human approves every write whole (its content is on the card): content longer than a human
+    is shown is refused before any approval is asked, and nothing is written or recorded."""
+    written = await _long_write(runtime, scope, "ask")
+    assert "at most 100,000 characters per write_file; this one has 100,001" in written["output"]
+    tree_id = written["tree_id"]
+    assert await rows(runtime.db, "SELECT 1 FROM requests WHERE tree_id = %s", tree_id) == []
+    receipts = await rows(runtime.db, "SELECT 1 FROM tool_receipts r JOIN turns t USING (turn_id) "
+                          "WHERE t.session_id = %s AND r.tool_name = 'write_file'", tree_id)
+    assert receipts == []
+    assert not (await workdir_of(runtime, tree_id) / "big.txt").exists()
+
+
+async def test_a_write_at_the_bound_is_shown_whole_and_asks(runtime: Runtime, scope: Scope) -> None:
+    written = await _long_write(runtime, scope, "ask", extra="")
+    assert '"bytes": 100000' in written["output"], written["output"]
+    assert (await workdir_of(runtime, written["tree_id"]) / "big.txt").read_text() == "a" * 100_000
+
+
+async def test_a_long_write_under_auto_is_written(runtime: Runtime, scope: Scope) -> None:
+    """The bound is what a human can read: under auto, nothing is asked and the write is done."""
+    written = await _long_write(runtime, scope, "auto")
+    assert '"bytes": 100001' in written["output"], written["output"]
+    assert (await workdir_of(runtime, written["tree_id"]) / "big.txt").read_text() == "a" * 100_001
