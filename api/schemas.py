@@ -281,7 +281,8 @@ class SessionCreate(RequestBody):
     project_id: uuid.UUID | None = None
     title: Title | None = None
     input: Text | None = Field(default=None, description="Submitted at once as the root's first input.")
-    budget: Budget | None = Field(default=None, description="The tree's budget (default: the agent's, if any).")
+    budget: Budget | None = Field(default=None, description="The tree's budget (absent: the agent's, if any; an "
+                                                            "empty object: none, whatever the agent's).")
 
 
 class SessionUpdate(RequestBody):

@@ -23,7 +23,6 @@ lineage that were under way at the same moment.
 
 from __future__ import annotations
 
-import math
 import uuid
 from typing import Any
 
@@ -58,8 +57,9 @@ def check_budget(budget: dict[str, Any] | None) -> dict[str, Any]:
     for name in LIMIT_COLUMNS:
         value = budget.get(name)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                    or not 0 < value <= MAX_LIMIT:
+            # The range alone: NaN and infinities fall outside it, and math.isfinite overflows on an
+            # integer too large for a float.
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_LIMIT:
                 raise InvalidArgument(f"budget limit {name} must be a positive number (got {value!r})")
             if name in _INTEGER_LIMITS and value != int(value):
                 raise InvalidArgument(f"budget limit {name} must be a whole number (got {value!r})")

@@ -520,6 +520,10 @@ def test_budget_limits_are_checked_before_any_statement() -> None:
     assert usage.check_budget({"max_tokens": 10.0}) == {"max_tokens": 10, "max_cost_usd": None, "max_seconds": None,
                                                         "max_model_calls": None}
     assert usage.check_budget(None) == dict.fromkeys(usage.LIMIT_COLUMNS)
+    # An integer too large for a float (the Python API; pydantic bounds the HTTP body first).
+    for limit in ("max_tokens", "max_cost_usd"):
+        with pytest.raises(InvalidArgument, match=f"budget limit {limit} must be a positive number"):
+            usage.check_budget({limit: 10**400})
     assert usage.describe_reached({"limit": "cost_usd", "used": 0.0123, "max": 0.01}) == \
         "cost (USD) 0.0123 of 0.0100"
 
