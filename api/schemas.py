@@ -356,6 +356,7 @@ class RootSession(Session):
 
 
 class InputSummary(ResponseBody):
+    seq: int = Field(description="Its place in the session's queue order (a page's `after`).")
     input_id: uuid.UUID
     session_id: uuid.UUID
     status: InputStatus

@@ -225,6 +225,8 @@ CREATE TABLE inputs (
     FOREIGN KEY (session_id, user_id, app_id) REFERENCES sessions (session_id, user_id, app_id)
 );
 CREATE INDEX inputs_pending ON inputs (session_id, seq) WHERE status = 'pending';
+-- A session's inputs in queue order, whatever their state: the pages of its input list.
+CREATE INDEX inputs_session ON inputs (session_id, seq);
 
 CREATE TABLE turns (
     turn_id         uuid PRIMARY KEY,

@@ -23,11 +23,12 @@ INPUT_PREVIEW = 500  # characters of an input's text in lists
 
 _LATEST_CURSOR = "SELECT last_cursor FROM scopes WHERE user_id = %s AND app_id = %s"
 
+# A page after a place in the queue order, read along the session's index (inputs_session).
 _INPUTS = f"""
-SELECT i.input_id, i.session_id, i.status, left(i.text, {INPUT_PREVIEW}) AS text,
+SELECT i.seq, i.input_id, i.session_id, i.status, left(i.text, {INPUT_PREVIEW}) AS text,
        char_length(i.text) > {INPUT_PREVIEW} AS truncated, i.origin, t.turn_id, i.created_at, i.ended_at
 FROM inputs i LEFT JOIN turns t ON t.input_id = i.input_id
-WHERE i.session_id = %(session_id)s AND i.user_id = %(user_id)s AND i.app_id = %(app_id)s
+WHERE i.session_id = %(session_id)s AND i.user_id = %(user_id)s AND i.app_id = %(app_id)s AND i.seq > %(after)s
   AND (%(status)s::text IS NULL OR i.status = %(status)s)
 ORDER BY i.seq
 LIMIT %(limit)s
@@ -111,12 +112,14 @@ async def latest_cursor(conn: Connection, scope: Scope) -> int:
 
 
 async def session_inputs(conn: Connection, scope: Scope, session_id: uuid.UUID, *, status: str | None = None,
-                         limit: int = 100) -> list[Row]:
-    """A session's inputs in queue order (FIFO), texts cut to a preview, after checking the scope."""
+                         after: int = 0, limit: int = 100) -> tuple[list[Row], bool]:
+    """A page of a session's inputs in queue order (FIFO) after the place ``after`` (an input's
+    ``seq``), texts cut to a preview, after checking the scope; and whether more follow."""
     await get_session_row(conn, scope, session_id)
     cur = await conn.execute(_INPUTS, {"session_id": session_id, "user_id": scope.user_id, "app_id": scope.app_id,
-                                       "status": status, "limit": limit})
-    return await cur.fetchall()
+                                       "status": status, "after": after, "limit": limit + 1})
+    rows = await cur.fetchall()
+    return rows[:limit], len(rows) > limit
 
 
 async def tree_attention(conn: Connection, scope: Scope, tree_ids: list[uuid.UUID]) -> dict[uuid.UUID, Row]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
@@ -98,10 +98,20 @@ async def update_session(session_id: uuid.UUID, body: SessionUpdate, caller: Sco
     return Session.model_validate(await runtime.set_title(caller, session_id, body.title))
 
 
-@router.get("/{session_id}/messages", response_model=list[Message], responses={
-    **errors(*COMMON, 404),
-    200: {"headers": {"Link": {"description": 'While more messages follow: `<next page URL>; rel="next"`.',
-                               "schema": {"type": "string"}}}}})
+def _pages(what: str) -> dict[int | str, dict[str, Any]]:
+    return {**errors(*COMMON, 404),
+            200: {"headers": {"Link": {"description": f'While more {what} follow: `<next page URL>; rel="next"`.',
+                                       "schema": {"type": "string"}}}}}
+
+
+def _link_next(request: Request, response: Response, route: str, after: int, limit: int) -> None:
+    """The next page's URL in a ``Link`` header, relative to this one (RFC 8288 resolves it against
+    the request's): behind a proxy, this host's own name and path for itself are not the client's."""
+    following = request.url.include_query_params(after=after, limit=limit)
+    response.headers["Link"] = f'<{route}?{following.query}>; rel="next"'
+
+
+@router.get("/{session_id}/messages", response_model=list[Message], responses=_pages("messages"))
 async def list_messages(
     session_id: uuid.UUID,
     caller: ScopeDep,
@@ -120,10 +130,7 @@ async def list_messages(
         rows, more = await views.session_messages(conn, caller, session_id, after_id=after, limit=limit,
                                                   max_bytes=MESSAGES_PAGE_BYTES)
     if more:
-        # Relative to this URL (RFC 8288 resolves it against the request's): behind a proxy, this
-        # host's own name and path for itself are not the client's.
-        following = request.url.include_query_params(after=rows[-1]["id"], limit=limit)
-        response.headers["Link"] = f'<messages?{following.query}>; rel="next"'
+        _link_next(request, response, "messages", rows[-1]["id"], limit)
     return [Message.model_validate(row) for row in rows]
 
 
@@ -142,18 +149,25 @@ async def list_interventions(
     return [Intervention.model_validate(row) for row in rows]
 
 
-@router.get("/{session_id}/inputs", response_model=list[InputSummary], responses=errors(*COMMON, 404))
+@router.get("/{session_id}/inputs", response_model=list[InputSummary], responses=_pages("inputs"))
 async def list_inputs(
     session_id: uuid.UUID,
     caller: ScopeDep,
     runtime: RuntimeDep,
+    request: Request,
+    response: Response,
     status: Annotated[InputStatus | None, Query(
         description="Only inputs in this state; pending ones can be cancelled with POST /inputs/{id}/cancel.")] = None,
+    after: Annotated[int, Query(ge=0, le=MAX_BIGINT, description="Only inputs after this place (an input's seq).")
+                     ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[InputSummary]:
-    """This session's inputs in queue order (oldest first), each text cut to a preview."""
+    """This session's inputs in queue order (oldest first), each text cut to a preview. While more
+    follow, the response has a ``Link: <…>; rel="next"`` header: the URL of the next page."""
     async with runtime.db.tx() as conn:
-        rows = await views.session_inputs(conn, caller, session_id, status=status, limit=limit)
+        rows, more = await views.session_inputs(conn, caller, session_id, status=status, after=after, limit=limit)
+    if more:
+        _link_next(request, response, "inputs", rows[-1]["seq"], limit)
     return [InputSummary.model_validate(row) for row in rows]
 
 

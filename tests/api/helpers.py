@@ -104,3 +104,11 @@ def clean_env(data_dir: Path, ray_dir: Path) -> dict[str, str]:
     env.update({"CANOPY_DATA_DIR": str(data_dir), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": str(ray_dir),
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONUNBUFFERED": "1"})
     return env
+
+
+def seq_scans(plan: dict[str, Any]) -> list[str]:
+    """The relations a plan (``EXPLAIN (FORMAT JSON)``'s ``Plan``) reads with a sequential scan."""
+    found = [plan.get("Relation Name", "?")] if plan.get("Node Type") == "Seq Scan" else []
+    for child in plan.get("Plans", []):
+        found += seq_scans(child)
+    return found

@@ -25,7 +25,7 @@ from persistence import metrics
 from persistence.db import Database, query
 from tests.actors.helpers import model_gateway, ray_prometheus_text
 from tests.api.conftest import TEST_STREAMS, ApiServer, uvicorn_server
-from tests.api.helpers import ADMIN_TOKEN, client, poll, terminal
+from tests.api.helpers import ADMIN_TOKEN, client, poll, seq_scans, terminal
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "api" / "grafana" / "canopy.json"
 CHILDREN = 12
@@ -63,14 +63,6 @@ def _value(samples: Samples, name: str, **labels: str) -> float:
     """The sum of the samples named ``name`` whose labels include ``labels``."""
     wanted = set(labels.items())
     return sum(value for (sample, found), value in samples.items() if sample == name and wanted <= found)
-
-
-def _seq_scans(plan: dict[str, Any]) -> list[str]:
-    """The relations a plan reads with a sequential scan."""
-    found = [plan.get("Relation Name", "?")] if plan.get("Node Type") == "Seq Scan" else []
-    for child in plan.get("Plans", []):
-        found += _seq_scans(child)
-    return found
 
 
 async def _scrape(http: httpx.AsyncClient) -> tuple[Samples, list[str]]:
@@ -151,7 +143,7 @@ async def test_scrapes_during_a_fan_out_are_whole_cluster_and_scan_no_table(
         for statement in expected[1:]:
             cur = await conn.execute("EXPLAIN (FORMAT JSON) " + statement)  # type: ignore[operator]
             plan = (await cur.fetchone())["QUERY PLAN"][0]["Plan"]  # type: ignore[index]
-            assert _seq_scans(plan) == [], (statement, _seq_scans(plan))
+            assert seq_scans(plan) == [], (statement, seq_scans(plan))
             await conn.execute(statement)
         cur = await conn.execute("SELECT relname, seq_scan, idx_scan FROM pg_stat_xact_user_tables "
                                  "WHERE seq_scan > 0 OR idx_scan > 0")

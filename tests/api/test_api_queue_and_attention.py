@@ -7,8 +7,9 @@ import httpx
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from persistence import views
 from persistence.records import Scope
-from tests.api.helpers import poll, rows, terminal
+from tests.api.helpers import poll, rows, seq_scans, terminal
 
 NO_ATTENTION = {"running": 0, "queued": 0, "waiting_cooperation": 0, "waiting_approval": 0, "waiting_answer": 0,
                 "cancelling": 0, "failed": 0}
@@ -50,6 +51,33 @@ async def test_pending_inputs_listed_in_queue_order_and_cancelled(http: httpx.As
     assert everything[0]["turn_id"] == created["input"]["turn_id"] and everything[1]["turn_id"] is None
     limited = (await http.get(f"/api/v1/sessions/{root_id}/inputs", params={"limit": 1})).json()
     assert [i["input_id"] for i in limited] == [created["input"]["input_id"]]
+
+
+async def test_every_input_is_reached_a_page_at_a_time_along_an_index(http: httpx.AsyncClient,
+                                                                      runtime: Runtime) -> None:
+    """The list had a limit and no way past it (a schedule every second gives 86,400 inputs a day),
+    and read every input of the database for each page."""
+    created = (await http.post("/api/v1/sessions", json={"input": script(say("slow", delay_ms=3000))})).json()
+    root_id = created["session"]["session_id"]
+    given = [created["input"]["input_id"]]
+    for n in range(4):
+        given.append((await http.post(f"/api/v1/sessions/{root_id}/inputs",
+                                      json={"text": script(say(f"n{n}"))})).json()["input_id"])
+    seen, url = [], f"/api/v1/sessions/{root_id}/inputs?limit=2"
+    while url:
+        page = await http.get(url)
+        assert page.status_code == 200, page.text
+        seen += [i["input_id"] for i in page.json()]
+        link = page.links.get("next", {}).get("url")
+        url = str(page.url.join(link)) if link else ""
+    assert seen == given
+
+    async with runtime.db.tx() as conn:  # read along the session's index, whatever the table holds
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        cur = await conn.execute("EXPLAIN (FORMAT JSON) " + views._INPUTS, {  # type: ignore[operator]
+            "session_id": root_id, "user_id": "u", "app_id": "a", "status": None, "after": 0, "limit": 2})
+        plan = (await cur.fetchone())["QUERY PLAN"][0]["Plan"]  # type: ignore[index]
+    assert "inputs" not in seq_scans(plan), plan
 
 
 async def test_input_list_refuses_bad_filters(http: httpx.AsyncClient, runtime: Runtime, scope: Scope) -> None:
