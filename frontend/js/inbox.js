@@ -9,7 +9,8 @@ function describe(request) {
   const payload = request.payload ?? {};
   if (request.kind !== "approval") return `asks: ${payload.question ?? ""}`;
   const action = approvalAction(payload);
-  return `${action.verb}: ${action.subject}${action.extent ? ` (${action.extent})` : ""}`;
+  return `${action.verb}${action.path ? ` ${action.path}` : ""}: ${action.subject}`
+    + (action.extent ? ` (${action.extent})` : "");
 }
 
 export class Inbox {

@@ -4,31 +4,51 @@
 
 import { h, newKey } from "./dom.js";
 
-// Characters a human would not see, or would see reordered, in what they approve: controls other
-// than newline and tab, and Unicode's format characters (bidi overrides and isolates, zero-width
-// spaces and joiners, the BOM, the soft hyphen). A model that wrote "ls", 200 blank lines and
-// "; curl … | sh", or reversed a command's tail with U+202E, must not get it approved as "ls".
-const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]/g;
+// Characters a human would not see, or would see reordered, in what they approve: every control
+// (Cc) but newline and tab, every format character (Cf: bidi overrides and isolates, zero-width
+// spaces and joiners, the BOM, the soft hyphen, tag characters U+E0000–U+E007F, interlinear
+// annotations, musical format), the line and paragraph separators, and what Unicode says renders as
+// nothing (default ignorable: the Hangul fillers, variation selectors U+FE00–U+FE0F and
+// U+E0100–U+E01EF, named here too). A model that wrote "ls", 200 blank lines and "; curl … | sh",
+// reversed a command's tail with U+202E or spelled it in invisible tags, must not get it approved
+// as "ls". The `u` flag matches a whole code point, astral ones included, never half of a pair.
+const HIDDEN =
+  /(?![\n\t])[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Default_Ignorable_Code_Point}\u115f\u1160\u3164\uffa0\ufe00-\ufe0f\u{e0100}-\u{e01ef}]/gu;
 
-/** ``text`` with every hidden character shown as its code point, e.g. "⟨U+202E⟩". */
+/** ``text`` with every hidden character shown as its code point, e.g. "⟨U+202E⟩", "⟨U+E0020⟩". */
 export function visible(text) {
   return text.replace(HIDDEN, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`);
 }
 
+/** How long ``text`` is, when it is more than one line or 200 characters (code points); else "". */
+function extentOf(text) {
+  const lines = text.split("\n").length;
+  const characters = [...text].length;
+  return lines > 1 || characters > 200
+    ? `${lines} line${lines === 1 ? "" : "s"}, ${characters} characters: read all of it` : "";
+}
+
 /**
- * What an approval asks for: a command to run, or a file to write (with its size), hidden
- * characters shown; ``extent``: how long the command is, when it is more than one short line.
+ * What an approval asks for, hidden characters shown: a command to run (``subject``), or a file to
+ * write (``path``) with its whole content (``subject``); ``extent``: how long the subject is, when
+ * it is more than one short line. A write requested before requests held the content has only a
+ * preview of it: ``extent`` says so.
  */
 export function approvalAction(payload) {
   if (payload.tool === "write_file") {
-    return { verb: "wants to write", subject: `${visible(String(payload.path ?? ""))} (${payload.bytes ?? 0} bytes)`,
-      extent: "" };
+    const path = visible(String(payload.path ?? ""));
+    if (typeof payload.content !== "string") {
+      const preview = String(payload.preview ?? "");
+      return { verb: "wants to write", path, subject: visible(preview),
+        extent: `only the first ${[...preview].length} characters of ${payload.bytes ?? "?"} bytes are shown: `
+          + "deny it unless that is all of it" };
+    }
+    const content = payload.content;
+    return { verb: "wants to write", path, subject: visible(content),
+      extent: content ? extentOf(content) : "an empty file" };
   }
   const command = String(payload.command ?? "");
-  const lines = command.split("\n").length;
-  const extent = lines > 1 || command.length > 200
-    ? `${lines} line${lines === 1 ? "" : "s"}, ${command.length} characters: read all of it` : "";
-  return { verb: "wants to run", subject: visible(command), extent };
+  return { verb: "wants to run", path: "", subject: visible(command), extent: extentOf(command) };
 }
 
 export class RequestCard {
@@ -55,7 +75,9 @@ export class RequestCard {
       this.buttons = [this.approveButton, this.denyButton];
       const action = approvalAction(payload);
       this.body = h("div", { class: "request-body" },
-        h("p", { text: `${action.verb}:` }),
+        action.path
+          ? h("p", {}, `${action.verb} `, h("code", { class: "request-file", text: action.path }), ":")
+          : h("p", { text: `${action.verb}:` }),
         h("pre", { class: "request-command" }, h("code", { text: action.subject })),
         h("p", { class: "request-extent", text: action.extent, hidden: !action.extent }));
     } else {
