@@ -36,13 +36,15 @@ from api.hub import EventHub, Subscription
 from api.schemas import Event
 from persistence import open_streams, stream_watchers, views
 from persistence.db import Database
-from persistence.events import events_after
+from persistence.events import events_page
 from persistence.records import Row
 from persistence.records import Scope as CanopyScope
 
 log = logging.getLogger(__name__)
 
 _BATCH = 500
+# What one read of a stream's events holds at most (the first event always comes, whatever its size).
+_BATCH_BYTES = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,9 +155,10 @@ def _target(subscription: Subscription) -> dict[str, uuid.UUID | None]:
             "tree_id": uuid.UUID(subscription.tree_id) if subscription.tree_id else None}
 
 
-async def _due_events(db: Database, scope: CanopyScope, cursor: int, subscription: Subscription) -> list[Row]:
+async def _due_events(db: Database, scope: CanopyScope, cursor: int, subscription: Subscription
+                      ) -> tuple[list[Row], bool]:
     async with db.tx() as conn:
-        return await events_after(conn, scope, cursor, limit=_BATCH, **_target(subscription))
+        return await events_page(conn, scope, cursor, limit=_BATCH, max_bytes=_BATCH_BYTES, **_target(subscription))
 
 
 async def _finished(db: Database, scope: CanopyScope, cursor: int, subscription: Subscription) -> bool:
@@ -214,7 +217,7 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
             if subscription.events_due or now >= next_poll:
                 # Clear before reading: a notification arriving during the read sets it again.
                 subscription.events_due = False
-                rows = await _due_events(db, scope, cursor, subscription)
+                rows, more = await _due_events(db, scope, cursor, subscription)
                 for row in rows:
                     if sent >= settings.max_bytes:
                         return  # the rest from this cursor, when the client comes back
@@ -226,7 +229,7 @@ async def event_stream(hub: EventHub, db: Database, scope: CanopyScope, *, after
                     last_write = time.monotonic()
                 elif await _finished(db, scope, cursor, subscription):
                     return  # its tree is archived and all of it was sent: the reconnect gets 204
-                if len(rows) == _BATCH:
+                if more:
                     continue
                 poll = settings.poll_seconds if hub.listening else settings.fallback_poll_seconds
                 next_poll = time.monotonic() + poll

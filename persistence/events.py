@@ -49,14 +49,29 @@ FROM counter,
          WITH ORDINALITY AS e(kind, session_id, tree_id, turn_id, run_id, payload, n)
 """
 
+# At most %(limit)s events, and none that begins past %(max_bytes)s bytes of the page's payloads
+# (so the first always comes): a human wait's event holds what it asks whole (up to 100,000
+# characters), and a page of 500 of them was 50 MB in the reader's memory. ``available``, how many of
+# the first %(limit)s + 1 are there, tells whether another page follows.
 _EVENTS_AFTER = """
-SELECT cursor, kind, session_id, tree_id, turn_id, run_id, payload, created_at
-FROM events
-WHERE user_id = %(user_id)s AND app_id = %(app_id)s AND cursor > %(after)s
-  AND (%(session_id)s::uuid IS NULL OR session_id = %(session_id)s)
-  AND (%(tree_id)s::uuid IS NULL OR tree_id = %(tree_id)s)
+WITH head AS (
+    SELECT cursor, kind, session_id, tree_id, turn_id, run_id, payload, created_at,
+           octet_length(payload::text) AS size
+    FROM events
+    WHERE user_id = %(user_id)s AND app_id = %(app_id)s AND cursor > %(after)s
+      AND (%(session_id)s::uuid IS NULL OR session_id = %(session_id)s)
+      AND (%(tree_id)s::uuid IS NULL OR tree_id = %(tree_id)s)
+    ORDER BY cursor
+    LIMIT %(limit)s + 1
+), sized AS (
+    SELECT *, sum(size) OVER (ORDER BY cursor) - size AS before, row_number() OVER (ORDER BY cursor) AS n,
+           count(*) OVER () AS available
+    FROM head
+)
+SELECT cursor, kind, session_id, tree_id, turn_id, run_id, payload, created_at, available
+FROM sized
+WHERE n <= %(limit)s AND (%(max_bytes)s::bigint IS NULL OR before < %(max_bytes)s)
 ORDER BY cursor
-LIMIT %(limit)s
 """
 
 # A human wait's payload holds what the session asks (a question, a command to approve: up to
@@ -154,18 +169,30 @@ async def events_after(
     tree_id: uuid.UUID | None = None,
     limit: int = 500,
 ) -> list[Row]:
-    cur = await conn.execute(
-        _EVENTS_AFTER,
-        {
-            "user_id": scope.user_id,
-            "app_id": scope.app_id,
-            "after": after,
-            "session_id": session_id,
-            "tree_id": tree_id,
-            "limit": limit,
-        },
-    )
-    return await cur.fetchall()
+    rows, _ = await events_page(conn, scope, after, session_id=session_id, tree_id=tree_id, limit=limit)
+    return rows
+
+
+async def events_page(
+    conn: Connection,
+    scope: Scope,
+    after: int,
+    *,
+    session_id: uuid.UUID | None = None,
+    tree_id: uuid.UUID | None = None,
+    limit: int = 500,
+    max_bytes: int | None = None,
+) -> tuple[list[Row], bool]:
+    """The events after the cursor ``after``, oldest first: at most ``limit``, and with
+    ``max_bytes`` none that begins past that many bytes of payload; and whether more follow."""
+    cur = await conn.execute(_EVENTS_AFTER, {
+        "user_id": scope.user_id, "app_id": scope.app_id, "after": after, "session_id": session_id,
+        "tree_id": tree_id, "limit": limit, "max_bytes": max_bytes})
+    rows = await cur.fetchall()
+    available = rows[0]["available"] if rows else 0
+    for row in rows:
+        del row["available"]
+    return rows, available > len(rows)
 
 
 def _is_update(event: _Event, waiter: uuid.UUID, targets: Collection[uuid.UUID]) -> bool:

@@ -146,3 +146,22 @@ async def test_events_of_a_rolled_back_savepoint_are_not_written(db: Database, s
     async with db.tx() as conn:
         kinds = [row["kind"] for row in await events.events_after(conn, scope, 0)]
     assert kinds == ["kept-before", "kept-after"]
+
+
+async def test_a_page_of_events_is_bounded_by_its_payloads_bytes(db: Database, scope: Scope) -> None:
+    """A human wait's event holds what it asks whole (up to 100,000 characters): a stream's read of
+    500 such events held 50 MB. A page ends once it holds the bytes asked for (its first event
+    always comes), and says that more follow."""
+    async with db.tx() as conn:
+        await ensure_scope(conn, scope)
+        for n in range(5):
+            await events.append_event(conn, scope, "waiting_approval", payload={"command": str(n) * 1_000_000})
+    pages, after, more = [], 0, True
+    while more:
+        async with db.tx() as conn:
+            rows, more = await events.events_page(conn, scope, after, limit=500, max_bytes=2_500_000)
+        pages.append([row["payload"]["command"][0] for row in rows])
+        after = rows[-1]["cursor"]
+    assert pages == [["0", "1", "2"], ["3", "4"]]
+    async with db.tx() as conn:  # a limit of one byte still gives one event a page
+        assert [row["cursor"] for row in (await events.events_page(conn, scope, 0, max_bytes=1))[0]] == [1]
