@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.text import Text
 
 from actors.runtime import Runtime, init_ray
-from api.views import tree_table
+from api.views import plain, tree_table
 from persistence.db import resolve_database_url
 from persistence.errors import CanopyError
 from persistence.records import Row, Scope
@@ -80,12 +80,12 @@ async def run_task(task: str, *, scope: Scope, agent_id: str | None, model: str 
             return EXIT_TIMEOUT
         console.print()
         if result["status"] == TurnStatus.COMPLETED:
-            console.print(result["output"] or "", markup=False, highlight=False)
+            console.print(plain(result["output"]), highlight=False)
             return EXIT_OK
-        console.print(f"[red]{result['status']}[/red]: {result['error']}", highlight=False)
+        console.print(Text.assemble((str(result["status"]), "red"), ": ", plain(result["error"])), highlight=False)
         return EXIT_FAILED
     except CanopyError as error:
-        console.print(f"[red]{error}[/red]")
+        console.print(plain(error), style="red", highlight=False)
         return EXIT_FAILED
     except (KeyboardInterrupt, asyncio.CancelledError):
         if tree_id is not None:

@@ -1,8 +1,14 @@
-"""Terminal renderings with ``rich``: a tree's members, agents, sessions and API keys as tables."""
+"""Terminal renderings with ``rich``: a tree's members, agents, sessions and API keys as tables.
+
+What a model or a tenant wrote (titles, names, a Turn's output or error) reaches an operator's
+terminal through :func:`plain` only: rich reads a table cell's string as markup (a title of
+``[link=…]`` became a hyperlink), and passes escape sequences through, which a terminal acts on
+(OSC 52 writes the clipboard, cursor moves overwrite what was printed above)."""
 
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
 
 from rich.table import Table
@@ -22,6 +28,18 @@ ACTIVITY_STYLES = {
 }
 STATUS_STYLES = {TurnStatus.COMPLETED: "green", TurnStatus.FAILED: "bold red", TurnStatus.CANCELLED: "red",
                  TurnStatus.RUNNING: "green", TurnStatus.WAITING: "cyan", TurnStatus.CANCELLING: "red"}
+
+
+# C0 and C1 controls but newline and tab, and DEL: a terminal acts on each (ESC and CSI start
+# sequences, CR and BS write over what is on the line).
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(value: Any) -> Text:
+    """``value`` as text for the terminal: never markup, every control character shown as its code
+    point (``⟨U+001B⟩``), as the web UI shows what it would hide."""
+    text = "" if value is None else str(value)
+    return Text(_CONTROLS.sub(lambda found: f"⟨U+{ord(found.group()):04X}⟩", text))
 
 
 def _styled(value: Any, styles: dict[str, str]) -> Text:
@@ -79,9 +97,9 @@ def tree_table(summary: Row, *, elapsed: float | None = None, status: str | None
         indent = "  " * member["depth"]
         name = "/root" if member["depth"] == 0 else member["name"]
         tokens = (member.get("usage") or {}).get("tokens")
-        table.add_row(f"{indent}{name}", _styled(member["activity"], ACTIVITY_STYLES),
+        table.add_row(plain(f"{indent}{name}"), _styled(member["activity"], ACTIVITY_STYLES),
                       _styled(member["turn_status"], STATUS_STYLES), str(member["pending_inputs"] or ""),
-                      f"{tokens:,}" if tokens else "", member["title"] or "")
+                      f"{tokens:,}" if tokens else "", plain(member["title"]))
     return table
 
 
@@ -90,8 +108,8 @@ def agents_table(agents: list[Row]) -> Table:
     for column in ("id", "name", "model", "approval", "shared", "owner"):
         table.add_column(column)
     for agent in agents:
-        table.add_row(agent["agent_id"], agent["name"], agent["model"], agent["approval_mode"],
-                      "yes" if agent["shared"] else "", agent["owner_user_id"])
+        table.add_row(plain(agent["agent_id"]), plain(agent["name"]), plain(agent["model"]), agent["approval_mode"],
+                      "yes" if agent["shared"] else "", plain(agent["owner_user_id"]))
     return table
 
 
@@ -102,7 +120,7 @@ def sessions_table(sessions: list[Row]) -> Table:
     for session in sessions:
         table.add_row(str(session["session_id"]), _styled(session["activity"], ACTIVITY_STYLES),
                       _styled(session["turn_status"], STATUS_STYLES),
-                      session["created_at"].strftime("%Y-%m-%d %H:%M:%S"), session["title"] or "")
+                      session["created_at"].strftime("%Y-%m-%d %H:%M:%S"), plain(session["title"]))
     return table
 
 
@@ -122,7 +140,7 @@ def keys_table(keys: list[Row]) -> Table:
     for key in keys:
         state = ("revoked" if key["revoked_at"] is not None
                  else "expired" if key["expires_at"] is not None and key["expires_at"] <= now else "live")
-        table.add_row(str(key["key_id"]), key["user_id"], key["app_id"], _styled(state, KEY_STATE_STYLES),
+        table.add_row(str(key["key_id"]), plain(key["user_id"]), plain(key["app_id"]), _styled(state, KEY_STATE_STYLES),
                       _when(key["created_at"], ""), _when(key["expires_at"], "never"),
                       _when(key["last_used_at"], "never"), _when(key["revoked_at"], "-"))
     return table

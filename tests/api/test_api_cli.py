@@ -84,8 +84,12 @@ async def test_canopy_run_joins_the_cluster_and_prints_the_result(runtime: Runti
     assert code == 0, out
     assert out.rstrip().endswith("result: helped")
     assert "helper" in out and "slots" in out  # the live tree view
-    code, out = await canopy(runtime, "run", script({"fail": "the provider is down"}), *who, join_ray=True)
+    # What a provider or a model wrote is printed as text: not rich markup, nor escape sequences
+    # the terminal would act on (here a clipboard write).
+    down = "the provider is down [link=https://evil.example]x[/link] \x1b]52;c;ZXZpbA==\x1b\\"
+    code, out = await canopy(runtime, "run", script({"fail": down}), *who, join_ray=True)
     assert code == 1 and "failed" in out, out
+    assert "[link=https://evil.example]x[/link] ⟨U+001B⟩]52;c;ZXZpbA==⟨U+001B⟩\\" in out and "\x1b]52" not in out, out
     # The jobs' runtime_env (which Ray's dashboard shows) carries the secrets directory, never a secret.
     jobs = await asyncio.to_thread(list_jobs, address=ray.get_runtime_context().gcs_address, detail=True)
     joined = [job.runtime_env for job in jobs if "CANOPY_SECRETS_DIR" in (job.runtime_env or {}).get("env_vars", {})]
