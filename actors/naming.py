@@ -49,6 +49,13 @@ def node_local_options(name: str, node_id: str, **extra: Any) -> dict[str, Any]:
     return named_options(name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **extra)
 
 
+def node_table() -> dict[str, tuple[bool, str]]:
+    """Every node this life of the cluster knows, alive or dead: ``node id -> (alive, address)`` (a
+    blocking call to Ray's GCS: from async code, in a thread). A node of an earlier life (Ray started
+    again) is not in it."""
+    return {node["NodeID"]: (bool(node["Alive"]), str(node["NodeManagerAddress"])) for node in ray.nodes()}
+
+
 def live_nodes() -> list[str]:
     """The cluster's live nodes by node id, for options that name a node (a blocking call to Ray's
     GCS: from async code, in a thread)."""

@@ -22,6 +22,13 @@ records it told (``workdir_losses_told``), so a crash before that commit tells i
 runs in a new sandbox on the caller's node, from what is durable: nothing of the old workdir is
 carried over, and no member's model is left to find it empty unwarned.
 
+A node that is not lost but started again is not a loss: Ray gives every node a new id each time it
+starts (``canopy up`` after a crash, a cluster brought back), so a lease naming a node this life of
+the cluster does not know at all (not even as dead) is followed to the live node at the address that
+node had (recorded by the sweeper, ``ray_nodes``): the same machine, whose disk holds the workdir and
+whose engine the sandbox, with any command still running in it (``adopt``). A node the cluster knows
+as dead left it: its trees are told.
+
 A user's limit of sandboxes counts every node, and a node can release only its own: a claim past
 it with none of the user's idle on its node asks the hosts of the nodes that hold idle ones to
 release one, and claims again.
@@ -45,7 +52,7 @@ from typing import Any
 
 import ray
 
-from actors.naming import NAMESPACE, NodeLocal, live_nodes, node_local_options, sandbox_host_name
+from actors.naming import NAMESPACE, NodeLocal, live_nodes, node_local_options, node_table, sandbox_host_name
 from persistence import runs as run_repo
 from persistence import sandbox_leases as leases
 from persistence.db import Database, LazyDatabase
@@ -174,6 +181,20 @@ async def _alive_nodes() -> set[str]:
     return set(await asyncio.to_thread(live_nodes))
 
 
+async def _adopt(db: Database, prefer: str, tree_id: uuid.UUID | None = None) -> list[uuid.UUID]:
+    """Leases (of ``tree_id``, or all) naming a node of an earlier life of the cluster, moved to the
+    live node of that node's machine (``prefer`` where it is one of several there): the trees moved.
+    Also records this life's live nodes, for the next one."""
+    table = await asyncio.to_thread(node_table)
+    successors: dict[str, str] = {}
+    for node_id, (alive, address) in sorted(table.items()):
+        if alive and (address not in successors or node_id == prefer):
+            successors[address] = node_id
+    async with db.tx() as conn:
+        await leases.record_nodes(conn, {node_id: address for node_id, (alive, address) in table.items() if alive})
+        return await leases.adopt(conn, table, successors, tree_id)
+
+
 async def _existing_host(node_id: str) -> Any | None:
     """The host of ``node_id`` if that node is alive and its host exists; never creates one."""
     if node_id not in await _alive_nodes():
@@ -220,6 +241,8 @@ async def host_for(db: Database, tree_id: uuid.UUID, session_id: uuid.UUID) -> t
             break
         if (host := await _existing_host(lease.node_id)) is not None:
             break
+        if await _adopt(db, here, tree_id):
+            continue  # a node of an earlier life of the cluster, on a machine that is back
         async with db.tx() as conn:
             if await leases.move_lost(conn, tree_id, lease.node_id, here):
                 log.warning("tree %s: the node %s of its sandbox is gone; its workdir is lost", tree_id,
@@ -256,6 +279,9 @@ async def kill_command(db: Database, tree_id: uuid.UUID, command_id: str) -> boo
     """Kill the tree's command ``command_id`` in the host of its sandbox's node; False if it did not
     run (a lost node's commands died with it)."""
     lease = await _lease(db, tree_id)
+    if lease is not None and lease.node_id is not None and lease.node_id != _here() \
+            and await _existing_host(lease.node_id) is None and await _adopt(db, _here(), tree_id):
+        lease = await _lease(db, tree_id)  # a node of an earlier life: its machine's node now
     if lease is None or lease.node_id is None or lease.node_id == _here():
         host = _local.handle()
     elif (host := await _existing_host(lease.node_id)) is None:
@@ -265,7 +291,9 @@ async def kill_command(db: Database, tree_id: uuid.UUID, command_id: str) -> boo
 
 async def release_on_lost_nodes(db: Database) -> list[uuid.UUID]:
     """Release the sandboxes of nodes that left the cluster (their trees' next commands are told the
-    workdir is lost); the trees released. Ray declares a node dead for good: it never comes back."""
+    workdir is lost); the trees released. Ray declares a node dead for good: it never comes back.
+    Leases naming a node of an earlier life of the cluster follow its machine first (``_adopt``)."""
+    await _adopt(db, _here())
     alive = await _alive_nodes()
     async with db.tx() as conn:
         released = await leases.release_on_lost_nodes(conn, alive)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import uuid
+from collections.abc import Collection
 
 from persistence import lifecycle
 from persistence.db import Connection, advisory_lock, query
@@ -194,6 +195,28 @@ async def release_on_lost_nodes(conn: Connection, alive: set[str]) -> list[uuid.
         lifecycle.log_at_commit(conn, "sandbox_released", tree_id=row["tree_id"], node_id=row["node_id"],
                                 reason="node_lost")
     return [row["tree_id"] for row in released]
+
+
+async def record_nodes(conn: Connection, addresses: dict[str, str]) -> None:
+    """Remember the address of each live node (``node id -> address``): where its sandboxes are
+    once Ray, started again, knows that node by another id (``adopt``)."""
+    await conn.execute(query("ray_nodes_record"), {"node_ids": list(addresses), "addresses": list(addresses.values())})
+
+
+async def adopt(conn: Connection, known: Collection[str], successors: dict[str, str],
+                tree_id: uuid.UUID | None = None) -> list[uuid.UUID]:
+    """Move the leases (of ``tree_id``, or all) that name a node outside ``known`` (every node this
+    life of the cluster knows, alive or dead) to ``successors[address]``, the live node at the
+    address that node had: the same machine, whose disk and engine hold the sandbox still. The trees
+    moved."""
+    cur = await conn.execute(query("sandbox_lease_adopt"), {
+        "known": sorted(known), "addresses": list(successors), "successors": list(successors.values()),
+        "tree_id": tree_id})
+    moved = await cur.fetchall()
+    for row in moved:
+        lifecycle.log_at_commit(conn, "sandbox_adopted", tree_id=row["tree_id"], node_id=row["node_id"],
+                                from_node_id=row["old_node_id"])
+    return [row["tree_id"] for row in moved]
 
 
 async def move_lost(conn: Connection, tree_id: uuid.UUID, lost_node_id: str, node_id: str) -> bool:

@@ -504,6 +504,14 @@ CREATE TABLE sandbox_leases (
     node_id         text,        -- the Ray node holding the sandbox and its workdir (actors/sandbox_hosts.py)
     workdir_lost_at timestamptz  -- when a command last found that node gone and moved the tree to a new one
 );
+-- The address of every Ray node that held sandboxes: a node's id is new with every start of Ray, so
+-- a lease naming a node of an earlier life of the cluster is followed to the live node of the same
+-- machine, whose disk still holds the workdir (actors/sandbox_hosts.py).
+CREATE TABLE ray_nodes (
+    node_id     text PRIMARY KEY,
+    address     text NOT NULL,
+    seen_at     timestamptz NOT NULL DEFAULT now()
+);
 -- The sandboxes made or being made, least recently used first (the idle sweep, a full engine, a
 -- scope's count), without reading every tree's lease.
 CREATE INDEX sandbox_leases_held ON sandbox_leases (last_used_at) WHERE state IN ('active', 'creating');

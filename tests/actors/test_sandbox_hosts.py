@@ -83,6 +83,48 @@ async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Sco
     assert receipts == [{"state": "done"}]
 
 
+@pytest.mark.default_shape  # where the sandbox is, not where the session runs
+async def test_a_sandbox_of_an_earlier_life_of_ray_is_this_machines_and_its_command_is_stopped(
+        runtime: Runtime, scope: Scope) -> None:
+    """Ray gives every node a new id each time it starts (``canopy up`` after a crash): the tree's
+    lease then names a node no live Ray knows. That was taken for a lost node: a command still
+    running in the sandbox was not stopped (there was no host to ask), and every member was told its
+    files were gone, though the workdir is on this machine's disk as it was. The lease follows the
+    machine (the address the old node had, as the sweeper recorded it)."""
+    created = await runtime.create_root(scope, input_text=script(
+        call(("run_command", {"command": "echo running > running.txt; sleep 8; echo late > late.txt",
+                              "timeout_seconds": 60})),
+        call(("read_file", {"path": "running.txt"})), say("${1.content}")))
+    tree_id = created["session"]["session_id"]
+    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
+                               "WHERE s.session_id = %s", tree_id))[0]["workdir"])
+    await eventually(lambda: asyncio.to_thread((workdir / "running.txt").exists), timeout=60)
+    # Ray started again: the host that ran the command is gone, and the lease names a node of the
+    # earlier life at this machine's address.
+    here = ray.get_runtime_context().get_node_id()
+    address = next(node["NodeManagerAddress"] for node in ray.nodes() if node["NodeID"] == here)
+    earlier = "ee" * 28
+    await rows(runtime.db, "INSERT INTO ray_nodes (node_id, address) VALUES (%s, %s) RETURNING node_id",
+               earlier, address)
+    await rows(runtime.db, "UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s RETURNING tree_id",
+               earlier, tree_id)
+    [lease] = await rows(runtime.db, "SELECT handle FROM sandbox_leases WHERE tree_id = %s", tree_id)
+    hosts = await alive_sandbox_hosts()
+    os.kill(int(hosts[0].pid), signal.SIGKILL)
+    killed_at = asyncio.get_running_loop().time()
+
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "running\n"), result
+    told = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool' "
+                      "ORDER BY id", tree_id)
+    assert [("workdir_lost" in json.loads(row["content"])) for row in told] == [False, False], told
+    await asyncio.sleep(max(0.0, killed_at + 10 - asyncio.get_running_loop().time()))
+    assert not (workdir / "late.txt").exists()  # stopped through this machine's new host
+    [after] = await rows(runtime.db, "SELECT node_id, handle, state, workdir_lost_at FROM sandbox_leases "
+                         "WHERE tree_id = %s", tree_id)
+    assert after == {"node_id": here, "handle": lease["handle"], "state": "active", "workdir_lost_at": None}
+
+
 async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(own_database_url: str,
                                                                                tmp_path: Path) -> None:
     findings = await scenario_findings("tests.actors.sandbox_hosts_scenario", {
