@@ -109,6 +109,10 @@ def _parse(call: dict[str, Any], allowed: frozenset[str]) -> _Call:
     return _Call(call, tool, args)
 
 
+# A renamed id's stem leaves room for "_" and seven digits of suffix within an id's 64 characters.
+_ID_STEM_CHARS = IDENTIFIER_CHARS - 8
+
+
 def _parse_reply(calls: list[dict[str, Any]], allowed: frozenset[str], limit: int) -> list[_Call]:
     """A reply's calls, parsed. A reply with more than ``limit`` calls runs none of them: each is
     answered with the same error (a model that floods tool calls is refused, not half-obeyed)."""
@@ -123,20 +127,21 @@ def _with_unique_ids(calls: list[dict[str, Any]], taken: set[str]) -> list[dict[
     """A reply's calls, each with an id no other call of the Turn has (``taken``: the Turn's ids so
     far). A call is known by its id (its receipt, its answer, its wait), and providers do not all
     keep ids unique: some OpenAI-compatible servers number calls per reply ("call_0" in each), a
-    hostile one repeats an id or sends none. An empty id becomes "call"; a taken one gets "_2",
-    "_3", ... (the gateway has made every id at most 64 of ``[A-Za-z0-9_-]``, and so stays this).
-    Done once, before the reply is committed: replays read the stored ids. Each id's search goes on
-    from the last suffix it gave, so a reply repeating one id thousands of times takes linear time."""
+    hostile one repeats an id or sends none. An empty id becomes "call"; a taken one becomes its stem
+    (the id, cut to leave room for a suffix) with "_2", "_3", ... (the gateway has made every id at
+    most 64 of ``[A-Za-z0-9_-]``, and so stays this). Done once, before the reply is committed:
+    replays read the stored ids. Each stem's search goes on from the last suffix it gave, so however
+    a reply repeats ids, or sends thousands of long ones that share a stem, it takes linear time."""
     renamed = []
-    last_suffix: dict[str, int] = {}
+    next_suffix: dict[str, int] = {}
     for call in calls:
-        base = call.get("id") or "call"
-        call_id, n = base, last_suffix.get(base, 1)
-        while call_id in taken:
-            n += 1
-            suffix = f"_{n}"
-            call_id = base[:IDENTIFIER_CHARS - len(suffix)] + suffix
-        last_suffix[base] = n
+        call_id = base = call.get("id") or "call"
+        if call_id in taken:
+            stem = base[:_ID_STEM_CHARS]
+            n = next_suffix.get(stem, 2)
+            while (call_id := f"{stem}_{n}") in taken:
+                n += 1
+            next_suffix[stem] = n + 1
         taken.add(call_id)
         renamed.append({**call, "id": call_id})
     return renamed

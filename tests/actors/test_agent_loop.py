@@ -42,6 +42,18 @@ def test_ids_a_reply_repeats_are_made_unique_in_linear_time() -> None:
     assert taken.lookups <= 3 * len(calls), taken.lookups
 
 
+def test_long_ids_that_share_a_stem_are_made_unique_in_linear_time() -> None:
+    """Thousands of distinct 64-character ids with one 62-character prefix, each repeated: every
+    renamed one took the same cut stem, and each new id searched again through every suffix the
+    others had taken (16,384 calls held the event loop for 5.8 s, 65,536 for 45 s)."""
+    bases = [f"{'x' * 56}{n:08d}" for n in range(2000)]
+    calls = [{"id": base, "name": "list_agents", "arguments": {}} for base in bases for _ in range(2)]
+    taken = _CountedSet()
+    ids = [call["id"] for call in _with_unique_ids(calls, taken)]
+    assert len(set(ids)) == len(ids) == len(calls) and all(len(i) <= 64 for i in ids)
+    assert taken.lookups <= 3 * len(calls), taken.lookups
+
+
 async def test_a_deadlock_with_another_sessions_step_is_a_conflict_that_changes_nothing(db: Database) -> None:
     """Two sessions acting on each other at once: each step holds its own session's lock and waits for
     the other's. The call PostgreSQL picks is refused with a Conflict (it was an internal error with
