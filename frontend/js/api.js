@@ -141,6 +141,9 @@ export class Api {
     listOf(await this.get(`/sessions/${id(sessionId)}/interventions${q({ after: after || undefined })}`, options),
       "interventions");
   steer = (sessionId, text, options) => this.post(`/sessions/${id(sessionId)}/steer`, { text }, options);
+  /** The session's pending requests, whole (a session has at most one): what a card shows and a human approves. */
+  sessionRequests = async (sessionId, options) =>
+    listOf(await this.get(`/sessions/${id(sessionId)}/requests`, options), "requests");
   cancelTurn = (sessionId, turnId) => this.post(`/sessions/${id(sessionId)}/turns/${id(turnId)}/cancel`);
   archive = (sessionId) => this.post(`/sessions/${id(sessionId)}/archive`);
   /** A session's schedules: each due time submits its text once. */
@@ -155,8 +158,16 @@ export class Api {
 
   // -- trees -------------------------------------------------------------------------------------
   tree = (treeId, options) => this.get(`/trees/${id(treeId)}`, options);
-  treeRequests = async (treeId, options) => listOf(await this.get(`/trees/${id(treeId)}/requests`, options),
-    "requests");
+  /**
+   * The tree's inbox: its pending requests (the oldest 1,000), each a summary whose long payload
+   * fields are cut to 500 characters (``truncated``; ``<field>_chars``: the whole length), and whether
+   * more follow. Never approve from a summary: a session's own requests are whole.
+   */
+  treeRequests = async (treeId, options) => {
+    const path = `/trees/${id(treeId)}/requests`;
+    const { payload, headers } = await this.request("GET", path, undefined, { ...options, withHeaders: true });
+    return { requests: listOf(payload, "requests"), more: /rel="next"/.test(headers.get("Link") ?? "") };
+  };
   stopTree = (treeId) => this.post(`/trees/${id(treeId)}/stop`);
   continueTree = (treeId) => this.post(`/trees/${id(treeId)}/continue`);
   /** Change some limits of the tree's budget: {max_tokens, max_cost_usd, max_seconds, max_model_calls}; null removes one. */

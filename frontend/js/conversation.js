@@ -298,8 +298,9 @@ export class SessionView {
     this.turnStatus.replaceChildren(...parts);
   }
 
+  /** The session's own pending requests, whole (never the inbox's cut summaries): what a human approves. */
   #renderRequests() {
-    const requests = this.tree.requestsOf(this.sessionId);
+    const requests = this.runtime.requests.filter((r) => !this.tree.answered(r.id));
     const ids = new Set(requests.map((r) => r.id));
     for (const [id, card] of this.#cards) {
       if (!ids.has(id)) {

@@ -1,16 +1,29 @@
 // The tree's human inbox, above the root's message box: every pending approval and
 // question of every member. One item opens its member tab focused on the request card;
 // several open a list. A failed refresh keeps the last known items and offers a retry.
+// It works from the tree's request summaries, whose long fields are cut to their first 500
+// characters: a human reads and approves a request whole on its card, never here.
 
 import { h, plural } from "./dom.js";
 import { approvalAction } from "./requestCard.js";
 
+/** "…" after a payload field the summary cut (its whole length is ``<field>_chars``). */
+const cut = (payload, field) => (payload[`${field}_chars`] != null ? "…" : "");
+
 function describe(request) {
   const payload = request.payload ?? {};
-  if (request.kind !== "approval") return `asks: ${payload.question ?? ""}`;
+  if (request.kind !== "approval") {
+    const whole = payload.question_chars;
+    return `asks: ${payload.question ?? ""}${cut(payload, "question")}`
+      + (whole != null ? ` (${whole} characters: read all of it on its card)` : "");
+  }
   const action = approvalAction(payload);
-  return `${action.verb}${action.path ? ` ${action.path}` : ""}: ${action.subject}`
-    + (action.extent ? ` (${action.extent})` : "");
+  const field = payload.tool === "write_file" ? "content" : "command";
+  const whole = payload[`${field}_chars`];
+  // A cut subject's extent is its whole length; the card shows all of it.
+  const extent = whole != null ? `${whole} characters: read all of it on its card` : action.extent;
+  return `${action.verb}${action.path ? ` ${action.path}${cut(payload, "path")}` : ""}: `
+    + `${action.subject}${cut(payload, field)}` + (extent ? ` (${extent})` : "");
 }
 
 export class Inbox {
@@ -55,10 +68,11 @@ export class Inbox {
       .filter(Boolean).join(" and ");
     const text = requests.length === 1
       ? `${requests[0].path ?? "A member"} ${describe(requests[0])}`
-      : `${parts} waiting for you`;
+      : `${parts} waiting for you${this.tree.requestsMore ? " (the oldest 1,000 shown)" : ""}`;
     this.summary.replaceChildren(...[h("span", { class: "inbox-icon", "aria-hidden": "true", text: "⚑" }),
       h("span", { class: "inbox-text", text }),
-      requests.length > 1 ? h("span", { class: "inbox-count", text: String(requests.length) }) : null,
+      requests.length > 1
+        ? h("span", { class: "inbox-count", text: `${requests.length}${this.tree.requestsMore ? "+" : ""}` }) : null,
     ].filter(Boolean));
     this.summary.dataset.count = String(requests.length);
     this.summary.setAttribute("aria-expanded", String(this.#expanded && requests.length > 1));

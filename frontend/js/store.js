@@ -1,10 +1,11 @@
 // Shared run state. One TreeRuntime per tree holds the tree summary, the tree's pending
-// human requests and the tree's single SSE stream; one SessionRuntime per session holds its
-// detail, messages, queued inputs, ended-Turn results and the live text of its running model
-// call. Every view that shows a tree or a session observes the same runtime, so two views
-// never mean two streams or two copies of state. Events only say "something changed": the
-// runtimes re-read the durable state (debounced). Text deltas are the one thing shown as they
-// come: they are not durable, and the committed message replaces them.
+// human requests (summaries: the inbox) and the tree's single SSE stream; one SessionRuntime per
+// session holds its detail, messages, queued inputs, its own pending requests (whole: its cards),
+// ended-Turn results and the live text of its running model call. Every view that shows a tree or
+// a session observes the same runtime, so two views never mean two streams or two copies of
+// state. Events only say "something changed": the runtimes re-read the durable state (debounced);
+// the tree's requests only after an event that may change them (REQUEST_EVENTS). Text deltas are
+// the one thing shown as they come: they are not durable, and the committed message replaces them.
 
 import { Emitter, debounce } from "./dom.js";
 import { EventStream } from "./sse.js";
@@ -17,6 +18,13 @@ const REFRESH_MAX_WAIT_MS = 600;
 const POLL_OFFLINE_MS = 4_000; // while the stream is down, poll
 const POLL_ONLINE_MS = 30_000; // a slow safety net while it is up
 const MESSAGE_PAGE = 1000;
+// The events after which the tree's pending requests may differ (persistence/events.py's kinds): a
+// request asked, answered, or cancelled with its Turn (a cancel, or a stop of the tree); a Turn's
+// end; the tree continued or archived. Any other event (a model message, a delta) leaves them.
+export const REQUEST_EVENTS = new Set(["waiting_approval", "waiting_answer", "request_answered", "turn_completed",
+  "turn_failed", "turn_cancelled", "tree_stopped", "tree_continued", "tree_archived"]);
+// A session whose Turn waits for a human has a pending request (at most one).
+const WAITING_FOR_HUMAN = new Set(["waiting_approval", "waiting_answer"]);
 
 function once(fn) {
   let done = false;
@@ -44,6 +52,8 @@ export class SessionRuntime extends Emitter {
     this.results = new Map();
     /** The inputs waiting in this session's queue (read while detail.pending_inputs > 0). */
     this.pending = [];
+    /** This session's pending requests, whole (read while it waits for a human): its cards. */
+    this.requests = [];
     /**
      * The streaming text of a model call, shown until its message is: {runId, turnId, text,
      * committedId (the message it became, once the event says so), since (the read it began after)}.
@@ -84,12 +94,14 @@ export class SessionRuntime extends Emitter {
       this.interventions = interventions.length
         ? knownInterventions.concat(interventions.filter((i) => i.cursor > lastCursor)) : knownInterventions;
       this.#settleLive(seq); // now: a view may draw the new messages before this read ends
-      const [pending] = await Promise.all([
+      const [pending, requests] = await Promise.all([
         detail.pending_inputs > 0 ? this.api.inputs(this.sessionId, { status: "pending" }) : [],
+        WAITING_FOR_HUMAN.has(detail.activity) ? this.api.sessionRequests(this.sessionId) : [],
         this.#loadEndedResults(this.messages, detail),
       ]);
       if (seq !== this.#seq) return;
       this.pending = pending;
+      this.requests = requests.filter((r) => (r.status ?? "pending") === "pending");
       this.error = null;
       this.loaded = true;
     } catch (error) {
@@ -165,17 +177,28 @@ export class TreeRuntime extends Emitter {
   #opened = false; // has this stream been open since it started?
   #runs = 0; // counts starts and stops, so a start that finishes late knows it was superseded
   #reading = Promise.resolve();
+  #requestSeq = 0;
+  #requestsDue = true; // the next read re-reads the requests too
+  #summaryError = null;
+  #requestsError = null;
 
   constructor(api, treeId) {
     super();
     this.api = api;
     this.treeId = treeId;
     this.summary = null;
+    /** The inbox: summaries of the tree's pending requests (long fields cut), oldest first. */
     this.requests = [];
-    this.error = null;
+    this.requestsMore = false; // more than the first page (1,000) are pending
     this.connection = "closed";
     this.cursor = "";
-    this.scheduleRefresh = debounce(() => this.refresh(), REFRESH_WAIT_MS, REFRESH_MAX_WAIT_MS);
+    // Events re-read the summary, and the requests only when one may have changed them.
+    this.scheduleRefresh = debounce(() => this.refresh({ requests: false }), REFRESH_WAIT_MS, REFRESH_MAX_WAIT_MS);
+  }
+
+  /** The last read's failure, of the summary or of the requests (their last known state stays). */
+  get error() {
+    return this.#summaryError ?? this.#requestsError;
   }
 
   get observed() {
@@ -205,8 +228,9 @@ export class TreeRuntime extends Emitter {
     return this.summary?.members?.find((m) => m.session_id === sessionId) ?? null;
   }
 
-  requestsOf(sessionId) {
-    return this.requests.filter((r) => r.session_id === sessionId);
+  /** Whether this page answered the request (it is shown nowhere from then on). */
+  answered(requestId) {
+    return this.#answered.has(requestId);
   }
 
   /** A request answered here disappears at once; the next read confirms it. */
@@ -214,12 +238,16 @@ export class TreeRuntime extends Emitter {
     this.#answered.add(requestId);
     this.requests = this.requests.filter((r) => r.id !== requestId);
     this.emit("change", this);
+    this.#requestsDue = true;
     this.scheduleRefresh();
   }
 
-  /** Re-read the summary and the requests (the newest read wins). */
-  refresh() {
-    this.#reading = this.#read(++this.#seq);
+  /**
+   * Re-read the summary, and the requests unless ``requests`` is false and nothing since their last
+   * read may have changed them (the newest read of each wins).
+   */
+  refresh({ requests = true } = {}) {
+    this.#reading = this.#read(++this.#seq, requests || this.#requestsDue);
     return this.#reading;
   }
 
@@ -232,21 +260,31 @@ export class TreeRuntime extends Emitter {
     } while (reading !== this.#reading);
   }
 
-  async #read(seq) {
-    try {
-      const [summary, requests] = await Promise.all([
-        this.api.tree(this.treeId),
-        this.api.treeRequests(this.treeId),
-      ]);
-      if (seq !== this.#seq) return;
-      this.summary = summary;
-      this.requests = requests.filter((r) => (r.status ?? "pending") === "pending" && !this.#answered.has(r.id));
-      this.error = null;
-    } catch (error) {
-      if (seq !== this.#seq) return;
-      this.error = error; // the last known summary and requests stay on screen
+  async #read(seq, withRequests) {
+    const requestSeq = withRequests ? ++this.#requestSeq : -1;
+    if (withRequests) this.#requestsDue = false;
+    const [summary, page] = await Promise.allSettled([
+      this.api.tree(this.treeId),
+      withRequests ? this.api.treeRequests(this.treeId) : null,
+    ]);
+    // The last known summary and requests stay on screen when a read fails.
+    let changed = false;
+    if (seq === this.#seq) {
+      if (summary.status === "fulfilled") this.summary = summary.value;
+      this.#summaryError = summary.status === "rejected" ? summary.reason : null;
+      changed = true;
     }
-    this.emit("change", this);
+    if (withRequests && page.status === "rejected") this.#requestsDue = true; // read them again next time
+    if (requestSeq === this.#requestSeq) {
+      if (page.status === "fulfilled") {
+        this.requests = page.value.requests.filter((r) => (r.status ?? "pending") === "pending"
+          && !this.#answered.has(r.id));
+        this.requestsMore = page.value.more;
+      }
+      this.#requestsError = page.status === "rejected" ? page.reason : null;
+      changed = true;
+    }
+    if (changed) this.emit("change", this);
   }
 
   /** Drop the stream and resume it from the last cursor (what a network drop does). */
@@ -291,7 +329,8 @@ export class TreeRuntime extends Emitter {
     if (!this.observed || this.connection === "ended") return;
     const every = this.connection === "open" ? POLL_ONLINE_MS : POLL_OFFLINE_MS;
     this.#poll = setTimeout(() => {
-      this.refresh();
+      // While the stream is up, its events say when the requests change; while it is down, read them.
+      this.refresh({ requests: this.connection !== "open" });
       this.refreshSessions();
       this.#schedulePoll();
     }, every);
@@ -305,7 +344,10 @@ export class TreeRuntime extends Emitter {
       // Whatever happened while we were not listening is in the durable state: re-read it. On
       // the first open the summary is exact up to the stream's start; the sessions' first reads
       // may have come before it, so they read once more.
-      if (this.#opened) this.scheduleRefresh();
+      if (this.#opened) {
+        this.#requestsDue = true;
+        this.scheduleRefresh();
+      }
       this.refreshSessions();
       this.#opened = true;
     }
@@ -329,6 +371,7 @@ export class TreeRuntime extends Emitter {
       this.#sessions.get(event.session_id)?.messageCommitted(event);
     }
     this.emit("event", event);
+    if (REQUEST_EVENTS.has(event.kind)) this.#requestsDue = true;
     this.scheduleRefresh();
     if (event.kind?.startsWith("tree_")) this.refreshSessions();
     else if (event.session_id) {
