@@ -497,12 +497,20 @@ class TreeContinued(BaseModel):
 
 
 class HumanRequest(ResponseBody):
+    """A pending approval or question. A session's requests (``GET /sessions/{id}/requests``) are
+    whole; the tree's inbox (``GET /trees/{id}/requests``) holds summaries, whose long payload
+    fields are cut: read a request whole from its session before approving it."""
+
     id: uuid.UUID
     kind: RequestKind
     session_id: uuid.UUID
     path: str = Field(description="Where in the tree the request comes from.")
     turn_id: uuid.UUID
-    payload: dict[str, Any]
+    payload: dict[str, Any] = Field(description=(
+        "What is asked: {tool, command, tool_call_id} or {tool, path, bytes, content, tool_call_id} for an "
+        "approval, {question} for a question. In the tree's inbox a field longer than 500 characters holds "
+        "its first 500, and `<field>_chars` (e.g. `command_chars`) its whole length."))
+    truncated: bool = Field(default=False, description="Some payload field was cut (only in the tree's inbox).")
     status: RequestStatus
     created_at: dt.datetime
 

@@ -46,6 +46,35 @@ WHERE r.user_id = %(user_id)s AND r.app_id = %(app_id)s AND r.status = 'pending'
   AND (%(session_id)s::uuid IS NULL OR r.session_id = %(session_id)s)
 ORDER BY r.created_at
 """
+# The tree's inbox: its pending requests, oldest first, each a summary. Every field of a payload
+# whose text is longer than INBOX_PREVIEW characters (a command or a file's content may have 100,000,
+# and a tree 1,000 members asking) is cut here, in the database, to its first INBOX_PREVIEW
+# characters (a field that is not a string, to its JSON text's), with its whole length as
+# ``<field>_chars``: the server never receives whole payloads, and the answer stays bounded.
+# ``after``: a request of this tree; the page starts after it (in the same order).
+INBOX_PREVIEW = 500
+INBOX_LIMIT = 1000  # a tree's default member limit, and a member has at most one pending request
+_REQUEST_SUMMARIES = f"""
+SELECT r.request_id AS id, r.kind, r.session_id, s.path, r.turn_id, cut.payload, cut.truncated, r.status,
+       r.created_at
+FROM requests r JOIN sessions s ON s.session_id = r.session_id
+CROSS JOIN LATERAL (
+    SELECT coalesce(jsonb_object_agg(f.key, CASE WHEN f.long THEN to_jsonb(left(f.text, {INBOX_PREVIEW}))
+                                                 ELSE f.value END), '{{}}')
+           || coalesce(jsonb_object_agg(f.key || '_chars', length(f.text)) FILTER (WHERE f.long), '{{}}')
+           AS payload,
+           coalesce(bool_or(f.long), false) AS truncated
+    FROM (SELECT e.key, e.value, t.text, length(t.text) > {INBOX_PREVIEW} AS long
+          FROM jsonb_each(r.payload) AS e(key, value)
+          CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(e.value) = 'string' THEN e.value #>> '{{}}'
+                                          ELSE e.value::text END AS text) AS t) AS f
+) AS cut
+WHERE r.user_id = %(user_id)s AND r.app_id = %(app_id)s AND r.status = 'pending' AND r.tree_id = %(tree_id)s
+  AND (%(after)s::uuid IS NULL OR (r.created_at, r.request_id) > (
+        SELECT a.created_at, a.request_id FROM requests a WHERE a.request_id = %(after)s AND a.tree_id = %(tree_id)s))
+ORDER BY r.created_at, r.request_id
+LIMIT %(limit)s
+"""
 
 
 async def lock_tree(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
@@ -201,6 +230,17 @@ async def pending_requests(conn: Connection, scope: Scope, *, tree_id: uuid.UUID
     cur = await conn.execute(_REQUESTS, {"user_id": scope.user_id, "app_id": scope.app_id,
                                          "tree_id": tree_id, "session_id": session_id})
     return await cur.fetchall()
+
+
+async def request_summaries(conn: Connection, scope: Scope, tree_id: uuid.UUID, *, after: uuid.UUID | None = None,
+                            limit: int = INBOX_LIMIT) -> tuple[list[Row], bool]:
+    """A page of the tree's pending requests, oldest first, long payload fields cut
+    (``_REQUEST_SUMMARIES``), and whether more follow. An ``after`` that is no request of this tree
+    gives an empty page."""
+    cur = await conn.execute(_REQUEST_SUMMARIES, {"user_id": scope.user_id, "app_id": scope.app_id,
+                                                  "tree_id": tree_id, "after": after, "limit": limit + 1})
+    found = await cur.fetchall()
+    return found[:limit], len(found) > limit
 
 
 async def answer_request(conn: Connection, scope: Scope, request_id: uuid.UUID, response: dict[str, Any]

@@ -99,6 +99,14 @@ async def pending_requests(conn: Connection, scope: Scope, *, session_id: uuid.U
     return await trees.pending_requests(conn, scope, session_id=session_id, tree_id=tree_id)
 
 
+async def request_summaries(conn: Connection, scope: Scope, tree_id: uuid.UUID, *, after: uuid.UUID | None = None,
+                            limit: int = trees.INBOX_LIMIT) -> tuple[list[Row], bool]:
+    """The tree's inbox: a page of its pending requests, oldest first, long payload fields cut
+    (``trees.request_summaries``), and whether more follow."""
+    await require_target(conn, scope, tree_id=tree_id)
+    return await trees.request_summaries(conn, scope, tree_id, after=after, limit=limit)
+
+
 async def latest_cursor(conn: Connection, scope: Scope) -> int:
     """The scope's latest committed event cursor (0 before its first event).
 

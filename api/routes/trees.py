@@ -4,12 +4,13 @@ human inbox."""
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, RuntimeDep, errors, pending_requests
+from api.deps import COMMON, RuntimeDep, errors
 from api.schemas import BudgetUpdate, HumanRequest, TreeBudget, TreeContinued, TreeStopAccepted, TreeSummary
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import trees, views
@@ -62,7 +63,28 @@ async def update_budget(tree_id: uuid.UUID, body: BudgetUpdate, caller: ScopeDep
     return TreeBudget.model_validate(summary)
 
 
-@router.get("/{tree_id}/requests", response_model=list[HumanRequest], responses=errors(*COMMON, 404))
-async def tree_inbox(tree_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> list[HumanRequest]:
-    """The tree's inbox: every pending approval and question of every member, with its path."""
-    return await pending_requests(runtime, caller, tree_id=tree_id)
+@router.get("/{tree_id}/requests", response_model=list[HumanRequest], responses={
+    **errors(*COMMON, 404),
+    200: {"headers": {"Link": {"description": 'While more requests follow: `<next page URL>; rel="next"`.',
+                               "schema": {"type": "string"}}}}})
+async def tree_inbox(
+    tree_id: uuid.UUID,
+    caller: ScopeDep,
+    runtime: RuntimeDep,
+    request: Request,
+    response: Response,
+    after: Annotated[uuid.UUID | None, Query(description="Only requests after this one (a page's last id).")] = None,
+    limit: Annotated[int, Query(ge=1, le=trees.INBOX_LIMIT)] = trees.INBOX_LIMIT,
+) -> list[HumanRequest]:
+    """The tree's inbox: the pending approvals and questions of every member, with their paths,
+    oldest first, as summaries. A payload field longer than 500 characters (a command, a file's
+    content, a question) holds its first 500, ``<field>_chars`` its whole length, and the request is
+    ``truncated``: approve from the whole request, ``GET /sessions/{session_id}/requests``. At most
+    ``limit`` (1,000, a tree's member limit) per page; while more follow, the response has a
+    ``Link: <…>; rel="next"`` header: the URL of the next page."""
+    async with runtime.db.tx() as conn:
+        rows, more = await views.request_summaries(conn, caller, tree_id, after=after, limit=limit)
+    if more:
+        following = request.url.include_query_params(after=str(rows[-1]["id"]), limit=limit)
+        response.headers["Link"] = f'<requests?{following.query}>; rel="next"'
+    return [HumanRequest.model_validate(row) for row in rows]
