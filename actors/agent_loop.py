@@ -181,20 +181,19 @@ async def _guarded(call: dict[str, Any], running: Awaitable[ToolResult]) -> Tool
 
 
 async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id: str, args: Any) -> ToolResult:
-    """Run a cooperation tool in the result's transaction. One that acts runs in a savepoint: a
-    call that is refused or fails changes nothing, and its error is still committed as the
-    result, so is a deadlock with another session's step (a Conflict). One that only reads writes
-    nothing to undo (a database error in it fails the transaction, and the Run, which recovery
-    resumes)."""
-    if not tool.acts:
-        return await tool.handler(ctx, conn, call_id, args)
+    """Run a cooperation tool in a savepoint of the result's transaction: a call that is refused or
+    fails changes nothing and holds no lock it took (a wait refused as a deadlock held the scope's
+    wait lock to the step's commit, stalling every wait of the user meanwhile, and a session acting
+    on this one could deadlock with it), and its error is still committed as the result, so is a
+    deadlock with another session's step (a Conflict). A read's database error is its own error,
+    not the Run's."""
     try:
         async with savepoint(conn):
             return await tool.handler(ctx, conn, call_id, args)
     except LockConflict:
-        # Two sessions acting on each other at once (a submit_input or cancel_turn each way): each
-        # step holds its own session's row and waits for the other's. One is refused, and its step
-        # commits, which lets the other go on.
+        # Two sessions acting on each other at once (a submit_input or cancel_turn each way, or a
+        # wait beside them): each step holds its own session's row and waits for the other's. One is
+        # refused, and its step commits, which lets the other go on.
         raise Conflict(f"{tool.name}: the session it acts on was busy acting on this one at the same moment; "
                        "nothing was done, call it again") from None
 
