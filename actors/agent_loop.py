@@ -198,6 +198,15 @@ async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id:
                        "nothing was done, call it again") from None
 
 
+def turn_tools(session: Row, history: list[Row], turn_id: uuid.UUID) -> frozenset[str]:
+    """The Turn's tools: its session's, and of those only the ones the Turn that gave its input has
+    too (``cooperation._origin``): work a Turn hands on never runs a tool that Turn may not."""
+    tools = effective_tools(session["agent_config"].get("tools"))
+    given = next((row for row in history if row["turn_id"] == turn_id and row["role"] == "user"), None)
+    granted = ((given or {}).get("origin") or {}).get("tools")
+    return tools & frozenset(granted) if isinstance(granted, list) else tools
+
+
 def _last_reply(history: list[Row], turn_id: uuid.UUID) -> Row | None:
     return next((row for row in reversed(history) if row["turn_id"] == turn_id and row["role"] == "assistant"), None)
 
@@ -325,7 +334,7 @@ class RunExecutor:
                 await self.begin(conn)
         assert self._begun is not None
         session, input_id, boundary = self._begun.session, self._begun.input_id, self._begun.boundary
-        self._tools = effective_tools(session["agent_config"].get("tools"))
+        self._tools = turn_tools(session, self._history, self.run.turn_id)
         self._session_name = session["name"]
         if self._begun.over_budget is not None and await self._stop_for_budget():
             return

@@ -28,8 +28,8 @@ CREATE_MODES = ("child", "root")
 @dataclasses.dataclass(frozen=True)
 class Dispatcher:
     """What a calling Turn passes on to the work it causes: its approval mode (work an ask Turn
-    causes runs under ask) and its effective tool names (a session it creates never gets a tool
-    it lacks)."""
+    causes runs under ask) and its effective tool names (a session it creates, and a Turn its input
+    starts, never gets a tool it lacks)."""
 
     approval_mode: str
     tools: frozenset[str]
@@ -44,9 +44,12 @@ class CreateLimits:
 
 
 def _origin(caller: Row, run: RunRef, dispatcher: Dispatcher) -> dict[str, Any]:
+    """Who gave an input, and what the work it causes may do: the Turn it starts asks if the giver's
+    asks, and has only the tools the giver's has too (a session allowed only ``submit_input`` must
+    not have another session run what it may not; actors/agent_loop.py ``turn_tools``)."""
     return {"kind": "session", "session_id": str(caller["session_id"]), "path": caller["path"],
             "tree_id": str(caller["tree_id"]), "run_id": str(run.run_id), "turn_id": str(run.turn_id),
-            "approval_mode": dispatcher.approval_mode}
+            "approval_mode": dispatcher.approval_mode, "tools": sorted(dispatcher.tools)}
 
 
 async def _child_config(conn: Connection, scope: Scope, caller: Row, agent_id: str | None,

@@ -68,6 +68,27 @@ async def test_a_child_never_gets_a_tool_its_creator_lacks(runtime: Runtime, sco
                                                  **_NOTHING_ELSE, "receipts": [("create_session", "done")]}
 
 
+async def test_work_a_session_hands_on_never_runs_a_tool_that_session_lacks(runtime: Runtime, scope: Scope) -> None:
+    """A session allowed only ``submit_input`` handed the root a task that ran a command: the root's
+    Turn had all of the root's tools. The Turn an input starts has only the tools its giver has too,
+    as it asks when its giver asks."""
+    await runtime.create_agent(scope, {"agent_id": "courier", "name": "Courier", "model": "canopy/scripted",
+                                       "tools": ["submit_input"]})
+    task = script(call(("run_command", {"command": "echo pwned > pwned.txt"})), say("ran"))
+    courier = script(call(("submit_input", {"target": "/root", "text": task})), say("handed on"))
+    text = script(call(("create_session", {"name": "c", "description": courier, "agent_id": "courier"})),
+                  say("root done"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    assert (await runtime.wait_result(scope, created["input"]["input_id"], timeout=60))["output"] == "root done"
+    await runtime.wait_tree_idle(scope, tree_id, timeout=90)
+    results = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool' "
+                         "ORDER BY id", tree_id)
+    assert "tool 'run_command' is not available to this session; its tools are: submit_input" in \
+        results[-1]["content"], results
+    assert (await footprint(runtime, tree_id))["files"] == []
+
+
 async def test_an_agent_naming_an_unknown_tool_is_refused(runtime: Runtime, scope: Scope) -> None:
     with pytest.raises(InvalidArgument, match="unknown tool"):
         await runtime.create_agent(scope, {"agent_id": "odd", "name": "Odd", "model": "canopy/scripted",
