@@ -12,11 +12,12 @@ from typing import Any
 
 from persistence import agents, receipts, usage
 from persistence.db import Connection, query
-from persistence.errors import Conflict, InvalidArgument, shown
+from persistence.errors import Conflict, InvalidArgument, LimitReached, shown
 from persistence.events import append_event
 from persistence.messages import insert_coop_message
 from persistence.records import Row, RunRef, Scope
 from persistence.sessions import Spawn, check_name, create_child, create_root, get_session_row, resolve_target
+from persistence.settings import get_settings
 from persistence.statuses import MessageKind
 from persistence.turns import cancel_turn as cancel_turn_row
 from persistence.turns import check_text, submit_first_input
@@ -43,13 +44,22 @@ class CreateLimits:
     slot_limit: int
 
 
-def _origin(caller: Row, run: RunRef, dispatcher: Dispatcher) -> dict[str, Any]:
+async def _origin(conn: Connection, caller: Row, run: RunRef, dispatcher: Dispatcher) -> dict[str, Any]:
     """Who gave an input, and what the work it causes may do: the Turn it starts asks if the giver's
     asks, and has only the tools the giver's has too (a session allowed only ``submit_input`` must
-    not have another session run what it may not; actors/agent_loop.py ``turn_tools``)."""
+    not have another session run what it may not; actors/agent_loop.py ``turn_tools``); and how many
+    inputs models gave each other before it, refused past ``CANOPY_MAX_INPUT_HOPS`` (Turns handing
+    work back and forth, or each to itself, would otherwise go on for ever)."""
+    cur = await conn.execute(query("turn_input_hops"), {"turn_id": run.turn_id})
+    hops = (await cur.fetchone() or {"hops": 0})["hops"] + 1
+    limit = get_settings().max_input_hops
+    if hops > limit:
+        raise LimitReached(f"this would be input {hops} of a chain that models give each other (the Turn each one "
+                           f"starts giving the next); the limit is {limit} (CANOPY_MAX_INPUT_HOPS): finish with "
+                           "your answer instead")
     return {"kind": "session", "session_id": str(caller["session_id"]), "path": caller["path"],
             "tree_id": str(caller["tree_id"]), "run_id": str(run.run_id), "turn_id": str(run.turn_id),
-            "approval_mode": dispatcher.approval_mode, "tools": sorted(dispatcher.tools)}
+            "approval_mode": dispatcher.approval_mode, "tools": sorted(dispatcher.tools), "hops": hops}
 
 
 async def _child_config(conn: Connection, scope: Scope, caller: Row, agent_id: str | None,
@@ -90,7 +100,7 @@ async def create_session(
     caller = await get_session_row(conn, run.scope, run.session_id, lock=True)
     config = await _child_config(conn, run.scope, caller, agent_id, dispatcher)
     effective_agent = agent_id or caller["agent_id"]
-    origin = _origin(caller, run, dispatcher)
+    origin = await _origin(conn, caller, run, dispatcher)
     if mode == "child":
         created = await create_child(conn, caller, name=name, agent_id=effective_agent, agent_config=config,
                                      max_depth=limits.max_depth, max_members=limits.max_members,
@@ -127,7 +137,8 @@ async def submit_input(conn: Connection, run: RunRef, call_id: str, *, target: s
         raise Conflict(f"this tree works under the budget of tree {budget}, which does not cover tree "
                        f"{session['tree_id']}: work submitted there would escape it. Hand it to a session of "
                        "this tree, or of a tree it spawned (create_session mode=root)")
-    receipt = await submit_input_row(conn, run.scope, session["session_id"], text, _origin(caller, run, dispatcher))
+    origin = await _origin(conn, caller, run, dispatcher)
+    receipt = await submit_input_row(conn, run.scope, session["session_id"], text, origin)
     result = {"session_id": str(receipt["session_id"]), "input_id": str(receipt["input_id"]),
               "turn_id": str(receipt["turn_id"]) if receipt["turn_id"] else None, "status": receipt["status"]}
     await receipts.store_result(conn, run, call_id, "submit_input", args, result)

@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     max_pending_inputs: int = Field(
         default=100, ge=1, description="Inputs one session may have waiting in its queue; past it submit_input (and a "
         "human's input, HTTP 429, and a schedule's firing) is refused until it takes some.")
+    max_input_hops: int = Field(
+        default=50, ge=1, description="Inputs in one chain that models give each other (a human's or a schedule's "
+        "input starts a chain; the Turn it starts giving one adds a link, and so on): past it submit_input and "
+        "create_session are refused, so Turns that hand work back and forth, or to themselves, end.")
     max_unread_messages: int = Field(
         default=200, ge=1, description="Messages one session may have waiting unread (its next model call takes "
                                        "them all in); past it send_message (and a steer, HTTP 429) is refused.")

@@ -350,3 +350,26 @@ async def test_a_huge_argument_is_not_repeated_in_its_error(db: Database, scope:
     with pytest.raises(InvalidArgument) as refused:
         await call(db, cooperation.cancel_turn, run, "call-2", target="/root", turn_id=huge)
     assert len(str(refused.value)) < 300
+
+
+async def test_a_chain_of_inputs_models_give_each_other_ends_at_its_limit(db: Database, scope: Scope) -> None:
+    """A Turn that gives its own session (or another that gives it back) the same task, and finishes:
+    nothing bounded the Turns that followed, each up to its model call limit. Each input a model gives
+    counts one more link than the input of the Turn giving it; past the limit it is refused."""
+    _, run = await start_root_run(db, scope)
+    limit = get_settings().max_input_hops
+
+    async def links(count: int) -> None:  # the Turn's own input as the given link of a chain
+        async with db.tx() as conn:
+            await conn.execute("UPDATE inputs SET origin = origin || jsonb_build_object('hops', %s::int) "
+                               "WHERE input_id = (SELECT input_id FROM turns WHERE turn_id = %s)", (count, run.turn_id))
+
+    await links(limit - 1)
+    given = await submit_as(db, run, "call-a", target="/root", text="the same task again")
+    [stored] = await fetch_all(db, "SELECT origin FROM inputs WHERE input_id = %s", (uuid.UUID(given["input_id"]),))
+    assert stored["origin"]["hops"] == limit
+    await links(limit)
+    before = await count_rows(db)
+    with pytest.raises(LimitReached, match=f"the limit is {limit} \\(CANOPY_MAX_INPUT_HOPS\\)"):
+        await submit_as(db, run, "call-b", target="/root", text="the same task again")
+    assert await count_rows(db) == before
