@@ -153,6 +153,8 @@ async def send_message(conn: Connection, run: RunRef, call_id: str, *, target: s
     receiver = await resolve_target(conn, run.scope, run.tree_id, target)
     if receiver["session_id"] == run.session_id:
         raise InvalidArgument("a session cannot send a message to itself")
+    if receiver["archived"]:  # it takes no input, so never reads a message
+        raise Conflict(f"session {receiver['path']} is archived: it reads no message")
     message_id = await insert_coop_message(conn, run.scope, kind=MessageKind.MESSAGE, receiver=receiver, body=text,
                                            sender=sender, run=run, tool_call_id=call_id)
     result = {"status": "received", "message_id": str(message_id), "session_id": str(receiver["session_id"])}
@@ -171,9 +173,11 @@ async def cancel_turn(conn: Connection, run: RunRef, call_id: str, *, target: st
         raise InvalidArgument(f"turn_id {shown(turn_id)} is not a turn id") from None
     if turn_uuid == run.turn_id:
         raise InvalidArgument("a turn cannot cancel itself; finish with a final answer instead")
-    await cancel_turn_row(conn, run.scope, session["session_id"], turn_uuid, reason="cancelled by "
-                          f"session {run.session_id}")
-    result = {"status": "accepted", "session_id": str(session["session_id"]), "turn_id": str(turn_uuid)}
+    cancelled = await cancel_turn_row(conn, run.scope, session["session_id"], turn_uuid, reason="cancelled by "
+                                      f"session {run.session_id}")
+    # A Turn that had ended is left as it ended: the caller learns so, and reads its result.
+    result = {"status": "accepted" if cancelled is not None else "already_ended",
+              "session_id": str(session["session_id"]), "turn_id": str(turn_uuid)}
     await receipts.store_result(conn, run, call_id, "cancel_turn", args, result)
     return result
 

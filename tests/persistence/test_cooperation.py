@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from persistence import cooperation, sessions, turns
+from persistence import cooperation, sessions, trees, turns
 from persistence.db import Database
-from persistence.errors import IdempotencyConflict, InvalidArgument, LimitReached, NotFound
+from persistence.errors import Conflict, IdempotencyConflict, InvalidArgument, LimitReached, NotFound
 from persistence.records import Row, RunRef, Scope
 from persistence.settings import get_settings
 from tests.persistence.helpers import (
@@ -24,6 +24,7 @@ from tests.persistence.helpers import (
     fetch_one,
     finish,
     limits,
+    make_tree,
     start_root_run,
     submit,
     turn_row,
@@ -142,6 +143,23 @@ async def test_cancel_turn_replay_and_conflict(db: Database, scope: Scope) -> No
         await call(db, cooperation.cancel_turn, run, "call-4", target="/root/bbb", turn_id=bbb["turn_id"])
     assert await count_rows(db) == before
     assert (await turn_row(db, bbb["turn_id"]))["status"] == "running"
+    # A Turn that had ended is left as it ended, and the caller is told so (it was "accepted").
+    ended = await call(db, cooperation.cancel_turn, run, "call-5", target="/root/aaa", turn_id=aaa["turn_id"])
+    assert ended == {"status": "already_ended", "session_id": aaa["session_id"], "turn_id": aaa["turn_id"]}
+    assert (await turn_row(db, aaa["turn_id"]))["status"] == "cancelled"
+
+
+async def test_a_message_to_an_archived_session_is_refused(db: Database, scope: Scope) -> None:
+    """An archived session takes no input, so it never reads a message: one sent was answered
+    "received" and stayed unread for ever."""
+    other = await make_tree(db, scope)
+    async with db.tx() as conn:
+        await trees.archive_root(conn, scope, other.root_id)
+    _, run = await start_root_run(db, scope)
+    before = await count_rows(db)
+    with pytest.raises(Conflict, match="archived"):
+        await call(db, cooperation.send_message, run, "call-1", target=str(other.root_id), text="hello")
+    assert await count_rows(db) == before
 
 
 async def test_a_new_turn_may_reuse_a_call_id_and_gets_new_work(db: Database, scope: Scope) -> None:
