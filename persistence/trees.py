@@ -180,6 +180,9 @@ async def archive_root(conn: Connection, scope: Scope, session_id: uuid.UUID) ->
         raise InvalidArgument("only a root session can be archived")
     if (await lock_tree(conn, scope, found["tree_id"]))["archived"]:
         return  # archived already: nothing more to hide or end
+    # Every member, as Stop all does: an input being given to one (by a model of another tree, say)
+    # commits before the members are read idle below, or waits and finds the tree archived.
+    await conn.execute(_LOCK_MEMBERS, (found["tree_id"],))
     session = await lock_session(conn, scope, session_id)
     members = await tree_members(conn, scope, session["tree_id"])
     busy = [m for m in members if m["activity"] != Activity.IDLE]

@@ -411,6 +411,39 @@ async def test_archive_is_refused_while_busy_and_deletes_nothing(db: Database, s
         await submit(db, scope, tree.root_id, "more")
 
 
+async def test_a_tree_is_not_archived_while_an_input_to_a_member_commits(db: Database, scope: Scope) -> None:
+    """The archive locked the tree and its root only: an input being given to another member at that
+    moment (by a model of another tree) was not seen, the member read idle, and the tree archived with
+    a Turn about to run in it, which Stop all then refuses to touch. The archive waits for the input
+    now, sees the member busy, and is refused."""
+    tree, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    await finish(db, run)
+    await finish(db, await claim_turn(db, tree.tree_id, aaa["turn_id"]))
+    given, release = asyncio.Event(), asyncio.Event()
+
+    async def give() -> None:
+        async with db.tx() as conn:
+            await turns.submit_input(conn, scope, uuid.UUID(aaa["session_id"]), "more",
+                                     {"kind": "session", "tree_id": str(uuid.uuid4())})
+            given.set()
+            await release.wait()  # holds the input open while the archive reads the tree
+
+    async def archive() -> None:
+        async with db.tx() as conn:
+            await trees.archive_root(conn, scope, tree.root_id)
+
+    giving = asyncio.create_task(give())
+    await given.wait()
+    archiving = asyncio.create_task(archive())
+    await asyncio.sleep(1.0)  # the archive reads the members meanwhile
+    release.set()
+    await giving
+    with pytest.raises(Conflict, match="/root/aaa is"):
+        await archiving
+    assert (await session_row(db, tree.root_id))["archived"] is False
+
+
 async def test_archiving_an_archived_tree_writes_nothing(db: Database, scope: Scope) -> None:
     """As stop and continue of an archived tree do: a second archive appended another
     ``tree_archived`` event (a stream that had ended at the first found more after it) and touched
