@@ -53,6 +53,7 @@ from typing import Any
 import ray
 
 from actors.naming import NAMESPACE, NodeLocal, live_nodes, node_local_options, node_table, sandbox_host_name
+from persistence import receipts
 from persistence import runs as run_repo
 from persistence import sandbox_leases as leases
 from persistence.db import Database, LazyDatabase
@@ -129,17 +130,23 @@ class SandboxHostImpl:
         ready = await self._workdir(tree_id, workdir)
         return {"path": path, "content": await asyncio.to_thread(files.read_file, ready, path)}
 
-    async def write_file(self, workdir: str, path: str, content: str, run: RunRef) -> dict[str, object]:
+    async def write_file(self, workdir: str, path: str, content: str, run: RunRef, call_id: str,
+                         key: dict[str, str]) -> dict[str, object]:
         """Under the fence of ``run`` (LeaseLost when it no longer holds its lease): a Run that
         stalled past its lease, its Turn resumed by another Run meanwhile, must not write over
         what that one wrote since. The fence's row lock holds the Run's recovery off until the
-        write is done."""
+        write is done. The call's receipt (``key``: its path and content's digest) commits with the
+        write: a Run that asks again, its caller having died before it heard back, gets the
+        receipt, and does not write the old bytes over what another member wrote since."""
         ready = await self._workdir(run.tree_id, workdir)
         db = await self._db.get()
         async with db.tx() as conn:
             await run_repo.fence(conn, run)
-            written = await asyncio.to_thread(files.write_file, ready, path, content)
-        return {"path": path, "bytes": written}
+            if (written := await receipts.begin_call(conn, run, call_id, "write_file", key)) is not None:
+                return dict(written)
+            result = {"path": path, "bytes": await asyncio.to_thread(files.write_file, ready, path, content)}
+            await receipts.store_result(conn, run, call_id, "write_file", key, result)
+        return result
 
     async def release_idle(self) -> list[uuid.UUID]:
         return await (await self._sandboxes()).release_idle()

@@ -229,11 +229,15 @@ async def write_file(ctx: ToolContext, call_id: str, args: WriteFileArgs) -> Too
                                              "content": args.content})
     if refused is not None:
         return refused
-    outcome = await _in_sandbox(ctx, "write_file", await _workdir(ctx), args.path, args.content, ctx.run)
-    async with ctx.db.tx() as conn:  # a write that is replayed before this commit writes the same bytes again
-        await run_repo.fence(conn, ctx.run)
-        await receipts.store_result(conn, ctx.run, call_id, "write_file", key, outcome)
-    return outcome
+    outcome = await _in_sandbox(ctx, "write_file", await _workdir(ctx), args.path, args.content, ctx.run, call_id,
+                                key)
+    if "error" in outcome:  # nothing was written, or its host's answer was lost after the write: its receipt says
+        async with ctx.db.tx() as conn:
+            await run_repo.fence(conn, ctx.run)
+            if (written := await receipts.begin_call(conn, ctx.run, call_id, "write_file", key)) is not None:
+                return written
+            await receipts.store_result(conn, ctx.run, call_id, "write_file", key, outcome)
+    return outcome  # a write's receipt was committed with it, by its host
 
 
 SANDBOX_TOOLS: list[SandboxTool] = [

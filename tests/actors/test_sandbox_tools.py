@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from persistence import agents
 from persistence.errors import LeaseLost
 from persistence.records import RunRef, Scope
 from tests.actors.helpers import eventually, kill_session_process, rows, session_id_at
+from tests.persistence.helpers import start_root_run
 
 
 async def _workdir(runtime: Runtime, tree_id: uuid.UUID) -> Path:
@@ -85,8 +87,28 @@ async def test_a_stale_runs_file_write_is_refused_where_it_would_be_written(runt
     workdir = await _workdir(runtime, tree_id)
 
     with pytest.raises(LeaseLost):
-        await sandbox_hosts.call(host, "write_file", str(workdir), "plan.txt", "stale", stale)
+        await sandbox_hosts.call(host, "write_file", str(workdir), "plan.txt", "stale", stale, "call-9",
+                                 {"path": "plan.txt", "sha256": hashlib.sha256(b"stale").hexdigest()})
     assert (workdir / "plan.txt").read_text() == "newer"
+
+
+@pytest.mark.default_shape  # the sandbox host's write, not where the session runs
+async def test_a_write_asked_again_after_its_caller_died_gets_its_receipt_and_writes_nothing(
+        runtime: Runtime, scope: Scope) -> None:
+    """A session that died after its host had written a file, before the call's receipt committed:
+    the Run that took the Turn over found no receipt and wrote the old bytes again, over what another
+    member had written there since. The receipt commits with the write, in the host."""
+    tree, run = await start_root_run(runtime.db, scope)
+    host, _ = await sandbox_hosts.host_for(runtime.db, tree.tree_id, tree.root_id)
+    workdir = await _workdir(runtime, tree.root_id)
+    key = {"path": "plan.txt", "sha256": hashlib.sha256(b"mine").hexdigest()}
+    first = await sandbox_hosts.call(host, "write_file", str(workdir), "plan.txt", "mine", run, "call-1", key)
+    (workdir / "plan.txt").write_text("newer, by another member")
+    again = await sandbox_hosts.call(host, "write_file", str(workdir), "plan.txt", "mine", run, "call-1", key)
+    assert again == first == {"path": "plan.txt", "bytes": 4}
+    assert (workdir / "plan.txt").read_text() == "newer, by another member"
+    assert await rows(runtime.db, "SELECT tool_name, state FROM tool_receipts WHERE turn_id = %s",
+                      run.turn_id) == [{"tool_name": "write_file", "state": "done"}]
 
 
 async def _session(runtime: Runtime, tree_id: uuid.UUID, path: str) -> uuid.UUID | None:
