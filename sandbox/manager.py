@@ -477,8 +477,15 @@ class SandboxManager:
                 return False
             if lease.state in ("creating", "releasing") and not lease.stale:
                 return False  # being born, or being removed by its releaser
-            await leases.begin(conn, tree_id, "releasing", self.backend.name, handle)
-        await self._remove(tree_id, self.backend.name, handle, restore=(lease.state, lease.handle))
+            if lease.state != "active":
+                await leases.begin(conn, tree_id, "releasing", self.backend.name, handle)
+        if lease.state == "active":
+            # Another sandbox is the tree's (on another node's engine, or made after this one): this
+            # one goes alone, and the lease stays the other's; taking the lease over to release this
+            # one would leave the live one unnamed, and its commands unstoppable.
+            await asyncio.wait_for(self.backend.release(handle), _RELEASE_TIMEOUT_SECONDS)
+        else:
+            await self._remove(tree_id, self.backend.name, handle, restore=(lease.state, lease.handle))
         log.warning("reaped orphan sandbox %s of tree %s", handle, tree_id)
         return True
 

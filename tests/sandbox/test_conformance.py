@@ -419,6 +419,23 @@ async def test_a_vanished_sandbox_is_rebuilt_on_next_command(sandbox: SandboxKit
     assert lease.state == "active" and lease.handle is not None and await sandbox.backend.exists(lease.handle)
 
 
+async def test_an_orphan_of_a_tree_whose_sandbox_is_elsewhere_goes_alone(sandbox: SandboxKit) -> None:
+    """This engine still has a tree's sandbox while the tree's lease names another, live one (on
+    another node's engine, after the lease moved there): the reaper took the lease over to release
+    this one, leaving the live one unnamed (its commands unstoppable, the tree's next command
+    making a third). This one goes alone; the lease stays as it was."""
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    here = await manager.claim(tree, workdir)
+    async with sandbox.db.tx() as conn:
+        await conn.execute("UPDATE sandbox_leases SET handle = 'on-another-node', node_id = 'another-node' "
+                           "WHERE tree_id = %s", (tree,))
+    assert here in await manager.reap_orphans()
+    assert not await sandbox.backend.exists(here)
+    lease = await lease_of(sandbox, tree)
+    assert (lease.state, lease.handle, lease.node_id) == ("active", "on-another-node", "another-node")
+
+
 async def test_orphan_sandboxes_are_reaped_and_nothing_else(sandbox: SandboxKit) -> None:
     manager = sandbox.manager()
     claimed_tree, claimed_workdir = await sandbox.new_tree()
