@@ -124,8 +124,8 @@ def _parse_reply(calls: list[dict[str, Any]], allowed: frozenset[str], limit: in
 
 
 def _with_unique_ids(calls: list[dict[str, Any]], taken: set[str]) -> list[dict[str, Any]]:
-    """A reply's calls, each with an id no other call of the Turn has (``taken``: the Turn's ids so
-    far). A call is known by its id (its receipt, its answer, its wait), and providers do not all
+    """A reply's calls, each with an id no other call of the history sent has (``taken``: their ids
+    so far). A call is known by its id (its receipt, its answer, its wait), and providers do not all
     keep ids unique: some OpenAI-compatible servers number calls per reply ("call_0" in each), a
     hostile one repeats an id or sends none. An empty id becomes "call"; a taken one becomes its stem
     (the id, cut to leave room for a suffix) with "_2", "_3", ... (the gateway has made every id at
@@ -397,9 +397,11 @@ class RunExecutor:
             await run_repo.hand_back(conn, self.run, self.settings.drain_hold_seconds)
 
     def _call_ids(self) -> set[str]:
-        """The ids of the Turn's tool calls so far (the history holds all of the Turn's messages)."""
-        return {call["id"] for row in self._history if row["turn_id"] == self.run.turn_id
-                and row["role"] == "assistant" for call in row["tool_calls"] or []}
+        """The ids of the tool calls of the history the model is sent, every Turn's (the history holds
+        all of this Turn's messages): within a Turn a call is known by its id, and a provider such as
+        Anthropic refuses a request that repeats one anywhere, as a server that numbers calls per
+        reply ("call_0" in each Turn) would make it."""
+        return {call["id"] for row in self._history if row["role"] == "assistant" for call in row["tool_calls"] or []}
 
     def _model_calls(self) -> int:
         """The Turn's model calls so far: its committed replies, read from the history (durable,

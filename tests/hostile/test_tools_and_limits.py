@@ -311,6 +311,15 @@ async def test_tool_call_ids_a_provider_repeats_or_omits_still_run_each_call_onc
     last = replay.requests_for(model)[-1].body["messages"]
     assert {m["tool_call_id"] for m in last if m["role"] == "tool"} == set(ids)
 
+    # The next Turn's reply says "call_0" again: every id of the history sent stays unique (Anthropic
+    # refuses a request that repeats one anywhere).
+    replay.script(model, calls(("run_command", {"command": "echo f > f.txt"}, "call_0")), replay_say("again"))
+    again = await runtime.submit_input(scope, tree_id, "One more.")
+    assert (await runtime.wait_result(scope, again["input_id"], timeout=60))["output"] == "again"
+    sent = [call["id"] for m in replay.requests_for(model)[-1].body["messages"] if m["role"] == "assistant"
+            for call in m.get("tool_calls") or []]
+    assert len(sent) == len(set(sent)) == 6, sent
+
 
 async def test_a_provider_that_reports_no_usage_cannot_spend_a_token_budget_uncounted(
         runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
