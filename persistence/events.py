@@ -160,16 +160,9 @@ async def append_event(
     batch.events.append(event)
 
 
-async def events_after(
-    conn: Connection,
-    scope: Scope,
-    after: int,
-    *,
-    session_id: uuid.UUID | None = None,
-    tree_id: uuid.UUID | None = None,
-    limit: int = 500,
-) -> list[Row]:
-    rows, _ = await events_page(conn, scope, after, session_id=session_id, tree_id=tree_id, limit=limit)
+async def events_after(conn: Connection, scope: Scope, after: int, **page: Any) -> list[Row]:
+    """``events_page``'s events alone."""
+    rows, _ = await events_page(conn, scope, after, **page)
     return rows
 
 

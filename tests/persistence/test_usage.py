@@ -343,7 +343,11 @@ async def test_a_late_budget_finding_does_not_stop_a_tree_whose_budget_was_raise
     assert not (await summary(db, scope, tree.tree_id))["stopped"]
 
 
-async def test_continue_is_refused_while_the_budget_is_used_up(db: Database, scope: Scope) -> None:
+async def test_continue_and_a_humans_input_are_refused_while_the_budget_is_used_up(db: Database,
+                                                                                  scope: Scope) -> None:
+    """A human's input runs a member of a stopped tree, but one stopped for its budget would stop
+    again at the input's first model call, cancelling the Turn that took the input: it was accepted,
+    then thrown away. It is refused, as Continue is, until the budget is raised."""
     tree, run = await start_root_run(db, scope)
     aaa = await create_child(db, run, "aaa")
     await submit(db, scope, uuid.UUID(aaa["session_id"]), "aaa's second task")
@@ -357,6 +361,8 @@ async def test_continue_is_refused_while_the_budget_is_used_up(db: Database, sco
     with pytest.raises(Conflict, match=r"budget is used up \(tokens 15 of 10\); raise it"):
         async with db.tx() as conn:
             await trees.continue_tree(conn, scope, tree.tree_id)
+    with pytest.raises(Conflict, match=r"budget is used up \(tokens 15 of 10\); raise it .* before giving it input"):
+        await submit(db, scope, tree.root_id, "more")
     assert await count_rows(db) == before
     assert (await session_row(db, aaa["session_id"]))["queue_paused"] is True
     assert (await summary(db, scope, tree.tree_id))["stop_reason"] == "budget_exceeded"
@@ -368,25 +374,6 @@ async def test_continue_is_refused_while_the_budget_is_used_up(db: Database, sco
     head = await summary(db, scope, tree.tree_id)
     assert (head["stopped"], head["stop_reason"], head["stop_detail"]) == (False, None, None)
     assert (await session_row(db, aaa["session_id"]))["queue_paused"] is False
-
-
-async def test_a_humans_input_is_refused_while_the_budget_is_used_up(db: Database, scope: Scope) -> None:
-    """A human's input runs a member of a stopped tree, but one stopped for its budget would stop again
-    at the input's first model call, cancelling the Turn that took the input: accepted, then thrown
-    away. It is refused, as Continue is, until the budget is raised."""
-    tree, run = await start_root_run(db, scope)
-    await set_budget(db, scope, tree.tree_id, max_tokens=10)
-    await reply(db, run, 10, 5)
-    async with db.tx() as conn:
-        await trees.stop_for_budget(conn, scope, tree.tree_id, run.turn_id)
-    await finish(db, run, "cancelled")
-
-    before = await count_rows(db)
-    with pytest.raises(Conflict, match=r"budget is used up \(tokens 15 of 10\); raise it .* before giving it input"):
-        await submit(db, scope, tree.root_id, "more")
-    assert await count_rows(db) == before
-
-    await set_budget(db, scope, tree.tree_id, max_tokens=1000)
     assert (await submit(db, scope, tree.root_id, "more"))["status"] == "started"
 
 
