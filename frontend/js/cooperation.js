@@ -29,6 +29,20 @@ export function normalizeCall(call) {
 }
 
 /**
+ * Ready a fetched message to be shown, once (a message never changes): a tool result's content
+ * parsed (``parsed``), an assistant message's tool calls normalized (``calls``). The store does it
+ * as it adds messages, so a render parses nothing; a message that skipped it is read here each time.
+ */
+export function readMessage(m) {
+  if (m.role === "tool") m.parsed = parseJson(m.content);
+  else if (m.role === "assistant") m.calls = (m.tool_calls ?? []).map(normalizeCall);
+  return m;
+}
+
+const parsedOf = (m) => ("parsed" in m ? m.parsed : parseJson(m.content));
+const callsOf = (m) => m.calls ?? (m.tool_calls ?? []).map(normalizeCall);
+
+/**
  * Display items, in order:
  *   {kind: "user", key, message}
  *   {kind: "assistant", key, message}        an assistant message's text
@@ -55,12 +69,11 @@ export function buildItems(messages, { openTurnId = null } = {}) {
       group = null;
       items.push({ kind: "assistant", key: `m${m.id}`, message: m });
     }
-    for (const raw of m.tool_calls ?? []) {
-      const call = normalizeCall(raw);
+    for (const call of callsOf(m)) {
       const resultKey = `${m.turn_id}:${call.id}`;
       const stored = resultByCall.get(resultKey);
       if (stored) answered.add(resultKey);
-      const result = stored ? parseJson(stored.content) : undefined;
+      const result = stored ? parsedOf(stored) : undefined;
       const error = result && typeof result === "object" && !Array.isArray(result) && "error" in result
         ? String(result.error) : null;
       const state = stored ? (error ? "failed" : "done") : m.turn_id && m.turn_id === openTurnId ? "pending"
@@ -80,7 +93,7 @@ export function buildItems(messages, { openTurnId = null } = {}) {
   // Results whose call we never saw (should not happen) are still shown, not dropped.
   for (const m of messages) {
     if (m.role === "tool" && !answered.has(`${m.turn_id}:${m.tool_call_id}`)) {
-      const result = parseJson(m.content);
+      const result = parsedOf(m);
       items.push({
         kind: "tools", key: `m${m.id}`, name: "tool", turnId: m.turn_id,
         calls: [{ id: m.tool_call_id, name: "tool", args: {}, turnId: m.turn_id, result, resultText: m.content,
@@ -101,15 +114,14 @@ function rootModeTarget(call, result) {
 export function collectReceipts(messages) {
   const calls = new Map();
   for (const m of messages) {
-    for (const raw of m.role === "assistant" ? m.tool_calls ?? [] : []) {
-      const call = normalizeCall(raw);
+    for (const call of m.role === "assistant" ? callsOf(m) : []) {
       calls.set(`${m.turn_id}:${call.id}`, call);
     }
   }
   const receipts = new Map();
   for (const m of messages) {
     if (m.role !== "tool") continue;
-    let result = parseJson(m.content);
+    let result = parsedOf(m);
     if (!result || typeof result !== "object") continue;
     result = rootModeTarget(calls.get(`${m.turn_id}:${m.tool_call_id}`), result);
     if (result.input_id && result.session_id) receipts.set(String(result.input_id), result);

@@ -154,7 +154,7 @@ export function renderItems(container, items, ctx, cache) {
       signature = item.key;
       build = () => renderIntervention(item, ctx);
     } else {
-      signature = JSON.stringify([item.message.id, item.message.content, item.message.origin]);
+      signature = item.key; // a message never changes: its id says it all
       build = () => (item.kind === "user" ? renderUser(item, ctx) : renderAssistant(item));
     }
     const turnId = item.message?.turn_id ?? item.turnId;

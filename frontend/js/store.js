@@ -6,7 +6,11 @@
 // state. Events only say "something changed": the runtimes re-read the durable state (debounced);
 // the tree's requests only after an event that may change them (REQUEST_EVENTS). Text deltas are
 // the one thing shown as they come: they are not durable, and the committed message replaces them.
+// A runtime is kept while something observes it: the store forgets a tree, and a tree a session, that
+// nothing observes any more (a parked view keeps its own and hands it back when it observes again).
+// A message is read once, as it is added (messages never change): renders parse nothing.
 
+import { readMessage } from "./cooperation.js";
 import { Emitter, debounce } from "./dom.js";
 import { EventStream } from "./sse.js";
 
@@ -38,9 +42,12 @@ function once(fn) {
 export class SessionRuntime extends Emitter {
   #observers = 0;
   #seq = 0;
+  #onObserved;
 
-  constructor(tree, sessionId) {
+  /** ``onObserved(observed)``: called as the first observer comes and as the last one goes. */
+  constructor(tree, sessionId, { onObserved = () => {} } = {}) {
     super();
+    this.#onObserved = onObserved;
     this.tree = tree;
     this.api = tree.api;
     this.sessionId = sessionId;
@@ -70,9 +77,13 @@ export class SessionRuntime extends Emitter {
 
   observe() {
     this.#observers += 1;
-    if (this.#observers === 1) this.refresh();
+    if (this.#observers === 1) {
+      this.#onObserved(true);
+      this.refresh();
+    }
     return once(() => {
       this.#observers -= 1;
+      if (this.#observers === 0) this.#onObserved(false);
     });
   }
 
@@ -90,7 +101,7 @@ export class SessionRuntime extends Emitter {
       if (seq !== this.#seq) return; // a newer read owns the state
       this.detail = detail;
       const last = known.at(-1)?.id ?? 0;
-      this.messages = fresh.length ? known.concat(fresh.filter((m) => m.id > last)) : known;
+      this.messages = fresh.length ? known.concat(fresh.filter((m) => m.id > last).map(readMessage)) : known;
       this.interventions = interventions.length
         ? knownInterventions.concat(interventions.filter((i) => i.cursor > lastCursor)) : knownInterventions;
       this.#settleLive(seq); // now: a view may draw the new messages before this read ends
@@ -181,9 +192,12 @@ export class TreeRuntime extends Emitter {
   #requestsDue = true; // the next read re-reads the requests too
   #summaryError = null;
   #requestsError = null;
+  #onObserved;
 
-  constructor(api, treeId) {
+  /** ``onObserved(observed)``: called as the first observer comes and as the last one goes. */
+  constructor(api, treeId, { onObserved = () => {} } = {}) {
     super();
+    this.#onObserved = onObserved;
     this.api = api;
     this.treeId = treeId;
     this.summary = null;
@@ -208,19 +222,23 @@ export class TreeRuntime extends Emitter {
   /** Watch the tree: the first observer opens the stream, the last one closes it. */
   observe() {
     this.#observers += 1;
-    if (this.#observers === 1) this.#start();
+    if (this.#observers === 1) {
+      this.#onObserved(true);
+      this.#start();
+    }
     return once(() => {
       this.#observers -= 1;
-      if (this.#observers === 0) this.#stop();
+      if (this.#observers === 0) {
+        this.#stop();
+        this.#onObserved(false);
+      }
     });
   }
 
+  /** A session's runtime: the one observed, else a new one (held once observed, see keep()). */
   session(sessionId) {
-    let runtime = this.#sessions.get(sessionId);
-    if (!runtime) {
-      runtime = new SessionRuntime(this, sessionId);
-      this.#sessions.set(sessionId, runtime);
-    }
+    const runtime = this.#sessions.get(sessionId) ?? new SessionRuntime(this, sessionId, {
+      onObserved: (observed) => keep(this.#sessions, sessionId, runtime, observed) });
     return runtime;
   }
 
@@ -385,7 +403,17 @@ export class TreeRuntime extends Emitter {
   }
 }
 
-/** Tree runtimes by tree id, shared by the whole page. */
+/**
+ * Hold ``runtime`` under ``key`` while it is observed, so that every view of it shares it; forget it
+ * when nothing observes it any more (it is freed with the last view that holds it), and hold it again
+ * when a view holding it observes it again (unless another one is held meanwhile: each keeps working).
+ */
+function keep(map, key, runtime, observed) {
+  if (observed && !map.has(key)) map.set(key, runtime);
+  else if (!observed && map.get(key) === runtime) map.delete(key);
+}
+
+/** Tree runtimes by tree id, shared by the whole page: the observed ones (see keep()). */
 export class Store {
   #trees = new Map();
 
@@ -393,12 +421,10 @@ export class Store {
     this.api = api;
   }
 
+  /** A tree's runtime: the one observed, else a new one (held once observed, see keep()). */
   tree(treeId) {
-    let runtime = this.#trees.get(treeId);
-    if (!runtime) {
-      runtime = new TreeRuntime(this.api, treeId);
-      this.#trees.set(treeId, runtime);
-    }
+    const runtime = this.#trees.get(treeId) ?? new TreeRuntime(this.api, treeId, {
+      onObserved: (observed) => keep(this.#trees, treeId, runtime, observed) });
     return runtime;
   }
 }
