@@ -12,12 +12,13 @@ Chromium, ``.ci/browser-up.sh``); the seeding through the repositories takes a m
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.browser_test import print_figures
+
 TEST = "tests/ui/test_timeline_ui.py::test_500_members_render_only_what_is_on_screen"
 
 
@@ -26,17 +27,7 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=16, help="Turns per member (every 4th waits once)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of the test, one figure each")
     args = parser.parse_args()
-    env = {**os.environ, "CANOPY_BENCH_TIMELINE_TURNS": str(args.turns), "CANOPY_REQUIRE_BROWSER": "1",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    for _ in range(args.repeat):
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-n", "0", "-p", "no:logging", TEST],
-                              cwd=REPO, env=env, capture_output=True, text=True)
-        figures = [line for line in done.stdout.splitlines() if line.startswith("timeline ")]
-        if done.returncode != 0 or not figures:
-            print(done.stdout[-4000:] + done.stderr[-4000:], file=sys.stderr)
-            return 1
-        print(figures[-1], flush=True)
-    return 0
+    return print_figures(TEST, "timeline ", {"CANOPY_BENCH_TIMELINE_TURNS": str(args.turns)}, args.repeat)
 
 
 if __name__ == "__main__":

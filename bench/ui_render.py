@@ -15,12 +15,13 @@ busy (at most every 600 ms). Needs what the browser tests need (Debian's Chromiu
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.browser_test import print_figures
+
 TEST = "tests/ui/test_render_work_ui.py::test_a_rerender_reads_no_message_it_already_showed"
 
 
@@ -30,18 +31,8 @@ def main() -> int:
     parser.add_argument("--output-kb", type=int, default=64, help="KiB of output in each tool result")
     parser.add_argument("--repeat", type=int, default=1, help="runs of the test, one figure each")
     args = parser.parse_args()
-    env = {**os.environ, "CANOPY_BENCH_RENDER_STEPS": str(args.steps),
-           "CANOPY_BENCH_RENDER_OUTPUT_KB": str(args.output_kb), "CANOPY_REQUIRE_BROWSER": "1",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    for _ in range(args.repeat):
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-n", "0", "-p", "no:logging",
-                               "--timeout", "900", TEST], cwd=REPO, env=env, capture_output=True, text=True)
-        figures = [line for line in done.stdout.splitlines() if line.startswith("render ")]
-        if done.returncode != 0 or not figures:
-            print(done.stdout[-4000:] + done.stderr[-4000:], file=sys.stderr)
-            return 1
-        print(figures[-1], flush=True)
-    return 0
+    return print_figures(TEST, "render ", {"CANOPY_BENCH_RENDER_STEPS": str(args.steps),
+                                           "CANOPY_BENCH_RENDER_OUTPUT_KB": str(args.output_kb)}, args.repeat)
 
 
 if __name__ == "__main__":
