@@ -273,15 +273,22 @@ async def resolve_target(conn: Connection, scope: Scope, tree_id: uuid.UUID, tar
 
 
 async def list_roots(conn: Connection, scope: Scope, *, project_id: uuid.UUID | None, offset: int,
-                     limit: int, include_archived: bool = False) -> list[Row]:
+                     limit: int, include_archived: bool = False, before: uuid.UUID | None = None) -> list[Row]:
+    """Root sessions, newest first. ``before`` (a root of the scope: NotFound otherwise) continues a
+    list after that root, wherever roots made or archived since have moved it; ``offset`` counts
+    from the start (or from ``before``)."""
+    if before is not None:
+        await get_session_row(conn, scope, before)
     cur = await conn.execute(
         f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s AND s.parent_id IS NULL
               AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
               AND (%(archived)s OR NOT s.archived)
-            ORDER BY s.created_at DESC, s.session_id LIMIT %(limit)s OFFSET %(offset)s""",
+              AND (%(before)s::uuid IS NULL OR (s.created_at, s.session_id) <
+                   (SELECT b.created_at, b.session_id FROM sessions b WHERE b.session_id = %(before)s))
+            ORDER BY s.created_at DESC, s.session_id DESC LIMIT %(limit)s OFFSET %(offset)s""",
         {"user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id, "limit": limit,
-         "offset": offset, "archived": include_archived},
+         "offset": offset, "archived": include_archived, "before": before},
     )
     return [_view(row) for row in await cur.fetchall()]
 

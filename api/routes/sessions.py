@@ -58,10 +58,26 @@ async def create_root(body: SessionCreate, caller: ScopeDep, runtime: RuntimeDep
         _created)
 
 
-@router.get("", response_model=list[RootSession], responses=errors(*COMMON, 404))
+def _pages(what: str) -> dict[int | str, dict[str, Any]]:
+    return {**errors(*COMMON, 404),
+            200: {"headers": {"Link": {"description": f'While more {what} follow: `<next page URL>; rel="next"`.',
+                                       "schema": {"type": "string"}}}}}
+
+
+def _link_next(request: Request, response: Response, route: str, **place: Any) -> None:
+    """The next page's URL (this one's query, ``place`` where it goes on) in a ``Link`` header,
+    relative to this one (RFC 8288 resolves it against the request's): behind a proxy, this host's
+    own name and path for itself are not the client's."""
+    following = request.url.remove_query_params("offset").include_query_params(**place)
+    response.headers["Link"] = f'<{route}?{following.query}>; rel="next"'
+
+
+@router.get("", response_model=list[RootSession], responses=_pages("roots"))
 async def list_roots(
     caller: ScopeDep,
     runtime: RuntimeDep,
+    request: Request,
+    response: Response,
     scope: Annotated[Literal["project", "all"], Query(
         description="all: every root of your scope; project: the roots of project_id (default: your first "
                     "project)")] = "all",
@@ -69,8 +85,12 @@ async def list_roots(
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     include_archived: Annotated[bool, Query(description="Also list archived roots (hidden by default).")] = False,
+    before: Annotated[uuid.UUID | None, Query(
+        description="Only roots listed after this one (the last of the previous page): pages that roots made "
+                    "or archived meanwhile do not shift.")] = None,
 ) -> list[RootSession]:
-    """Root sessions, newest first, each with its tree's attention counts."""
+    """Root sessions, newest first, each with its tree's attention counts. A full page has a
+    ``Link: <…>; rel="next"`` header: the next page, after its last root."""
     async with runtime.db.tx() as conn:
         if project_id is not None:
             await projects.get_project(conn, caller, project_id)
@@ -80,8 +100,10 @@ async def list_roots(
                 return []
             project_id = first[0]["project_id"]
         rows = await sessions.list_roots(conn, caller, project_id=project_id, offset=offset, limit=limit,
-                                         include_archived=include_archived)
+                                         include_archived=include_archived, before=before)
         attention = await views.tree_attention(conn, caller, [row["tree_id"] for row in rows])
+    if len(rows) == limit:
+        _link_next(request, response, "sessions", before=rows[-1]["session_id"], limit=limit)
     return [RootSession.model_validate({**row, "attention": attention[row["tree_id"]]}) for row in rows]
 
 
@@ -96,19 +118,6 @@ async def update_session(session_id: uuid.UUID, body: SessionUpdate, caller: Sco
                          runtime: RuntimeDep) -> Session:
     """Edit the display title (the name and path are fixed at creation)."""
     return Session.model_validate(await runtime.set_title(caller, session_id, body.title))
-
-
-def _pages(what: str) -> dict[int | str, dict[str, Any]]:
-    return {**errors(*COMMON, 404),
-            200: {"headers": {"Link": {"description": f'While more {what} follow: `<next page URL>; rel="next"`.',
-                                       "schema": {"type": "string"}}}}}
-
-
-def _link_next(request: Request, response: Response, route: str, after: int, limit: int) -> None:
-    """The next page's URL in a ``Link`` header, relative to this one (RFC 8288 resolves it against
-    the request's): behind a proxy, this host's own name and path for itself are not the client's."""
-    following = request.url.include_query_params(after=after, limit=limit)
-    response.headers["Link"] = f'<{route}?{following.query}>; rel="next"'
 
 
 @router.get("/{session_id}/messages", response_model=list[Message], responses=_pages("messages"))
@@ -130,7 +139,7 @@ async def list_messages(
         rows, more = await views.session_messages(conn, caller, session_id, after_id=after, limit=limit,
                                                   max_bytes=MESSAGES_PAGE_BYTES)
     if more:
-        _link_next(request, response, "messages", rows[-1]["id"], limit)
+        _link_next(request, response, "messages", after=rows[-1]["id"], limit=limit)
     return [Message.model_validate(row) for row in rows]
 
 
@@ -167,7 +176,7 @@ async def list_inputs(
     async with runtime.db.tx() as conn:
         rows, more = await views.session_inputs(conn, caller, session_id, status=status, after=after, limit=limit)
     if more:
-        _link_next(request, response, "inputs", rows[-1]["seq"], limit)
+        _link_next(request, response, "inputs", after=rows[-1]["seq"], limit=limit)
     return [InputSummary.model_validate(row) for row in rows]
 
 

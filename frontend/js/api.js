@@ -116,8 +116,9 @@ export class Api {
   };
 
   // -- sessions ----------------------------------------------------------------------------------
-  roots = async ({ projectId, offset = 0, limit = 50 } = {}) =>
-    listOf(await this.get(`/sessions${q({ scope: projectId ? "project" : "all", project_id: projectId, offset, limit })}`),
+  // A page of roots, newest first, after the root ``before`` (the last of the previous page).
+  roots = async ({ projectId, before, limit = 50 } = {}) =>
+    listOf(await this.get(`/sessions${q({ scope: projectId ? "project" : "all", project_id: projectId, before, limit })}`),
       "sessions");
   createRoot = (body, options) => this.post("/sessions", body, options);
   session = (sessionId, options) => this.get(`/sessions/${id(sessionId)}`, options);

@@ -133,8 +133,11 @@ export class SessionList {
     clearTimeout(this.#timer);
     try {
       const roots = [];
+      // Each page after the last root of the one before: a root made or archived meanwhile shifts
+      // no page (by offset, one could be listed twice or missed).
       for (let page = 0; page < this.#pages; page++) {
-        const batch = await this.ctx.api.roots({ projectId: this.#projectId, offset: page * PAGE, limit: PAGE });
+        const before = roots.length ? roots[roots.length - 1].session_id : undefined;
+        const batch = await this.ctx.api.roots({ projectId: this.#projectId, before, limit: PAGE });
         roots.push(...batch);
         if (batch.length < PAGE) break;
       }

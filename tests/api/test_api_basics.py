@@ -130,6 +130,22 @@ async def test_sessions_list_newest_first_and_archive(http: httpx.AsyncClient, s
     assert [s["title"] for s in by_project.json()] == ["second"]
 
 
+async def test_pages_of_roots_are_not_shifted_by_roots_made_or_archived_between_them(
+        http: httpx.AsyncClient) -> None:
+    """The list paged by offset, newest first: a root made between two page reads showed the last
+    of the first page again, and one archived hid a root from both. A page links the next one after
+    its last root, which neither shifts."""
+    made = [(await http.post("/api/v1/sessions", json={"title": title})).json()["session"]["session_id"]
+            for title in ("a", "b", "c")]
+    first = await http.get("/api/v1/sessions", params={"limit": 2})
+    assert [s["title"] for s in first.json()] == ["c", "b"]
+    await http.post("/api/v1/sessions", json={"title": "d"})  # made between the two reads
+    assert (await http.post(f"/api/v1/sessions/{made[2]}/archive")).status_code == 200  # and "c" archived
+    following = await http.get(str(first.url.join(first.links["next"]["url"])))
+    assert [s["title"] for s in following.json()] == ["a"] and "next" not in following.links
+    assert (await http.get("/api/v1/sessions", params={"before": str(uuid.uuid4())})).status_code == 404
+
+
 async def test_idempotency_key(http: httpx.AsyncClient) -> None:
     headers = {"Idempotency-Key": "create-once"}
     one = await http.post("/api/v1/sessions", json={"title": "once"}, headers=headers)
