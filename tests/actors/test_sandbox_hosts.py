@@ -4,9 +4,11 @@ node's workdir is reported, never silently replaced. The cluster: see sandbox_ho
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +105,7 @@ async def test_a_sandbox_of_an_earlier_life_of_ray_is_this_machines_and_its_comm
     # earlier life at this machine's address.
     here = ray.get_runtime_context().get_node_id()
     address = next(node["NodeManagerAddress"] for node in ray.nodes() if node["NodeID"] == here)
-    earlier = "ee" * 28
+    earlier = uuid.uuid4().hex + uuid.uuid4().hex[:24]  # a node id no other test's lease names
     await rows(runtime.db, "INSERT INTO ray_nodes (node_id, address) VALUES (%s, %s) RETURNING node_id",
                earlier, address)
     await rows(runtime.db, "UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s RETURNING tree_id",
@@ -305,7 +307,8 @@ async def test_a_host_refuses_a_tree_whose_sandbox_is_on_another_node_and_makes_
         calls = [host.run_command(tree_id, workdir, "echo here > note.txt", 60, "moved-1"),
                  host.read_file(tree_id, workdir, "note.txt"),
                  host.write_file(workdir, "note.txt", "here", RunRef(scope, tree_id, tree_id, new_id(), new_id(),
-                                                                     "a stale run"))]
+                                                                     "a stale run"), "call-1",
+                                 {"path": "note.txt", "sha256": hashlib.sha256(b"here").hexdigest()})]
         for attempt in calls:
             with pytest.raises(SandboxMoved, match=elsewhere):
                 await attempt
