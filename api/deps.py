@@ -1,16 +1,13 @@
-"""Shared route plumbing: the Runtime of this app, the documented error responses, shared reads."""
+"""Shared route plumbing: the Runtime of this app, the documented error responses, paged lists."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Annotated, Any
 
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Query, Request, Response
 
 from actors.runtime import Runtime
-from api.schemas import ErrorBody, HumanRequest, ValidationErrorBody
-from persistence import views
-from persistence.records import Scope
+from api.schemas import ErrorBody, ValidationErrorBody
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -21,14 +18,6 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 # Where a page of a list starts: the lists are ordered so that new rows do not shift earlier pages.
 Offset = Annotated[int, Query(ge=0, le=1_000_000)]
-
-
-async def pending_requests(runtime: Runtime, scope: Scope, *, session_id: uuid.UUID | None = None,
-                           tree_id: uuid.UUID | None = None) -> list[HumanRequest]:
-    """The pending approvals and questions of a session or a tree (404 when it is not the caller's)."""
-    async with runtime.db.tx() as conn:
-        rows = await views.pending_requests(conn, scope, session_id=session_id, tree_id=tree_id)
-    return [HumanRequest.model_validate(row) for row in rows]
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -50,3 +39,18 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 # Every authenticated route may answer these.
 COMMON = (401, 422)
+
+
+def pages(what: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries of a list route that pages: its errors, and its ``Link`` header."""
+    return {**errors(*COMMON, 404),
+            200: {"headers": {"Link": {"description": f'While more {what} follow: `<next page URL>; rel="next"`.',
+                                       "schema": {"type": "string"}}}}}
+
+
+def link_next(request: Request, response: Response, route: str, **place: Any) -> None:
+    """The next page's URL (this one's query, ``place`` where it goes on) in a ``Link`` header,
+    relative to this one (RFC 8288 resolves it against the request's): behind a proxy, this host's
+    own name and path for itself are not the client's."""
+    following = request.url.remove_query_params("offset").include_query_params(**place)
+    response.headers["Link"] = f'<{route}?{following.query}>; rel="next"'

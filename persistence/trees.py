@@ -41,9 +41,7 @@ WHERE s.tree_id = %s AND i.status = 'pending'
 _REQUESTS = """
 SELECT r.request_id AS id, r.kind, r.session_id, s.path, r.turn_id, r.payload, r.status, r.created_at
 FROM requests r JOIN sessions s ON s.session_id = r.session_id
-WHERE r.user_id = %(user_id)s AND r.app_id = %(app_id)s AND r.status = 'pending'
-  AND (%(tree_id)s::uuid IS NULL OR r.tree_id = %(tree_id)s)
-  AND (%(session_id)s::uuid IS NULL OR r.session_id = %(session_id)s)
+WHERE r.user_id = %(user_id)s AND r.app_id = %(app_id)s AND r.status = 'pending' AND r.session_id = %(session_id)s
 ORDER BY r.created_at
 """
 # The tree's inbox: its pending requests, oldest first, each a summary. Every field of a payload
@@ -193,7 +191,7 @@ async def archive_root(conn: Connection, scope: Scope, session_id: uuid.UUID) ->
     if queued:
         raise Conflict(f"{queued[0]['path']} has {queued[0]['pending_inputs']} pending input(s); cancel them or "
                        "continue the tree and let them finish before archiving it")
-    requests = await pending_requests(conn, scope, tree_id=session["tree_id"])
+    requests, _ = await request_summaries(conn, scope, session["tree_id"], limit=1)  # the oldest, if any
     if requests:
         raise Conflict(f"{requests[0]['path']} has an open {requests[0]['kind']} request; answer it before "
                        "archiving the tree")
@@ -228,10 +226,8 @@ async def tree_summary(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Ro
     return {**head, "members": members}
 
 
-async def pending_requests(conn: Connection, scope: Scope, *, tree_id: uuid.UUID | None = None,
-                           session_id: uuid.UUID | None = None) -> list[Row]:
-    cur = await conn.execute(_REQUESTS, {"user_id": scope.user_id, "app_id": scope.app_id,
-                                         "tree_id": tree_id, "session_id": session_id})
+async def pending_requests(conn: Connection, scope: Scope, session_id: uuid.UUID) -> list[Row]:
+    cur = await conn.execute(_REQUESTS, {"user_id": scope.user_id, "app_id": scope.app_id, "session_id": session_id})
     return await cur.fetchall()
 
 

@@ -92,11 +92,11 @@ async def session_messages(conn: Connection, scope: Scope, session_id: uuid.UUID
     return await reader_page(conn, session_id, after_id=after_id, limit=limit, max_bytes=max_bytes)
 
 
-async def pending_requests(conn: Connection, scope: Scope, *, session_id: uuid.UUID | None = None,
-                           tree_id: uuid.UUID | None = None) -> list[Row]:
-    """The pending approvals and questions of a session or of a whole tree, oldest first."""
-    await require_target(conn, scope, session_id=session_id, tree_id=tree_id)
-    return await trees.pending_requests(conn, scope, session_id=session_id, tree_id=tree_id)
+async def pending_requests(conn: Connection, scope: Scope, session_id: uuid.UUID) -> list[Row]:
+    """The pending approvals and questions of a session, whole, oldest first (a tree's inbox:
+    ``request_summaries``)."""
+    await require_target(conn, scope, session_id=session_id)
+    return await trees.pending_requests(conn, scope, session_id)
 
 
 async def request_summaries(conn: Connection, scope: Scope, tree_id: uuid.UUID, *, after: uuid.UUID | None = None,

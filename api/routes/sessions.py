@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, Offset, RuntimeDep, errors, pending_requests
+from api.deps import COMMON, Offset, RuntimeDep, errors, link_next, pages
 from api.schemas import (
     CompactionRequested,
     HumanRequest,
@@ -58,21 +58,7 @@ async def create_root(body: SessionCreate, caller: ScopeDep, runtime: RuntimeDep
         _created)
 
 
-def _pages(what: str) -> dict[int | str, dict[str, Any]]:
-    return {**errors(*COMMON, 404),
-            200: {"headers": {"Link": {"description": f'While more {what} follow: `<next page URL>; rel="next"`.',
-                                       "schema": {"type": "string"}}}}}
-
-
-def _link_next(request: Request, response: Response, route: str, **place: Any) -> None:
-    """The next page's URL (this one's query, ``place`` where it goes on) in a ``Link`` header,
-    relative to this one (RFC 8288 resolves it against the request's): behind a proxy, this host's
-    own name and path for itself are not the client's."""
-    following = request.url.remove_query_params("offset").include_query_params(**place)
-    response.headers["Link"] = f'<{route}?{following.query}>; rel="next"'
-
-
-@router.get("", response_model=list[RootSession], responses=_pages("roots"))
+@router.get("", response_model=list[RootSession], responses=pages("roots"))
 async def list_roots(
     caller: ScopeDep,
     runtime: RuntimeDep,
@@ -103,7 +89,7 @@ async def list_roots(
                                          include_archived=include_archived, before=before)
         attention = await views.tree_attention(conn, caller, [row["tree_id"] for row in rows])
     if len(rows) == limit:
-        _link_next(request, response, "sessions", before=rows[-1]["session_id"], limit=limit)
+        link_next(request, response, "sessions", before=rows[-1]["session_id"], limit=limit)
     return [RootSession.model_validate({**row, "attention": attention[row["tree_id"]]}) for row in rows]
 
 
@@ -120,7 +106,7 @@ async def update_session(session_id: uuid.UUID, body: SessionUpdate, caller: Sco
     return Session.model_validate(await runtime.set_title(caller, session_id, body.title))
 
 
-@router.get("/{session_id}/messages", response_model=list[Message], responses=_pages("messages"))
+@router.get("/{session_id}/messages", response_model=list[Message], responses=pages("messages"))
 async def list_messages(
     session_id: uuid.UUID,
     caller: ScopeDep,
@@ -139,7 +125,7 @@ async def list_messages(
         rows, more = await views.session_messages(conn, caller, session_id, after_id=after, limit=limit,
                                                   max_bytes=MESSAGES_PAGE_BYTES)
     if more:
-        _link_next(request, response, "messages", after=rows[-1]["id"], limit=limit)
+        link_next(request, response, "messages", after=rows[-1]["id"], limit=limit)
     return [Message.model_validate(row) for row in rows]
 
 
@@ -158,7 +144,7 @@ async def list_interventions(
     return [Intervention.model_validate(row) for row in rows]
 
 
-@router.get("/{session_id}/inputs", response_model=list[InputSummary], responses=_pages("inputs"))
+@router.get("/{session_id}/inputs", response_model=list[InputSummary], responses=pages("inputs"))
 async def list_inputs(
     session_id: uuid.UUID,
     caller: ScopeDep,
@@ -176,7 +162,7 @@ async def list_inputs(
     async with runtime.db.tx() as conn:
         rows, more = await views.session_inputs(conn, caller, session_id, status=status, after=after, limit=limit)
     if more:
-        _link_next(request, response, "inputs", after=rows[-1]["seq"], limit=limit)
+        link_next(request, response, "inputs", after=rows[-1]["seq"], limit=limit)
     return [InputSummary.model_validate(row) for row in rows]
 
 
@@ -214,8 +200,10 @@ async def cancel_turn(session_id: uuid.UUID, turn_id: uuid.UUID, caller: ScopeDe
 
 @router.get("/{session_id}/requests", response_model=list[HumanRequest], responses=errors(*COMMON, 404))
 async def session_requests(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> list[HumanRequest]:
-    """Pending approvals and questions of this session."""
-    return await pending_requests(runtime, caller, session_id=session_id)
+    """Pending approvals and questions of this session, whole."""
+    async with runtime.db.tx() as conn:
+        rows = await views.pending_requests(conn, caller, session_id)
+    return [HumanRequest.model_validate(row) for row in rows]
 
 
 @router.post("/{session_id}/archive", response_model=Session, responses=errors(*COMMON, 404, 409))

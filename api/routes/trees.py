@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, RuntimeDep, errors
+from api.deps import COMMON, RuntimeDep, errors, link_next, pages
 from api.schemas import BudgetUpdate, HumanRequest, TreeBudget, TreeContinued, TreeStopAccepted, TreeSummary
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import trees, views
@@ -63,10 +63,7 @@ async def update_budget(tree_id: uuid.UUID, body: BudgetUpdate, caller: ScopeDep
     return TreeBudget.model_validate(summary)
 
 
-@router.get("/{tree_id}/requests", response_model=list[HumanRequest], responses={
-    **errors(*COMMON, 404),
-    200: {"headers": {"Link": {"description": 'While more requests follow: `<next page URL>; rel="next"`.',
-                               "schema": {"type": "string"}}}}})
+@router.get("/{tree_id}/requests", response_model=list[HumanRequest], responses=pages("requests"))
 async def tree_inbox(
     tree_id: uuid.UUID,
     caller: ScopeDep,
@@ -85,6 +82,5 @@ async def tree_inbox(
     async with runtime.db.tx() as conn:
         rows, more = await views.request_summaries(conn, caller, tree_id, after=after, limit=limit)
     if more:
-        following = request.url.include_query_params(after=str(rows[-1]["id"]), limit=limit)
-        response.headers["Link"] = f'<requests?{following.query}>; rel="next"'
+        link_next(request, response, "requests", after=rows[-1]["id"], limit=limit)
     return [HumanRequest.model_validate(row) for row in rows]

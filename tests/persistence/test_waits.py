@@ -211,8 +211,8 @@ async def test_ask_user_blocks_new_input_until_answered(db: Database, scope: Sco
     assert (turn["status"], turn["waiting_for"]) == ("waiting", "answer")
     assert await running_in_tree(db, tree.tree_id) == 0
     async with db.tx() as conn:
-        (request,) = await trees.pending_requests(conn, scope, tree_id=tree.tree_id)
-        assert await trees.pending_requests(conn, scope, session_id=other_tree.root_id) == []
+        (request,) = await trees.pending_requests(conn, scope, tree.root_id)
+        assert await trees.pending_requests(conn, scope, other_tree.root_id) == []
         kinds = [e["kind"] for e in await events.events_after(conn, scope, 0, session_id=tree.root_id)]
     assert (request["kind"], request["payload"], request["path"]) == ("question", {"question": "Which colour?"},
                                                                       "/root")
@@ -252,7 +252,7 @@ async def test_denied_approval_resumes_with_deny(db: Database, scope: Scope) -> 
     wait_id = await park(db, run, "approval", timeout=None, request={"command": "rm -rf build"})
     assert (await turn_row(db, run.turn_id))["waiting_for"] == "approval"
     async with db.tx() as conn:
-        (request,) = await trees.pending_requests(conn, scope, session_id=tree.root_id)
+        (request,) = await trees.pending_requests(conn, scope, tree.root_id)
         await trees.answer_request(conn, scope, request["id"], {"decision": "deny"})
     assert await try_resume(db, wait_id) is not None
     new_run = await claim_turn(db, tree.tree_id, run.turn_id)
