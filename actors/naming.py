@@ -59,7 +59,7 @@ def node_table() -> dict[str, tuple[bool, str]]:
 def live_nodes() -> list[str]:
     """The cluster's live nodes by node id, for options that name a node (a blocking call to Ray's
     GCS: from async code, in a thread)."""
-    return sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+    return sorted(node_id for node_id, (alive, _) in node_table().items() if alive)
 
 
 class NodeLocal:

@@ -188,11 +188,13 @@ async def _alive_nodes() -> set[str]:
     return set(await asyncio.to_thread(live_nodes))
 
 
-async def _adopt(db: Database, prefer: str, tree_id: uuid.UUID | None = None) -> list[uuid.UUID]:
+async def _adopt(db: Database, prefer: str, tree_id: uuid.UUID | None = None,
+                 table: dict[str, tuple[bool, str]] | None = None) -> list[uuid.UUID]:
     """Leases (of ``tree_id``, or all) naming a node of an earlier life of the cluster, moved to the
     live node of that node's machine (``prefer`` where it is one of several there): the trees moved.
-    Also records this life's live nodes, for the next one."""
-    table = await asyncio.to_thread(node_table)
+    Also records this life's live nodes, for the next one. ``table``: Ray's ``node_table``, when the
+    caller has read it."""
+    table = table if table is not None else await asyncio.to_thread(node_table)
     successors: dict[str, str] = {}
     for node_id, (alive, address) in sorted(table.items()):
         if alive and (address not in successors or node_id == prefer):
@@ -286,12 +288,11 @@ async def kill_command(db: Database, tree_id: uuid.UUID, command_id: str) -> boo
     """Kill the tree's command ``command_id`` in the host of its sandbox's node; False if it did not
     run (a lost node's commands died with it)."""
     lease = await _lease(db, tree_id)
-    if lease is not None and lease.node_id is not None and lease.node_id != _here() \
-            and await _existing_host(lease.node_id) is None and await _adopt(db, _here(), tree_id):
-        lease = await _lease(db, tree_id)  # a node of an earlier life: its machine's node now
     if lease is None or lease.node_id is None or lease.node_id == _here():
         host = _local.handle()
     elif (host := await _existing_host(lease.node_id)) is None:
+        if await _adopt(db, _here(), tree_id):  # a node of an earlier life: its machine's node now
+            return await kill_command(db, tree_id, command_id)
         return False
     return bool(await call(host, "kill_command", tree_id, command_id))
 
@@ -300,8 +301,9 @@ async def release_on_lost_nodes(db: Database) -> list[uuid.UUID]:
     """Release the sandboxes of nodes that left the cluster (their trees' next commands are told the
     workdir is lost); the trees released. Ray declares a node dead for good: it never comes back.
     Leases naming a node of an earlier life of the cluster follow its machine first (``_adopt``)."""
-    await _adopt(db, _here())
-    alive = await _alive_nodes()
+    table = await asyncio.to_thread(node_table)
+    await _adopt(db, _here(), table=table)
+    alive = {node_id for node_id, (is_alive, _) in table.items() if is_alive}
     async with db.tx() as conn:
         released = await leases.release_on_lost_nodes(conn, alive)
     if released:
