@@ -277,18 +277,17 @@ async def list_roots(conn: Connection, scope: Scope, *, project_id: uuid.UUID | 
     """Root sessions, newest first. ``before`` (a root of the scope: NotFound otherwise) continues a
     list after that root, wherever roots made or archived since have moved it; ``offset`` counts
     from the start (or from ``before``)."""
-    if before is not None:
-        await get_session_row(conn, scope, before)
+    before_at = None if before is None else (await get_session_row(conn, scope, before))["created_at"]
     cur = await conn.execute(
         f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
             WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s AND s.parent_id IS NULL
               AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
               AND (%(archived)s OR NOT s.archived)
-              AND (%(before)s::uuid IS NULL OR (s.created_at, s.session_id) <
-                   (SELECT b.created_at, b.session_id FROM sessions b WHERE b.session_id = %(before)s))
+              AND (%(before)s::uuid IS NULL
+                   OR (s.created_at, s.session_id) < (%(before_at)s::timestamptz, %(before)s::uuid))
             ORDER BY s.created_at DESC, s.session_id DESC LIMIT %(limit)s OFFSET %(offset)s""",
         {"user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id, "limit": limit,
-         "offset": offset, "archived": include_archived, "before": before},
+         "offset": offset, "archived": include_archived, "before": before, "before_at": before_at},
     )
     return [_view(row) for row in await cur.fetchall()]
 
