@@ -13,12 +13,16 @@ and p99 milliseconds for:
 - ``wait check``    deadlock detection for a new wait (persistence/deadlocks.py) in a scope where
   ``--members`` - 1 Turns wait in one chain (each for the next one's input): the worst case
   the check walks, rolled back after each measurement
+- ``timeline``      a tree of 500 members that each ran ``--timeline-turns`` Turns: its first page
+  of 5,000 items, and the "what changed since" read the web UI repeats while the tree runs (one
+  member busy, everything else ended minutes ago)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import math
 import statistics
 import sys
@@ -31,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from persistence import deadlocks, projects, runs, sessions, trees, turns, waits
+from persistence import deadlocks, projects, runs, sessions, timeline, trees, turns, waits
 from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
@@ -188,7 +192,37 @@ async def bench_wait_check(db: Database, scope: Scope, project_id: uuid.UUID, me
             f"wait check, beside {members - 2} waits": await check(-1)}
 
 
-async def main(iterations: int, members: int, summary_iterations: int) -> int:
+async def bench_timeline(db: Database, scope: Scope, turns_per_member: int, n: int) -> dict[str, list[float]]:
+    from tests.persistence.helpers import seed_worked_tree  # the suite's seeding: the same tree it reads
+
+    tree = await seed_worked_tree(db, scope, members=500, turns_per_member=turns_per_member)
+    async with db.tx() as conn:  # what a poll finds: everything ended long ago, and one Turn just began
+        await conn.execute("UPDATE runs SET queued_at = queued_at - interval '1 hour', "
+                           "started_at = started_at - interval '1 hour', ended_at = ended_at - interval '1 hour' "
+                           "WHERE tree_id = %s", (tree.tree_id,))
+        await conn.execute("UPDATE turns SET ended_at = ended_at - interval '1 hour' WHERE turn_id IN "
+                           "(SELECT turn_id FROM runs WHERE tree_id = %s)", (tree.tree_id,))
+        await conn.execute("UPDATE thread_messages SET created_at = created_at - interval '1 hour' WHERE session_id IN "
+                           "(SELECT session_id FROM sessions WHERE tree_id = %s)", (tree.tree_id,))
+        await turns.submit_input(conn, scope, tree.root_id, "one more", HUMAN)
+    since = dt.datetime.now(dt.UTC)
+
+    async def read(samples: list[float], **arguments: object) -> None:
+        for _ in range(n):
+            async def once() -> object:
+                async with db.tx() as conn:
+                    return await timeline.timeline(conn, scope, tree.tree_id, **arguments)  # type: ignore[arg-type]
+            await timed(samples, once)
+
+    first: list[float] = []
+    changed: list[float] = []
+    await read(first, limit=5000)
+    await read(changed, since=since)
+    items = turns_per_member * 500
+    return {f"timeline first page (~{items * 4:,} items)": first, "timeline since a moment ago": changed}
+
+
+async def main(iterations: int, members: int, summary_iterations: int, timeline_turns: int) -> int:
     started = time.perf_counter()
     async with bench_database() as url:
         db = await Database.connect(url, max_size=2)
@@ -199,6 +233,7 @@ async def main(iterations: int, members: int, summary_iterations: int) -> int:
             results = await bench_turn_cycle(db, scope, project["project_id"], iterations)
             results |= await bench_summary(db, scope, project["project_id"], members, summary_iterations)
             results |= await bench_wait_check(db, scope, project["project_id"], members, summary_iterations)
+            results |= await bench_timeline(db, scope, timeline_turns, max(1, summary_iterations // 10))
         finally:
             await db.close()
     print_results(results)
@@ -212,5 +247,6 @@ if __name__ == "__main__":
     parser.add_argument("--iterations", type=int, default=300, help="turn cycles (submit, claim, complete)")
     parser.add_argument("--members", type=int, default=1000, help="members of the summarised tree")
     parser.add_argument("--summary-iterations", type=int, default=300)
+    parser.add_argument("--timeline-turns", type=int, default=8, help="Turns per member of the timeline's tree")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.iterations, args.members, args.summary_iterations)))
+    sys.exit(asyncio.run(main(args.iterations, args.members, args.summary_iterations, args.timeline_turns)))

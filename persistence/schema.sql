@@ -308,6 +308,8 @@ CREATE TABLE thread_messages (
 CREATE INDEX thread_messages_session ON thread_messages (session_id, id);
 CREATE UNIQUE INDEX thread_messages_one_result_per_call ON thread_messages (turn_id, tool_call_id)
     WHERE role = 'tool';
+-- A Turn's replies: the timeline expands the tool calls of the Turns a read keeps, not every reply.
+CREATE INDEX thread_messages_replies ON thread_messages (turn_id) WHERE role = 'assistant';
 -- A session's compaction summaries: a Run starts from the latest (persistence/messages.py).
 CREATE INDEX thread_messages_compactions ON thread_messages (session_id, id) WHERE origin->>'kind' = 'compaction';
 

@@ -78,6 +78,15 @@ def _lagged(since: dt.datetime | None) -> dt.datetime | None:
         return None
 
 
+def _ended_after(since: dt.datetime | None, after_start: dt.datetime | None) -> dt.datetime | None:
+    """The earliest end of a Turn that may hold an item of the read: one ending at or after
+    ``since`` (already lagged) and starting after ``after_start``. A Turn's end is its finishing
+    transaction's start, which the items its last Run stamps in that transaction with the real
+    moment (runs' clock_timestamp()) may follow: the page's bound keeps COMMIT_LAG of slack."""
+    bounds = [moment for moment in (since, _lagged(after_start)) if moment is not None]
+    return max(bounds) if bounds else None
+
+
 def parse_since(since: str | None) -> tuple[dt.datetime | None, Page | None]:
     """``since`` as the API takes it: None (everything), an ISO 8601 time (what may have changed
     since then; a time without an offset is UTC), or a cursor of a previous page."""
@@ -106,8 +115,9 @@ async def timeline(conn: Connection, scope: Scope, tree_id: uuid.UUID, *, since:
     if page is not None:
         since = page.since
     after_start, after_kind, after_id = page.after if page else (None, None, None)
+    lagged = _lagged(since)
     cur = await conn.execute(query("timeline_items"), {
-        **keys, "since": _lagged(since), "after_start": after_start,
+        **keys, "since": lagged, "ended_after": _ended_after(lagged, after_start), "after_start": after_start,
         "after_kind": after_kind, "after_id": after_id, "limit": limit + 1 if limit is not None else None})
     items = await cur.fetchall()
     more = limit is not None and len(items) > limit

@@ -9,12 +9,16 @@
 -- Run is queued. A model call's row holds its end time and its latency.
 --
 -- since: only rows that may have changed after that moment (still open, or ended after it).
+-- ended_after: every item of a Turn starts and ends by the time the Turn ends, so a Turn that
+-- ended before it holds nothing the read returns, and is not expanded at all (the web UI repeats
+-- a "since" read while the tree runs: it costs what is open or recent, not the tree's history).
 WITH member AS (
     SELECT s.session_id, s.path FROM sessions s
     WHERE s.tree_id = %(tree_id)s AND s.user_id = %(user_id)s AND s.app_id = %(app_id)s
 ), turn AS (
     SELECT t.turn_id, t.session_id, t.status, t.ended_at, m.path
     FROM member m JOIN turns t ON t.session_id = m.session_id
+    WHERE %(ended_after)s::timestamptz IS NULL OR t.ended_at IS NULL OR t.ended_at >= %(ended_after)s::timestamptz
 ), run AS (
     SELECT r.run_id, r.turn_id, r.session_id, r.kind, r.status, r.error, r.queued_at, r.started_at, r.ended_at,
            r.prompt_tokens, r.completion_tokens, r.cost_usd, t.path, t.ended_at AS turn_ended_at
@@ -57,10 +61,10 @@ WITH member AS (
     -- A tool call starts when the reply that made it is committed and ends when its result is (or,
     -- with no result yet, its receipt: the moment a side effect finished; a command's receipt is
     -- committed 'started' as it begins, and that call is open until its outcome); a call whose Turn
-    -- ended without a result ends with the Turn. Messages are reached from the members by their
-    -- session index and their Turns by key: a plan that stays right when the planner's row estimates
-    -- are not (a tree that just grew, before autovacuum analyses it).
-    SELECT 'tool_call', m.turn_id::text || ':' || (tc.call ->> 'id'), m.session_id, t_member.path, m.created_at,
+    -- ended without a result ends with the Turn. Replies are reached from the Turns the read keeps,
+    -- by their Turn's key: a plan that stays right when the planner's row estimates are not (a tree
+    -- that just grew, before autovacuum analyses it).
+    SELECT 'tool_call', m.turn_id::text || ':' || (tc.call ->> 'id'), m.session_id, t.path, m.created_at,
            coalesce(result.created_at, CASE WHEN receipt.state = 'done' THEN receipt.created_at END,
                     CASE WHEN t.status IN ('completed', 'failed', 'cancelled') THEN t.ended_at END),
            CASE WHEN result.id IS NULL AND (receipt.turn_id IS NULL OR receipt.state = 'started')
@@ -68,10 +72,8 @@ WITH member AS (
                 WHEN left(result.content, 9) = '{"error":' THEN 'error' ELSE 'ok' END,
            CASE WHEN left(result.content, 9) = '{"error":' THEN left(result.content, 300) END,
            m.run_id, m.turn_id, NULL, NULL, tc.call ->> 'name', 0, 0, 0, NULL
-    FROM member t_member
-    JOIN thread_messages m ON m.session_id = t_member.session_id AND m.role = 'assistant'
-                              AND jsonb_typeof(m.tool_calls) = 'array'
-    JOIN turns t ON t.turn_id = m.turn_id
+    FROM turn t
+    JOIN thread_messages m ON m.turn_id = t.turn_id AND m.role = 'assistant' AND jsonb_typeof(m.tool_calls) = 'array'
     CROSS JOIN LATERAL jsonb_array_elements(m.tool_calls) AS tc (call)
     LEFT JOIN thread_messages result ON result.turn_id = m.turn_id AND result.role = 'tool'
                                         AND result.tool_call_id = tc.call ->> 'id'
