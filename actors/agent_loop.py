@@ -432,8 +432,10 @@ class RunExecutor:
         system = "\n\n".join([config.get("instructions") or DEFAULT_INSTRUCTIONS,
                                identity_block(session, self.run, input_id)])
         request = [{"role": "system", "content": system}, *model_messages(self._history, self.run.turn_id)]
+        # The step names this call within its Turn: a page keeps each call's text apart by it, however
+        # the stream orders this call's deltas and the previous call's message (frontend/js/store.js).
         watch = {"session_id": str(self.run.session_id), "tree_id": str(self.run.tree_id),
-                 "turn_id": str(self.run.turn_id)}
+                 "turn_id": str(self.run.turn_id), "step": self._model_calls()}
         try:
             await self._compact_if_due(config, request)
             if self._history[:1] and messages.is_summary(self._history[0]):

@@ -1,6 +1,6 @@
 // One session's conversation view: its messages (with compact cooperation rows and a human's
 // interventions on it or on its children, in time order), the text
-// of a model call as it streams (a provisional bubble until its message is committed), its
+// of each model call as it streams (a provisional bubble until its message is read), its
 // pending request cards, the live Turn status, its queued inputs (each cancellable) and the
 // message box (send, steer, cancel). Root and member views are the same component; each
 // instance owns its draft and its scroll position, and keeps receiving updates while hidden
@@ -30,6 +30,17 @@ const TURN_STATUS_TEXT = {
   cancelling: "Stopping…",
 };
 
+/** The live texts drawn: each model call's with text, in order, one bubble each. */
+const drawnLive = (live) => live.filter((l) => l.text);
+const liveKey = (live) => `${live.turnId}:${live.step}`;
+
+function liveBubble(live) {
+  const text = h("div", { class: "msg-text" });
+  const el = h("article", { class: "msg streaming", "aria-busy": "true", dataset: { turnId: live.turnId,
+    step: String(live.step) }, title: "Streaming: replaced by the saved message when the model call ends" }, text);
+  return { el, text, shown: "" };
+}
+
 export class SessionView {
   #releases = [];
   #observing = [];
@@ -42,6 +53,8 @@ export class SessionView {
   #pendingFocus = null;
   #pendingReveal = null;
   #liveFrame = 0;
+  #liveBubbles = new Map(); // liveKey → {el, text, shown}
+  #liveOrder = ""; // the drawn bubbles' keys, in order
   #pendingShown = "";
 
   /**
@@ -64,13 +77,11 @@ export class SessionView {
 
     this.list = h("div", { class: "messages", role: "log", "aria-live": "off", "aria-label": "Messages" });
     this.loading = h("p", { class: "view-note", text: "Loading…" });
-    this.liveText = h("div", { class: "msg-text" });
-    this.liveBubble = h("article", { class: "msg streaming", hidden: true, "aria-busy": "true",
-      title: "Streaming: replaced by the saved message when the model call ends" }, this.liveText);
+    this.liveList = h("div", { class: "live-list", hidden: true });
     this.turnStatus = h("div", { class: "turn-status", hidden: true });
     this.pendingList = h("ul", { class: "pending-inputs", "aria-label": "Queued inputs", hidden: true });
     this.schedules = new SchedulesPanel({ api, sessionId });
-    this.scroller = h("div", { class: "view-scroll" }, this.loading, this.list, this.liveBubble, this.turnStatus,
+    this.scroller = h("div", { class: "view-scroll" }, this.loading, this.list, this.liveList, this.turnStatus,
       this.pendingList, this.schedules.el);
     this.scroller.addEventListener("scroll", () => {
       if (this.#visible) this.#stick = nearBottom(this.scroller);
@@ -192,7 +203,7 @@ export class SessionView {
     const reported = member?.activity ?? detail?.activity ?? "idle";
     // Text streaming from the model means its Run holds a slot, whatever the last read said
     // (a Run starting to execute is not an event, so a read may still say queued).
-    const activity = reported === "queued" && this.runtime.live ? "running" : reported;
+    const activity = reported === "queued" && this.runtime.live.length ? "running" : reported;
 
     if (this.header) {
       const name = member?.path ?? detail?.path ?? "";
@@ -240,8 +251,10 @@ export class SessionView {
     if (this.#liveFrame) return;
     this.#liveFrame = requestAnimationFrame(() => {
       this.#liveFrame = 0;
-      if (this.liveBubble.hidden) {
-        this.render(); // the text begins: the Turn status changes too (see render)
+      if (drawnLive(this.runtime.live).map(liveKey).join("|") !== this.#liveOrder) {
+        // A text begins, or one went with a read whose messages are not drawn yet: draw them with it
+        // (and the Turn status, see render), so a call's text is never missing between the two.
+        this.render();
         return;
       }
       const follow = this.#visible && this.scroller.clientHeight > 0 && nearBottom(this.scroller);
@@ -250,12 +263,23 @@ export class SessionView {
     });
   }
 
+  /** One bubble per model call with text, in order; a bubble's element is kept while its call streams. */
   #renderLive() {
-    const live = this.runtime.live;
-    this.liveBubble.hidden = !live?.text;
-    this.liveText.textContent = live?.text ?? "";
-    this.liveBubble.dataset.runId = live?.runId ?? "";
-    if (live) this.loading.hidden = true;
+    const shown = drawnLive(this.runtime.live);
+    const bubbles = new Map(shown.map((live) => {
+      const bubble = this.#liveBubbles.get(liveKey(live)) ?? liveBubble(live);
+      if (bubble.shown !== live.text) {
+        bubble.text.textContent = bubble.shown = live.text;
+        bubble.el.dataset.runId = live.runId;
+      }
+      return [liveKey(live), bubble];
+    }));
+    const order = [...bubbles.keys()].join("|");
+    if (order !== this.#liveOrder) this.liveList.replaceChildren(...[...bubbles.values()].map((bubble) => bubble.el));
+    this.#liveBubbles = bubbles;
+    this.#liveOrder = order;
+    this.liveList.hidden = !shown.length;
+    if (shown.length) this.loading.hidden = true;
   }
 
   /** The queued inputs, oldest first, each with its own Cancel (POST /inputs/{id}/cancel). */

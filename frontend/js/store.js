@@ -1,7 +1,7 @@
 // Shared run state. One TreeRuntime per tree holds the tree summary, the tree's pending
 // human requests (summaries: the inbox) and the tree's single SSE stream; one SessionRuntime per
 // session holds its detail, messages, queued inputs, its own pending requests (whole: its cards),
-// ended-Turn results and the live text of its running model call. Every view that shows a tree or
+// ended-Turn results and the live text of its model calls. Every view that shows a tree or
 // a session observes the same runtime, so two views never mean two streams or two copies of
 // state. Events only say "something changed": the runtimes re-read the durable state (debounced);
 // the tree's requests only after an event that may change them (REQUEST_EVENTS). Text deltas are
@@ -62,10 +62,10 @@ export class SessionRuntime extends Emitter {
     /** This session's pending requests, whole (read while it waits for a human): its cards. */
     this.requests = [];
     /**
-     * The streaming text of a model call, shown until its message is: {runId, turnId, text,
-     * committedId (the message it became, once the event says so), since (the read it began after)}.
+     * The streaming texts of model calls, each shown until its message is: {turnId, step (the call's
+     * place in its Turn), runId, text, since (the read it began after)}, a Turn's in step order.
      */
-    this.live = null;
+    this.live = [];
     this.error = null;
     this.loaded = false;
     this.scheduleRefresh = debounce(() => this.refresh(), REFRESH_WAIT_MS, REFRESH_MAX_WAIT_MS);
@@ -122,34 +122,39 @@ export class SessionRuntime extends Emitter {
     this.emit("change", this);
   }
 
-  /** A text delta of this session's running model call (from the tree's stream). */
+  /**
+   * A text delta of one of this session's model calls (from the tree's stream). Its call is named by
+   * its Turn and step, not by the order of the stream: the next call's text may come before the
+   * event of the last call's message, and the read of that message later still.
+   */
   addDelta(delta) {
-    if (!this.observed || typeof delta.delta !== "string") return;
-    const live = this.live;
-    // A new Run, or the next model call after the last one's message was committed: a new bubble.
-    if (!live || live.runId !== delta.run_id || live.committedId !== null) {
-      this.live = { runId: delta.run_id, turnId: delta.turn_id, text: "", committedId: null, since: this.#seq };
+    if (!this.observed || typeof delta.delta !== "string" || !Number.isInteger(delta.step)) return;
+    let live = this.live.find((l) => l.turnId === delta.turn_id && l.step === delta.step);
+    if (!live) {
+      if (this.#saved(delta.turn_id, delta.step)) return; // a late delta of a message already shown
+      live = { turnId: delta.turn_id, step: delta.step, runId: delta.run_id, text: "", since: this.#seq };
+      const after = this.live.findIndex((l) => l.turnId === live.turnId && l.step > live.step);
+      this.live.splice(after < 0 ? this.live.length : after, 0, live);
+    } else if (live.runId !== delta.run_id) {
+      // The Run that made this call was lost midway: the next one makes the call again, whole.
+      Object.assign(live, { runId: delta.run_id, text: "" });
     }
-    this.live.text += delta.delta;
+    live.text += delta.delta;
     this.emit("live", this);
   }
 
-  /** A committed assistant message of the streaming Run: its bubble goes once the message is read. */
-  messageCommitted(event) {
-    if (this.live && this.live.committedId === null && event.run_id === this.live.runId) {
-      this.live.committedId = event.payload?.message_id ?? null;
-    }
+  /** Whether the history read holds the message of a Turn's model call ``step`` (its step+1-th reply). */
+  #saved(turnId, step) {
+    let replies = 0;
+    for (const m of this.messages) if (m.turn_id === turnId && m.role === "assistant") replies += 1;
+    return replies > step;
   }
 
-  /** Drop the live text once its message is in the history, or when its Turn ended without one. */
+  /** Drop each live text once its message is in the history, or when its Turn ended without one. */
   #settleLive(seq) {
-    const live = this.live;
-    if (!live) return;
-    const lastId = this.messages.at(-1)?.id ?? 0;
-    const shown = live.committedId !== null && lastId >= live.committedId;
     // Only a read that began after the text did can tell that its Turn is over.
-    const ended = seq > live.since && this.detail?.current_turn_id !== live.turnId;
-    if (shown || ended) this.live = null;
+    const ended = (live) => seq > live.since && this.detail?.current_turn_id !== live.turnId;
+    this.live = this.live.filter((live) => !this.#saved(live.turnId, live.step) && !ended(live));
   }
 
   /** Every message after ``after`` (the history is append-only), page by page. */
@@ -385,9 +390,6 @@ export class TreeRuntime extends Emitter {
       return; // live text only: no cursor, nothing to re-read
     }
     this.cursor = raw.id || String(event.cursor ?? this.cursor);
-    if (event.kind === "message" && event.payload?.role === "assistant") {
-      this.#sessions.get(event.session_id)?.messageCommitted(event);
-    }
     this.emit("event", event);
     if (REQUEST_EVENTS.has(event.kind)) this.#requestsDue = true;
     this.scheduleRefresh();

@@ -43,6 +43,9 @@ from tests.actors.helpers import (
     rows,
     session_id_at,
 )
+from tests.actors.replay_server import ReplayServer
+from tests.actors.replay_server import calls as replay_calls
+from tests.actors.replay_server import say as replay_say
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:
@@ -353,6 +356,43 @@ async def test_a_long_reply_streams_in_pieces_that_fit_a_notification(runtime: R
     assert (result["status"], result["output"]) == ("completed", text)
     assert "".join(deltas) == text
     assert max(len(json.dumps(delta).encode()) for delta in deltas) < 8000
+
+
+async def test_each_delta_names_its_model_call_within_the_turn(runtime: Runtime, scope: Scope,
+                                                               replay: ReplayServer) -> None:
+    # A Turn of two streamed calls, each with text: a page tells their texts apart by the step the
+    # deltas carry (a stream may bring the second call's text before the first call's message).
+    import psycopg
+
+    from actors.gateway_actor import DELTA_CHANNEL
+
+    model = f"replay-steps-{uuid.uuid4().hex[:8]}"
+    agent_id = f"agent-{uuid.uuid4().hex[:8]}"
+    await runtime.create_agent(scope, {"agent_id": agent_id, "name": agent_id, "model": f"openai/{model}",
+                                       "api_base": replay.base_url, "api_key_ref": "OPENAI_API_KEY"})
+    replay.script(model, {**replay_calls(("list_agents", {})), "text": "let me look first"},
+                  replay_say("then the answer"))
+    listener = await psycopg.AsyncConnection.connect(runtime.database_url, autocommit=True)
+    await listener.execute(f"LISTEN {DELTA_CHANNEL}")
+    root = (await runtime.create_root(scope, agent_id=agent_id))["session"]["session_id"]
+    await runtime.watch_tree(scope, root)
+    submitted = await runtime.submit_input(scope, root, "Look, then answer.")
+    payloads: list[dict[str, Any]] = []
+    async for note in listener.notifies(timeout=120):
+        payload = json.loads(note.payload)
+        if payload["session_id"] == str(root):
+            payloads.append(payload)
+            if "".join(p["delta"] for p in payloads).endswith("then the answer"):
+                break
+    await listener.close()
+    result = await runtime.wait_result(scope, submitted["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "then the answer")
+    by_step: dict[int, str] = {}
+    for payload in payloads:
+        assert set(payload) == {"session_id", "tree_id", "turn_id", "run_id", "step", "delta"}, payload
+        assert payload["turn_id"] == str(result["turn_id"])
+        by_step[payload["step"]] = by_step.get(payload["step"], "") + payload["delta"]
+    assert by_step == {0: "let me look first", 1: "then the answer"}
 
 
 async def test_ray_workers_preload_canopys_actor_modules(runtime: Runtime) -> None:

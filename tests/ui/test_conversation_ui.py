@@ -1,15 +1,25 @@
 """Conversation features in a real browser: origins and links across roots with the unread
 marker, steering a running Turn, the "@" agent picker, an approval denied from its card (a
 failed, expandable tool row), archive refused while busy then allowed, live model text replaced
-by the saved message, and queued inputs listed and cancelled."""
+by the saved message (each model call of a Turn in a bubble of its own), and queued inputs listed
+and cancelled."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import TYPE_CHECKING
 
 import pytest
 
 from actors.runtime import Runtime
 from actors.scripted import call, say, script
+from tests.actors.replay_server import ReplayServer
 from tests.ui.helpers import ARTIFACTS, Tab, User, create_root, get, open_root, poll, rows, shoot, wait_result
+
+if TYPE_CHECKING:
+    from playwright.async_api import Route
 
 expect = pytest.importorskip("playwright.async_api").expect
 
@@ -235,6 +245,74 @@ async def test_live_text_streams_then_the_saved_message_replaces_it(tab: Tab, us
     messages = await get(user, f"/sessions/{root_id}/messages")
     assert [m["content"] for m in messages if m["role"] == "assistant"] == [final]
     await shoot(page, "live-text-done")
+
+
+# Records, at every DOM change of the root view, the texts of its streaming bubbles and of its saved
+# assistant messages.
+RECORD_CALLS = """() => {
+    window.__calls = [];
+    const view = document.querySelector('.root-view');
+    const texts = (selector) => [...view.querySelectorAll(selector)].filter((el) => !el.closest('[hidden]'))
+        .map((el) => el.textContent);
+    const record = () => window.__calls.push({streaming: texts('.msg.streaming'), saved: texts('.msg.assistant')});
+    new MutationObserver(record).observe(view, {subtree: true, childList: true, characterData: true,
+                                                attributes: true});
+}"""
+
+
+async def test_a_second_model_calls_text_streams_in_a_bubble_of_its_own(tab: Tab, user: User,
+                                                                       replay: ReplayServer) -> None:
+    """A Turn of two streamed calls, the page's history reads held until the second call's text is on
+    the page (as a lagging stream or a slow read would have it): the first call's text stays, once,
+    in its own bubble until its message is read, and the second call's never joins it."""
+    page = tab.page
+    model = f"replay-ui-{uuid.uuid4().hex[:8]}"
+    agent = await user.http.post("/api/v1/agents", json={
+        "agent_id": "looker", "name": "Looker", "model": f"openai/{model}", "api_base": replay.base_url,
+        "api_key_ref": "OPENAI_API_KEY"})
+    assert agent.status_code == 201, agent.text
+    first = " ".join(f"a{n:02d}" for n in range(20))
+    second = " ".join(f"b{n:02d}" for n in range(40))
+    # Dripped a character at a time, so each call's text grows on the page for a while.
+    replay.script(model, {"call": [{"name": "list_agents", "args": {}}], "text": first, "drip": 0.02},
+                  {"say": second, "drip": 0.05})
+    created = await user.http.post("/api/v1/sessions", json={"agent_id": "looker", "title": "Two calls"})
+    assert created.status_code == 201, created.text
+    root_id = created.json()["session"]["session_id"]
+    await open_root(page, user.base, root_id)
+
+    async def stream_open() -> bool:
+        return await page.evaluate(f"() => window.canopy.store.tree('{root_id}').connection === 'open'")
+
+    await poll(stream_open, what="the tree's stream open")
+    second_shown = asyncio.Event()
+
+    async def hold_history(route: Route) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(second_shown.wait(), 60)
+        await route.continue_()
+
+    await page.route(f"**/api/v1/sessions/{root_id}/messages*", hold_history)
+    await page.evaluate(RECORD_CALLS)
+    root = page.locator(".root-view")
+    await root.locator(".composer-input").fill("look, then answer")
+    await root.locator(".composer button[type=submit]").click()
+    await expect(root.locator(".msg.streaming", has_text="b00")).to_be_visible(timeout=60_000)
+    second_shown.set()
+
+    await expect(root.locator(".msg.assistant")).to_have_text([first, second], timeout=30_000)
+    await expect(root.locator(".msg.streaming:visible")).to_have_count(0)
+    log = await page.evaluate("() => window.__calls")
+    # The second call's text reached the page while the first call's message was still unread.
+    assert any(second.startswith(text) for entry in log if not entry["saved"] for text in entry["streaming"])
+    for entry in log:
+        assert all(first.startswith(text) or second.startswith(text) for text in entry["streaming"]), entry
+    # Once the first call's text is whole on the page it stays there, once: streaming, then saved.
+    whole = next((n for n, entry in enumerate(log) if first in entry["streaming"]), None)
+    assert whole is not None, "the first call's text was never shown whole"
+    for entry in log[whole:]:
+        assert (entry["streaming"] + entry["saved"]).count(first) == 1, entry
+    await shoot(page, "two-calls-streamed")
 
 
 async def test_queued_inputs_listed_and_one_cancelled(tab: Tab, user: User, runtime: Runtime) -> None:
