@@ -338,7 +338,10 @@ def _file_stamp(path: Path | None) -> tuple[int, int, int] | None:
 
 def _endpoint(url: str) -> tuple[str, str, int, str] | None:
     """The scheme, host, port and path (without a final "/") an http(s) URL reaches; None for one
-    whose host a reader could take differently: credentials before it, none, a port that is not one."""
+    whose host a reader could take differently (credentials before it, none, a port that is not one),
+    or whose path is not what it reaches: the HTTP client resolves dot segments, plain or
+    percent-encoded, before it sends (``/v1/../admin`` is ``/admin``), and a query or a fragment
+    would cut off the path litellm appends to a base."""
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
@@ -346,6 +349,8 @@ def _endpoint(url: str) -> tuple[str, str, int, str] | None:
         return None
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
+        return None
+    if "?" in url or "#" in url or {".", ".."} & {urllib.parse.unquote(s) for s in parts.path.split("/")}:
         return None
     return scheme, parts.hostname, port or _DEFAULT_PORTS[scheme], parts.path.rstrip("/")
 
@@ -596,7 +601,7 @@ class ModelGateway:
         models_file: str | None = None,
         secrets_dir: str | None = None,
         provider_env: Sequence[str] = (),
-        agent_api_bases: Sequence[str] | None = None,
+        agent_api_bases: Sequence[str] = (),
     ) -> None:
         self._scripted_port = scripted_port
         self._log_path = log_path
@@ -604,8 +609,8 @@ class ModelGateway:
         self._retries = max(0, retries)
         self._models_file = Path(models_file) if models_file else None
         self._keys = _Keys(Path(secrets_dir) if secrets_dir else None, provider_env)
-        self._api_bases = None if agent_api_bases is None else tuple(agent_api_bases)
-        self._allowed_endpoints = tuple(map(_endpoint, self._api_bases or ()))  # read once, not per call
+        self._api_bases = tuple(agent_api_bases)
+        self._allowed_endpoints = tuple(map(_endpoint, self._api_bases))  # read once, not per call
         self._routes: _Routes | str | None = None  # the routes, or why the configuration has none
         self._routes_stamp: tuple[Any, ...] | None = None
         self._scripted: ScriptedModelServer | None = None
@@ -678,25 +683,24 @@ class ModelGateway:
         except ModelError:
             return frozenset()
 
-    def _check_api_base(self, api_base: str | None, api_key_ref: str | None) -> None:
-        """An agent's api_base must be a listed endpoint; with none listed, it gets no key: whoever may
-        create agents must not be able to send the operator's keys to a URL of their choosing."""
-        if not api_base:
-            return
-        if self._api_bases is None:
-            if api_key_ref:
-                raise ModelError(f"api_key_ref {api_key_ref!r} with api_base {api_base!r}: a key goes to an agent's "
-                                 "own api_base only when the operator lists that endpoint in CANOPY_AGENT_API_BASES "
-                                 "(unset: an api_base is called without a key)")
-        elif not _allowed_endpoint(api_base, self._allowed_endpoints):
+    def _check_endpoint(self, model: str, api_base: str | None) -> None:
+        """An agent's calls go only where the operator lets them: its api_base must be a listed endpoint
+        (whoever may create agents names it, and the gateway asks it from inside the cluster: the Ray
+        dashboard, a metadata service, any loopback port, its answer shown back in the Turn's error),
+        and its model string must not hold a URL (some of litellm's providers, oobabooga and
+        huggingface, call the URL a model string names, round the list)."""
+        if "://" in model:
+            raise ModelError(f"the model {model[:200]!r} holds a URL: an agent's endpoint is its api_base, one of "
+                             "the endpoints the operator lists in CANOPY_AGENT_API_BASES")
+        if api_base and not _allowed_endpoint(api_base, self._allowed_endpoints):
             raise ModelError(f"api_base {api_base!r} is not one of the endpoints agents may use "
-                             f"(CANOPY_AGENT_API_BASES: {', '.join(self._api_bases) or 'none'})")
+                             f"(CANOPY_AGENT_API_BASES: {', '.join(self._api_bases) or 'none listed'})")
 
     async def check_model(self, model: str, api_base: str | None = None, api_key_ref: str | None = None) -> str | None:
         """Why a call to ``model`` (with an agent's ``api_base``/``api_key_ref``) cannot work, as a
         sentence that names what is missing; None when litellm has all it needs. Makes no request."""
         try:
-            self._check_api_base(api_base, api_key_ref)
+            self._check_endpoint(model, api_base)
             return self._current_routes().problem(model, api_base, api_key_ref)
         except ModelError as error:
             return str(error)
@@ -720,7 +724,7 @@ class ModelGateway:
         call) aborts the HTTP request.
         """
         litellm = _litellm()
-        self._check_api_base(api_base, api_key_ref)
+        self._check_endpoint(model, api_base)
         routes = self._current_routes()
         call_id = uuid.uuid4().hex
         request: dict[str, Any] = {"model": routes.target(model, api_base, api_key_ref),

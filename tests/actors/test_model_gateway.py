@@ -20,7 +20,7 @@ from actors.model_gateway import INVALID_ARGUMENTS, ModelError, ModelGateway
 from actors.scripted import builders
 from actors.scripted.server import ScriptedModelServer, serve_scripted_model
 from tests.actors.replay_server import ReplayServer, calls, fail, say
-from tests.ports import free_port
+from tests.conftest import AGENT_API_BASES
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -58,7 +58,7 @@ def log_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def gateway(log_path: Path) -> AsyncIterator[ModelGateway]:
-    gw = ModelGateway(log_path=str(log_path), timeout_seconds=30, retries=2)
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, log_path=str(log_path), timeout_seconds=30, retries=2)
     yield gw
     await gw.close()
 
@@ -109,12 +109,11 @@ async def test_fail_raises_model_error_without_retry(gateway: ModelGateway, log_
 
 
 async def test_transient_error_is_retried_then_reported() -> None:
-    closed_port = free_port()  # nothing listens there: connections are refused
-    gw = ModelGateway(timeout_seconds=5, retries=1)
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=5, retries=1)
     started = time.monotonic()
     with pytest.raises(ModelError, match="after 2 attempts") as failed:
         await gw.complete(model="openai/scripted", messages=scripted([{"say": "x"}]), tools=None,
-                          api_base=f"http://127.0.0.1:{closed_port}/v1")
+                          api_base=AGENT_API_BASES[1])  # nothing listens there: connections are refused
     assert time.monotonic() - started >= 0.5, "backs off before retrying"
     assert [a["model"] for a in failed.value.attempts] == ["openai/scripted"] * 2
     assert all("Connection" in a["error"] for a in failed.value.attempts)
@@ -136,7 +135,7 @@ async def test_other_models_pass_through_with_the_named_key_and_base(
 async def test_a_priced_model_is_charged_its_tokens_streamed_or_not(replay: ReplayServer) -> None:
     import litellm  # the price map, read independently of the gateway
 
-    gw = ModelGateway(timeout_seconds=30, retries=0)
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0)
     replay.script("gpt-4o-mini", say("plain"), say("streamed"))
     prompt, completion = litellm.cost_per_token(model="gpt-4o-mini", prompt_tokens=11, completion_tokens=7)
     deltas: list[str] = []
@@ -156,7 +155,7 @@ async def test_arguments_nested_past_the_parsers_depth_are_never_an_internal_err
     """A provider's tool call nested deeper than Python's JSON parser recurses: streamed, the gateway
     reads the reply (the call's arguments are marked as not a JSON object, for the model to be told);
     whole, litellm cannot read it, and the call fails with a ModelError after its retries."""
-    gw = ModelGateway(timeout_seconds=30, retries=1)
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=1)
     deep = '{"agent_id": ' + "[" * 50_000 + "]" * 50_000 + "}"
     replay.script("deep", then=calls(("list_agents", deep)))
 
@@ -182,7 +181,7 @@ async def test_text_postgresql_cannot_store_never_leaves_the_gateway(replay: Rep
                                "text": "x\u0000y\ud800"})
 
     for streamed in (_ignore_delta, None):
-        reply = await ModelGateway(timeout_seconds=30, retries=0).complete(
+        reply = await ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0).complete(
             model="openai/nul", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url,
             on_delta=streamed)
         message = reply["message"]
@@ -194,7 +193,7 @@ async def test_text_postgresql_cannot_store_never_leaves_the_gateway(replay: Rep
             {"id": f"call_{index}_2", "name": "read_file", "arguments": {INVALID_ARGUMENTS: surrogate}}]
     replay.script("nul-error", then=fail(400, "bad\u0000request"))
     with pytest.raises(ModelError) as failed:
-        await ModelGateway(timeout_seconds=30, retries=0).complete(
+        await ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0).complete(
             model="openai/nul-error", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
     assert "bad\ufffdrequest" in str(failed.value), failed.value
     assert [attempt["error"] for attempt in failed.value.attempts] == [str(failed.value)]
@@ -208,7 +207,7 @@ async def test_arguments_jsonb_cannot_store_are_marked_invalid(replay: ReplaySer
     replay.script("nan", then=calls(*(("read_file", raw) for raw in raws)))
 
     for streamed in (_ignore_delta, None):
-        reply = await ModelGateway(timeout_seconds=30, retries=0).complete(
+        reply = await ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0).complete(
             model="openai/nan", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url,
             on_delta=streamed)
         assert [call["arguments"] for call in reply["message"]["tool_calls"]] == [
@@ -225,7 +224,7 @@ async def test_usage_a_provider_cannot_have_spent_is_replaced_by_the_estimate(re
     messages = [{"role": "user", "content": "tell me something " * 50}]
     replay.script("gpt-4o-mini", then={**say("an answer " * 20), "usage": usage})
 
-    gw = ModelGateway(timeout_seconds=30, retries=0)
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0)
     counted = await gw.count_tokens(model="openai/gpt-4o-mini", messages=messages)
     for streamed in (None, _ignore_delta):
         reply = await gw.complete(model="openai/gpt-4o-mini", messages=messages, tools=None,
@@ -244,7 +243,7 @@ async def test_a_reply_without_usage_is_counted_by_litellms_estimate(replay: Rep
     replay.script("gpt-4o-mini", then={**say(text), "usage": None})
     messages = [{"role": "user", "content": "tell me something " * 50}]
 
-    gw = ModelGateway(timeout_seconds=30, retries=0)
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0)
     whole, streamed = [await gw.complete(model="openai/gpt-4o-mini", messages=messages, tools=None,
                                          api_base=replay.base_url, on_delta=d) for d in (None, _ignore_delta)]
     counted = await gw.count_tokens(model="openai/gpt-4o-mini", messages=messages)
@@ -260,7 +259,7 @@ async def test_a_reply_without_choices_is_a_model_error(replay: ReplayServer) ->
     replay.script("no-choices", then={"body": {"id": "x", "object": "chat.completion", "created": 1,
                                                "model": "no-choices", "choices": []}})
     with pytest.raises(ModelError, match="no choices"):
-        await ModelGateway(timeout_seconds=30, retries=0).complete(
+        await ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0).complete(
             model="openai/no-choices", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
 
 
@@ -270,7 +269,7 @@ async def test_a_reply_sent_slowly_past_the_timeout_fails_the_call(replay: Repla
     that (a reply drip-fed, a stream that never ends) held the call, and its Run's slot, forever.
     A call ends within its timeout for each attempt it may make."""
     replay.script("drip", then={**say("x" * 30), "drip": 0.3})
-    gw = ModelGateway(timeout_seconds=1, retries=1)
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=1, retries=1)
     with pytest.raises(ModelError, match="took longer than 2 s"):
         await gw.complete(model="openai/drip", messages=scripted([{"say": "x"}]), tools=None,
                           api_base=replay.base_url, on_delta=streamed)
@@ -281,7 +280,7 @@ async def test_a_stream_cut_off_midway_is_asked_again(replay: ReplayServer) -> N
     stream cut off midway failed the call (a watched tree's calls are streamed, so a human watching
     turned a provider's hiccup into a failed Turn). It is asked again, as a whole reply."""
     replay.script("cut", {**say("never finished"), "break_after": 1}, say("whole"))
-    reply = await ModelGateway(timeout_seconds=30, retries=2).complete(
+    reply = await ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=2).complete(
         model="openai/cut", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url,
         on_delta=_ignore_delta)
     assert reply["message"]["content"] == "whole"
@@ -296,7 +295,7 @@ async def test_a_cost_a_provider_cannot_have_charged_is_priced_from_the_tokens(r
 
     replay.script("gpt-4o-mini", then={**say("priced"), "usage": {**_USAGE_REPORTED, "cost": 1.5e308}})
     price = sum(litellm.cost_per_token(model="gpt-4o-mini", prompt_tokens=11, completion_tokens=7))
-    gw = ModelGateway(timeout_seconds=30, retries=0)
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0)
     for streamed in (None, _ignore_delta):
         reply = await gw.complete(model="openai/gpt-4o-mini", messages=scripted([{"say": "x"}]), tools=None,
                                   api_base=replay.base_url, on_delta=streamed)
@@ -311,7 +310,7 @@ async def test_a_tool_call_of_another_type_is_answered_as_unknown(replay: Replay
         "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
             "role": "assistant", "content": None,
             "tool_calls": [{"id": "c1", "type": "custom", "custom": {"name": "run_command", "input": "ls"}}]}}]}})
-    reply = await ModelGateway(timeout_seconds=30, retries=0).complete(
+    reply = await ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0).complete(
         model="openai/custom", messages=scripted([{"say": "x"}]), tools=None, api_base=replay.base_url)
     [call] = reply["message"]["tool_calls"]
     assert call["id"] == "c1" and call["name"].startswith("invalid_name_") and call["name"] != "run_command"
@@ -338,25 +337,59 @@ async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(
     assert len(replay.requests_for("elsewhere")) == 1
 
 
-async def test_with_no_endpoints_listed_an_api_base_gets_no_key(
+async def test_with_no_endpoints_listed_no_api_base_is_called(
     monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
 ) -> None:
-    """Whoever may create agents names their api_base: with no endpoint listed by the operator, a key
-    named with it would go to a URL of that user's choosing, so an api_base is called keyless."""
+    """Whoever may create agents names their api_base, and the gateway calls it from inside the
+    cluster: with no endpoint listed by the operator, a URL of that user's choosing (the Ray
+    dashboard, a metadata service, any loopback port) would be asked and its answer shown back in
+    the Turn's error. Nothing is called, with a key or without."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-operator-only")
     gw = ModelGateway(timeout_seconds=30, retries=0, provider_env=("OPENAI_API_KEY",))
-    replay.script("unlisted", say("keyless"))
-    refused = await gw.check_model("openai/unlisted", replay.base_url, "OPENAI_API_KEY") or ""
-    assert "CANOPY_AGENT_API_BASES" in refused and "OPENAI_API_KEY" in refused, refused
-    with pytest.raises(ModelError, match="CANOPY_AGENT_API_BASES"):
-        await gw.complete(model="openai/unlisted", messages=scripted([{"say": "x"}]), tools=None,
-                          api_base=replay.base_url, api_key_ref="OPENAI_API_KEY")
-    assert replay.requests_for("unlisted") == []
-    assert await gw.check_model("openai/unlisted", replay.base_url, None) is None
-    result = await gw.complete(model="openai/unlisted", messages=scripted([{"say": "x"}]), tools=None,
-                               api_base=replay.base_url)
-    assert result["message"]["content"] == "keyless"
-    assert "sk-operator-only" not in (replay.requests_for("unlisted")[0].authorization or "")
+    replay.script("unlisted", say("never"))
+    before = len(replay.received)
+    for key in ("OPENAI_API_KEY", None):
+        refused = await gw.check_model("openai/unlisted", replay.base_url, key) or ""
+        assert "CANOPY_AGENT_API_BASES" in refused and replay.base_url in refused, refused
+        with pytest.raises(ModelError, match="CANOPY_AGENT_API_BASES"):
+            await gw.complete(model="openai/unlisted", messages=scripted([{"say": "x"}]), tools=None,
+                              api_base=replay.base_url, api_key_ref=key)
+    assert len(replay.received) == before
+
+
+async def test_a_model_string_holding_a_url_is_refused(replay: ReplayServer) -> None:
+    """Some of litellm's providers take the endpoint from the model string itself (oobabooga,
+    huggingface): a URL there would go round the endpoints the operator lists."""
+    origin = replay.base_url.removesuffix("/v1")
+    gw = ModelGateway(timeout_seconds=30, retries=0, agent_api_bases=("https://api.example.com/v1",))
+    before = len(replay.received)
+    for model in (f"oobabooga/{origin}", f"huggingface/{origin}/v1", f"oobabooga/HTTP://{origin[7:]}"):
+        refused = await gw.check_model(model) or ""
+        assert "api_base" in refused and "URL" in refused, (model, refused)
+        with pytest.raises(ModelError, match="URL"):
+            await gw.complete(model=model, messages=scripted([{"say": "x"}]), tools=None)
+    assert len(replay.received) == before
+
+
+async def test_an_api_base_that_climbs_out_of_its_entry_or_carries_a_query_is_refused(
+    monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
+) -> None:
+    """The HTTP client resolves dot segments before it sends (``/v1/../admin`` is ``/admin``), so a
+    path compared as written would take the entry's key out from under its path; a query or a
+    fragment would cut off the path litellm appends."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-operator-only")
+    origin = replay.base_url.removesuffix("/v1")
+    gw = ModelGateway(timeout_seconds=30, retries=0, provider_env=("OPENAI_API_KEY",),
+                      agent_api_bases=(f"{origin}/v1/models",))
+    before = len(replay.received)
+    for api_base in (f"{origin}/v1/models/..", f"{origin}/v1/models/%2E%2e", f"{origin}/v1/models/./..",
+                     f"{origin}/v1/models?to=/v1/chat/completions", f"{origin}/v1/models#x"):
+        refused = await gw.check_model("openai/climb", api_base, "OPENAI_API_KEY") or ""
+        assert "CANOPY_AGENT_API_BASES" in refused, (api_base, refused)
+        with pytest.raises(ModelError, match="CANOPY_AGENT_API_BASES"):
+            await gw.complete(model="openai/climb", messages=scripted([{"say": "x"}]), tools=None,
+                              api_base=api_base, api_key_ref="OPENAI_API_KEY")
+    assert len(replay.received) == before
 
 
 async def test_api_bases_outside_the_allowed_prefixes_are_refused(replay: ReplayServer) -> None:
@@ -407,7 +440,7 @@ async def test_the_models_file_is_reloaded_and_its_rpm_limit_holds_calls_back(
 ) -> None:
     path = tmp_path / "models.yaml"
     _write(path, {"model_list": []})
-    gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path))
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0, models_file=str(path))
     assert "'limited'" in (await gw.check_model("limited", None, None) or ""), "not a model before the file names it"
     assert await gw.check_model("canopy/scripted", None, None) is None
 
@@ -448,16 +481,15 @@ async def test_the_readmes_models_file_is_one_the_gateway_takes(tmp_path: Path,
 async def test_a_broken_models_file_is_a_clear_error(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "models.yaml"
     path.write_text(text)
-    gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path))
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0, models_file=str(path))
     problem = await gw.check_model("canopy/scripted", None, None)
     assert problem is not None and str(path) in problem and says in problem, problem
     with pytest.raises(ModelError, match=says):
         await gw.complete(model="canopy/scripted", messages=scripted([{"say": "x"}]), tools=None)
 
 
-async def test_cancellation_aborts_the_http_call(
-    gateway: ModelGateway, own_server: ScriptedModelServer
-) -> None:
+async def test_cancellation_aborts_the_http_call(own_server: ScriptedModelServer) -> None:
+    gateway = ModelGateway(agent_api_bases=(own_server.base_url,), timeout_seconds=30, retries=2)
     call = asyncio.create_task(gateway.complete(
         model="openai/scripted", messages=scripted([{"say": "x", "delay_ms": 10000}]), tools=None,
         api_base=own_server.base_url,
@@ -472,6 +504,7 @@ async def test_cancellation_aborts_the_http_call(
     assert time.monotonic() - started < 2.0
     # The server sees the hang-up: the request is gone long before its 10 s delay.
     await wait_until(lambda: own_server.in_flight_requests == 0, within=2.0)
+    await gateway.close()
 
 
 # ---------------------------------------------------------------------------
