@@ -114,12 +114,14 @@ _ID_STEM_CHARS = IDENTIFIER_CHARS - 8
 
 
 def _parse_reply(calls: list[dict[str, Any]], allowed: frozenset[str], limit: int) -> list[_Call]:
-    """A reply's calls, parsed. A reply with more than ``limit`` calls runs none of them: each is
-    answered with the same error (a model that floods tool calls is refused, not half-obeyed)."""
+    """A reply's calls, parsed. A reply with more than ``limit`` calls runs none of them (a model that
+    floods tool calls is refused, not half-obeyed): its first ``limit`` are kept, each answered with
+    the same error, and the rest dropped, so a flood costs the history ``limit`` answers, not one per
+    call, sent back at every later model call."""
     if len(calls) > limit:
         error = {"error": f"this reply made {len(calls)} tool calls; the limit is {limit} per reply "
                           f"(setting CANOPY_MAX_TOOL_CALLS_PER_REPLY), so none of them ran: make at most {limit}"}
-        return [_Call(call, None, None, error) for call in calls]
+        return [_Call(call, None, None, error) for call in calls[:limit]]
     return [_parse(call, allowed) for call in calls]
 
 
@@ -376,6 +378,7 @@ class RunExecutor:
                 return  # the call failed for good: the Turn has failed
             reply["message"]["tool_calls"] = _with_unique_ids(reply["message"]["tool_calls"], self._call_ids())
             calls = _parse_reply(reply["message"]["tool_calls"], self._tools, self.settings.max_tool_calls_per_reply)
+            reply["message"]["tool_calls"] = [item.call for item in calls]  # a flood's kept calls only
             if calls and not any(_acts(call) for call in calls):
                 # Only reads and waits: the reply is committed with their results (see _run_batch).
                 parked, boundary = await self._run_batch(session, input_id, calls, model_is_next=True, reply=reply)

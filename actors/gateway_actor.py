@@ -80,11 +80,11 @@ class AccountedGateway(ModelGateway):
         See :meth:`_complete_for_run` for the other arguments."""
         return await self._shared.run(call_id, lambda: self._complete_for_run(run_id=run_id, **arguments))
 
-    async def _complete_for_run(self, *, run_id: str, watch: dict[str, str] | None = None,
+    async def _complete_for_run(self, *, run_id: str, watch: dict[str, str | int] | None = None,
                                 trace: dict[str, str] | None = None, **request: Any) -> dict[str, Any]:
-        """With ``watch`` (session/tree/turn ids) text deltas are published live on the
-        ``canopy_deltas`` channel: not persisted, not in the event cursor. ``trace``: the calling
-        Run's span context (actors/tracing.py), the model call's parent."""
+        """With ``watch`` (session/tree/turn ids, and the call's step: its number in the Turn) text deltas
+        are published live on the ``canopy_deltas`` channel: not persisted, not in the event cursor.
+        ``trace``: the calling Run's span context (actors/tracing.py), the model call's parent."""
         started = time.monotonic()
         publisher = None if watch is None else _DeltaPublisher(self._database, {**watch, "run_id": run_id})
         with (tracing.remote_span("model call", trace, run_id=run_id, model=str(request["model"])[:200]),
@@ -285,7 +285,7 @@ class _DeltaPublisher:
     in flight the next deltas gather, so the stream is not held up by the database and a
     long reply costs a notification per round trip, not one per chunk."""
 
-    def __init__(self, database: Callable[[], Awaitable[Database]], watch: dict[str, str]) -> None:
+    def __init__(self, database: Callable[[], Awaitable[Database]], watch: dict[str, str | int]) -> None:
         self._database = database
         self._watch = watch
         self._pending: list[str] = []

@@ -71,7 +71,7 @@ def gateway_options(settings: Settings) -> dict[str, Any]:
             "timeout_seconds": settings.model_timeout_seconds, "retries": settings.model_retries,
             "models_file": str(settings.models_file.expanduser().resolve()) if settings.models_file else None,
             "secrets_dir": str(secrets_path(settings)), "provider_env": list(settings.provider_env),
-            "agent_api_bases": settings.agent_api_bases}
+            "agent_api_bases": settings.agent_api_bases, "max_reply_chars": settings.max_reply_chars}
 
 
 def gateway_here(settings: Settings) -> ModelGateway:

@@ -258,6 +258,21 @@ def _function(call: Any) -> tuple[Any, Any]:
     return getattr(function, "name", None), getattr(function, "arguments", None)
 
 
+def _chars(*texts: Any) -> int:
+    return sum(len(text) for text in texts if isinstance(text, str))
+
+
+def _reply_chars(message: Any) -> int:
+    """The characters of a reply's text and of its tool calls' ids, names and arguments."""
+    return _chars(getattr(message, "content", None)) + sum(
+        _chars(getattr(call, "id", None), *_function(call)) for call in getattr(message, "tool_calls", None) or [])
+
+
+def _too_long(chars: int, limit: int) -> ModelError:
+    return ModelError(f"the model's reply was {chars:,} characters or more, more than the {limit:,} characters a "
+                      "reply may hold (setting CANOPY_MAX_REPLY_CHARS): it was not kept")
+
+
 def _message(response: Any) -> dict[str, Any]:
     message = response.choices[0].message
     tool_calls = [
@@ -564,17 +579,21 @@ class _StreamCut(Exception):
 
 
 async def _streamed(router: Any, litellm: ModuleType, request: dict[str, Any],
-                    on_delta: Callable[[str], Awaitable[None]]) -> tuple[Any, dict[str, Any]]:
+                    on_delta: Callable[[str], Awaitable[None]], max_chars: int) -> tuple[Any, dict[str, Any]]:
     """Stream the reply, hand over text deltas, and rebuild the whole response from the chunks;
     with the stream's hidden params (the whole response built from chunks has none of its own).
-    _StreamCut when the stream fails after it opened."""
+    _StreamCut when the stream fails after it opened; ModelError once it passes ``max_chars``."""
     stream = await router.acompletion(**request, stream=True, stream_options={"include_usage": True})
     chunks = []
+    chars = 0
     try:
         async for chunk in stream:
             chunks.append(chunk)
             if len(chunks) > _MAX_STREAM_CHUNKS:
                 raise ModelError(f"the provider's stream sent more than {_MAX_STREAM_CHUNKS} chunks; it was cut off")
+            chars += _reply_chars(chunk.choices[0].delta) if chunk.choices else 0
+            if chars > max_chars:
+                raise _too_long(chars, max_chars)
             delta = chunk.choices[0].delta.content if chunk.choices else None
             if delta:
                 await on_delta(delta)
@@ -602,6 +621,7 @@ class ModelGateway:
         secrets_dir: str | None = None,
         provider_env: Sequence[str] = (),
         agent_api_bases: Sequence[str] = (),
+        max_reply_chars: int = 1_000_000,
     ) -> None:
         self._scripted_port = scripted_port
         self._log_path = log_path
@@ -611,6 +631,7 @@ class ModelGateway:
         self._keys = _Keys(Path(secrets_dir) if secrets_dir else None, provider_env)
         self._api_bases = tuple(agent_api_bases)
         self._allowed_endpoints = tuple(map(_endpoint, self._api_bases))  # read once, not per call
+        self._max_reply_chars = max_reply_chars
         self._routes: _Routes | str | None = None  # the routes, or why the configuration has none
         self._routes_stamp: tuple[Any, ...] | None = None
         self._scripted: ScriptedModelServer | None = None
@@ -750,6 +771,8 @@ class ModelGateway:
         if not getattr(response, "choices", None):  # e.g. a provider's content filter, answering 200
             raise ModelError("the provider's reply held no choices: nothing was generated",
                              [_attempt(routes, a, model) for a in failed])
+        if (chars := _reply_chars(response.choices[0].message)) > self._max_reply_chars:
+            raise _too_long(chars, self._max_reply_chars)
         if not _usage_reported(response):
             await asyncio.to_thread(_estimate_usage, litellm, response, request["messages"], self._counted(model))
             priced = None  # litellm priced the tokens it was told: none
@@ -762,15 +785,14 @@ class ModelGateway:
             "failed_attempts": [_attempt(routes, a, model) for a in failed],
         }
 
-    @staticmethod
-    async def _reply(routes: _Routes, litellm: ModuleType, request: dict[str, Any],
+    async def _reply(self, routes: _Routes, litellm: ModuleType, request: dict[str, Any],
                      on_delta: Callable[[str], Awaitable[None]] | None) -> tuple[Any, dict[str, Any], Any]:
         """The response, its hidden params and litellm's price of it (None: to be priced). A stream
         cut off midway is asked again whole, with the Router's retries: its watchers get no more
         deltas, and the final message is what is kept anyway."""
         if on_delta is not None:
             try:
-                response, hidden = await _streamed(routes.router, litellm, request, on_delta)
+                response, hidden = await _streamed(routes.router, litellm, request, on_delta, self._max_reply_chars)
                 return response, hidden, None
             except _StreamCut as cut:
                 log.warning("a streamed model reply was cut off (%s); asking again", cut)

@@ -71,7 +71,12 @@ class Settings(BaseSettings):
     # Limits on what a model can make Canopy do (its output is untrusted input). Each refusal is
     # a clear tool error that names the limit and its setting, and changes nothing else.
     max_tool_calls_per_reply: int = Field(
-        default=32, ge=1, description="A model reply with more tool calls runs none of them; each gets an error.")
+        default=32, ge=1, description="A model reply with more tool calls runs none of them: its first calls, up to "
+        "the limit, are kept, each answered with an error, and the rest dropped.")
+    max_reply_chars: int = Field(
+        default=1_000_000, ge=10_000, description="Characters of one model reply (its text and its tool calls' ids, "
+        "names and arguments; a model's longest output is a few hundred thousand): a longer one fails the call "
+        "before it is kept or sent on, and a streamed one is cut off as it passes the limit.")
     max_model_calls_per_turn: int = Field(
         default=100, ge=1, description="A Turn that needs more model calls fails with that reason.")
     max_sessions_per_tree: int = Field(

@@ -337,6 +337,26 @@ async def test_an_agents_api_base_never_gets_a_provider_key_it_did_not_name(
     assert len(replay.requests_for("elsewhere")) == 1
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+async def test_a_reply_longer_than_the_limit_fails_the_call(replay: ReplayServer, streamed: bool) -> None:
+    """A model's reply is untrusted: 20 MB of text or of a tool call's arguments from an endpoint that
+    answers so was kept whole, stored and sent back with every later call of the session. Past the
+    limit the call fails, saying so; a stream is cut off as it passes it."""
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0, max_reply_chars=50_000)
+    on_delta = _ignore_delta if streamed else None
+    replay.script("flood-text", say("y" * 60_000))
+    replay.script("flood-args", calls(("list_sessions", json.dumps({"note": "z" * 60_000}))))
+    replay.script("flood-calls", calls(*[("list_sessions", "{}", f"call-{n:05d}-" + "i" * 50) for n in range(1000)]))
+    for model in ("flood-text", "flood-args", "flood-calls"):
+        with pytest.raises(ModelError, match="more than the 50,000 characters a reply may hold"):
+            await gw.complete(model=f"openai/{model}", messages=scripted([{"say": "x"}]), tools=None,
+                              api_base=replay.base_url, on_delta=on_delta)
+    replay.script("fits", say("y" * 49_000))
+    reply = await gw.complete(model="openai/fits", messages=scripted([{"say": "x"}]), tools=None,
+                              api_base=replay.base_url, on_delta=on_delta)
+    assert reply["message"]["content"] == "y" * 49_000
+
+
 async def test_with_no_endpoints_listed_no_api_base_is_called(
     monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
 ) -> None:
