@@ -33,8 +33,10 @@ ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200), Afte
 # A title is in every line of a list of conversations (100 a page), and the UI's edit field takes 500.
 MAX_TITLE = 500
 Title = Annotated[str, StringConstraints(max_length=MAX_TITLE), AfterValidator(_storable)]
-ScopeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@:-]{1,128}$")]
-AgentId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
+SCOPE_ID_PATTERN = r"^[A-Za-z0-9_.@:-]{1,128}$"
+AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+ScopeId = Annotated[str, StringConstraints(pattern=SCOPE_ID_PATTERN)]
+AgentId = Annotated[str, StringConstraints(pattern=AGENT_ID_PATTERN)]
 ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
 ApiBase = Annotated[str, StringConstraints(pattern=API_BASE_PATTERN, max_length=API_BASE_MAX_CHARS)]

@@ -135,17 +135,25 @@ async def get_agent(conn: Connection, scope: Scope, agent_id: str) -> Row:
     return row
 
 
-async def list_agents(conn: Connection, scope: Scope, *, offset: int, limit: int) -> list[Row]:
-    """A page of the agents the user may run, by id, as summaries: no instructions, and the first
-    DESCRIPTION_PREVIEW characters of the description (the whole agent is one ``get_agent`` away).
-    Every user of an app sees its shared agents, so a page must not grow with what others wrote."""
+async def list_agents(conn: Connection, scope: Scope, *, offset: int, limit: int,
+                      after: tuple[str, str] | None = None) -> list[Row]:
+    """A page of the agents the user may run, by id (the user's own first among agents of one id), as
+    summaries: no instructions, and the first DESCRIPTION_PREVIEW characters of the description (the
+    whole agent is one ``get_agent`` away). Every user of an app sees its shared agents, so a page
+    must not grow with what others wrote. ``after`` (an agent's id and owner, the last of the page
+    before) continues the list after it, wherever agents made or deleted since have moved it."""
+    after_id, after_owner = after or (None, None)
     cur = await conn.execute(
         f"""SELECT agent_id, name, left(description, {DESCRIPTION_PREVIEW}) AS description,
                    length(description) > {DESCRIPTION_PREVIEW} AS description_truncated, model, approval_mode,
                    shared, owner_user_id, updated_at
             FROM agents WHERE {_VISIBLE}
+              AND (%(after_id)s::text IS NULL
+                   OR (agent_id, owner_user_id <> %(user_id)s, owner_user_id)
+                      > (%(after_id)s::text, %(after_owner)s::text <> %(user_id)s, %(after_owner)s::text))
             ORDER BY agent_id, owner_user_id <> %(user_id)s, owner_user_id OFFSET %(offset)s LIMIT %(limit)s""",
-        {"app_id": scope.app_id, "user_id": scope.user_id, "offset": offset, "limit": limit},
+        {"app_id": scope.app_id, "user_id": scope.user_id, "offset": offset, "limit": limit,
+         "after_id": after_id, "after_owner": after_owner},
     )
     return await cur.fetchall()
 

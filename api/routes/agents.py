@@ -4,26 +4,42 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, Offset, RuntimeDep, errors
-from api.schemas import Agent, AgentCreate, AgentSummary, AgentUpdate
+from api.deps import COMMON, Offset, RuntimeDep, errors, link_next, pages
+from api.schemas import AGENT_ID_PATTERN, SCOPE_ID_PATTERN, Agent, AgentCreate, AgentSummary, AgentUpdate
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import agents
+from persistence.errors import InvalidArgument
 
 router = APIRouter(prefix="/agents", tags=["agents"])
-AgentIdPath = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$", description="The agent's slug.")]
+AgentIdPath = Annotated[str, Path(pattern=AGENT_ID_PATTERN, description="The agent's slug.")]
 
 
-@router.get("", response_model=list[AgentSummary], responses=errors(*COMMON))
-async def list_agents(caller: ScopeDep, runtime: RuntimeDep,
+@router.get("", response_model=list[AgentSummary], responses=pages("agents"))
+async def list_agents(caller: ScopeDep, runtime: RuntimeDep, request: Request, response: Response,
                       offset: Offset = 0,
-                      limit: Annotated[int, Query(ge=1, le=100)] = 100) -> list[AgentSummary]:
-    """A page of the agents the caller may run, by id, as summaries (a shorter page: the last)."""
+                      limit: Annotated[int, Query(ge=1, le=100)] = 100,
+                      after: Annotated[str | None, Query(
+                          pattern=AGENT_ID_PATTERN, description="Only agents listed after this one (the last of "
+                          "the previous page, with after_owner): pages that agents made or deleted meanwhile do "
+                          "not shift.")] = None,
+                      after_owner: Annotated[str | None, Query(
+                          pattern=SCOPE_ID_PATTERN, description="The owner of the agent `after` names.")] = None,
+                      ) -> list[AgentSummary]:
+    """A page of the agents the caller may run, by id (the caller's own first among agents of one id),
+    as summaries. A full page has a ``Link: <…>; rel="next"`` header: the next page, after its last
+    agent."""
+    if (after is None) != (after_owner is None):
+        raise InvalidArgument("after and after_owner go together: the id and owner of the last agent read")
     async with runtime.db.tx() as conn:
-        rows = await agents.list_agents(conn, caller, offset=offset, limit=limit)
+        rows = await agents.list_agents(conn, caller, offset=offset, limit=limit,
+                                        after=(after, after_owner) if after and after_owner else None)
+    if len(rows) == limit:
+        link_next(request, response, "agents", after=rows[-1]["agent_id"], after_owner=rows[-1]["owner_user_id"],
+                  limit=limit)
     return [AgentSummary.model_validate(row) for row in rows]
 
 

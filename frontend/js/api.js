@@ -105,11 +105,14 @@ export class Api {
   // -- directory ---------------------------------------------------------------------------------
   checkKey = (key) => this.request("GET", "/sessions?limit=1", undefined, { keyOverride: key });
   projects = async () => listOf(await this.get("/projects"), "projects");
-  // Every agent the user may run, a page at a time (the API pages its list).
+  // Every agent the user may run, a page at a time (the API pages its list), each page after the
+  // last agent read: agents made or deleted meanwhile shift no page.
   agents = async () => {
     const all = [];
-    for (let offset = 0; ; offset += AGENTS_PAGE) {
-      const page = listOf(await this.get(`/agents?offset=${offset}&limit=${AGENTS_PAGE}`), "agents");
+    for (;;) {
+      const last = all.at(-1);
+      const after = last ? { after: last.id, after_owner: last.owner_user_id } : {};
+      const page = listOf(await this.get(`/agents${q({ ...after, limit: AGENTS_PAGE })}`), "agents");
       all.push(...page);
       if (page.length < AGENTS_PAGE) return all;
     }

@@ -17,7 +17,7 @@ from api import reference
 from api.routes import health
 from persistence import quotas
 from persistence.records import Scope
-from tests.api.conftest import ApiServer
+from tests.api.conftest import ApiServer, ClientFactory
 from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, poll, rows, terminal
 
 
@@ -349,6 +349,31 @@ async def test_an_agents_endpoint_and_key_name_are_checked_and_frozen(http: http
     back = await http.patch("/api/v1/agents/remote", json={"compact_at_tokens": None})
     assert back.status_code == 200, back.text
     assert (await http.get("/api/v1/agents/remote")).json()["compact_at_tokens"] is None
+
+
+async def test_the_agent_list_goes_on_after_the_last_agent_read(client_for: ClientFactory, scope: Scope) -> None:
+    """An agent made or deleted between two page reads shifted every later page of an offset: the next
+    page goes on after the last agent read (its id and owner: two users may each have an "a2", the
+    caller's own first), as the Link header says."""
+    mine = await client_for(scope)
+    colleague = await client_for(Scope("colleague-" + uuid.uuid4().hex[:6], scope.app_id))
+    for http, name in ((mine, "a1"), (mine, "a2"), (colleague, "a2"), (mine, "a3")):  # mine private, theirs shared
+        made = await http.post("/api/v1/agents", json={"agent_id": name, "name": name, "shared": http is colleague})
+        assert made.status_code == 201, made.text
+    first = await mine.get("/api/v1/agents", params={"limit": 2})
+    assert [(a["id"], a["owner_user_id"]) for a in first.json()] == [("a1", scope.user_id), ("a2", scope.user_id)]
+    assert (await mine.post("/api/v1/agents", json={"agent_id": "a0", "name": "a0"})).status_code == 201
+    assert (await mine.delete("/api/v1/agents/a1")).status_code == 204
+    link = first.headers["link"]
+    assert link.startswith("<agents?") and link.endswith('>; rel="next"'), link
+    following = await mine.get("/api/v1/agents?" + link[len("<agents?"):-len('>; rel="next"')])
+    assert following.status_code == 200, following.text
+    assert [a["id"] for a in following.json()] == ["a2", "a3"]
+    assert following.json()[0]["owner_user_id"] != scope.user_id and "link" in following.headers
+    last = await mine.get("/api/v1/agents", params={"after": "a3", "after_owner": scope.user_id})
+    assert last.json() == [] and "link" not in last.headers
+    refused = await mine.get("/api/v1/agents", params={"after": "a3"})
+    assert refused.status_code == 422 and "after_owner" in refused.text
 
 
 async def test_the_agent_list_comes_a_page_at_a_time_as_summaries(http: httpx.AsyncClient, runtime: Runtime,

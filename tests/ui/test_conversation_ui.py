@@ -64,6 +64,24 @@ async def test_origins_across_roots_and_unread_marker(tab: Tab, user: User) -> N
     assert result["output"] == "A saw B finish"
 
 
+async def test_the_agent_picker_lists_agents_past_the_first_page(tab: Tab, user: User) -> None:
+    # GET /agents answers at most 100 a page: the picker reads on after the last agent of each page.
+    for number in range(105):
+        made = await user.http.post("/api/v1/agents", json={"agent_id": f"p{number:03d}", "name": f"Paged {number}",
+                                                             "model": "canopy/scripted"})
+        assert made.status_code == 201, made.text
+    created = await create_root(user, script(say("ready")), title="Pick")
+    await open_root(tab.page, user.base, created["session"]["session_id"])
+    box = tab.page.locator(".root-view .composer-input")
+    for query, name in (("@agent:p000", "Paged 0"), ("@agent:p104", "Paged 104")):
+        await box.fill("")
+        await box.press_sequentially(query)
+        option = tab.page.locator(".root-view .agent-picker .agent-option")
+        await expect(option).to_have_count(1)
+        await expect(option.locator(".agent-name")).to_have_text(name)
+    await box.press("Escape")
+
+
 async def test_steer_and_agent_picker(tab: Tab, user: User) -> None:
     page = tab.page
     agent = await user.http.post("/api/v1/agents", json={
