@@ -199,7 +199,8 @@ async def release_on_lost_nodes(conn: Connection, alive: set[str]) -> list[uuid.
 
 async def record_nodes(conn: Connection, addresses: dict[str, str]) -> None:
     """Remember the address of each live node (``node id -> address``): where its sandboxes are
-    once Ray, started again, knows that node by another id (``adopt``)."""
+    once Ray, started again, knows that node by another id (``adopt``). Forgets the other nodes no
+    lease names."""
     await conn.execute(query("ray_nodes_record"), {"node_ids": list(addresses), "addresses": list(addresses.values())})
 
 

@@ -106,10 +106,9 @@ async def test_a_sandbox_of_an_earlier_life_of_ray_is_this_machines_and_its_comm
     here = ray.get_runtime_context().get_node_id()
     address = next(node["NodeManagerAddress"] for node in ray.nodes() if node["NodeID"] == here)
     earlier = uuid.uuid4().hex + uuid.uuid4().hex[:24]  # a node id no other test's lease names
-    await rows(runtime.db, "INSERT INTO ray_nodes (node_id, address) VALUES (%s, %s) RETURNING node_id",
-               earlier, address)
-    await rows(runtime.db, "UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s RETURNING tree_id",
-               earlier, tree_id)
+    async with runtime.db.tx() as conn:  # at once: the sweeper forgets a node no lease names
+        await conn.execute("INSERT INTO ray_nodes (node_id, address) VALUES (%s, %s)", (earlier, address))
+        await conn.execute("UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s", (earlier, tree_id))
     [lease] = await rows(runtime.db, "SELECT handle FROM sandbox_leases WHERE tree_id = %s", tree_id)
     hosts = await alive_sandbox_hosts()
     os.kill(int(hosts[0].pid), signal.SIGKILL)

@@ -227,6 +227,23 @@ async def test_the_sandboxes_of_a_lost_node_are_released_still_naming_it(sandbox
     assert await _lease(sandbox, kept) == before[kept]
 
 
+async def test_nodes_recorded_are_the_live_ones_and_those_leases_name(sandbox: SandboxKit) -> None:
+    """Ray gives every node a new id each time it starts: a row per node of every life of the cluster
+    grew for ever. A node that is not live and that no lease names is forgotten."""
+    named, live, gone = (f"node-{kind}-{uuid.uuid4().hex[:8]}" for kind in ("named", "live", "gone"))
+    tree, workdir = await sandbox.new_tree()
+    await SandboxManager(sandbox.db, sandbox.backend, 300, sandbox.options, node_id=named).run_command(
+        tree, workdir, "true", 30)
+    async with sandbox.db.tx() as conn:
+        await leases.record_nodes(conn, {named: "10.0.0.1", gone: "10.0.0.2", live: "10.0.0.3"})
+    async with sandbox.db.tx() as conn:
+        await leases.record_nodes(conn, {live: "10.0.0.3"})
+        cur = await conn.execute("SELECT node_id, address FROM ray_nodes WHERE node_id = ANY(%s) ORDER BY address",
+                                 ([named, live, gone],))
+        recorded = await cur.fetchall()
+    assert recorded == [{"node_id": named, "address": "10.0.0.1"}, {"node_id": live, "address": "10.0.0.3"}]
+
+
 async def test_trees_with_a_running_run_do_not_fill_the_sweeps_page(sandbox: SandboxKit) -> None:
     """The sweep reads its candidates a page at a time, least recently used first: a tree whose Run
     runs (however long ago it touched its sandbox) is no candidate, or a page of them would hide
