@@ -36,7 +36,7 @@ import re
 import time
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, overload
@@ -370,18 +370,27 @@ def _endpoint(url: str) -> tuple[str, str, int, str] | None:
     return scheme, parts.hostname, port or _DEFAULT_PORTS[scheme], parts.path.rstrip("/")
 
 
-def _allowed_endpoint(api_base: str, allowed: Sequence[tuple[str, str, int, str] | None]) -> bool:
-    """Whether ``api_base`` is one of the ``allowed`` endpoints (as ``_endpoint`` reads them) or under
-    one of their paths: compared by scheme, host, port and whole path segments, as the HTTP client
-    will read it. A text prefix would let ``http://box:8000@elsewhere`` or ``http://box.elsewhere``
-    through."""
+_Entry = tuple[tuple[str, str, int, str] | None, frozenset[str] | None]
+
+
+def _entries(listed: Sequence[str] | Mapping[str, Sequence[str]]) -> tuple[_Entry, ...]:
+    """The endpoints agents may use, each with the key names they may send there (None: any)."""
+    if isinstance(listed, Mapping):
+        return tuple((_endpoint(url), frozenset(keys)) for url, keys in listed.items())
+    return tuple((_endpoint(url), None) for url in listed)
+
+
+def _allowed_keys(api_base: str, allowed: Sequence[_Entry]) -> list[frozenset[str] | None]:
+    """The key names of each of the ``allowed`` endpoints (as ``_endpoint`` reads them) that
+    ``api_base`` is, or is under: compared by scheme, host, port and whole path segments, as the HTTP
+    client will read it. A text prefix would let ``http://box:8000@elsewhere`` or
+    ``http://box.elsewhere`` through. Empty: no endpoint agents may use."""
     endpoint = _endpoint(api_base)
     if endpoint is None:
-        return False
+        return []
     scheme, host, port, path = endpoint
-    return any(entry is not None and entry[:3] == (scheme, host, port)
-               and (path == entry[3] or path.startswith(entry[3] + "/"))
-               for entry in allowed)
+    return [keys for entry, keys in allowed if entry is not None and entry[:3] == (scheme, host, port)
+            and (path == entry[3] or path.startswith(entry[3] + "/"))]
 
 
 class _Keys:
@@ -620,7 +629,7 @@ class ModelGateway:
         models_file: str | None = None,
         secrets_dir: str | None = None,
         provider_env: Sequence[str] = (),
-        agent_api_bases: Sequence[str] = (),
+        agent_api_bases: Sequence[str] | Mapping[str, Sequence[str]] = (),
         max_reply_chars: int = 1_000_000,
     ) -> None:
         self._scripted_port = scripted_port
@@ -630,7 +639,7 @@ class ModelGateway:
         self._models_file = Path(models_file) if models_file else None
         self._keys = _Keys(Path(secrets_dir) if secrets_dir else None, provider_env)
         self._api_bases = tuple(agent_api_bases)
-        self._allowed_endpoints = tuple(map(_endpoint, self._api_bases))  # read once, not per call
+        self._allowed_endpoints = _entries(agent_api_bases)  # read once, not per call
         self._max_reply_chars = max_reply_chars
         self._routes: _Routes | str | None = None  # the routes, or why the configuration has none
         self._routes_stamp: tuple[Any, ...] | None = None
@@ -704,24 +713,32 @@ class ModelGateway:
         except ModelError:
             return frozenset()
 
-    def _check_endpoint(self, model: str, api_base: str | None) -> None:
+    def _check_endpoint(self, model: str, api_base: str | None, api_key_ref: str | None) -> None:
         """An agent's calls go only where the operator lets them: its api_base must be a listed endpoint
         (whoever may create agents names it, and the gateway asks it from inside the cluster: the Ray
         dashboard, a metadata service, any loopback port, its answer shown back in the Turn's error),
-        and its model string must not hold a URL (some of litellm's providers, oobabooga and
-        huggingface, call the URL a model string names, round the list)."""
+        with a key listed for it when the operator names its keys; and its model string must not hold
+        a URL (some of litellm's providers, oobabooga and huggingface, call the URL a model string
+        names, round the list)."""
         if "://" in model:
             raise ModelError(f"the model {model[:200]!r} holds a URL: an agent's endpoint is its api_base, one of "
                              "the endpoints the operator lists in CANOPY_AGENT_API_BASES")
-        if api_base and not _allowed_endpoint(api_base, self._allowed_endpoints):
+        if not api_base:
+            return
+        keys = _allowed_keys(api_base, self._allowed_endpoints)
+        if not keys:
             raise ModelError(f"api_base {api_base!r} is not one of the endpoints agents may use "
                              f"(CANOPY_AGENT_API_BASES: {', '.join(self._api_bases) or 'none listed'})")
+        if api_key_ref and not any(listed is None or api_key_ref in listed for listed in keys):
+            named = sorted(set().union(*(listed for listed in keys if listed is not None)))
+            raise ModelError(f"api_key_ref {api_key_ref!r} is not a key agents may send to {api_base!r} "
+                             f"(CANOPY_AGENT_API_BASES lists {', '.join(named) or 'none'} for it)")
 
     async def check_model(self, model: str, api_base: str | None = None, api_key_ref: str | None = None) -> str | None:
         """Why a call to ``model`` (with an agent's ``api_base``/``api_key_ref``) cannot work, as a
         sentence that names what is missing; None when litellm has all it needs. Makes no request."""
         try:
-            self._check_endpoint(model, api_base)
+            self._check_endpoint(model, api_base, api_key_ref)
             return self._current_routes().problem(model, api_base, api_key_ref)
         except ModelError as error:
             return str(error)
@@ -745,7 +762,7 @@ class ModelGateway:
         call) aborts the HTTP request.
         """
         litellm = _litellm()
-        self._check_endpoint(model, api_base)
+        self._check_endpoint(model, api_base, api_key_ref)
         routes = self._current_routes()
         call_id = uuid.uuid4().hex
         request: dict[str, Any] = {"model": routes.target(model, api_base, api_key_ref),

@@ -229,12 +229,12 @@ class Settings(BaseSettings):
         "JSON list). Starting the runtime moves those it finds from its environment into the secrets directory, "
         "where only the model gateway reads them; an agent's api_key_ref may name one of them (or a file of that "
         "directory).")
-    agent_api_bases: list[str] = Field(
-        default=[], description="Endpoints (a JSON list of URLs) an agent's api_base must be, or be under: "
-        "compared by scheme, host, port and whole path segments, never as text prefixes. An agent's calls go to "
-        "its api_base with the key its api_key_ref names. Unset: agents use the models of the models file and "
-        "the providers' own endpoints, and no api_base is called (the gateway would ask a URL of a user's "
-        "choosing from inside the cluster).")
+    agent_api_bases: list[str] | dict[str, list[str]] = Field(
+        default=[], description="Endpoints an agent's api_base must be, or be under: compared by scheme, host, port "
+        "and whole path segments, never as text prefixes. A JSON list of URLs: an agent may send there the key its "
+        "api_key_ref names, any of them; a JSON object of URL: [key names]: only those keys (or none). Unset: agents "
+        "use the models of the models file and the providers' own endpoints, and no api_base is called (the "
+        "gateway would ask a URL of a user's choosing from inside the cluster).")
 
     admin_token: SecretStr | None = Field(default=None, description="The bearer that creates and revokes API keys.")
     metrics_token: SecretStr | None = Field(

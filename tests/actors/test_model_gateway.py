@@ -377,6 +377,31 @@ async def test_with_no_endpoints_listed_no_api_base_is_called(
     assert len(replay.received) == before
 
 
+async def test_an_endpoint_listed_with_its_keys_gets_no_other_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, replay: ReplayServer
+) -> None:
+    """Listed as a plain URL, an endpoint may be sent any key an agent names: the operator's OpenAI key
+    to the team's GPU box, or to a box a tenant runs. Listed with its keys, it gets only those."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-operator-only")
+    (tmp_path / "REPLAY_TEAM_KEY").write_text("sk-team\n")
+    gw = ModelGateway(timeout_seconds=30, retries=0, provider_env=("OPENAI_API_KEY",), secrets_dir=str(tmp_path),
+                      agent_api_bases={replay.base_url: ["REPLAY_TEAM_KEY"]})
+    replay.script("paired", say("with the team key"), say("with none"))
+    before = len(replay.received)
+    refused = await gw.check_model("openai/paired", replay.base_url, "OPENAI_API_KEY") or ""
+    assert "OPENAI_API_KEY" in refused and "REPLAY_TEAM_KEY" in refused and "CANOPY_AGENT_API_BASES" in refused
+    with pytest.raises(ModelError, match="CANOPY_AGENT_API_BASES"):
+        await gw.complete(model="openai/paired", messages=scripted([{"say": "x"}]), tools=None,
+                          api_base=replay.base_url, api_key_ref="OPENAI_API_KEY")
+    assert len(replay.received) == before
+    for key, says in (("REPLAY_TEAM_KEY", "with the team key"), (None, "with none")):
+        assert await gw.check_model("openai/paired", replay.base_url, key) is None
+        reply = await gw.complete(model="openai/paired", messages=scripted([{"say": "x"}]), tools=None,
+                                  api_base=replay.base_url, api_key_ref=key)
+        assert reply["message"]["content"] == says
+    assert [r.authorization for r in replay.requests_for("paired")] == ["Bearer sk-team", "Bearer canopy-no-key"]
+
+
 async def test_a_model_string_holding_a_url_is_refused(replay: ReplayServer) -> None:
     """Some of litellm's providers take the endpoint from the model string itself (oobabooga,
     huggingface): a URL there would go round the endpoints the operator lists."""
