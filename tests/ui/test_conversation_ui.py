@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -227,9 +227,9 @@ RECORD_LIVE = """() => {
 }"""
 
 
-async def test_live_text_streams_then_the_saved_message_replaces_it(tab: Tab, user: User) -> None:
-    page = tab.page
-    created = await user.http.post("/api/v1/sessions", json={"title": "Streaming"})
+async def open_streaming(page: Any, user: User, body: dict[str, Any]) -> str:
+    """A new root made with ``body``, opened, once the page's stream of its tree is open: its id."""
+    created = await user.http.post("/api/v1/sessions", json=body)
     assert created.status_code == 201, created.text
     root_id = created.json()["session"]["session_id"]
     await open_root(page, user.base, root_id)
@@ -238,6 +238,12 @@ async def test_live_text_streams_then_the_saved_message_replaces_it(tab: Tab, us
         return await page.evaluate(f"() => window.canopy.store.tree('{root_id}').connection === 'open'")
 
     await poll(stream_open, what="the tree's stream open")
+    return root_id
+
+
+async def test_live_text_streams_then_the_saved_message_replaces_it(tab: Tab, user: User) -> None:
+    page = tab.page
+    root_id = await open_streaming(page, user, {"title": "Streaming"})
     await page.evaluate(RECORD_LIVE)
     final = "\n".join(" ".join(f"w{line:02d}.{word}" for word in range(10)) for line in range(40))
     root = page.locator(".root-view")
@@ -294,15 +300,7 @@ async def test_a_second_model_calls_text_streams_in_a_bubble_of_its_own(tab: Tab
     # Dripped a character at a time, so each call's text grows on the page for a while.
     replay.script(model, {"call": [{"name": "list_agents", "args": {}}], "text": first, "drip": 0.02},
                   {"say": second, "drip": 0.05})
-    created = await user.http.post("/api/v1/sessions", json={"agent_id": "looker", "title": "Two calls"})
-    assert created.status_code == 201, created.text
-    root_id = created.json()["session"]["session_id"]
-    await open_root(page, user.base, root_id)
-
-    async def stream_open() -> bool:
-        return await page.evaluate(f"() => window.canopy.store.tree('{root_id}').connection === 'open'")
-
-    await poll(stream_open, what="the tree's stream open")
+    root_id = await open_streaming(page, user, {"agent_id": "looker", "title": "Two calls"})
     second_shown = asyncio.Event()
 
     async def hold_history(route: Route) -> None:
