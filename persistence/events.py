@@ -58,9 +58,7 @@ WITH head AS (
     SELECT cursor, kind, session_id, tree_id, turn_id, run_id, payload, created_at,
            octet_length(payload::text) AS size
     FROM events
-    WHERE user_id = %(user_id)s AND app_id = %(app_id)s AND cursor > %(after)s
-      AND (%(session_id)s::uuid IS NULL OR session_id = %(session_id)s)
-      AND (%(tree_id)s::uuid IS NULL OR tree_id = %(tree_id)s)
+    WHERE user_id = %(user_id)s AND app_id = %(app_id)s AND cursor > %(after)s {which}
     ORDER BY cursor
     LIMIT %(limit)s + 1
 ), sized AS (
@@ -73,6 +71,15 @@ FROM sized
 WHERE n <= %(limit)s AND (%(max_bytes)s::bigint IS NULL OR before < %(max_bytes)s)
 ORDER BY cursor
 """
+# One statement per stream kind, not one with "IS NULL OR" filters: statements are prepared, and
+# after a few tree streams PostgreSQL's generic plan for such a statement read a session's page
+# through the scope's whole history (the primary key) instead of the session's index.
+_EVENTS_OF = {
+    "session": _EVENTS_AFTER.format(which="AND session_id = %(session_id)s "
+                                          "AND (%(tree_id)s::uuid IS NULL OR tree_id = %(tree_id)s)"),
+    "tree": _EVENTS_AFTER.format(which="AND tree_id = %(tree_id)s"),
+    "scope": _EVENTS_AFTER.format(which=""),
+}
 
 # A human wait's payload holds what the session asks (a question, a command to approve: up to
 # 100,000 characters each): the waiter is told of it with the start of each long text, so that an
@@ -178,7 +185,8 @@ async def events_page(
 ) -> tuple[list[Row], bool]:
     """The events after the cursor ``after``, oldest first: at most ``limit``, and with
     ``max_bytes`` none that begins past that many bytes of payload; and whether more follow."""
-    cur = await conn.execute(_EVENTS_AFTER, {
+    which = "session" if session_id is not None else "tree" if tree_id is not None else "scope"
+    cur = await conn.execute(_EVENTS_OF[which], {
         "user_id": scope.user_id, "app_id": scope.app_id, "after": after, "session_id": session_id,
         "tree_id": tree_id, "limit": limit, "max_bytes": max_bytes})
     rows = await cur.fetchall()

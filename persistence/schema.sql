@@ -209,6 +209,8 @@ CREATE TABLE sessions (
 );
 CREATE INDEX sessions_scope_roots ON sessions (user_id, app_id, created_at DESC) WHERE parent_id IS NULL;
 CREATE INDEX sessions_project ON sessions (project_id, created_at);
+-- A scope's sessions, every tree's (the list_sessions tool's scope "all"): without it, every tenant's.
+CREATE INDEX sessions_scope ON sessions (user_id, app_id, created_at DESC);
 
 CREATE TABLE inputs (
     input_id            uuid PRIMARY KEY,
@@ -287,6 +289,10 @@ CREATE INDEX runs_tree_pending ON runs (tree_id, queued_at) WHERE status = 'pend
 CREATE INDEX runs_turn ON runs (turn_id);
 -- A tree's Runs by member (its usage per member in the tree summary).
 CREATE INDEX runs_tree ON runs (tree_id, session_id);
+-- A session's granted Run that no incarnation has taken yet (every activation, drain and sweep asks):
+-- small, as a Run is unowned only between its grant and its acquisition. Not on lease_expires_at:
+-- every heartbeat would then update every index of the row instead of none.
+CREATE INDEX runs_session_unowned ON runs (session_id, started_at) WHERE status = 'running' AND owner IS NULL;
 
 ALTER TABLE turns ADD CONSTRAINT turns_result_run_fk
     FOREIGN KEY (result_run_id, turn_id) REFERENCES runs (run_id, turn_id);
@@ -350,6 +356,8 @@ CREATE TABLE events (
 );
 CREATE INDEX events_session ON events (session_id, cursor);
 CREATE INDEX events_tree ON events (tree_id, cursor);
+-- A tree's stops and continues (its timeline), not its whole history.
+CREATE INDEX events_tree_stops ON events (tree_id, cursor) WHERE kind IN ('tree_stopped', 'tree_continued');
 -- A human's interventions on a member, found from the member (the event itself goes to its parent).
 CREATE INDEX events_interventions ON events ((payload->>'member_session_id'), cursor)
     WHERE kind = 'user_intervention';
@@ -517,6 +525,8 @@ CREATE TABLE ray_nodes (
 -- The sandboxes made or being made, least recently used first (the idle sweep, a full engine, a
 -- scope's count), without reading every tree's lease.
 CREATE INDEX sandbox_leases_held ON sandbox_leases (last_used_at) WHERE state IN ('active', 'creating');
+-- The sweeps' releases and lost nodes: the leases not released, not one row per tree that ever had one.
+CREATE INDEX sandbox_leases_unreleased ON sandbox_leases (state) WHERE state <> 'released';
 -- The commands killed by id (sandbox/manager.py kill_command), so that a start of one still on its
 -- way never runs, whether or not the tree had a sandbox to leave a tombstone in at the kill (it
 -- was being made, or released). Checked after each claim, before the command starts.
