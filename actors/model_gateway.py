@@ -370,6 +370,26 @@ def _endpoint(url: str) -> tuple[str, str, int, str] | None:
     return scheme, parts.hostname, port or _DEFAULT_PORTS[scheme], parts.path.rstrip("/")
 
 
+# litellm's chat providers whose calls without an api_base go to a server on the calling machine
+# (their handlers' default: ollama localhost:11434, langflow localhost:7860, ...); the others with such
+# a default say so through get_llm_provider (see _local_default).
+_LOCAL_PROVIDERS = frozenset({"ollama", "ollama_chat", "llamafile", "lemonade", "docker_model_runner",
+                              "langgraph", "langflow"})
+
+
+def _local_default(litellm: ModuleType, model: str) -> str | None:
+    """Where a call of ``model`` without an api_base goes when that is not a public https endpoint of
+    its provider: a server on this machine. None for a provider's own endpoint, or no provider (the
+    environment check says so)."""
+    try:
+        _, provider, _, base = litellm.get_llm_provider(model=model)
+    except Exception:
+        return None
+    if provider in _LOCAL_PROVIDERS:
+        return base or f"{provider}'s server on this machine"
+    return base if base and not base.lower().startswith("https://") else None
+
+
 _Entry = tuple[tuple[str, str, int, str] | None, frozenset[str] | None]
 
 
@@ -552,6 +572,17 @@ class _Routes:
             self._endpoints[group] = model
         return group
 
+    def _deployments_of(self, model: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The models file's deployments named ``model``, and those whose name pattern matches it."""
+        exact = [d for d in self.file_models if d["model_name"] == model]
+        patterns = [d for d in self.file_models
+                    if "*" in d["model_name"] and fnmatch.fnmatchcase(model, d["model_name"])]
+        return exact, patterns
+
+    def operators(self, model: str) -> bool:
+        """Whether the models file routes ``model`` (by its name or a pattern): the operator's word."""
+        return any(self._deployments_of(model))
+
     def problem(self, model: str, api_base: str | None, api_key_ref: str | None) -> str | None:
         """Why a call with these would fail before reaching the provider, or None (changes nothing)."""
         if model.startswith(SCRIPTED_PREFIX):
@@ -562,9 +593,7 @@ class _Routes:
             return str(error)
         if own is not None:
             return _environment_problem(self._litellm, own)
-        exact = [d for d in self.file_models if d["model_name"] == model]
-        patterns = [d for d in self.file_models
-                    if "*" in d["model_name"] and fnmatch.fnmatchcase(model, d["model_name"])]
+        exact, patterns = self._deployments_of(model)
         for deployment in exact or patterns[:1]:
             params = {**deployment["litellm_params"], **({} if exact else {"model": model})}
             unresolved = [v for v in params.values() if isinstance(v, str) and v.startswith(_ENV_REFERENCE)]
@@ -724,6 +753,7 @@ class ModelGateway:
             raise ModelError(f"the model {model[:200]!r} holds a URL: an agent's endpoint is its api_base, one of "
                              "the endpoints the operator lists in CANOPY_AGENT_API_BASES")
         if not api_base:
+            self._check_default_endpoint(model, api_key_ref)
             return
         keys = _allowed_keys(api_base, self._allowed_endpoints)
         if not keys:
@@ -733,6 +763,21 @@ class ModelGateway:
             named = sorted(set().union(*(listed for listed in keys if listed is not None)))
             raise ModelError(f"api_key_ref {api_key_ref!r} is not a key agents may send to {api_base!r} "
                              f"(CANOPY_AGENT_API_BASES lists {', '.join(named) or 'none'} for it)")
+
+    def _check_default_endpoint(self, model: str, api_key_ref: str | None) -> None:
+        """Without an api_base a call goes where litellm's provider goes by default, and for some that
+        is a server on the gateway's own machine (llamafile: 127.0.0.1:8080, lemonade: the API's own
+        port), where a sandbox command may listen: no key an agent names goes there, and no call of
+        a model the models file does not route."""
+        if api_key_ref:
+            raise ModelError(f"api_key_ref {api_key_ref!r} without an api_base: a key an agent names goes only to "
+                             "its api_base, one of the endpoints the operator lists in CANOPY_AGENT_API_BASES")
+        if model.startswith(SCRIPTED_PREFIX) or self._current_routes().operators(model):
+            return
+        if local := _local_default(_litellm(), model):
+            raise ModelError(f"the model {model[:200]!r} is served by default from {local}, on the model gateway's "
+                             "own machine: an agent reaches a local server only as its api_base, one of the "
+                             "endpoints the operator lists in CANOPY_AGENT_API_BASES, or as a model of the models file")
 
     async def check_model(self, model: str, api_base: str | None = None, api_key_ref: str | None = None) -> str | None:
         """Why a call to ``model`` (with an agent's ``api_base``/``api_key_ref``) cannot work, as a
