@@ -534,8 +534,10 @@ class RunExecutor:
         last = _last_reply(self._history, self.run.turn_id)
         assert last is not None
         every_call = last["tool_calls"] or []
-        parsed = {item.call["id"]: item for item in
-                  _parse_reply(every_call, self._tools, self.settings.max_tool_calls_per_reply)}
+        # The limit held when the reply was committed (a flood keeps none to run): a lower one set
+        # since must not refuse calls of a reply that some have run already.
+        limit = max(self.settings.max_tool_calls_per_reply, len(every_call))
+        parsed = {item.call["id"]: item for item in _parse_reply(every_call, self._tools, limit)}
         batches = _batches([parsed[call["id"]] for call in calls])
         boundary = None
         for position, batch in enumerate(batches):

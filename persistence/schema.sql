@@ -289,10 +289,10 @@ CREATE INDEX runs_tree_pending ON runs (tree_id, queued_at) WHERE status = 'pend
 CREATE INDEX runs_turn ON runs (turn_id);
 -- A tree's Runs by member (its usage per member in the tree summary).
 CREATE INDEX runs_tree ON runs (tree_id, session_id);
--- A session's granted Run that no incarnation has taken yet (every activation, drain and sweep asks):
--- small, as a Run is unowned only between its grant and its acquisition. Not on lease_expires_at:
--- every heartbeat would then update every index of the row instead of none.
-CREATE INDEX runs_session_unowned ON runs (session_id, started_at) WHERE status = 'running' AND owner IS NULL;
+-- A session's running Runs, among them the one no incarnation has taken yet (every activation, drain
+-- and sweep asks): a session has one at most. Not on owner or lease_expires_at: every acquisition and
+-- heartbeat would then write every index of the row (a heap-only update writes none).
+CREATE INDEX runs_session_running ON runs (session_id) WHERE status = 'running';
 
 ALTER TABLE turns ADD CONSTRAINT turns_result_run_fk
     FOREIGN KEY (result_run_id, turn_id) REFERENCES runs (run_id, turn_id);

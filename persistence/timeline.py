@@ -80,11 +80,12 @@ def _lagged(since: dt.datetime | None) -> dt.datetime | None:
 
 def _ended_after(since: dt.datetime | None, after_start: dt.datetime | None) -> dt.datetime | None:
     """The earliest end of a Turn that may hold an item of the read: one ending at or after
-    ``since`` (already lagged) and starting after ``after_start``. A Turn's end is its finishing
-    transaction's start, which the items its last Run stamps in that transaction with the real
-    moment (runs' clock_timestamp()) may follow: the page's bound keeps COMMIT_LAG of slack."""
-    bounds = [moment for moment in (since, _lagged(after_start)) if moment is not None]
-    return max(bounds) if bounds else None
+    ``since`` (already lagged) and starting after ``after_start``, less COMMIT_LAG of slack. A
+    Turn's end is its finishing transaction's start, which what that transaction stamps with the
+    real moment (its Run's end, by clock_timestamp()) follows, and a model call the Turn's cancel
+    aborted is recorded by its gateway as it ends, after the Turn."""
+    bounds = [moment for moment in (since, after_start) if moment is not None]
+    return _lagged(max(bounds)) if bounds else None
 
 
 def parse_since(since: str | None) -> tuple[dt.datetime | None, Page | None]:
