@@ -450,7 +450,9 @@ class RunExecutor:
             raise  # a database error is this Run's, not the model's: the Run is recovered, the Turn goes on
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
             cause = getattr(error, "cause", None) or error
-            await self._finish(TurnStatus.FAILED, error=f"model call failed: {cause}")
+            # A reply generated but not kept (past the size limit) was billed: a budget counts it.
+            await self._finish(TurnStatus.FAILED, error=f"model call failed: {cause}",
+                               charged=getattr(cause, "charged", None))
             return None
 
     def _model(self, config: dict[str, Any]) -> str:
@@ -638,8 +640,12 @@ class RunExecutor:
         outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id, self.run.turn_id)
         await messages.append_tool_results(conn, self.run, [(wait["tool_call_id"], json.dumps(outcome, default=str))])
 
-    async def _finish(self, status: str, *, output: str | None = None, error: str | None = None) -> None:
+    async def _finish(self, status: str, *, output: str | None = None, error: str | None = None,
+                      charged: dict[str, Any] | None = None) -> None:
+        """End the Turn; ``charged``: a model call's usage to count on the Run first, in the same commit."""
         async with self.db.tx() as conn:
+            if charged is not None:
+                await messages.charge_call(conn, self.run, usage=charged["usage"], cost_usd=charged["cost_usd"])
             await turns.finish_turn(conn, self.run, status, output=output, error=error)
             hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
         await signals.send_hints(self.placement, self.db, hints)

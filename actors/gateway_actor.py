@@ -101,10 +101,15 @@ class AccountedGateway(ModelGateway):
                 self._recorder.add(_Call.failed(run_id, {"model": request["model"], "error": CALL_ABORTED}, started))
                 raise
             except Exception as error:
-                # Each request that failed is a row; a call that failed before any request is one too.
+                # Each request that failed is a row; a call that failed before any request is one too,
+                # and a reply generated (billed) but not kept is one with its usage.
                 attempts = getattr(error, "attempts", None)
-                for attempt in attempts or [{"model": request["model"], "error": str(error)}]:
+                charged = getattr(error, "charged", None)
+                for attempt in attempts or ([] if charged else [{"model": request["model"], "error": str(error)}]):
                     self._recorder.add(_Call.failed(run_id, attempt, started))
+                if charged:
+                    self._recorder.add(_Call(run_id, charged["model"], charged["usage"], charged["cost_usd"], started,
+                                             str(error)))
                 raise
         for attempt in reply["failed_attempts"]:
             self._recorder.add(_Call.failed(run_id, attempt, started))

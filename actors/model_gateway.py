@@ -100,14 +100,17 @@ _INVALID_NAME_PREFIX = "invalid_name_"
 class ModelError(Exception):
     """A model call failed for good; the message carries the provider's error text, and
     ``attempts`` the requests that failed on the way (model, error, latency_ms, ended_at as
-    seconds since the epoch)."""
+    seconds since the epoch). ``charged``: a reply the provider generated (and billed) but that
+    is not kept, as the reply would have been accounted: {model, usage, cost_usd}."""
 
-    def __init__(self, message: str, attempts: Sequence[dict[str, Any]] = ()) -> None:
+    def __init__(self, message: str, attempts: Sequence[dict[str, Any]] = (),
+                 charged: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.attempts = list(attempts)
+        self.charged = charged
 
-    def __reduce__(self) -> tuple[Any, ...]:  # crosses Ray with its attempts
-        return type(self), (str(self), self.attempts)
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses Ray with its attempts and charge
+        return type(self), (str(self), self.attempts, self.charged)
 
 
 # The failed attempts of the calls in flight, by call id (see _litellm's failure callback).
@@ -268,11 +271,6 @@ def _reply_chars(message: Any) -> int:
         _chars(getattr(call, "id", None), *_function(call)) for call in getattr(message, "tool_calls", None) or [])
 
 
-def _too_long(chars: int, limit: int) -> ModelError:
-    return ModelError(f"the model's reply was {chars:,} characters or more, more than the {limit:,} characters a "
-                      "reply may hold (setting CANOPY_MAX_REPLY_CHARS): it was not kept")
-
-
 def _message(response: Any) -> dict[str, Any]:
     message = response.choices[0].message
     tool_calls = [
@@ -312,6 +310,10 @@ def _estimate_usage(litellm: ModuleType, response: Any, messages: list[dict[str,
         arguments if isinstance(arguments := _function(call)[1], str) else "" for call in message.tool_calls or [])
     prompt_tokens = int(litellm.token_counter(model=model, messages=messages))
     completion_tokens = int(litellm.token_counter(model=model, text=completion, count_response_tokens=True))
+    _estimated(litellm, response, prompt_tokens, completion_tokens)
+
+
+def _estimated(litellm: ModuleType, response: Any, prompt_tokens: int, completion_tokens: int) -> None:
     response.usage = litellm.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                    total_tokens=prompt_tokens + completion_tokens)
 
@@ -620,7 +622,8 @@ async def _streamed(router: Any, litellm: ModuleType, request: dict[str, Any],
                     on_delta: Callable[[str], Awaitable[None]], max_chars: int) -> tuple[Any, dict[str, Any]]:
     """Stream the reply, hand over text deltas, and rebuild the whole response from the chunks;
     with the stream's hidden params (the whole response built from chunks has none of its own).
-    _StreamCut when the stream fails after it opened; ModelError once it passes ``max_chars``."""
+    _StreamCut when the stream fails after it opened. Past ``max_chars`` it stops reading: the reply
+    built is the part that came."""
     stream = await router.acompletion(**request, stream=True, stream_options={"include_usage": True})
     chunks = []
     chars = 0
@@ -630,8 +633,10 @@ async def _streamed(router: Any, litellm: ModuleType, request: dict[str, Any],
             if len(chunks) > _MAX_STREAM_CHUNKS:
                 raise ModelError(f"the provider's stream sent more than {_MAX_STREAM_CHUNKS} chunks; it was cut off")
             chars += _reply_chars(chunk.choices[0].delta) if chunk.choices else 0
-            if chars > max_chars:
-                raise _too_long(chars, max_chars)
+            if chars > max_chars:  # what came is billed, and the reply is refused whole (ModelGateway.complete)
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # the provider stops generating what nobody reads
+                break
             delta = chunk.choices[0].delta.content if chunk.choices else None
             if delta:
                 await on_delta(delta)
@@ -833,17 +838,23 @@ class ModelGateway:
         if not getattr(response, "choices", None):  # e.g. a provider's content filter, answering 200
             raise ModelError("the provider's reply held no choices: nothing was generated",
                              [_attempt(routes, a, model) for a in failed])
-        if (chars := _reply_chars(response.choices[0].message)) > self._max_reply_chars:
-            raise _too_long(chars, self._max_reply_chars)
+        chars = _reply_chars(response.choices[0].message)
         if not _usage_reported(response):
-            await asyncio.to_thread(_estimate_usage, litellm, response, request["messages"], self._counted(model))
+            if chars > self._max_reply_chars:  # counting it would take as long as it is: ~4 characters a token
+                _estimated(litellm, response, 0, chars // 4)
+            else:
+                await asyncio.to_thread(_estimate_usage, litellm, response, request["messages"], self._counted(model))
             priced = None  # litellm priced the tokens it was told: none
+        accounted = {"model": routes.display(_model_group(hidden), model), "usage": _usage(response),
+                     "cost_usd": _cost(litellm, response, priced, model)}
+        if chars > self._max_reply_chars:
+            raise ModelError(f"the model's reply was {chars:,} characters or more, more than the "
+                             f"{self._max_reply_chars:,} characters a reply may hold (setting CANOPY_MAX_REPLY_CHARS): "
+                             "it was not kept", [_attempt(routes, a, model) for a in failed], charged=accounted)
         return {
             "message": _message(response),
-            "usage": _usage(response),
-            "cost_usd": _cost(litellm, response, priced, model),
+            **accounted,
             "latency_ms": (time.monotonic() - started) * 1000,
-            "model": routes.display(_model_group(hidden), model),
             "failed_attempts": [_attempt(routes, a, model) for a in failed],
         }
 

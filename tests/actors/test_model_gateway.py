@@ -348,9 +348,12 @@ async def test_a_reply_longer_than_the_limit_fails_the_call(replay: ReplayServer
     replay.script("flood-args", calls(("list_sessions", json.dumps({"note": "z" * 60_000}))))
     replay.script("flood-calls", calls(*[("list_sessions", "{}", f"call-{n:05d}-" + "i" * 50) for n in range(1000)]))
     for model in ("flood-text", "flood-args", "flood-calls"):
-        with pytest.raises(ModelError, match="more than the 50,000 characters a reply may hold"):
+        with pytest.raises(ModelError, match="more than the 50,000 characters a reply may hold") as refused:
             await gw.complete(model=f"openai/{model}", messages=scripted([{"say": "x"}]), tools=None,
                               api_base=replay.base_url, on_delta=on_delta)
+        charged = refused.value.charged  # billed, so accounted as the reply would have been
+        assert charged is not None and charged["model"] == f"openai/{model}", charged
+        assert charged["usage"]["completion_tokens"] > 0, charged
     replay.script("fits", say("y" * 49_000))
     reply = await gw.complete(model="openai/fits", messages=scripted([{"say": "x"}]), tools=None,
                               api_base=replay.base_url, on_delta=on_delta)

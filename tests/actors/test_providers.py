@@ -106,6 +106,28 @@ async def test_a_real_provider_runs_a_roots_tool_calls_with_the_named_key(
         (f"openai/{model}", None, 11, 7), (f"openai/{model}", None, 11, 7)]
 
 
+async def test_a_reply_past_the_size_limit_fails_its_turn_and_is_charged(
+        runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
+    """A reply past CANOPY_MAX_REPLY_CHARS is not kept, but the provider billed it: its tokens are the
+    call's record and count on the Run and its tree, or a budget never sees a flood it can repeat."""
+    model = _name("replay-flood")
+    agent = await _agent(runtime, scope, f"openai/{model}", api_base=replay.base_url)
+    flood = "z" * (runtime.settings.max_reply_chars + 10)
+    replay.script(model, {"say": flood, "usage": {"prompt_tokens": 12, "completion_tokens": 300_000,
+                                                   "total_tokens": 300_012}})
+    created = await runtime.create_root(scope, input_text="Write a lot.", agent_id=agent)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["status"] == "failed" and "CANOPY_MAX_REPLY_CHARS" in (result["error"] or ""), result
+    [call] = await _model_calls(runtime, created["session"]["session_id"], 1)
+    assert (call["prompt_tokens"], call["completion_tokens"]) == (12, 300_000) and "characters" in call["error"]
+    charged = await rows(runtime.db, "SELECT sum(prompt_tokens) AS prompt, sum(completion_tokens) AS completion "
+                         "FROM runs WHERE session_id = %s", created["session"]["session_id"])
+    assert (charged[0]["prompt"], charged[0]["completion"]) == (12, 300_000)
+    messages = await rows(runtime.db, "SELECT role FROM thread_messages WHERE session_id = %s AND role = 'assistant'",
+                          created["session"]["session_id"])
+    assert messages == []  # not kept
+
+
 async def test_a_provider_key_reaches_the_gateway_only(runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
     model = _name("replay-key")
     agent = await _agent(runtime, scope, f"openai/{model}", api_base=replay.base_url, api_key_ref="OPENAI_API_KEY")
