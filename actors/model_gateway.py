@@ -372,24 +372,26 @@ def _endpoint(url: str) -> tuple[str, str, int, str] | None:
     return scheme, parts.hostname, port or _DEFAULT_PORTS[scheme], parts.path.rstrip("/")
 
 
-# litellm's chat providers whose calls without an api_base go to a server on the calling machine
-# (their handlers' default: ollama localhost:11434, langflow localhost:7860, ...); the others with such
-# a default say so through get_llm_provider (see _local_default).
-_LOCAL_PROVIDERS = frozenset({"ollama", "ollama_chat", "llamafile", "lemonade", "docker_model_runner",
-                              "langgraph", "langflow"})
+# litellm's chat providers whose calls without an api_base go to a server on the calling machine (their
+# handlers' defaults: ollama localhost:11434, llamafile 127.0.0.1:8080, ...) unless the variable named
+# here, the operator's, says where.
+_LOCAL_PROVIDERS = {"ollama": "OLLAMA_API_BASE", "ollama_chat": "OLLAMA_API_BASE", "llamafile": "LLAMAFILE_API_BASE",
+                    "lemonade": "LEMONADE_API_BASE", "docker_model_runner": "DOCKER_MODEL_RUNNER_API_BASE",
+                    "langgraph": "LANGGRAPH_API_BASE", "langflow": "LANGFLOW_API_BASE"}
 
 
-def _local_default(litellm: ModuleType, model: str) -> str | None:
-    """Where a call of ``model`` without an api_base goes when that is not a public https endpoint of
-    its provider: a server on this machine. None for a provider's own endpoint, or no provider (the
+def _local_default(litellm: ModuleType, model: str, keys: _Keys) -> str | None:
+    """Where a call of ``model`` without an api_base goes when that is a server on this machine by
+    litellm's default, not by the operator's word; None otherwise (or with no provider: the
     environment check says so)."""
     try:
         _, provider, _, base = litellm.get_llm_provider(model=model)
     except Exception:
         return None
-    if provider in _LOCAL_PROVIDERS:
-        return base or f"{provider}'s server on this machine"
-    return base if base and not base.lower().startswith("https://") else None
+    variable = _LOCAL_PROVIDERS.get(provider)
+    if variable is None or keys.value(variable):
+        return None
+    return f"{base or 'a server on this machine'} (unless {variable} says where)"
 
 
 _Entry = tuple[tuple[str, str, int, str] | None, frozenset[str] | None]
@@ -779,7 +781,7 @@ class ModelGateway:
                              "its api_base, one of the endpoints the operator lists in CANOPY_AGENT_API_BASES")
         if model.startswith(SCRIPTED_PREFIX) or self._current_routes().operators(model):
             return
-        if local := _local_default(_litellm(), model):
+        if local := _local_default(_litellm(), model, self._keys):
             raise ModelError(f"the model {model[:200]!r} is served by default from {local}, on the model gateway's "
                              "own machine: an agent reaches a local server only as its api_base, one of the "
                              "endpoints the operator lists in CANOPY_AGENT_API_BASES, or as a model of the models file")

@@ -406,38 +406,33 @@ async def test_an_endpoint_listed_with_its_keys_gets_no_other_key(
 
 
 async def test_a_key_goes_only_with_a_listed_api_base_and_no_call_goes_to_a_local_default(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, replay: ReplayServer
 ) -> None:
     """Without an api_base a call goes where litellm's provider goes by default, and for some that is
     a server on the gateway's own machine (llamafile: 127.0.0.1:8080, ollama: localhost:11434,
     lemonade: localhost:8000, the API's own port): a sandbox command listening there would have been
     sent the operator's key an agent named, and any agent could have the gateway POST there and read
     the answer in its Turn's error. A key goes only with a listed api_base; a local server is reached
-    only as one."""
+    as one, or where the operator's variable says."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-operator-only")
+    for variable in ("OLLAMA_API_BASE", "LLAMAFILE_API_BASE", "LEMONADE_API_BASE", "LANGFLOW_API_BASE"):
+        monkeypatch.delenv(variable, raising=False)
     gw = ModelGateway(timeout_seconds=30, retries=0, provider_env=("OPENAI_API_KEY",),
                       agent_api_bases=AGENT_API_BASES)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    listener.setblocking(False)
-    try:
-        for model, key in (("llamafile/x", "OPENAI_API_KEY"), ("openai/gpt-4o-mini", "OPENAI_API_KEY"),
-                           ("llamafile/x", None), ("ollama/llama3", None), ("ollama_chat/llama3", None),
-                           ("lemonade/x", None), ("langflow/x", None)):
-            refused = await gw.check_model(model, None, key) or ""
-            assert "CANOPY_AGENT_API_BASES" in refused, (model, key, refused)
-            with pytest.raises(ModelError, match="CANOPY_AGENT_API_BASES"):
-                await gw.complete(model=model, messages=scripted([{"say": "x"}]), tools=None, api_key_ref=key)
-        monkeypatch.setenv("LLAMAFILE_API_BASE", f"http://127.0.0.1:{listener.getsockname()[1]}/v1")
+    for model, key in (("llamafile/x", "OPENAI_API_KEY"), ("openai/gpt-4o-mini", "OPENAI_API_KEY"),
+                       ("llamafile/x", None), ("ollama/llama3", None), ("ollama_chat/llama3", None),
+                       ("lemonade/x", None), ("langflow/x", None)):
+        refused = await gw.check_model(model, None, key) or ""
+        assert "CANOPY_AGENT_API_BASES" in refused, (model, key, refused)
         with pytest.raises(ModelError, match="CANOPY_AGENT_API_BASES"):
-            await gw.complete(model="llamafile/x", messages=scripted([{"say": "x"}]), tools=None)
-        with pytest.raises(BlockingIOError):
-            listener.accept()  # nothing connected
-    finally:
-        listener.close()
-    # A provider's own public endpoint, with its own key from the environment, is no agent's choice.
+            await gw.complete(model=model, messages=scripted([{"say": "x"}]), tools=None, api_key_ref=key)
+    # A provider's own public endpoint, with its own key from the environment, is no agent's choice;
+    # nor is the server the operator's variable names.
     assert await gw.check_model("openai/gpt-4o-mini", None, None) is None
+    monkeypatch.setenv("LLAMAFILE_API_BASE", replay.base_url)
+    replay.script("x", say("from the operator's server"))
+    reply = await gw.complete(model="llamafile/x", messages=scripted([{"say": "x"}]), tools=None)
+    assert reply["message"]["content"] == "from the operator's server"
 
 
 async def test_a_model_string_holding_a_url_is_refused(replay: ReplayServer) -> None:
