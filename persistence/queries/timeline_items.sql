@@ -9,9 +9,10 @@
 -- Run is queued. A model call's row holds its end time and its latency.
 --
 -- since: only rows that may have changed after that moment (still open, or ended after it).
--- ended_after: every item of a Turn starts and ends by the time the Turn ends, so a Turn that
--- ended before it holds nothing the read returns, and is not expanded at all (the web UI repeats
--- a "since" read while the tree runs: it costs what is open or recent, not the tree's history).
+-- ended_after: every item of a Turn starts and ends by the time the Turn ends (within the slack
+-- persistence/timeline.py takes off), so a Turn that ended before it holds nothing the read returns,
+-- and is not expanded at all (the web UI repeats a "since" read while the tree runs: it costs what
+-- is open or recent, not the tree's history).
 WITH member AS (
     SELECT s.session_id, s.path FROM sessions s
     WHERE s.tree_id = %(tree_id)s AND s.user_id = %(user_id)s AND s.app_id = %(app_id)s
