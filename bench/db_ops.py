@@ -15,7 +15,7 @@ and p99 milliseconds for:
   the check walks, rolled back after each measurement
 - ``timeline``      a tree of 500 members that each ran ``--timeline-turns`` Turns: its first page
   of 5,000 items, and the "what changed since" read the web UI repeats while the tree runs (one
-  member busy, everything else ended minutes ago)
+  member busy, everything else ended an hour ago or more)
 """
 
 from __future__ import annotations
@@ -193,17 +193,11 @@ async def bench_wait_check(db: Database, scope: Scope, project_id: uuid.UUID, me
 
 
 async def bench_timeline(db: Database, scope: Scope, turns_per_member: int, n: int) -> dict[str, list[float]]:
-    from tests.persistence.helpers import seed_worked_tree  # the suite's seeding: the same tree it reads
+    from tests.persistence.helpers import age_members, seed_worked_tree  # the suite's: the same tree it reads
 
     tree = await seed_worked_tree(db, scope, members=500, turns_per_member=turns_per_member)
-    async with db.tx() as conn:  # what a poll finds: everything ended long ago, and one Turn just began
-        await conn.execute("UPDATE runs SET queued_at = queued_at - interval '1 hour', "
-                           "started_at = started_at - interval '1 hour', ended_at = ended_at - interval '1 hour' "
-                           "WHERE tree_id = %s", (tree.tree_id,))
-        await conn.execute("UPDATE turns SET ended_at = ended_at - interval '1 hour' WHERE turn_id IN "
-                           "(SELECT turn_id FROM runs WHERE tree_id = %s)", (tree.tree_id,))
-        await conn.execute("UPDATE thread_messages SET created_at = created_at - interval '1 hour' WHERE session_id IN "
-                           "(SELECT session_id FROM sessions WHERE tree_id = %s)", (tree.tree_id,))
+    await age_members(db, tree.tree_id, minutes_each=60)  # what a poll finds: everything ended hours ago
+    async with db.tx() as conn:  # and one Turn just began
         await turns.submit_input(conn, scope, tree.root_id, "one more", HUMAN)
     since = dt.datetime.now(dt.UTC)
 

@@ -23,7 +23,7 @@ from persistence.records import Scope
 from tests.api.conftest import ClientFactory
 from tests.api.helpers import poll, rows, terminal
 from tests.api.test_api_cli import canopy
-from tests.persistence.helpers import seed_worked_tree
+from tests.persistence.helpers import age_members, seed_worked_tree
 
 CHILD_DELAY_MS = 1500
 
@@ -294,31 +294,13 @@ async def test_statements_do_not_grow_with_the_tree(runtime: Runtime, scope: Sco
     assert (await read_all(http, str(large.tree_id), since=later))["intervals"] == []
 
 
-async def _age_members(db: Database, tree_id: uuid.UUID, minutes_each: int) -> None:
-    """Move the k-th member's whole history (every timestamp the timeline reads) k × minutes_each
-    minutes into the past, in tree order: a tree that worked for an hour and a half."""
-    async with db.tx() as conn:
-        await conn.execute("""
-            CREATE TEMP TABLE aged ON COMMIT DROP AS
-            SELECT session_id, make_interval(mins => %s * (row_number() OVER (ORDER BY path))::int) AS back
-            FROM sessions WHERE tree_id = %s""", (minutes_each, tree_id))
-        await conn.execute("""UPDATE runs r SET queued_at = queued_at - a.back, started_at = started_at - a.back,
-                                  ended_at = ended_at - a.back FROM aged a WHERE r.session_id = a.session_id""")
-        for table in ("turns", "waits"):
-            await conn.execute(f"""UPDATE {table} x SET created_at = created_at - a.back,
-                                       {"ended_at = ended_at - a.back" if table == "turns" else "deadline = deadline"}
-                                   FROM aged a WHERE x.session_id = a.session_id""")  # type: ignore[arg-type]
-        await conn.execute("""UPDATE thread_messages m SET created_at = created_at - a.back
-                              FROM aged a WHERE m.session_id = a.session_id""")
-
-
 async def test_reads_of_an_aged_tree_skip_nothing_they_owe(runtime: Runtime, scope: Scope, client_for: ClientFactory
                                                            ) -> None:
     # A "since" read and the pages of a read leave out the Turns that ended before what they ask for
     # (persistence/timeline.py): against a history spread over 90 minutes, they return exactly what
     # the whole read filtered by hand does, and the pages neither repeat nor skip an item.
     tree = await seed_worked_tree(runtime.db, scope, members=30, turns_per_member=3, wait_every=3)
-    await _age_members(runtime.db, tree.tree_id, minutes_each=3)
+    await age_members(runtime.db, tree.tree_id, minutes_each=3)
     # A Run ends after its Turn: the finishing transaction stamps the Turn's end with its start and the
     # Run's with the real moment (here 50 s later, as an aborted model call's record can be).
     [late] = await rows(runtime.db, """

@@ -229,6 +229,24 @@ async def seed_worked_tree(db: Database, scope: Scope, *, members: int, turns_pe
     return tree
 
 
+async def age_members(db: Database, tree_id: uuid.UUID, minutes_each: int) -> None:
+    """Move the k-th member's whole history (every timestamp the timeline reads) k × ``minutes_each``
+    minutes into the past, in tree order: a tree that worked for a while, long enough ago."""
+    async with db.tx() as conn:
+        await conn.execute("""
+            CREATE TEMP TABLE aged ON COMMIT DROP AS
+            SELECT session_id, make_interval(mins => %s * (row_number() OVER (ORDER BY path))::int) AS back
+            FROM sessions WHERE tree_id = %s""", (minutes_each, tree_id))
+        await conn.execute("""UPDATE runs r SET queued_at = queued_at - a.back, started_at = started_at - a.back,
+                                  ended_at = ended_at - a.back FROM aged a WHERE r.session_id = a.session_id""")
+        await conn.execute("""UPDATE turns t SET created_at = created_at - a.back, ended_at = ended_at - a.back
+                              FROM aged a WHERE t.session_id = a.session_id""")
+        await conn.execute("""UPDATE waits w SET created_at = created_at - a.back
+                              FROM aged a WHERE w.session_id = a.session_id""")
+        await conn.execute("""UPDATE thread_messages m SET created_at = created_at - a.back
+                              FROM aged a WHERE m.session_id = a.session_id""")
+
+
 async def _seed_claim(conn: Connection, tree_id: uuid.UUID, session_id: uuid.UUID) -> RunRef:
     granted = await runs.grant_slots(conn, tree_id, LEASE_SECONDS)
     run_id = next(row["run_id"] for row in granted if row["session_id"] == session_id)
