@@ -749,7 +749,7 @@ class ModelGateway:
         except ModelError:
             return frozenset()
 
-    def _check_endpoint(self, model: str, api_base: str | None, api_key_ref: str | None) -> None:
+    def _check_endpoint(self, routes: _Routes, model: str, api_base: str | None, api_key_ref: str | None) -> None:
         """An agent's calls go only where the operator lets them: its api_base must be a listed endpoint
         (whoever may create agents names it, and the gateway asks it from inside the cluster: the Ray
         dashboard, a metadata service, any loopback port, its answer shown back in the Turn's error),
@@ -760,7 +760,7 @@ class ModelGateway:
             raise ModelError(f"the model {model[:200]!r} holds a URL: an agent's endpoint is its api_base, one of "
                              "the endpoints the operator lists in CANOPY_AGENT_API_BASES")
         if not api_base:
-            self._check_default_endpoint(model, api_key_ref)
+            self._check_default_endpoint(routes, model, api_key_ref)
             return
         keys = _allowed_keys(api_base, self._allowed_endpoints)
         if not keys:
@@ -771,7 +771,7 @@ class ModelGateway:
             raise ModelError(f"api_key_ref {api_key_ref!r} is not a key agents may send to {api_base!r} "
                              f"(CANOPY_AGENT_API_BASES lists {', '.join(named) or 'none'} for it)")
 
-    def _check_default_endpoint(self, model: str, api_key_ref: str | None) -> None:
+    def _check_default_endpoint(self, routes: _Routes, model: str, api_key_ref: str | None) -> None:
         """Without an api_base a call goes where litellm's provider goes by default, and for some that
         is a server on the gateway's own machine (llamafile: 127.0.0.1:8080, lemonade: the API's own
         port), where a sandbox command may listen: no key an agent names goes there, and no call of
@@ -779,7 +779,7 @@ class ModelGateway:
         if api_key_ref:
             raise ModelError(f"api_key_ref {api_key_ref!r} without an api_base: a key an agent names goes only to "
                              "its api_base, one of the endpoints the operator lists in CANOPY_AGENT_API_BASES")
-        if model.startswith(SCRIPTED_PREFIX) or self._current_routes().operators(model):
+        if model.startswith(SCRIPTED_PREFIX) or routes.operators(model):
             return
         if local := _local_default(_litellm(), model, self._keys):
             raise ModelError(f"the model {model[:200]!r} is served by default from {local}, on the model gateway's "
@@ -790,8 +790,9 @@ class ModelGateway:
         """Why a call to ``model`` (with an agent's ``api_base``/``api_key_ref``) cannot work, as a
         sentence that names what is missing; None when litellm has all it needs. Makes no request."""
         try:
-            self._check_endpoint(model, api_base, api_key_ref)
-            return self._current_routes().problem(model, api_base, api_key_ref)
+            routes = self._current_routes()
+            self._check_endpoint(routes, model, api_base, api_key_ref)
+            return routes.problem(model, api_base, api_key_ref)
         except ModelError as error:
             return str(error)
 
@@ -814,8 +815,8 @@ class ModelGateway:
         call) aborts the HTTP request.
         """
         litellm = _litellm()
-        self._check_endpoint(model, api_base, api_key_ref)
         routes = self._current_routes()
+        self._check_endpoint(routes, model, api_base, api_key_ref)
         call_id = uuid.uuid4().hex
         request: dict[str, Any] = {"model": routes.target(model, api_base, api_key_ref),
                                    "messages": to_openai_messages(messages), "metadata": {_CALL_KEY: call_id}}
