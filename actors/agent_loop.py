@@ -489,9 +489,9 @@ class RunExecutor:
             if usable:
                 summary = await messages.append_summary(
                     conn, self.run, summary=text, covers_until=earlier[-1]["id"], covered=len(earlier),
-                    usage=reply["usage"], cost_usd=reply.get("cost_usd", 0.0))
+                    usage=reply["usage"], cost_usd=reply["cost_usd"])
             else:  # not used, but billed: a budget counts it
-                await messages.charge_call(conn, self.run, usage=reply["usage"], cost_usd=reply.get("cost_usd", 0.0))
+                await messages.charge_call(conn, self.run, usage=reply["usage"], cost_usd=reply["cost_usd"])
             if self._compact_requested:
                 await sessions.clear_compact_request(conn, self.run.session_id)
         self._compact_requested = False
@@ -527,7 +527,7 @@ class RunExecutor:
         message = reply["message"]
         self._history.append(await messages.append_reply(
             conn, self.run, content=message["content"], tool_calls=message["tool_calls"] or None,
-            usage=reply["usage"], cost_usd=reply.get("cost_usd", 0.0)))
+            usage=reply["usage"], cost_usd=reply["cost_usd"]))
 
     async def _run_tools(self, session: Row, input_id: uuid.UUID, calls: list[dict[str, Any]]
                          ) -> tuple[bool, _Boundary | None]:

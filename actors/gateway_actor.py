@@ -215,7 +215,7 @@ class _Call:
     run_id: str
     model: str
     usage: dict[str, int]
-    cost_usd: float
+    cost_usd: float | None  # None: litellm has no price for the model
     started: dataclasses.InitVar[float]  # time.monotonic() when the call began
     error: str | None
     latency_ms: float = dataclasses.field(init=False)

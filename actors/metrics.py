@@ -48,14 +48,16 @@ def _mirror(metric: Metric, labels: dict[str, str], value: float) -> None:
 metrics.on_record(_mirror)
 
 
-def record_model_call(model: str, latency_ms: float, usage: dict[str, int], cost_usd: float,
+def record_model_call(model: str, latency_ms: float, usage: dict[str, int], cost_usd: float | None,
                       error: str | None) -> None:
-    """One finished model call (``model`` is already a bounded label, see ``ModelLabels``)."""
+    """One finished model call (``model`` is already a bounded label, see ``ModelLabels``; ``cost_usd``
+    None: litellm has no price for it, and the cost series counts priced calls only)."""
     metrics.add(metrics.MODEL_CALLS, model=model, outcome="error" if error else "ok")
     metrics.observe(metrics.MODEL_LATENCY, latency_ms / 1000, model=model)
     for kind in ("prompt", "completion"):
         metrics.add(metrics.MODEL_TOKENS, usage.get(f"{kind}_tokens", 0), model=model, kind=kind)
-    metrics.add(metrics.MODEL_COST, cost_usd, model=model)
+    if cost_usd is not None:
+        metrics.add(metrics.MODEL_COST, cost_usd, model=model)
 
 
 def publish_gauges(gauges: dict[str, Any]) -> None:

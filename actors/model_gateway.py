@@ -323,21 +323,33 @@ def _plausible_cost(figure: Any) -> bool:
             and 0 <= figure <= _MAX_COST_PER_CALL)
 
 
-def _cost(litellm: ModuleType, response: Any, priced: Any, model: str) -> float:
+def _cost(litellm: ModuleType, response: Any, priced: Any, models: Sequence[str]) -> float | None:
     """The reply's price: ``priced`` when litellm priced the call already (a whole reply; a stream's
     figure comes before its usage chunk), else priced from the response; a figure no call can cost
-    (a provider's reported ``usage.cost`` of 1e308) is priced from the reply's tokens instead."""
-    if model.startswith(SCRIPTED_PREFIX):
-        return 0.0
-    if _plausible_cost(priced):
-        return float(priced)
-    try:
-        figure = litellm.completion_cost(completion_response=response)
-        if not _plausible_cost(figure):
-            figure = sum(litellm.cost_per_token(model=response.model or model, **_usage(response)))
-    except Exception:  # unknown models have no price; accounting must not fail the call
-        return 0.0
-    return float(figure) if _plausible_cost(figure) else 0.0
+    (a provider's reported ``usage.cost`` of 1e308) is priced from the reply's tokens instead.
+    ``models``: the answering deployment's id and its provider model string. None when litellm has
+    no price for them (an agent's own endpoint's model, say; litellm prices such a call 0): not a
+    free call, but one a cost budget cannot count (see canopy_budget_reached)."""
+    figure = priced
+    if not _plausible_cost(figure):
+        try:
+            figure = litellm.completion_cost(completion_response=response)
+            if not _plausible_cost(figure):
+                figure = sum(litellm.cost_per_token(model=response.model or models[-1], **_usage(response)))
+        except Exception:  # unknown models have no price; accounting must not fail the call
+            return None
+    if not _plausible_cost(figure) or (figure == 0 and not _has_price(litellm, models)):
+        return None
+    return float(figure)
+
+
+def _has_price(litellm: ModuleType, models: Sequence[str]) -> bool:
+    """Whether litellm's price map, or a price the models file gave a deployment, prices one of
+    ``models``: the Router enters every deployment's model in the map, priced or not, and an unknown
+    model's call costs 0 as a free one's does."""
+    entries = (litellm.model_cost.get(name) or {} for name in models)
+    return any(entry.get("input_cost_per_token") is not None or entry.get("output_cost_per_token") is not None
+               for entry in entries)
 
 
 # ---------------------------------------------------------------------------
@@ -848,8 +860,10 @@ class ModelGateway:
             else:
                 await asyncio.to_thread(_estimate_usage, litellm, response, request["messages"], self._counted(model))
             priced = None  # litellm priced the tokens it was told: none
-        accounted = {"model": routes.display(_model_group(hidden), model), "usage": _usage(response),
-                     "cost_usd": _cost(litellm, response, priced, model)}
+        answered = routes.display(_model_group(hidden), model)
+        deployment = (hidden.get("model_id") or "", routes.provider_model(answered))
+        cost = 0.0 if model.startswith(SCRIPTED_PREFIX) else _cost(litellm, response, priced, deployment)
+        accounted = {"model": answered, "usage": _usage(response), "cost_usd": cost}
         if chars > self._max_reply_chars:
             raise ModelError(f"the model's reply was {chars:,} characters or more, more than the "
                              f"{self._max_reply_chars:,} characters a reply may hold (setting CANOPY_MAX_REPLY_CHARS): "

@@ -151,7 +151,9 @@ class BudgetLimits(ResponseBody):
 
 class BudgetReached(ResponseBody):
     budget_tree_id: uuid.UUID = Field(description="The tree whose budget it is: this one, or one that spawned it.")
-    limit: Literal["tokens", "cost_usd", "seconds", "model_calls"]
+    limit: Literal["tokens", "cost_usd", "seconds", "model_calls", "unpriced_calls"] = Field(
+        description="unpriced_calls: a cost limit allows no model call litellm has no price for (max 0, used: "
+                    "how many there were); remove the cost limit or price the model in the models file.")
     max: float
     used: float
 
@@ -166,11 +168,15 @@ class Usage(ResponseBody):
     model_calls: int = Field(description="Model calls whose reply was committed.")
 
 
-class TreeUsage(Usage):
+class RollupUsage(Usage):
+    unpriced_calls: int = Field(description="Model calls litellm has no price for: their cost is not in cost_usd.")
+
+
+class TreeUsage(RollupUsage):
     first_run_at: dt.datetime | None = Field(description="When the tree's first Run got a slot.")
 
 
-class SpawnedUsage(Usage):
+class SpawnedUsage(RollupUsage):
     trees: int = Field(description="Trees spawned from this one with create_session(mode=\"root\"), directly or not.")
 
 
@@ -578,7 +584,8 @@ class TimelineInterval(ResponseBody):
     waits_on: list[uuid.UUID] = Field(default_factory=list, description="wait: the sessions it watches.")
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = Field(default=0.0, description="model_call: null when litellm has no price for "
+                                                            "the model.")
 
 
 class TimelineInstant(ResponseBody):

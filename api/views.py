@@ -14,6 +14,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from persistence import usage
 from persistence.records import Row
 from persistence.statuses import Activity, TurnStatus
 
@@ -55,6 +56,8 @@ def usage_line(summary: Row) -> str:
     spent = summary["usage"]
     line = (f"tokens {spent['tokens']:,} ({spent['prompt_tokens']:,} in / {spent['completion_tokens']:,} out)"
             f"  ·  model calls {spent['model_calls']:,}  ·  ${spent['cost_usd']:.4f}")
+    if spent.get("unpriced_calls"):
+        line += f" (+ {spent['unpriced_calls']:,} calls with no price)"
     spawned = summary.get("spawned_usage") or {}
     if spawned.get("trees"):
         line += (f"  ·  spawned trees ({spawned['trees']}): tokens {spawned['tokens']:,}, "
@@ -69,7 +72,7 @@ def usage_line(summary: Row) -> str:
 def _stopped(summary: Row) -> str:
     detail = summary.get("stop_detail")
     if summary.get("stop_reason") == "budget_exceeded" and detail:
-        return f"[red]stopped: budget exceeded ({detail['limit']} {detail['used']:,g} of {detail['max']:,g})[/red]"
+        return f"[red]stopped: budget exceeded ({usage.describe_reached(detail)})[/red]"
     return "[red]stopped[/red]"
 
 

@@ -77,7 +77,7 @@ async def append_tool_results(conn: Connection, run: RunRef, results: list[tuple
 
 
 async def append_reply(conn: Connection, run: RunRef, *, content: str | None,
-                       tool_calls: list[dict[str, Any]] | None, usage: dict[str, int], cost_usd: float,
+                       tool_calls: list[dict[str, Any]] | None, usage: dict[str, int], cost_usd: float | None,
                        role: str = "assistant", origin: dict[str, Any] | None = None) -> Row:
     """Commit a model reply of the executing Run and count its call's tokens and cost on the Run,
     in one fenced statement (LeaseLost, nothing written, if the lease is gone). Returns the
@@ -91,18 +91,19 @@ async def append_reply(conn: Connection, run: RunRef, *, content: str | None,
     return row
 
 
-async def charge_call(conn: Connection, run: RunRef, *, usage: dict[str, int], cost_usd: float) -> None:
+async def charge_call(conn: Connection, run: RunRef, *, usage: dict[str, int], cost_usd: float | None) -> None:
     """Count a model call whose reply joins no history (a summary that is not used) on the Run and
     its tree, as ``append_reply`` does: the provider billed it, and a budget counts it."""
     await _charge(conn, run, usage, cost_usd, record=None)
 
 
-async def _charge(conn: Connection, run: RunRef, usage: dict[str, int], cost_usd: float,
+async def _charge(conn: Connection, run: RunRef, usage: dict[str, int], cost_usd: float | None,
                   record: dict[str, Any] | None) -> Row:
+    """``cost_usd`` None: litellm has no price for the call's model (the tree counts such calls)."""
     cur = await conn.execute(query("append_reply"), {
         "prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
-        "cost_usd": cost_usd, "run_id": run.run_id, "owner": run.owner, "session_id": run.session_id,
-        "turn_id": run.turn_id, "record": record is not None,
+        "cost_usd": cost_usd or 0.0, "unpriced": int(cost_usd is None), "run_id": run.run_id, "owner": run.owner,
+        "session_id": run.session_id, "turn_id": run.turn_id, "record": record is not None,
         **(record or {"content": None, "tool_calls": None, "role": "assistant", "origin": Jsonb({})})})
     row = await cur.fetchone()
     if row is None:
@@ -116,7 +117,7 @@ def render_summary(summary: str) -> str:
 
 
 async def append_summary(conn: Connection, run: RunRef, *, summary: str, covers_until: int, covered: int,
-                         usage: dict[str, int], cost_usd: float) -> Row:
+                         usage: dict[str, int], cost_usd: float | None) -> Row:
     """Commit a compaction summary (fenced, its call's usage charged): from now on it stands for
     every message of the session up to ``covers_until`` in what the model is sent (they stay here)."""
     return await append_reply(conn, run, content=render_summary(summary), tool_calls=None, usage=usage,

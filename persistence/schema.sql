@@ -141,7 +141,10 @@ CREATE TABLE tree_usage (
     completion_tokens   bigint NOT NULL DEFAULT 0,
     cost_usd            double precision NOT NULL DEFAULT 0,
     model_calls         bigint NOT NULL DEFAULT 0,
-    first_run_at        timestamptz
+    first_run_at        timestamptz,
+    -- Calls litellm has no price for (an agent's own endpoint's model): their cost is not in
+    -- cost_usd, so a cost budget cannot count them (canopy_budget_reached allows none under one).
+    unpriced_calls      bigint NOT NULL DEFAULT 0
 );
 
 -- The first budget limit that the work of a tree has reached, or NULL. The budgets that cover a
@@ -158,13 +161,18 @@ CREATE FUNCTION canopy_budget_reached(of_tree uuid) RETURNS jsonb LANGUAGE sql S
         SELECT coalesce(sum(u.prompt_tokens + u.completion_tokens), 0)::float8 AS tokens,
                coalesce(sum(u.cost_usd), 0)::float8 AS cost_usd,
                coalesce(sum(u.model_calls), 0)::float8 AS model_calls,
-               coalesce(extract(epoch FROM now() - min(u.first_run_at)), 0)::float8 AS seconds
+               coalesce(extract(epoch FROM now() - min(u.first_run_at)), 0)::float8 AS seconds,
+               coalesce(sum(u.unpriced_calls), 0)::float8 AS unpriced_calls
         FROM trees d JOIN tree_usage u ON u.tree_id = d.tree_id
         WHERE d.lineage_id = t.lineage_id AND b.tree_id = ANY (d.spawn_chain)) used
     CROSS JOIN LATERAL (VALUES ('tokens', b.budget_tokens::float8, used.tokens),
                                ('cost_usd', b.budget_cost_usd, used.cost_usd),
                                ('model_calls', b.budget_model_calls::float8, used.model_calls),
-                               ('seconds', b.budget_seconds, used.seconds)) AS l (name, max, used)
+                               ('seconds', b.budget_seconds, used.seconds),
+                               -- A cost budget cannot count a call litellm has no price for: it allows
+                               -- none (used is NULL, never reached, while there is none).
+                               ('unpriced_calls', CASE WHEN b.budget_cost_usd IS NOT NULL THEN 0::float8 END,
+                                nullif(used.unpriced_calls, 0))) AS l (name, max, used)
     WHERE t.tree_id = of_tree
       AND (b.budget_tokens IS NOT NULL OR b.budget_cost_usd IS NOT NULL OR b.budget_seconds IS NOT NULL
            OR b.budget_model_calls IS NOT NULL)
@@ -494,7 +502,7 @@ CREATE TABLE model_calls (
     model               text NOT NULL,
     prompt_tokens       bigint NOT NULL DEFAULT 0,
     completion_tokens   bigint NOT NULL DEFAULT 0,
-    cost_usd            double precision NOT NULL DEFAULT 0,
+    cost_usd            double precision DEFAULT 0,  -- NULL: litellm has no price for the model
     latency_ms          double precision NOT NULL,
     error               text,
     created_at          timestamptz NOT NULL DEFAULT now(),

@@ -87,12 +87,20 @@ async def refuse_if_used_up(conn: Connection, tree_id: uuid.UUID, doing: str) ->
     if reached is not None:
         owner = "this tree's budget" if reached["budget_tree_id"] == str(tree_id) else \
             f"the budget of tree {reached['budget_tree_id']}, which spawned it,"
-        raise Conflict(f"{owner} is used up ({describe_reached(reached)}); raise it "
-                       f"(PATCH /trees/{reached['budget_tree_id']}/budget) before {doing}")
+        route = f"PATCH /trees/{reached['budget_tree_id']}/budget"
+        fix = (f"remove its cost limit ({route} with max_cost_usd null: a tokens limit counts such calls) or give "
+               "the model a price in the models file" if reached["limit"] == "unpriced_calls"
+               else f"raise it ({route})")
+        raise Conflict(f"{owner} is used up ({describe_reached(reached)}); {fix} before {doing}")
 
 
 def describe_reached(reached: dict[str, Any]) -> str:
     """A budget limit reached, in a sentence's words: ``tokens 1,204 of 1,000``."""
+    if reached["limit"] == "unpriced_calls":
+        calls = int(reached["used"])
+        return (f"its cost cannot be counted: {calls:,} model call{'s' if calls != 1 else ''} to a model litellm "
+                "has no price for")
+
     def number(value: float) -> str:
         return f"{value:,.0f}" if reached["limit"] != "cost_usd" else f"{value:,.4f}"
 
@@ -143,7 +151,8 @@ NO_USAGE: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "cost_us
 
 async def tree_head(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
     """A tree's state, stop reason, slots, budget and usage (its own, and that of the trees spawned
-    from it), the budget limit reached if any, and ``member_usage`` (session id → usage; members
+    from it; ``unpriced_calls``: calls litellm has no price for, not in ``cost_usd``), the budget
+    limit reached if any, and ``member_usage`` (session id → usage; members
     without a Run are absent): one statement whatever the tree's size. NotFound outside the scope."""
     cur = await conn.execute(query("tree_summary_head"),
                              {"tree_id": tree_id, "user_id": scope.user_id, "app_id": scope.app_id})
@@ -154,8 +163,11 @@ async def tree_head(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
                                        "stop_detail", "archived", "lineage_id", "spawned_by_tree_id", "budget_reached")}
     members = {uuid.UUID(session_id): _usage(dict(zip(USAGE_FIELDS, figures, strict=True)))
                for session_id, figures in (row["member_usage"] or {}).items()}
-    return {**head, "budget": budget_of(row), "usage": {**_usage(row), "first_run_at": row["first_run_at"]},
-            "spawned_usage": {**_usage(row, "spawned_"), "trees": row["spawned_trees"]}, "member_usage": members}
+    return {**head, "budget": budget_of(row),
+            "usage": {**_usage(row), "unpriced_calls": row["unpriced_calls"], "first_run_at": row["first_run_at"]},
+            "spawned_usage": {**_usage(row, "spawned_"), "unpriced_calls": row["spawned_unpriced_calls"],
+                              "trees": row["spawned_trees"]},
+            "member_usage": members}
 
 
 async def budget_stopped_trees(conn: Connection) -> int:

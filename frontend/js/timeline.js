@@ -390,7 +390,8 @@ export class TimelineView {
       item.kind === "run" || item.kind === "queued" ? ["run kind", item.name] : null,
       item.prompt_tokens || item.completion_tokens
         ? ["tokens", `${item.prompt_tokens} in / ${item.completion_tokens} out`] : null,
-      item.cost_usd ? ["cost", `$${item.cost_usd.toFixed(6)}`] : null,
+      item.cost_usd ? ["cost", `$${item.cost_usd.toFixed(6)}`]
+        : item.cost_usd === null ? ["cost", "no price (litellm does not know the model)"] : null,
       item.waits_on?.length ? ["waits on", item.waits_on.map((id) => this.#pathOf(id)).join(", ")] : null,
       item.error ? ["error", item.error] : null,
       item.run_id ? ["run", item.run_id] : null,

@@ -19,7 +19,8 @@ export function describeUsage(usage) {
   if (!usage) return "";
   return `${formatCount(usage.tokens)} tokens (${formatCount(usage.prompt_tokens)} in · `
     + `${formatCount(usage.completion_tokens)} out) · ${formatCount(usage.model_calls)} model calls · `
-    + `$${Number(usage.cost_usd ?? 0).toFixed(4)}`;
+    + `$${Number(usage.cost_usd ?? 0).toFixed(4)}`
+    + (usage.unpriced_calls ? ` (+ ${formatCount(usage.unpriced_calls)} calls with no price)` : "");
 }
 
 /**
@@ -44,6 +45,10 @@ export function budgetMeters(summary, now = Date.now()) {
 
 /** "tokens 51,234 of 50,000" */
 export function describeReached(reached) {
+  if (reached?.limit === "unpriced_calls") {
+    const calls = formatCount(reached.used);
+    return `its cost cannot be counted: ${calls} model call${calls === "1" ? "" : "s"} to a model with no price`;
+  }
   const limit = BY_LIMIT[reached?.limit];
   if (!limit) return "";
   return `${limit.label} ${limit.format(reached.used)} of ${limit.format(reached.max)}`;
@@ -55,8 +60,11 @@ export function stopReasonText(summary) {
   if (summary.stop_reason === "budget_exceeded") {
     const detail = summary.stop_detail ? ` (${describeReached(summary.stop_detail)})` : "";
     const own = !summary.stop_detail || summary.stop_detail.budget_tree_id === summary.tree_id;
+    const unpriced = summary.stop_detail?.limit === "unpriced_calls";  // a cost limit cannot count them
+    const fix = own ? (unpriced ? "Remove its cost limit" : "Raise it")
+      : (unpriced ? "Remove that tree's cost limit" : "Raise that tree's budget");
     return `Stopped: ${own ? "the budget" : "the budget of the tree that spawned it"} is used up${detail}. `
-      + (own ? "Raise it, then continue." : "Raise that tree's budget, then continue.");
+      + `${fix}, then continue.`;
   }
   return "Stopped by Stop all.";
 }

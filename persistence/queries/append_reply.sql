@@ -4,7 +4,8 @@
 -- row is the sum of its Runs' charges because only this statement charges either; it is locked
 -- until the commit, so the concurrent Runs of one tree (at most its slots) commit their replies one
 -- after another. With %(record)s false the call is charged and nothing joins the history (a
--- summary that is not used: billed all the same). No row: the lease is gone.
+-- summary that is not used: billed all the same). %(unpriced)s is 1 for a call litellm has no price
+-- for (%(cost_usd)s is 0 then): the tree counts it. No row: the lease is gone.
 WITH charged AS (
     UPDATE runs SET prompt_tokens = prompt_tokens + %(prompt_tokens)s,
                     completion_tokens = completion_tokens + %(completion_tokens)s,
@@ -16,7 +17,8 @@ WITH charged AS (
     UPDATE tree_usage u SET prompt_tokens = u.prompt_tokens + %(prompt_tokens)s,
                             completion_tokens = u.completion_tokens + %(completion_tokens)s,
                             cost_usd = u.cost_usd + %(cost_usd)s,
-                            model_calls = u.model_calls + 1
+                            model_calls = u.model_calls + 1,
+                            unpriced_calls = u.unpriced_calls + %(unpriced)s
     FROM charged WHERE u.tree_id = charged.tree_id
 ), recorded AS (
     INSERT INTO thread_messages (session_id, turn_id, run_id, role, content, tool_calls, origin)

@@ -128,7 +128,7 @@ async def test_other_models_pass_through_with_the_named_key_and_base(
     result = await gw.complete(model="openai/direct", messages=scripted([{"say": "ignored"}]), tools=None,
                                api_key_ref="REPLAY_TEAM_KEY", api_base=replay.base_url)
     assert result["message"]["content"] == "direct" and result["model"] == "openai/direct"
-    assert result["cost_usd"] == 0.0, "an unpriced model costs 0 rather than failing"
+    assert result["cost_usd"] is None, "an unpriced model has no cost rather than failing, nor a cost of 0"
     assert replay.requests_for("direct")[0].authorization == "Bearer sk-team"
 
 
@@ -535,6 +535,23 @@ async def test_the_models_file_is_reloaded_and_its_rpm_limit_holds_calls_back(
     with pytest.raises(ModelError, match=r"(?i)rate limit"):
         await gw.complete(model="limited", messages=scripted([{"say": "x"}]), tools=None)
     assert len(replay.requests_for("limited")) == 1, "the limit held the call back before it reached the provider"
+
+
+async def test_a_model_the_models_file_prices_is_charged_that_price(tmp_path: Path, replay: ReplayServer) -> None:
+    """litellm has no price for a model it does not know (None: a cost budget cannot count it); the
+    operator's models file can give one (the fix a budget stopped for it names)."""
+    path = tmp_path / "models.yaml"
+    unpriced = {"model": "openai/house-model", "api_base": replay.base_url, "api_key": "sk-file"}
+    priced = {**unpriced, "input_cost_per_token": 0.001, "output_cost_per_token": 0.002}
+    _write(path, {"model_list": [{"model_name": "house", "litellm_params": unpriced},
+                                 {"model_name": "house-priced", "litellm_params": priced}]})
+    gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path))
+    replay.script("house-model", say("one"), say("two"))
+    first = await gw.complete(model="house", messages=scripted([{"say": "x"}]), tools=None)
+    second = await gw.complete(model="house-priced", messages=scripted([{"say": "x"}]), tools=None)
+    assert (first["usage"], second["usage"]) == ({"prompt_tokens": 11, "completion_tokens": 7},) * 2
+    assert first["cost_usd"] is None
+    assert second["cost_usd"] == pytest.approx(11 * 0.001 + 7 * 0.002)
 
 
 async def test_the_readmes_models_file_is_one_the_gateway_takes(tmp_path: Path,

@@ -22,7 +22,7 @@ from actors.runtime import Runtime
 from actors.scripted import say as scripted_say
 from actors.scripted import script
 from api.errors import status_of
-from persistence.errors import InvalidArgument
+from persistence.errors import Conflict, InvalidArgument
 from persistence.records import Row, Scope
 from tests.actors.helpers import eventually, rows
 from tests.actors.replay_server import ReplayServer, calls, fail, say
@@ -126,6 +126,38 @@ async def test_a_reply_past_the_size_limit_fails_its_turn_and_is_charged(
     messages = await rows(runtime.db, "SELECT role FROM thread_messages WHERE session_id = %s AND role = 'assistant'",
                           created["session"]["session_id"])
     assert messages == []  # not kept
+
+
+async def test_a_cost_budget_stops_a_tree_whose_model_has_no_price(
+        runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
+    """litellm has no price for an agent's own model: its calls cost "0", and a cost budget would never
+    be reached while the provider bills them. Such a call under a cost budget stops the tree before
+    the next call, and says why; without a cost budget the tree runs on and counts them."""
+    model = _name("replay-unpriced")
+    agent = await _agent(runtime, scope, f"openai/{model}", api_base=replay.base_url)
+    replay.script(model, calls(("list_agents", {})), say("never asked"))
+    capped = await runtime.create_root(scope, input_text="Spend.", agent_id=agent, budget={"max_cost_usd": 5.0})
+    result = await runtime.wait_result(scope, capped["input"]["input_id"], timeout=60)
+    assert result["status"] == "cancelled" and "no price" in (result["error"] or ""), result
+    assert len(replay.requests_for(model)) == 1, "no call starts once the budget cannot count one"
+    tree_id = capped["session"]["tree_id"]
+    summary = await runtime.tree_summary(scope, tree_id)
+    assert (summary["stopped"], summary["stop_reason"]) == (True, "budget_exceeded")
+    assert summary["stop_detail"] == {"budget_tree_id": str(tree_id), "limit": "unpriced_calls", "max": 0.0,
+                                      "used": 1.0}
+    assert summary["usage"]["unpriced_calls"] == 1 and summary["usage"]["cost_usd"] == 0.0
+    [counted] = await rows(runtime.db, "SELECT unpriced_calls, model_calls FROM tree_usage WHERE tree_id = %s",
+                           tree_id)
+    assert (counted["unpriced_calls"], counted["model_calls"]) == (1, 1)
+    with pytest.raises(Conflict, match="max_cost_usd"):
+        await runtime.continue_tree(scope, tree_id)  # raising the limit would not help: the fix is named
+
+    replay.script(model, calls(("list_agents", {})), say("done"))
+    uncapped = await runtime.create_root(scope, input_text="Spend.", agent_id=agent, budget={"max_tokens": 10**6})
+    result = await runtime.wait_result(scope, uncapped["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "done")
+    summary = await runtime.tree_summary(scope, uncapped["session"]["tree_id"])
+    assert summary["stopped"] is False and summary["usage"]["unpriced_calls"] == 2
 
 
 async def test_a_provider_key_reaches_the_gateway_only(runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:

@@ -1,14 +1,18 @@
 """Usage, budgets and interventions in a real browser: the state panel shows the tree's usage as the API
 counts it; a tree stopped by its budget shows why, and raising the budget from the panel continues
 it to the end; a steer and a human input to a child appear as interventions in the parent's view
-(and the member's). Scenarios run on the scripted model; the assertions read the durable facts
-back over HTTP."""
+(and the member's). Scenarios run on the scripted model (one on a model litellm has no price for, through real litellm);
+the assertions read the durable facts back over HTTP."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 
 from actors.scripted import call, create, say, script
+from tests.actors.replay_server import ReplayServer, calls
+from tests.actors.replay_server import say as replay_say
 from tests.ui.helpers import Tab, User, create_root, get, member_at, open_root, poll, shoot, tree, wait_result
 
 expect = pytest.importorskip("playwright.async_api").expect
@@ -152,3 +156,32 @@ async def test_a_steer_and_an_input_to_a_child_show_as_interventions_in_the_pare
 async def _interventions(user: User, session_id: str, count: int) -> list[dict] | None:
     listed = await get(user, f"/sessions/{session_id}/interventions")
     return listed if len(listed) >= count else None
+
+
+async def test_a_cost_limit_stopped_by_a_model_with_no_price_says_so(tab: Tab, user: User,
+                                                                     replay: ReplayServer) -> None:
+    """An agent's own model that litellm has no price for: a cost limit cannot count its calls, so
+    the tree stops after the first; the panel says why and names the fix (not "raise it")."""
+    page = tab.page
+    model = f"replay-unpriced-{uuid.uuid4().hex[:8]}"
+    agent = await user.http.post("/api/v1/agents", json={
+        "agent_id": f"house-{model}", "name": "House", "model": f"openai/{model}", "api_base": replay.base_url})
+    assert agent.status_code == 201, agent.text
+    replay.script(model, calls(("list_agents", {})), replay_say("never asked"))
+    response = await user.http.post("/api/v1/sessions", json={
+        "input": "Spend.", "title": "Unpriced", "agent_id": f"house-{model}", "budget": {"max_cost_usd": 1.0}})
+    assert response.status_code == 201, response.text
+    root_id = response.json()["session"]["session_id"]
+
+    async def stopped() -> dict | None:
+        summary = await tree(user, root_id)
+        return summary if summary["stopped"] and summary["members"][0]["turn_status"] == "cancelled" else None
+
+    summary = await poll(stopped, what="the tree stopped by its cost limit")
+    assert summary["stop_detail"]["limit"] == "unpriced_calls" and summary["usage"]["unpriced_calls"] == 1
+    assert len(replay.requests_for(model)) == 1
+    await open_root(page, user.base, root_id)
+    reason = page.locator(".state-panel .state-stop-reason")
+    await expect(reason).to_contain_text("its cost cannot be counted: 1 model call to a model with no price")
+    await expect(reason).to_contain_text("Remove its cost limit, then continue.")
+    await expect(page.locator(".state-panel .state-usage .usage-text")).to_contain_text("(+ 1 calls with no price)")
