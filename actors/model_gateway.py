@@ -546,7 +546,10 @@ class _Routes:
             self.router = litellm.Router(model_list=model_list, **settings)
         except Exception as error:
             raise ModelError(f"models file {path}: litellm's Router refused it: {_first_line(error)}") from None
-        self._endpoints: dict[str, str] = {}  # model group -> the agent's model string
+        # model group -> the agent's model string, and the name its calls are accounted under: the
+        # model and its endpoint (an endpoint may name any model and report any usage, which must
+        # not count in the series of the model a shared route serves under that name)
+        self._endpoints: dict[str, tuple[str, str]] = {}
 
     def _resolved(self, deployment: dict[str, Any]) -> dict[str, Any]:
         """``os.environ/NAME`` values read from the environment or the secrets directory."""
@@ -560,9 +563,16 @@ class _Routes:
         """The provider's model string behind a model name (the first deployment of a file model)."""
         return next((d["litellm_params"]["model"] for d in self.file_models if d["model_name"] == model), model)
 
+    def answering_model(self, group: str | None, model: str) -> str:
+        """The provider's model string that answered a call of ``model`` routed to ``group``."""
+        own = self._endpoints.get(group or "")
+        return own[0] if own else self.provider_model(group or model)
+
     def display(self, group: str | None, model: str) -> str:
-        """The name a call is accounted under: the model group, or the agent's model string."""
-        return self._endpoints.get(group or "", group or model)
+        """The name a call is accounted under: the model group, the agent's model string, or for an
+        agent's own endpoint ``model @ api_base``."""
+        own = self._endpoints.get(group or "")
+        return own[1] if own else group or model
 
     def _own_endpoint(self, model: str, api_base: str | None, api_key_ref: str | None) -> dict[str, Any] | None:
         """The deployment of an agent's own endpoint, or None when the call takes a shared route."""
@@ -585,7 +595,7 @@ class _Routes:
             from litellm.types.router import Deployment, LiteLLM_Params
 
             self.router.add_deployment(Deployment(model_name=group, litellm_params=LiteLLM_Params(**params)))
-            self._endpoints[group] = model
+            self._endpoints[group] = (model, f"{model} @ {api_base}" if api_base else model)
         return group
 
     def _deployments_of(self, model: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -860,10 +870,10 @@ class ModelGateway:
             else:
                 await asyncio.to_thread(_estimate_usage, litellm, response, request["messages"], self._counted(model))
             priced = None  # litellm priced the tokens it was told: none
-        answered = routes.display(_model_group(hidden), model)
-        deployment = (hidden.get("model_id") or "", routes.provider_model(answered))
+        group = _model_group(hidden)
+        deployment = (hidden.get("model_id") or "", routes.answering_model(group, model))
         cost = 0.0 if model.startswith(SCRIPTED_PREFIX) else _cost(litellm, response, priced, deployment)
-        accounted = {"model": answered, "usage": _usage(response), "cost_usd": cost}
+        accounted = {"model": routes.display(group, model), "usage": _usage(response), "cost_usd": cost}
         if chars > self._max_reply_chars:
             raise ModelError(f"the model's reply was {chars:,} characters or more, more than the "
                              f"{self._max_reply_chars:,} characters a reply may hold (setting CANOPY_MAX_REPLY_CHARS): "

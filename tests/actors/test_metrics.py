@@ -153,3 +153,29 @@ async def test_the_operators_own_models_keep_their_label_whatever_else_was_calle
 
     assert await _counter(db, "canopy_model_calls", model=own) == 1.0
     assert await _counter(db, "canopy_model_calls", model=f"openai/{made_up[-1]}") == 0.0  # still bounded
+
+
+async def test_an_agents_own_endpoint_is_counted_apart_from_the_model_it_names(
+        database_url: str, db: Database, replay: ReplayServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent's own endpoint may name any model (``openai/gpt-4o-mini``) and report any usage: its
+    calls are counted and recorded under the model and the endpoint, never in the series of the
+    model the operator's shared route serves under that name."""
+    monkeypatch.setenv("CANOPY_DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    gateway = AccountedGateway(timeout_seconds=30, retries=0, agent_api_bases=(replay.base_url,))
+    before = await _counter(db, "canopy_model_calls", model="openai/gpt-4o-mini")
+    run_id = uuid.uuid4()
+    replay.script("gpt-4o-mini", replay_server.say("hi"))
+    try:
+        await gateway.complete_for_run(call_id=str(uuid.uuid4()), run_id=str(run_id), model="openai/gpt-4o-mini",
+                                       messages=[{"role": "user", "content": "hi"}], tools=None,
+                                       api_base=replay.base_url)
+    finally:
+        await gateway.close()
+        get_settings.cache_clear()
+
+    apart = f"openai/gpt-4o-mini @ {replay.base_url}"
+    assert await _counter(db, "canopy_model_calls", model="openai/gpt-4o-mini") == before  # its own label, or other
+    recorded = await rows(db, "SELECT model FROM model_calls WHERE run_id = %s", run_id)
+    assert [row["model"] for row in recorded] == [apart]
+

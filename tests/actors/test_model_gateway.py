@@ -115,7 +115,7 @@ async def test_transient_error_is_retried_then_reported() -> None:
         await gw.complete(model="openai/scripted", messages=scripted([{"say": "x"}]), tools=None,
                           api_base=AGENT_API_BASES[1])  # nothing listens there: connections are refused
     assert time.monotonic() - started >= 0.5, "backs off before retrying"
-    assert [a["model"] for a in failed.value.attempts] == ["openai/scripted"] * 2
+    assert [a["model"] for a in failed.value.attempts] == [f"openai/scripted @ {AGENT_API_BASES[1]}"] * 2
     assert all("Connection" in a["error"] for a in failed.value.attempts)
 
 
@@ -127,7 +127,7 @@ async def test_other_models_pass_through_with_the_named_key_and_base(
     replay.script("direct", say("direct"))
     result = await gw.complete(model="openai/direct", messages=scripted([{"say": "ignored"}]), tools=None,
                                api_key_ref="REPLAY_TEAM_KEY", api_base=replay.base_url)
-    assert result["message"]["content"] == "direct" and result["model"] == "openai/direct"
+    assert result["message"]["content"] == "direct" and result["model"] == f"openai/direct @ {replay.base_url}"
     assert result["cost_usd"] is None, "an unpriced model has no cost rather than failing, nor a cost of 0"
     assert replay.requests_for("direct")[0].authorization == "Bearer sk-team"
 
@@ -285,7 +285,8 @@ async def test_a_stream_cut_off_midway_is_asked_again(replay: ReplayServer) -> N
         on_delta=_ignore_delta)
     assert reply["message"]["content"] == "whole"
     assert [r.body.get("stream", False) for r in replay.requests_for("cut")] == [True, False]
-    assert len(reply["failed_attempts"]) == 1 and reply["failed_attempts"][0]["model"] == "openai/cut"
+    [attempt] = reply["failed_attempts"]
+    assert attempt["model"] == f"openai/cut @ {replay.base_url}"
 
 
 async def test_a_cost_a_provider_cannot_have_charged_is_priced_from_the_tokens(replay: ReplayServer) -> None:
@@ -352,7 +353,7 @@ async def test_a_reply_longer_than_the_limit_fails_the_call(replay: ReplayServer
             await gw.complete(model=f"openai/{model}", messages=scripted([{"say": "x"}]), tools=None,
                               api_base=replay.base_url, on_delta=on_delta)
         charged = refused.value.charged  # billed, so accounted as the reply would have been
-        assert charged is not None and charged["model"] == f"openai/{model}", charged
+        assert charged is not None and charged["model"] == f"openai/{model} @ {replay.base_url}", charged
         assert charged["usage"]["completion_tokens"] > 0, charged
     replay.script("fits", say("y" * 49_000))
     reply = await gw.complete(model="openai/fits", messages=scripted([{"say": "x"}]), tools=None,

@@ -103,7 +103,7 @@ async def test_a_real_provider_runs_a_roots_tool_calls_with_the_named_key(
     assert key == MARKER and first.authorization == second.authorization == f"Bearer {MARKER}"
     assert [(c["model"], c["error"], c["prompt_tokens"], c["completion_tokens"])
             for c in await _model_calls(runtime, created["session"]["session_id"], 2)] == [
-        (f"openai/{model}", None, 11, 7), (f"openai/{model}", None, 11, 7)]
+        (f"openai/{model} @ {replay.base_url}", None, 11, 7)] * 2
 
 
 async def test_a_reply_past_the_size_limit_fails_its_turn_and_is_charged(
@@ -202,7 +202,7 @@ async def test_a_429_with_retry_after_is_waited_out_then_retried(
     assert first.body.get("stream") and second.body.get("stream")
     assert second.at - first.at >= 1.0, "the retry came before the server's Retry-After"
     recorded = await _model_calls(runtime, tree_id, 2)
-    assert [c["model"] for c in recorded] == [f"openai/{model}"] * 2
+    assert [c["model"] for c in recorded] == [f"openai/{model} @ {replay.base_url}"] * 2
     assert "429" in recorded[0]["error"] and recorded[1]["error"] is None
 
 
