@@ -12,7 +12,8 @@ and p99 milliseconds for:
 - ``tree_summary``  the summary of a tree of ``--members`` sessions (two statements)
 - ``wait check``    deadlock detection for a new wait (persistence/deadlocks.py) in a scope where
   ``--members`` - 1 Turns wait in one chain (each for the next one's input): the worst case
-  the check walks, rolled back after each measurement
+  the check walks, rolled back after each measurement; and 198 waits of up to 100 inputs each
+  (member i waits for inputs to members i + 1 .. i + 100: each wait is reached by many)
 - ``timeline``      a tree of 500 members that each ran ``--timeline-turns`` Turns: its first page
   of 5,000 items, and the "what changed since" read the web UI repeats while the tree runs (one
   member busy, everything else ended an hour ago or more)
@@ -39,7 +40,7 @@ from persistence import deadlocks, projects, runs, sessions, timeline, trees, tu
 from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
-from persistence.records import RunRef, Scope
+from persistence.records import Row, RunRef, Scope
 from persistence.settings import Settings
 
 LEASE_SECONDS = 30.0
@@ -151,9 +152,9 @@ async def bench_summary(db: Database, scope: Scope, project_id: uuid.UUID, membe
     return {f"tree_summary ({members})": samples}
 
 
-async def bench_wait_check(db: Database, scope: Scope, project_id: uuid.UUID, members: int, n: int
-                           ) -> dict[str, list[float]]:
-    """Every member runs a Turn, and all but the last wait, each for the next one's input."""
+async def running_members(db: Database, scope: Scope, project_id: uuid.UUID, members: int
+                          ) -> tuple[list[Row], list[RunRef]]:
+    """A tree whose every member runs a Turn: their first inputs' receipts and their Runs, root first."""
     async with db.tx() as conn:
         root_id = await sessions.create_root(conn, scope, project_id=project_id, agent_id=None,
                                              agent_config=AGENT_CONFIG, slot_limit=members)
@@ -175,21 +176,50 @@ async def bench_wait_check(db: Database, scope: Scope, project_id: uuid.UUID, me
             run = await runs.acquire_run(conn, run_id, f"bench-{uuid.uuid4().hex[:6]}", 3600)
             assert run is not None
             held.append(run)
-    async with db.tx() as conn:  # member i waits for member i + 1's input; the root waits for nobody yet
-        for position, run in enumerate(held[1:-1], start=1):
-            await waits.park(conn, run, tool_call_id="w", kind="inputs", timeout_seconds=3600, targets=[],
-                             condition={"input_ids": [str(receipts[position + 1]["input_id"])]})
-    async def check(target: int) -> list[float]:
+    return receipts, held
+
+
+def wait_checks(db: Database, root: RunRef, n: int) -> Callable[[uuid.UUID], Awaitable[list[float]]]:
+    """Timed deadlock checks of the root's Turn waiting for one input, each rolled back."""
+    async def check(input_id: uuid.UUID) -> list[float]:
         samples: list[float] = []
         for _ in range(n):
             async def once() -> None:
                 async with db.pool.connection() as conn, conn.transaction(force_rollback=True):
-                    await deadlocks.check_wait(conn, held[0], "/root", input_ids=[receipts[target]["input_id"]])
+                    await deadlocks.check_wait(conn, root, "/root", input_ids=[input_id])
             await timed(samples, once)
         return samples
+    return check
+
+
+async def bench_wait_check(db: Database, scope: Scope, project_id: uuid.UUID, members: int, n: int
+                           ) -> dict[str, list[float]]:
+    """Every member runs a Turn, and all but the last wait, each for the next one's input."""
+    receipts, held = await running_members(db, scope, project_id, members)
+    async with db.tx() as conn:  # member i waits for member i + 1's input; the root waits for nobody yet
+        for position, run in enumerate(held[1:-1], start=1):
+            await waits.park(conn, run, tool_call_id="w", kind="inputs", timeout_seconds=3600, targets=[],
+                             condition={"input_ids": [str(receipts[position + 1]["input_id"])]})
+    check = wait_checks(db, held[0], n)
     # The last member runs and waits for nobody: the other waits are beside its chain, not in it.
-    return {f"wait check, along a chain of {members - 2} waits": await check(1),
-            f"wait check, beside {members - 2} waits": await check(-1)}
+    return {f"wait check, along a chain of {members - 2} waits": await check(receipts[1]["input_id"]),
+            f"wait check, beside {members - 2} waits": await check(receipts[-1]["input_id"])}
+
+
+async def bench_wait_fan_in(db: Database, scope: Scope, project_id: uuid.UUID, members: int, fan: int, n: int
+                            ) -> dict[str, list[float]]:
+    """Every member runs a Turn, and member i waits for an input to each of members i + 1 .. i + fan
+    (queued behind their Turns): each wait is reached by up to ``fan`` others."""
+    receipts, held = await running_members(db, scope, project_id, members)
+    async with db.tx() as conn:
+        for position, run in enumerate(held[1:-1], start=1):
+            later = range(position + 1, min(members, position + 1 + fan))
+            queued = [await turns.submit_input(conn, scope, held[j].session_id, "more", HUMAN) for j in later]
+            await waits.park(conn, run, tool_call_id="w", kind="inputs", timeout_seconds=3600, targets=[],
+                             condition={"input_ids": [str(receipt["input_id"]) for receipt in queued]})
+    waiting = members - 2
+    return {f"wait check, {waiting} waits of up to {fan} inputs each":
+            await wait_checks(db, held[0], n)(receipts[1]["input_id"])}
 
 
 async def bench_timeline(db: Database, scope: Scope, turns_per_member: int, n: int) -> dict[str, list[float]]:
@@ -227,6 +257,8 @@ async def main(iterations: int, members: int, summary_iterations: int, timeline_
             results = await bench_turn_cycle(db, scope, project["project_id"], iterations)
             results |= await bench_summary(db, scope, project["project_id"], members, summary_iterations)
             results |= await bench_wait_check(db, scope, project["project_id"], members, summary_iterations)
+            results |= await bench_wait_fan_in(db, scope, project["project_id"], 200, 100,
+                                               max(1, summary_iterations // 10))
             results |= await bench_timeline(db, scope, timeline_turns, max(1, summary_iterations // 10))
         finally:
             await db.close()

@@ -430,9 +430,9 @@ RETURNS TABLE (target_position bigint, blocker uuid) LANGUAGE sql STABLE AS $$
   UNION ALL
     SELECT target.position,
            (SELECT t.turn_id
-            FROM sessions s JOIN turns t ON t.session_id = s.session_id
-                                        AND t.status IN ('running', 'waiting', 'cancelling')
-            WHERE s.session_id = target.id::uuid AND s.user_id = of_user AND s.app_id = of_app)
+            FROM (SELECT * FROM sessions WHERE session_id = target.id::uuid OFFSET 0) s
+            JOIN turns t ON t.session_id = s.session_id AND t.status IN ('running', 'waiting', 'cancelling')
+            WHERE s.user_id = of_user AND s.app_id = of_app)
     FROM jsonb_array_elements_text(of_condition -> 'targets') WITH ORDINALITY AS target (id, position)
     WHERE of_kind = 'sessions'
 $$;
