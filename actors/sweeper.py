@@ -153,7 +153,7 @@ class SweeperImpl:
         for _ in range(_MAX_FIRINGS_PER_ROUND):
             hints = signals.NO_HINTS
             async with db.tx() as conn:
-                fired = await schedules.fire_due(conn, schedule_id)
+                fired = await schedules.fire_due(conn, schedule_id, self.settings.sweep_seconds)
                 if fired is not None and fired["receipt"] is not None:
                     started = fired["receipt"]["turn_id"] is not None
                     hints = await signals.change_hints(conn, [fired["session_id"]],

@@ -7,12 +7,13 @@ commit fires it again later, a crash after it finds it fired, and no due time fi
 
 Due times missed while nothing ran (everything down, or the sweep late) follow the schedule's
 ``catch_up``: ``once`` (the default) fires once for all of them — at the latest missed due time —
-then continues from now; ``all`` fires each of them, oldest first; ``skip`` fires none and
-continues from now. A due time whose input cannot be given (its session is archived, or waits for
-a human) is recorded with the reason and skipped. A cron expression has five fields: croniter's
-sixth (seconds) and seventh (a year) would allow a rule that comes due once, or never. A rule that
-has no due time after one it fired (one stored before that was checked) ends the schedule as a
-delete does, so it never holds its place at the head of the due schedules.
+then continues from now; ``all`` fires each of them, oldest first; ``skip`` fires none and continues
+from now (a due time within one sweep's period is on time, not missed). A due time whose input
+cannot be given (its session is archived, or waits for a human) is recorded with the reason and
+skipped. A cron expression has five fields: croniter's sixth (seconds) and seventh (a year) would
+allow a rule that comes due once, or never. A rule that has no due time after one it fired (one
+stored before that was checked) ends the schedule as a delete does, so it never holds its place at
+the head of the due schedules.
 
 The inputs a schedule has waiting in its session's queue are bounded: a session busy for hours, or
 a tree stopped, would otherwise collect one per due time (a per-second rule with a long text is
@@ -41,8 +42,8 @@ from persistence.sessions import get_session_row
 
 CATCH_UP = ("once", "all", "skip")
 MIN_INTERVAL_SECONDS = 1.0
-# croniter's random value of a field: "R", or "R(a-b)", as an element of a field's list.
-_RANDOM = re.compile(r"(?:^|[\s,])R(?:$|[\s,(])", re.IGNORECASE)
+# An element is "R", "R(a-b)", "R/5", ...: an R that starts an element and no name (none starts so).
+_RANDOM = re.compile(r"(?:^|[\s,])R(?![a-z])", re.IGNORECASE)
 ALL_WAITING = 20
 
 
@@ -150,9 +151,12 @@ async def due_schedules(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
     return [row["schedule_id"] for row in await cur.fetchall()]
 
 
-async def fire_due(conn: Connection, schedule_id: uuid.UUID) -> Row | None:
+async def fire_due(conn: Connection, schedule_id: uuid.UUID, punctuality: float = 0.0) -> Row | None:
     """Fire the schedule's due time if it has come and nobody else is firing it (see the module
-    docstring); returns the firing (with the input receipt, or the error) or None."""
+    docstring); returns the firing (with the input receipt, or the error) or None. ``punctuality``:
+    the seconds by which the caller may come late (a sweep's period): a ``skip`` schedule's latest
+    due time that late is on time, not missed (else one whose interval is shorter than the sweep's
+    period never fires)."""
     cur = await conn.execute(query("schedule_lock_due"), {"schedule_id": schedule_id, "window": ALL_WAITING})
     schedule = await cur.fetchone()
     if schedule is None or (schedule["catch_up"] == "all" and schedule["inputs_waiting"] >= ALL_WAITING):
@@ -164,7 +168,8 @@ async def fire_due(conn: Connection, schedule_id: uuid.UUID) -> Row | None:
     if schedule["catch_up"] != "all":  # missed due times collapse into the latest (once) or none (skip)
         due = rule.latest(due, now)
     following = rule.after(due)
-    if schedule["catch_up"] == "skip" and schedule["next_due_at"] < due:
+    missed = schedule["next_due_at"] < due and (now - due).total_seconds() > punctuality
+    if schedule["catch_up"] == "skip" and missed:
         await _advance(conn, schedule_id, following)
         return None
     scope = Scope(schedule["user_id"], schedule["app_id"])

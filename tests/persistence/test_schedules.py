@@ -78,6 +78,23 @@ async def test_missed_due_times_follow_the_catch_up_policy(db: Database, scope: 
     assert now < listed["next_due_at"] <= now + datetime.timedelta(seconds=10)
 
 
+async def test_a_skip_schedule_shorter_than_the_sweeps_period_still_fires(db: Database, scope: Scope) -> None:
+    """Every sweep round (2 s apart) found a 1 s schedule's previous due time passed as well as the
+    latest, so ``skip`` skipped them all, every round, and never fired: the latest due time within
+    one sweep's period is on time; the ones before it are missed."""
+    tree = await make_tree(db, scope)
+    async with db.tx() as conn:
+        made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=1),
+                                               "tick", "skip")
+    await _due_in_the_past(db, made["schedule_id"], 1.5)  # due 1.5 and 0.5 s ago
+    async with db.tx() as conn:
+        fired = await schedules.fire_due(conn, made["schedule_id"], punctuality=2.0)
+    assert fired is not None and fired["receipt"] is not None
+    assert len(await _inputs_of(db, tree.root_id)) == 1
+    async with db.tx() as conn:  # due again each second: out of the due list the other tests read
+        await schedules.delete_schedule(conn, scope, tree.root_id, made["schedule_id"])
+
+
 async def _due_list(db: Database) -> list[uuid.UUID]:
     async with db.tx() as conn:
         return await schedules.due_schedules(conn)
@@ -155,7 +172,8 @@ async def test_a_refused_input_is_recorded_and_skipped(db: Database, scope: Scop
     schedules.Rule(cron="* * * * * *"), schedules.Rule(cron="14 15 3 12 * 0 2026"),
     schedules.Rule(cron="0 0 30 2 *"),  # five valid fields that never come due
     # croniter's random fields: a value drawn again at every reading, so due times that move.
-    schedules.Rule(cron="R R * * *"), schedules.Rule(cron="0 1,r(2-5) * * *"),
+    schedules.Rule(cron="R R * * *"), schedules.Rule(cron="0 1,r(2-5) * * *"), schedules.Rule(cron="R/5 * * * *"),
+    schedules.Rule(cron="0 r/2 * * *"),
 ])
 async def test_a_bad_schedule_is_refused_and_writes_nothing(db: Database, scope: Scope,
                                                             rule: schedules.Rule) -> None:
