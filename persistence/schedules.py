@@ -15,13 +15,15 @@ allow a rule that comes due once, or never. A rule that has no due time after on
 stored before that was checked) ends the schedule as a delete does, so it never holds its place at
 the head of the due schedules.
 
-The inputs a schedule has waiting in its session's queue are bounded: a session busy for hours, or
-a tree stopped, would otherwise collect one per due time (a per-second rule with a long text is
+The inputs a schedule has waiting in its session's queue are bounded: a session busy for hours, or a
+tree stopped, would otherwise collect one per due time (a per-second rule with a long text is
 megabytes a minute). While one waits, a due time of a ``once`` or ``skip`` schedule is recorded as
 skipped for that reason, as a cron job that must not overlap is. An ``all`` schedule may have
 ``ALL_WAITING`` waiting (a backlog is caught up faster than one per sweep); then it holds its due
-time until the session takes one in, so it still gives every one, and it leaves the head of the
-due list to the others meanwhile.
+time until the session takes one in, so it still gives every one, and it leaves the head of the due
+list to the others meanwhile. While the session's queue is full of other inputs it holds its due
+time too (one refused attempt a sweep round, instead of a refused firing recorded for every due time
+of its backlog).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from croniter import CroniterBadDateError, croniter
 
 from persistence import turns
 from persistence.db import Connection, query, savepoint
-from persistence.errors import CanopyError, Conflict, InvalidArgument, NotFound
+from persistence.errors import CanopyError, Conflict, InvalidArgument, LimitReached, NotFound
 from persistence.records import Row, Scope, new_id
 from persistence.sessions import get_session_row
 
@@ -184,6 +186,8 @@ async def fire_due(conn: Connection, schedule_id: uuid.UUID, punctuality: float 
                 receipt = await turns.submit_input(conn, scope, schedule["session_id"], schedule["input_text"],
                                                    origin)
         except CanopyError as refused:
+            if isinstance(refused, LimitReached) and schedule["catch_up"] == "all":
+                return None  # a queue full of other inputs: the due time is held, as for its own inputs
             error = str(refused)
     await conn.execute(query("schedule_firing_insert"), {
         "schedule_id": schedule_id, "due_at": due, "input_id": receipt["input_id"] if receipt else None,

@@ -10,10 +10,11 @@ import zoneinfo
 
 import pytest
 
-from persistence import schedules, trees
+from persistence import schedules, trees, turns
 from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import Scope
+from persistence.settings import get_settings
 from tests.persistence.helpers import claim_turn, count_rows, fetch_all, finish, make_tree, scalar, start_root_run
 
 
@@ -93,6 +94,37 @@ async def test_a_skip_schedule_shorter_than_the_sweeps_period_still_fires(db: Da
     assert len(await _inputs_of(db, tree.root_id)) == 1
     async with db.tx() as conn:  # due again each second: out of the due list the other tests read
         await schedules.delete_schedule(conn, scope, tree.root_id, made["schedule_id"])
+
+
+async def test_catching_up_on_all_holds_its_due_time_while_the_sessions_queue_is_full(
+        db: Database, scope: Scope, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue full of other inputs refused each due time: an ``all`` schedule recorded every one as
+    refused and moved on (a backlog of 100 such schedules: 2,000 firings a sweep round, each a row
+    and a dropped due time). It holds its due time until the queue has room, and then gives it."""
+    monkeypatch.setenv("CANOPY_MAX_PENDING_INPUTS", "2")
+    get_settings.cache_clear()
+    try:
+        tree, busy = await start_root_run(db, scope)  # a running Turn: inputs wait in the queue
+        async with db.tx() as conn:
+            for text in ("one", "two"):
+                await turns.submit_input(conn, scope, tree.root_id, text, {"kind": "human"})
+            made = await schedules.create_schedule(conn, scope, tree.root_id, schedules.Rule(interval_seconds=10),
+                                                   "tick", "all")
+        await _due_in_the_past(db, made["schedule_id"], 25)  # due 25, 15 and 5 s ago
+        due = await scalar(db, "SELECT next_due_at FROM schedules WHERE schedule_id = %s", (made["schedule_id"],))
+        before = await count_rows(db)
+        assert await _fire_all(db, made["schedule_id"]) == []
+        assert await count_rows(db) == before  # no firing recorded, nothing moved
+        assert await scalar(db, "SELECT next_due_at FROM schedules WHERE schedule_id = %s",
+                            (made["schedule_id"],)) == due
+
+        await finish(db, busy)  # the Turn ends; the next takes "one" in: room for one input
+        given = await _fire_all(db, made["schedule_id"])
+        assert [f["due_at"] for f in given] == [due] and given[0]["error"] is None
+        async with db.tx() as conn:  # held again (due): out of the due list the other tests read
+            await schedules.delete_schedule(conn, scope, tree.root_id, made["schedule_id"])
+    finally:
+        get_settings.cache_clear()
 
 
 async def _due_list(db: Database) -> list[uuid.UUID]:
