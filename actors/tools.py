@@ -225,10 +225,14 @@ _LISTED = ("session_id", "title", "path", "tree_id", "project_id", "current_turn
 
 
 async def list_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: ListSessionsArgs) -> ToolResult:
-    page = PROJECT_PAGE if args.scope == "project" else LIST_PAGE
-    rows = await sessions.list_project_sessions(
-        conn, ctx.run.scope, ctx.session["project_id"] if args.scope == "project" else None, offset=args.offset,
-        limit=page, newest_first=args.scope == "all", include_archived=args.include_archived)
+    if args.scope == "project":
+        page = PROJECT_PAGE
+        rows = await sessions.list_project_sessions(conn, ctx.run.scope, ctx.session["project_id"], offset=args.offset,
+                                                    limit=page, include_archived=args.include_archived)
+    else:
+        page = LIST_PAGE
+        rows = await sessions.list_scope_sessions(conn, ctx.run.scope, offset=args.offset, limit=page,
+                                                  include_archived=args.include_archived)
     entries = [{key: row[key] for key in _LISTED} for row in rows]
     entries = [{**_jsonable(e), "root_id": str(e["tree_id"])} for e in entries]
     return _page("sessions", entries, args.offset, page)

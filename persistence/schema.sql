@@ -217,8 +217,11 @@ CREATE TABLE sessions (
 );
 CREATE INDEX sessions_scope_roots ON sessions (user_id, app_id, created_at DESC) WHERE parent_id IS NULL;
 CREATE INDEX sessions_project ON sessions (project_id, created_at);
--- A scope's sessions, every tree's (the list_sessions tool's scope "all"): without it, every tenant's.
-CREATE INDEX sessions_scope ON sessions (user_id, app_id, created_at DESC);
+-- A scope's sessions, every tree's (the list_sessions tool's scope "all"): without them, every
+-- tenant's. Partial, live and archived apart: given a key and the scope, a planner without fresh
+-- statistics took a whole-scope index for the lookup of one session and read all of the scope's.
+CREATE INDEX sessions_scope_live ON sessions (user_id, app_id, created_at DESC) WHERE NOT archived;
+CREATE INDEX sessions_scope_archived ON sessions (user_id, app_id, created_at DESC) WHERE archived;
 
 CREATE TABLE inputs (
     input_id            uuid PRIMARY KEY,

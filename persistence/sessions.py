@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from persistence.db import Connection, advisory_lock, query
+from persistence.db import MAX_BIGINT, Connection, advisory_lock, query
 from persistence.errors import Conflict, InvalidArgument, LimitExceeded, NotFound, shown
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
@@ -292,20 +292,45 @@ async def list_roots(conn: Connection, scope: Scope, *, project_id: uuid.UUID | 
     return [_view(row) for row in await cur.fetchall()]
 
 
-async def list_project_sessions(conn: Connection, scope: Scope, project_id: uuid.UUID | None, *,
-                                offset: int = 0, limit: int | None = None, newest_first: bool = False,
-                                include_archived: bool = False) -> list[Row]:
-    """Sessions of a project (or of the whole scope), archived trees' only with ``include_archived``."""
-    order = "s.created_at DESC, s.session_id" if newest_first else "s.tree_id, s.path"
+async def list_project_sessions(conn: Connection, scope: Scope, project_id: uuid.UUID, *, offset: int = 0,
+                                limit: int | None = None, include_archived: bool = False) -> list[Row]:
+    """Sessions of a project by tree and path, archived trees' only with ``include_archived``."""
     cur = await conn.execute(
         f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
-            WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s
-              AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
+            WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s AND s.project_id = %(project_id)s
               AND (%(archived)s OR NOT s.archived)
-            ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s""",
+            ORDER BY s.tree_id, s.path LIMIT %(limit)s OFFSET %(offset)s""",
         {"user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id, "limit": limit,
          "offset": offset, "archived": include_archived},
     )
+    return [_view(row) for row in await cur.fetchall()]
+
+
+# The scope's sessions newest first, from its live ones' index and (asked for) its archived ones':
+# two partial indexes, as a lookup of one session by its key and scope can use neither (see
+# migration 0030). Each part reads no more than the page's end.
+_SCOPE_PAGE = f"""
+WITH page AS (
+    (SELECT session_id, created_at FROM sessions
+     WHERE user_id = %(user_id)s AND app_id = %(app_id)s AND NOT archived
+     ORDER BY created_at DESC, session_id LIMIT %(end)s)
+    UNION ALL
+    (SELECT session_id, created_at FROM sessions
+     WHERE user_id = %(user_id)s AND app_id = %(app_id)s AND archived AND %(archived)s
+     ORDER BY created_at DESC, session_id LIMIT %(end)s)
+    ORDER BY created_at DESC, session_id LIMIT %(limit)s OFFSET %(offset)s
+)
+SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM page JOIN sessions s ON s.session_id = page.session_id {STATE_JOINS}
+ORDER BY s.created_at DESC, s.session_id
+"""
+
+
+async def list_scope_sessions(conn: Connection, scope: Scope, *, offset: int, limit: int,
+                              include_archived: bool = False) -> list[Row]:
+    """The scope's sessions (every tree's) newest first, archived trees' only with ``include_archived``."""
+    cur = await conn.execute(_SCOPE_PAGE, {
+        "user_id": scope.user_id, "app_id": scope.app_id, "limit": limit, "offset": offset,
+        "end": min(offset + limit, MAX_BIGINT), "archived": include_archived})
     return [_view(row) for row in await cur.fetchall()]
 
 

@@ -9,8 +9,8 @@
 -- of a chain: a Turn's open wait in a subquery with OFFSET 0 (flattened into a join, a planner
 -- without fresh statistics hashes every open wait), its targets in a subquery per wait, and no
 -- sessions join in the walk, a session read by its key alone where one is read (given the scope's
--- columns too, a planner without fresh statistics took the scope's index, sessions_scope, and read
--- all of the scope's sessions once per wait: a 1,000-wait chain took seconds). canopy_wait_on keeps
+-- columns too, a planner without fresh statistics could take an index of the scope's sessions and
+-- read all of them once per wait: a 1,000-wait chain took seconds). canopy_wait_on keeps
 -- the walk in the scope: it only finds the scope's inputs and sessions, so every Turn reached, and
 -- its wait, is the scope's; the rows read back are checked again.
 WITH RECURSIVE reached (turn_id) AS (

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import uuid
 
+import psycopg
 import pytest
 
-from persistence import cooperation, sessions
+from persistence import cooperation, sessions, trees
+from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import Scope
@@ -18,6 +20,7 @@ from tests.persistence.helpers import (
     fetch_all,
     fetch_one,
     limits,
+    make_tree,
     session_row,
     start_root_run,
 )
@@ -171,3 +174,63 @@ async def test_session_view_reports_activity(db: Database, scope: Scope) -> None
         view = await sessions.get_session(conn, scope, tree.root_id)
     assert view["activity"] == "running" and view["current_turn_id"] == run.turn_id
     assert view["status"] == "active" and view["pending_inputs"] == 0
+
+
+async def test_the_scopes_sessions_are_paged_newest_first_live_and_archived(db: Database, scope: Scope) -> None:
+    made = [await make_tree(db, scope) for _ in range(5)]
+    async with db.tx() as conn:
+        for tree in made[1::2]:
+            await trees.archive_root(conn, scope, tree.root_id)
+    newest_first = [tree.root_id for tree in reversed(made)]
+
+    async def page(offset: int, limit: int, include_archived: bool) -> list[uuid.UUID]:
+        async with db.tx() as conn:
+            rows = await sessions.list_scope_sessions(conn, scope, offset=offset, limit=limit,
+                                                      include_archived=include_archived)
+        return [row["session_id"] for row in rows]
+
+    live = [root for root in newest_first if root not in {t.root_id for t in made[1::2]}]
+    assert await page(0, 100, False) == live
+    assert [root for offset in (0, 2, 4) for root in await page(offset, 2, True)] == newest_first
+    assert await page(1, 2, False) == live[1:3] and await page(5, 2, True) == []
+
+
+def test_a_session_is_looked_up_by_its_key_in_a_database_without_statistics(database_url: str) -> None:
+    """Given a session's key and its scope, a planner without statistics (a new database, a burst of
+    sessions before autovacuum's analyze) took the index of the scope's sessions, as selective by its
+    guess, and read all of the scope's sessions for each lookup; a tree's members likewise."""
+    url = create_database(database_url, "canopy_unanalyzed")
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(_SCOPE_OF_500)
+            session_id, tree_id = conn.execute(
+                "SELECT session_id, tree_id FROM sessions ORDER BY path DESC LIMIT 1").fetchone()  # type: ignore[misc]
+            plans = {
+                what: "\n".join(row[0] for row in conn.execute("EXPLAIN " + statement, arguments))
+                for what, statement, arguments in (
+                    ("one session", "SELECT * FROM sessions WHERE session_id = %s AND user_id = 'u' AND app_id = 'a'",
+                     (session_id,)),
+                    ("a tree's members", "SELECT * FROM sessions WHERE tree_id = %s AND user_id = 'u' AND app_id = 'a'",
+                     (tree_id,)))}
+        for what, plan in plans.items():
+            assert "sessions_scope" not in plan, f"{what}:\n{plan}"
+    finally:
+        drop_database(url)
+
+
+# One scope, one tree of 500 sessions, written as a burst: no ANALYZE has run.
+_SCOPE_OF_500 = """
+INSERT INTO scopes (user_id, app_id) VALUES ('u', 'a');
+INSERT INTO projects (project_id, user_id, app_id, name, workdir)
+VALUES ('00000000-0000-0000-0000-000000000001', 'u', 'a', 'p', '/tmp/p');
+INSERT INTO trees (tree_id, user_id, app_id, project_id, slot_limit, lineage_id, spawn_chain)
+VALUES ('00000000-0000-0000-0000-0000000000aa', 'u', 'a', '00000000-0000-0000-0000-000000000001', 4,
+        '00000000-0000-0000-0000-0000000000aa', ARRAY['00000000-0000-0000-0000-0000000000aa'::uuid]);
+INSERT INTO sessions (session_id, tree_id, user_id, app_id, project_id, name, path, depth, agent_config)
+VALUES ('00000000-0000-0000-0000-0000000000aa', '00000000-0000-0000-0000-0000000000aa', 'u', 'a',
+        '00000000-0000-0000-0000-000000000001', 'root', '/root', 0, '{}');
+INSERT INTO sessions (session_id, tree_id, user_id, app_id, project_id, parent_id, name, path, depth, agent_config)
+SELECT gen_random_uuid(), '00000000-0000-0000-0000-0000000000aa', 'u', 'a', '00000000-0000-0000-0000-000000000001',
+       '00000000-0000-0000-0000-0000000000aa', 'm' || n, '/root/m' || n, 1, '{}'
+FROM generate_series(1, 499) AS n;
+"""

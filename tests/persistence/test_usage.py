@@ -455,8 +455,10 @@ async def test_an_archived_tree_cannot_be_continued_or_stopped_and_is_hidden_fro
     async with db.tx() as conn:
         hidden = await sessions.list_project_sessions(conn, scope, tree.project_id)
         shown = await sessions.list_project_sessions(conn, scope, tree.project_id, include_archived=True)
-        everything = await sessions.list_project_sessions(conn, scope, None, newest_first=True)
+        everything = await sessions.list_scope_sessions(conn, scope, offset=0, limit=100)
+        with_archived = await sessions.list_scope_sessions(conn, scope, offset=0, limit=100, include_archived=True)
     assert tree.root_id not in [r["session_id"] for r in hidden + everything]
+    assert tree.root_id in [r["session_id"] for r in with_archived]
     assert {r["session_id"] for r in shown} >= {tree.root_id, aaa_run.session_id}
     assert {r["status"] for r in shown if r["tree_id"] == tree.tree_id} == {"archived"}
 
