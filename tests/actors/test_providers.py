@@ -151,6 +151,12 @@ async def test_a_cost_budget_stops_a_tree_whose_model_has_no_price(
     assert (counted["unpriced_calls"], counted["model_calls"]) == (1, 1)
     with pytest.raises(Conflict, match="max_cost_usd"):
         await runtime.continue_tree(scope, tree_id)  # raising the limit would not help: the fix is named
+    raised = await runtime.set_budget(scope, tree_id, {"max_cost_usd": 50.0})
+    assert raised["budget_reached"]["limit"] == "unpriced_calls"
+    removed = await runtime.set_budget(scope, tree_id, {"max_cost_usd": None, "max_tokens": 10**6})
+    assert removed["budget_reached"] is None
+    await runtime.continue_tree(scope, tree_id)
+    assert (await runtime.tree_summary(scope, tree_id))["stopped"] is False
 
     replay.script(model, calls(("list_agents", {})), say("done"))
     uncapped = await runtime.create_root(scope, input_text="Spend.", agent_id=agent, budget={"max_tokens": 10**6})
