@@ -28,6 +28,7 @@ import psycopg
 
 from actors.gateway_actor import DELTA_CHANNEL
 from persistence import notifications
+from persistence.db import ping
 from persistence.records import Scope
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 EVENTS_CHANNEL = "canopy_events"
 KEYS_CHANNEL = "canopy_keys"
 _MAX_BUFFERED_DELTAS = 1000
+# The kernel's own probes of the listening connection over TCP, for a peer that vanished (libpq's
+# names; a Unix socket ignores them): gone after ~25 s of silence, or 30 s of unacknowledged data.
+_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+               "tcp_user_timeout": 30_000}
 
 
 @dataclasses.dataclass(eq=False)
@@ -72,10 +77,15 @@ class Subscription:
 
 
 class EventHub:
-    def __init__(self, database_url: str, *, reconnect_seconds: float = 1.0,
+    def __init__(self, database_url: str, *, reconnect_seconds: float = 1.0, liveness_seconds: float = 10.0,
                  on_keys_changed: Callable[[str | None], None] | None = None) -> None:
         self.database_url = database_url
         self.reconnect_seconds = reconnect_seconds
+        # How often the listening connection is asked to answer (a ping with this long to come
+        # back): one a NAT or load balancer dropped without a word, or whose database host vanished,
+        # otherwise looks alive until the OS's keepalive gives up (two hours by default), and
+        # meanwhile live text stops, events wait for the safety poll and revoked keys stay cached.
+        self.liveness_seconds = liveness_seconds
         self.on_keys_changed = on_keys_changed
         self.listening = False
         self._by_target: dict[str, set[Subscription]] = collections.defaultdict(set)
@@ -158,7 +168,9 @@ class EventHub:
     async def _listen_forever(self) -> None:
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(
+                        self.database_url, autocommit=True, connect_timeout=max(1, round(self.liveness_seconds)),
+                        **_KEEPALIVES) as conn:
                     for channel in (EVENTS_CHANNEL, DELTA_CHANNEL, KEYS_CHANNEL):
                         await notifications.listen(conn, channel)
                     self.listening = True
@@ -166,13 +178,16 @@ class EventHub:
                     # every key checked meanwhile is checked again.
                     self._on_key(None)
                     self._wake_all()
-                    async for note in conn.notifies():
-                        if note.channel == EVENTS_CHANNEL:
-                            self._on_event(note.payload)
-                        elif note.channel == KEYS_CHANNEL:
-                            self._on_key(note.payload)
-                        else:
-                            self._on_delta(note.payload)
+                    while True:
+                        async for note in conn.notifies(timeout=self.liveness_seconds):
+                            if note.channel == EVENTS_CHANNEL:
+                                self._on_event(note.payload)
+                            elif note.channel == KEYS_CHANNEL:
+                                self._on_key(note.payload)
+                            else:
+                                self._on_delta(note.payload)
+                        async with asyncio.timeout(self.liveness_seconds):
+                            await ping(conn)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -8,14 +8,16 @@ smaller one commit: re-reading ``cursor > last sent`` loses nothing and repeats 
 Each event's SSE ``id:`` is its cursor. Model text deltas, which are not durable and have no
 cursor, go out as ``event: delta`` without an ``id:`` so they never move a client's resume point.
 
-An API key holds at most ``CANOPY_MAX_STREAMS_PER_KEY`` open streams across all replicas:
-each stream holds a place (a row of ``open_streams``, persistence/open_streams.py) that its
-response renews while open (beside the body, which a client that stops reading blocks) and frees
-when it closes; a replica that dies frees its places when they
-expire (``StreamSettings.lease_seconds``). Counting in PostgreSQL rather than per replica
-costs a write per open, close and renewal, and makes the limit the same however many
-replicas serve the key. Renewing also re-checks the key: a stream of a revoked or expired
-key ends (at once when the revocation's notification arrives, api/hub.py).
+An API key holds at most ``CANOPY_MAX_STREAMS_PER_KEY`` open streams across all replicas: each
+stream holds a place (a row of ``open_streams``, persistence/open_streams.py) that its response
+renews while open (beside the body, which a client that stops reading blocks) and frees when it
+closes: at once when its client went, and when the stream ended by itself (its byte budget) only
+once its client may have read what it was sent (``StreamSettings.drain_bytes_per_second``), since
+Serve's proxy holds what a client has not read after the replica is done with it. A replica that
+dies frees its places when they expire (``StreamSettings.lease_seconds``). Counting in PostgreSQL
+rather than per replica costs a write per open, close and renewal, and makes the limit the same
+however many replicas serve the key. Renewing also re-checks the key: a stream of a revoked or
+expired key ends (at once when the revocation's notification arrives, api/hub.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from api.hub import EventHub, Subscription
 from api.schemas import Event
@@ -64,6 +66,11 @@ class StreamSettings:
     # passes a stream on without waiting for its reader: one that stopped reading would otherwise
     # have a whole tree's history, and everything after, held in the proxy's memory.
     max_bytes: int = 16 * 2**20
+    # A stream that ended by itself (its byte budget, or its archived tree all sent) keeps its place
+    # as long as its client takes to read what it was sent at this rate: under Serve the response is
+    # over for the replica while the proxy still holds what the client has not read, and a place
+    # freed then let a client that never reads open stream after stream, each held in the proxy.
+    drain_bytes_per_second: float = 128 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +90,13 @@ class StreamLease:
             log.warning("renewing the place of stream %s failed", self.stream_id, exc_info=True)
             return True
 
-    async def release(self) -> None:
+    async def release(self, after_seconds: float = 0.0) -> None:
+        """Free the place, at once or once ``after_seconds`` have passed (at once for a key no
+        longer live: its streams are over, and so are its places)."""
         try:
             async with self.db.tx() as conn:
-                await open_streams.close_stream(conn, self.stream_id)
+                if after_seconds <= 0 or not await open_streams.renew_stream(conn, self.stream_id, after_seconds):
+                    await open_streams.close_stream(conn, self.stream_id)
         except Exception:  # the place expires on its own
             log.warning("freeing the place of stream %s failed", self.stream_id, exc_info=True)
 
@@ -101,19 +111,30 @@ class EventStreamResponse(StreamingResponse):
         self.settings = settings or StreamSettings()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sent = 0
+        ended = False  # the body ended by itself: its last message went out
+
+        async def counting(message: Message) -> None:
+            nonlocal sent, ended
+            if message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+                ended = not message.get("more_body", False)
+            await send(message)
+
         try:
             if self.lease is None:
-                await super().__call__(scope, receive, send)
+                await super().__call__(scope, receive, counting)
             else:
-                await self._send_holding(self.lease, scope, receive, send)
+                await self._send_holding(self.lease, scope, receive, counting)
         finally:
             # Close the generator now (not at garbage collection) so its subscription is freed
-            # as soon as the client goes away, and free the stream's place.
+            # as soon as the client goes away, and free the stream's place: at once when the client
+            # went or the key ended it, else once the client may have read what it was sent.
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
                 await close()
             if self.lease is not None:
-                await self.lease.release()
+                await self.lease.release(sent / self.settings.drain_bytes_per_second if ended else 0.0)
 
     async def _send_holding(self, lease: StreamLease, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the stream while a task beside it renews its place, and end it when the key is no

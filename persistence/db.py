@@ -106,8 +106,9 @@ async def advisory_lock(conn: Connection, key: str) -> None:
     await conn.execute(query("advisory_lock"), {"key": key})
 
 
-async def ping(conn: Connection) -> None:
-    """A round trip to the database; raises when it does not answer."""
+async def ping(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A round trip to the database (on any connection: a pool's, or a listener's); raises when it
+    does not answer."""
     await conn.execute(query("ping"))
 
 

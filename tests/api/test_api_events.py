@@ -11,12 +11,14 @@ import uuid
 from collections.abc import AsyncIterator
 
 import httpx
+import psycopg
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from api.app import create_app
 from api.hub import EventHub
 from api.sse import StreamSettings, event_stream
+from persistence import scopes
 from persistence.events import append_event
 from persistence.records import Scope
 from persistence.scopes import hash_key
@@ -378,6 +380,121 @@ async def test_a_stream_whose_client_stopped_reading_keeps_its_place_until_it_cl
         finally:
             reader.close()
         await poll(lambda: _places_below(runtime, key, 1), timeout=10)  # a closed stream frees it
+
+
+@contextlib.asynccontextmanager
+async def _silent_link(database_url: str) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A TCP way to the database that can go silent without a word (no RST, no FIN), as a NAT or a
+    load balancer drops a connection, or a failed-over database host vanishes: clear the event."""
+    info = psycopg.conninfo.conninfo_to_dict(database_url)
+    socket_path = f"{info['host']}/.s.PGSQL.{info.get('port') or 5432}"
+    passing = asyncio.Event()
+    passing.set()
+    pumps: set[asyncio.Task[None]] = set()
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while data := await reader.read(65536):
+                await passing.wait()
+                writer.write(data)
+                await writer.drain()
+
+    async def link(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_unix_connection(socket_path)
+        pumps.update({asyncio.create_task(pump(client_reader, server_writer)),
+                      asyncio.create_task(pump(server_reader, client_writer))})
+
+    server = await asyncio.start_server(link, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield psycopg.conninfo.make_conninfo(database_url, host="127.0.0.1", port=port), passing
+    finally:
+        server.close()
+        for task in pumps:
+            task.cancel()
+
+
+async def test_a_listener_whose_connection_goes_silent_notices_and_listens_again(
+        runtime: Runtime, scope: Scope) -> None:
+    """A listening connection dropped without a word looked alive until the OS's keepalive gave up
+    (two hours): live text stopped, events waited for the safety poll, and a revoked key stayed
+    accepted from the cache. The hub asks the connection to answer, and listens again."""
+    told: list[str | None] = []
+    async with _silent_link(runtime.database_url) as (url, passing):
+        hub = EventHub(url, reconnect_seconds=0.2, liveness_seconds=1.0, on_keys_changed=told.append)
+        await hub.start()
+        try:
+            await poll(lambda: _true(hub.listening), timeout=20)
+            passing.clear()
+            await poll(lambda: _true(not hub.listening), timeout=20)
+            passing.set()
+            await poll(lambda: _true(hub.listening), timeout=20)
+            async with runtime.db.tx() as conn:
+                _, key = await scopes.issue_key(conn, scope)
+                await scopes.revoke_key(conn, key["key_id"])
+            await poll(lambda: _true(str(key["key_id"]) in told), timeout=20)
+        finally:
+            await hub.stop()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_a_stream_ended_by_its_budget_keeps_its_place_while_its_client_may_still_read(
+        runtime: Runtime, scope: Scope) -> None:
+    """Serve hands a replica's response to its proxy without waiting for the client: a stream that
+    ended by its byte budget freed its place while the proxy still held everything its client had
+    not read, so a client that never reads opened stream after stream (helper's repro: 6 of them
+    under a limit of 2, 100 MB held). The place is kept as long as the client takes to read what it
+    was sent at the drain rate (a stream whose client went frees it at once:
+    test_a_key_holds_at_most_its_limit_of_streams_across_replicas)."""
+    settings = StreamSettings(heartbeat_seconds=30, fallback_poll_seconds=0.1, max_bytes=64 * 1024,
+                              drain_bytes_per_second=16 * 1024)  # each budget's worth holds ~4 s
+    runtime.settings.max_streams_per_key = 2
+    app = create_app(runtime, admin_token=ADMIN_TOKEN, stream_settings=settings)
+    key = await runtime.create_api_key(scope)
+    session_id = (await runtime.create_root(scope, title="unread"))["session"]["session_id"]
+    async with runtime.db.tx() as conn:  # more history than a budget
+        for _ in range(10):
+            await append_event(conn, scope, "message_added", session_id=uuid.UUID(str(session_id)),
+                               payload={"text": "x" * 20_000})
+
+    async def open_unread() -> tuple[int, int]:
+        """A request whose every response message the proxy takes at once (Serve's send never
+        waits); its client never reads, and never goes."""
+        messages: list[dict[str, object]] = []
+        requested = False
+
+        async def receive() -> dict[str, object]:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, object]) -> None:
+            messages.append(message)
+
+        path = f"/api/v1/sessions/{session_id}/events"
+        request = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                   "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+                   "root_path": "", "headers": [(b"host", b"t"), (b"authorization", f"Bearer {key}".encode())],
+                   "client": ("127.0.0.1", 1000), "server": ("127.0.0.1", 80)}
+        await asyncio.wait_for(app(request, receive, send), 30)
+        return int(messages[0]["status"]), sum(len(m.get("body", b"")) for m in messages)  # type: ignore[arg-type]
+
+    try:
+        async with app.router.lifespan_context(app):
+            first, second = await open_unread(), await open_unread()
+            assert [first[0], second[0]] == [200, 200] and first[1] >= settings.max_bytes
+            assert await _places(runtime, key) == 2  # both ended, and both still hold their places
+            assert (await open_unread())[0] == 429
+            await poll(lambda: _places_below(runtime, key, 1), timeout=20)  # read by now at the drain rate
+            assert (await open_unread())[0] == 200
+    finally:
+        runtime.settings.max_streams_per_key = 8
 
 
 async def test_the_streams_of_an_archived_tree_end_and_their_reconnects_get_204(
