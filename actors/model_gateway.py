@@ -327,9 +327,11 @@ def _cost(litellm: ModuleType, response: Any, priced: Any, models: Sequence[str]
     """The reply's price: ``priced`` when litellm priced the call already (a whole reply; a stream's
     figure comes before its usage chunk), else priced from the response; a figure no call can cost
     (a provider's reported ``usage.cost`` of 1e308) is priced from the reply's tokens instead.
-    ``models``: the answering deployment's id and its provider model string. None when litellm has
-    no price for them (an agent's own endpoint's model, say; litellm prices such a call 0): not a
-    free call, but one a cost budget cannot count (see canopy_budget_reached)."""
+    ``models``: the answering deployment's id and its provider model string. A figure of 0 is
+    priced again from their rates: litellm prices 0 a call of a model it has no price for (an agent's
+    own endpoint's, say: None, not a free call, but one a cost budget cannot count, see
+    canopy_budget_reached), and a streamed call of a deployment the models file prices (it looks the
+    reply's own model up, not the deployment)."""
     figure = priced
     if not _plausible_cost(figure):
         try:
@@ -337,19 +339,26 @@ def _cost(litellm: ModuleType, response: Any, priced: Any, models: Sequence[str]
             if not _plausible_cost(figure):
                 figure = sum(litellm.cost_per_token(model=response.model or models[-1], **_usage(response)))
         except Exception:  # unknown models have no price; accounting must not fail the call
+            figure = 0.0
+    if figure == 0:
+        rates = _rates(litellm, models)
+        if rates is None:
             return None
-    if not _plausible_cost(figure) or (figure == 0 and not _has_price(litellm, models)):
-        return None
-    return float(figure)
+        usage = _usage(response)
+        figure = usage["prompt_tokens"] * rates[0] + usage["completion_tokens"] * rates[1]
+    return float(figure) if _plausible_cost(figure) else None
 
 
-def _has_price(litellm: ModuleType, models: Sequence[str]) -> bool:
-    """Whether litellm's price map, or a price the models file gave a deployment, prices one of
-    ``models``: the Router enters every deployment's model in the map, priced or not, and an unknown
-    model's call costs 0 as a free one's does."""
-    entries = (litellm.model_cost.get(name) or {} for name in models)
-    return any(entry.get("input_cost_per_token") is not None or entry.get("output_cost_per_token") is not None
-               for entry in entries)
+def _rates(litellm: ModuleType, models: Sequence[str]) -> tuple[float, float] | None:
+    """The price per token, in and out, that litellm's price map or the models file gives the first
+    of ``models`` it prices; None when none is priced (the Router enters every deployment's model in
+    the map, priced or not)."""
+    for name in models:
+        entry = litellm.model_cost.get(name) or {}
+        rate_in, rate_out = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")
+        if rate_in is not None or rate_out is not None:
+            return float(rate_in or 0), float(rate_out or 0)
+    return None
 
 
 # ---------------------------------------------------------------------------

@@ -113,6 +113,7 @@ class EventStreamResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sent = 0
         ended = False  # the body ended by itself: its last message went out
+        opened = time.monotonic()
 
         async def counting(message: Message) -> None:
             nonlocal sent, ended
@@ -134,7 +135,9 @@ class EventStreamResponse(StreamingResponse):
             if close is not None:
                 await close()
             if self.lease is not None:
-                await self.lease.release(sent / self.settings.drain_bytes_per_second if ended else 0.0)
+                # A stream that took longer than that to send its bytes was read as it went.
+                unread = sent / self.settings.drain_bytes_per_second - (time.monotonic() - opened)
+                await self.lease.release(max(0.0, unread) if ended else 0.0)
 
     async def _send_holding(self, lease: StreamLease, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the stream while a task beside it renews its place, and end it when the key is no

@@ -56,8 +56,8 @@ def usage_line(summary: Row) -> str:
     spent = summary["usage"]
     line = (f"tokens {spent['tokens']:,} ({spent['prompt_tokens']:,} in / {spent['completion_tokens']:,} out)"
             f"  ·  model calls {spent['model_calls']:,}  ·  ${spent['cost_usd']:.4f}")
-    if spent.get("unpriced_calls"):
-        line += f" (+ {spent['unpriced_calls']:,} calls with no price)"
+    if unpriced := spent.get("unpriced_calls"):
+        line += f" (+ {unpriced:,} call{'s' if unpriced != 1 else ''} with no price)"
     spawned = summary.get("spawned_usage") or {}
     if spawned.get("trees"):
         line += (f"  ·  spawned trees ({spawned['trees']}): tokens {spawned['tokens']:,}, "

@@ -20,7 +20,8 @@ export function describeUsage(usage) {
   return `${formatCount(usage.tokens)} tokens (${formatCount(usage.prompt_tokens)} in · `
     + `${formatCount(usage.completion_tokens)} out) · ${formatCount(usage.model_calls)} model calls · `
     + `$${Number(usage.cost_usd ?? 0).toFixed(4)}`
-    + (usage.unpriced_calls ? ` (+ ${formatCount(usage.unpriced_calls)} calls with no price)` : "");
+    + (usage.unpriced_calls
+      ? ` (+ ${formatCount(usage.unpriced_calls)} call${usage.unpriced_calls === 1 ? "" : "s"} with no price)` : "");
 }
 
 /**

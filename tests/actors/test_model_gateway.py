@@ -547,12 +547,18 @@ async def test_a_model_the_models_file_prices_is_charged_that_price(tmp_path: Pa
     _write(path, {"model_list": [{"model_name": "house", "litellm_params": unpriced},
                                  {"model_name": "house-priced", "litellm_params": priced}]})
     gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path))
-    replay.script("house-model", say("one"), say("two"))
-    first = await gw.complete(model="house", messages=scripted([{"say": "x"}]), tools=None)
-    second = await gw.complete(model="house-priced", messages=scripted([{"say": "x"}]), tools=None)
-    assert (first["usage"], second["usage"]) == ({"prompt_tokens": 11, "completion_tokens": 7},) * 2
-    assert first["cost_usd"] is None
-    assert second["cost_usd"] == pytest.approx(11 * 0.001 + 7 * 0.002)
+
+    async def on_delta(delta: str) -> None:
+        pass
+
+    for streamed in (None, on_delta):  # a watched tree's calls are streamed: litellm priced those 0
+        replay.script("house-model", say("one"), say("two"))
+        first = await gw.complete(model="house", messages=scripted([{"say": "x"}]), tools=None, on_delta=streamed)
+        second = await gw.complete(model="house-priced", messages=scripted([{"say": "x"}]), tools=None,
+                                   on_delta=streamed)
+        assert (first["usage"], second["usage"]) == ({"prompt_tokens": 11, "completion_tokens": 7},) * 2
+        assert first["cost_usd"] is None
+        assert second["cost_usd"] == pytest.approx(11 * 0.001 + 7 * 0.002), streamed
 
 
 async def test_the_readmes_models_file_is_one_the_gateway_takes(tmp_path: Path,

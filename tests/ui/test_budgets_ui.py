@@ -184,4 +184,4 @@ async def test_a_cost_limit_stopped_by_a_model_with_no_price_says_so(tab: Tab, u
     reason = page.locator(".state-panel .state-stop-reason")
     await expect(reason).to_contain_text("its cost cannot be counted: 1 model call to a model with no price")
     await expect(reason).to_contain_text("Remove its cost limit, then continue.")
-    await expect(page.locator(".state-panel .state-usage .usage-text")).to_contain_text("(+ 1 calls with no price)")
+    await expect(page.locator(".state-panel .state-usage .usage-text")).to_contain_text("(+ 1 call with no price)")
