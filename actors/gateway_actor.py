@@ -24,7 +24,7 @@ from typing import Any
 import ray
 
 from actors import metrics, tracing
-from actors.model_gateway import ModelGateway
+from actors.model_gateway import ModelGateway, accounted_name
 from persistence import metrics as counters
 from persistence import notifications, runs, usage
 from persistence.db import Database, LazyDatabase
@@ -86,6 +86,7 @@ class AccountedGateway(ModelGateway):
         are published live on the ``canopy_deltas`` channel: not persisted, not in the event cursor.
         ``trace``: the calling Run's span context (actors/tracing.py), the model call's parent."""
         started = time.monotonic()
+        named = accounted_name(request["model"], request.get("api_base"))  # for a call that never got a reply
         publisher = None if watch is None else _DeltaPublisher(self._database, {**watch, "run_id": run_id})
         with (tracing.remote_span("model call", trace, run_id=run_id, model=str(request["model"])[:200]),
               self._in_flight.call_of(uuid.UUID(run_id))):
@@ -98,14 +99,14 @@ class AccountedGateway(ModelGateway):
             except asyncio.CancelledError:
                 # Aborted (its Turn cancelled, its tree stopped, its Run over): the provider may bill
                 # what it generated meanwhile, so the call is a row too.
-                self._recorder.add(_Call.failed(run_id, {"model": request["model"], "error": CALL_ABORTED}, started))
+                self._recorder.add(_Call.failed(run_id, {"model": named, "error": CALL_ABORTED}, started))
                 raise
             except Exception as error:
                 # Each request that failed is a row; a call that failed before any request is one too,
                 # and a reply generated (billed) but not kept is one with its usage.
                 attempts = getattr(error, "attempts", None)
                 charged = getattr(error, "charged", None)
-                for attempt in attempts or ([] if charged else [{"model": request["model"], "error": str(error)}]):
+                for attempt in attempts or ([] if charged else [{"model": named, "error": str(error)}]):
                     self._recorder.add(_Call.failed(run_id, attempt, started))
                 if charged:
                     self._recorder.add(_Call(run_id, charged["model"], charged["usage"], charged["cost_usd"], started,

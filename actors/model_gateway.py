@@ -555,9 +555,7 @@ class _Routes:
             self.router = litellm.Router(model_list=model_list, **settings)
         except Exception as error:
             raise ModelError(f"models file {path}: litellm's Router refused it: {_first_line(error)}") from None
-        # model group -> the agent's model string, and the name its calls are accounted under: the
-        # model and its endpoint (an endpoint may name any model and report any usage, which must
-        # not count in the series of the model a shared route serves under that name)
+        # model group -> the agent's model string, and the name its calls are accounted under
         self._endpoints: dict[str, tuple[str, str]] = {}
 
     def _resolved(self, deployment: dict[str, Any]) -> dict[str, Any]:
@@ -604,7 +602,7 @@ class _Routes:
             from litellm.types.router import Deployment, LiteLLM_Params
 
             self.router.add_deployment(Deployment(model_name=group, litellm_params=LiteLLM_Params(**params)))
-            self._endpoints[group] = (model, f"{model} @ {api_base}" if api_base else model)
+            self._endpoints[group] = (model, accounted_name(model, api_base))
         return group
 
     def _deployments_of(self, model: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -678,6 +676,13 @@ async def _streamed(router: Any, litellm: ModuleType, request: dict[str, Any],
     except Exception as error:
         raise _StreamCut(_first_line(error)) from error
     return litellm.stream_chunk_builder(chunks, messages=request["messages"]), getattr(stream, "_hidden_params", {})
+
+
+def accounted_name(model: str, api_base: str | None) -> str:
+    """The name a call is counted and recorded under: an agent's own endpoint's as ``model @
+    api_base`` (it may name any model and report any usage, which must not count in the series of
+    the model the operator's route serves under that name)."""
+    return f"{model} @ {api_base}" if api_base else model
 
 
 def _model_group(hidden: dict[str, Any]) -> str | None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from actors.gateway_actor import AccountedGateway
+from actors.model_gateway import ModelError
 from actors.runtime import Runtime
 from actors.scripted import call, say, script
 from persistence.db import Database
@@ -164,12 +165,17 @@ async def test_an_agents_own_endpoint_is_counted_apart_from_the_model_it_names(
     get_settings.cache_clear()
     gateway = AccountedGateway(timeout_seconds=30, retries=0, agent_api_bases=(replay.base_url,))
     before = await _counter(db, "canopy_model_calls", model="openai/gpt-4o-mini")
-    run_id = uuid.uuid4()
+    run_id, refused_id = uuid.uuid4(), uuid.uuid4()
+    unlisted = "http://127.0.0.1:7/v1"
     replay.script("gpt-4o-mini", replay_server.say("hi"))
     try:
         await gateway.complete_for_run(call_id=str(uuid.uuid4()), run_id=str(run_id), model="openai/gpt-4o-mini",
                                        messages=[{"role": "user", "content": "hi"}], tools=None,
                                        api_base=replay.base_url)
+        with pytest.raises(ModelError, match="not one of the endpoints"):  # refused before any request
+            await gateway.complete_for_run(call_id=str(uuid.uuid4()), run_id=str(refused_id),
+                                           model="openai/gpt-4o-mini", messages=[{"role": "user", "content": "hi"}],
+                                           tools=None, api_base=unlisted)
     finally:
         await gateway.close()
         get_settings.cache_clear()
@@ -178,4 +184,6 @@ async def test_an_agents_own_endpoint_is_counted_apart_from_the_model_it_names(
     assert await _counter(db, "canopy_model_calls", model="openai/gpt-4o-mini") == before  # its own label, or other
     recorded = await rows(db, "SELECT model FROM model_calls WHERE run_id = %s", run_id)
     assert [row["model"] for row in recorded] == [apart]
+    refused = await rows(db, "SELECT model, error FROM model_calls WHERE run_id = %s", refused_id)
+    assert [row["model"] for row in refused] == [f"openai/gpt-4o-mini @ {unlisted}"] and refused[0]["error"]
 
