@@ -22,8 +22,8 @@ skipped for that reason, as a cron job that must not overlap is. An ``all`` sche
 ``ALL_WAITING`` waiting (a backlog is caught up faster than one per sweep); then it holds its due
 time until the session takes one in, so it still gives every one, and it leaves the head of the due
 list to the others meanwhile. While the session's queue is full of other inputs it holds its due
-time too (one refused attempt a sweep round, instead of a refused firing recorded for every due time
-of its backlog).
+time too, out of the due list until the queue has room (it recorded a refused firing for every due
+time of its backlog).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from persistence.db import Connection, query, savepoint
 from persistence.errors import CanopyError, Conflict, InvalidArgument, LimitReached, NotFound
 from persistence.records import Row, Scope, new_id
 from persistence.sessions import get_session_row
+from persistence.settings import get_settings
 
 CATCH_UP = ("once", "all", "skip")
 MIN_INTERVAL_SECONDS = 1.0
@@ -149,7 +150,8 @@ async def end_tree_schedules(conn: Connection, tree_id: uuid.UUID) -> None:
 async def due_schedules(conn: Connection, limit: int = 100) -> list[uuid.UUID]:
     """Schedules with a due time that has come, what the sweep fires: each scope in turn (every
     scope's soonest, then every scope's second, ...), soonest first within a turn."""
-    cur = await conn.execute(query("schedules_due"), {"limit": limit, "window": ALL_WAITING})
+    cur = await conn.execute(query("schedules_due"), {"limit": limit, "window": ALL_WAITING,
+                                                      "queue_limit": get_settings().max_pending_inputs})
     return [row["schedule_id"] for row in await cur.fetchall()]
 
 

@@ -117,8 +117,10 @@ async def test_catching_up_on_all_holds_its_due_time_while_the_sessions_queue_is
         assert await count_rows(db) == before  # no firing recorded, nothing moved
         assert await scalar(db, "SELECT next_due_at FROM schedules WHERE schedule_id = %s",
                             (made["schedule_id"],)) == due
+        assert made["schedule_id"] not in await _due_list(db)  # and leaves the due list to the others
 
         await finish(db, busy)  # the Turn ends; the next takes "one" in: room for one input
+        assert made["schedule_id"] in await _due_list(db)
         given = await _fire_all(db, made["schedule_id"])
         assert [f["due_at"] for f in given] == [due] and given[0]["error"] is None
         async with db.tx() as conn:  # held again (due): out of the due list the other tests read
