@@ -57,7 +57,7 @@ def usage_line(summary: Row) -> str:
     line = (f"tokens {spent['tokens']:,} ({spent['prompt_tokens']:,} in / {spent['completion_tokens']:,} out)"
             f"  ·  model calls {spent['model_calls']:,}  ·  ${spent['cost_usd']:.4f}")
     if unpriced := spent.get("unpriced_calls"):
-        line += f" (+ {unpriced:,} call{'s' if unpriced != 1 else ''} with no price)"
+        line += f" (+ {usage.calls(unpriced)} with no price)"
     spawned = summary.get("spawned_usage") or {}
     if spawned.get("trees"):
         line += (f"  ·  spawned trees ({spawned['trees']}): tokens {spawned['tokens']:,}, "

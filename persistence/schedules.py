@@ -8,12 +8,12 @@ commit fires it again later, a crash after it finds it fired, and no due time fi
 Due times missed while nothing ran (everything down, or the sweep late) follow the schedule's
 ``catch_up``: ``once`` (the default) fires once for all of them — at the latest missed due time —
 then continues from now; ``all`` fires each of them, oldest first; ``skip`` fires none and continues
-from now (the latest of them is on time, and fires, when it is the sweep's period late or less). A due time whose input
-cannot be given (its session is archived, or waits for a human) is recorded with the reason and
-skipped. A cron expression has five fields: croniter's sixth (seconds) and seventh (a year) would
-allow a rule that comes due once, or never. A rule that has no due time after one it fired (one
-stored before that was checked) ends the schedule as a delete does, so it never holds its place at
-the head of the due schedules.
+from now (the latest of them is on time, and fires, when it is the sweep's period late or less). A
+due time whose input cannot be given (its session is archived, or waits for a human) is recorded
+with the reason and skipped. A cron expression has five fields: croniter's sixth (seconds) and
+seventh (a year) would allow a rule that comes due once, or never. A rule that has no due time after
+one it fired (one stored before that was checked) ends the schedule as a delete does, so it never
+holds its place at the head of the due schedules.
 
 The inputs a schedule has waiting in its session's queue are bounded: a session busy for hours, or a
 tree stopped, would otherwise collect one per due time (a per-second rule with a long text is

@@ -94,12 +94,16 @@ async def refuse_if_used_up(conn: Connection, tree_id: uuid.UUID, doing: str) ->
         raise Conflict(f"{owner} is used up ({describe_reached(reached)}); {fix} before {doing}")
 
 
+def calls(count: int, noun: str = "call") -> str:
+    """``1 call``, ``2,000 calls``."""
+    return f"{count:,} {noun}{'s' if count != 1 else ''}"
+
+
 def describe_reached(reached: dict[str, Any]) -> str:
     """A budget limit reached, in a sentence's words: ``tokens 1,204 of 1,000``."""
     if reached["limit"] == "unpriced_calls":
-        calls = int(reached["used"])
-        return (f"its cost cannot be counted: {calls:,} model call{'s' if calls != 1 else ''} to a model litellm "
-                "has no price for")
+        unpriced = calls(int(reached["used"]), "model call")
+        return f"its cost cannot be counted: {unpriced} to a model litellm has no price for"
 
     def number(value: float) -> str:
         return f"{value:,.0f}" if reached["limit"] != "cost_usd" else f"{value:,.4f}"
