@@ -166,17 +166,15 @@ class Usage(ResponseBody):
     tokens: int = Field(description="prompt_tokens + completion_tokens")
     cost_usd: float
     model_calls: int = Field(description="Model calls whose reply was committed.")
+    unpriced_calls: int = Field(description="Of model_calls, those litellm has no price for: their cost is not in "
+                                            "cost_usd.")
 
 
-class RollupUsage(Usage):
-    unpriced_calls: int = Field(description="Model calls litellm has no price for: their cost is not in cost_usd.")
-
-
-class TreeUsage(RollupUsage):
+class TreeUsage(Usage):
     first_run_at: dt.datetime | None = Field(description="When the tree's first Run got a slot.")
 
 
-class SpawnedUsage(RollupUsage):
+class SpawnedUsage(Usage):
     trees: int = Field(description="Trees spawned from this one with create_session(mode=\"root\"), directly or not.")
 
 

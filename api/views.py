@@ -51,17 +51,20 @@ def _styled(value: Any, styles: dict[str, str]) -> Text:
 _LIMIT_UNITS = {"max_tokens": "tokens", "max_cost_usd": "USD", "max_seconds": "s", "max_model_calls": "calls"}
 
 
+def _cost(spent: Row) -> str:
+    unpriced = spent.get("unpriced_calls")
+    return f"${spent['cost_usd']:.4f}" + (f" (+ {usage.calls(unpriced)} with no price)" if unpriced else "")
+
+
 def usage_line(summary: Row) -> str:
     """The tree's usage (and its spawned trees', and its budget) in one line of rich markup."""
     spent = summary["usage"]
     line = (f"tokens {spent['tokens']:,} ({spent['prompt_tokens']:,} in / {spent['completion_tokens']:,} out)"
-            f"  ·  model calls {spent['model_calls']:,}  ·  ${spent['cost_usd']:.4f}")
-    if unpriced := spent.get("unpriced_calls"):
-        line += f" (+ {usage.calls(unpriced)} with no price)"
+            f"  ·  model calls {spent['model_calls']:,}  ·  {_cost(spent)}")
     spawned = summary.get("spawned_usage") or {}
     if spawned.get("trees"):
         line += (f"  ·  spawned trees ({spawned['trees']}): tokens {spawned['tokens']:,}, "
-                 f"model calls {spawned['model_calls']:,}, ${spawned['cost_usd']:.4f}")
+                 f"model calls {spawned['model_calls']:,}, {_cost(spawned)}")
     limits = [f"{value:,g} {_LIMIT_UNITS[name]}" for name, value in (summary.get("budget") or {}).items()
               if value is not None]
     if limits:

@@ -289,6 +289,7 @@ CREATE TABLE runs (
     completion_tokens   bigint NOT NULL DEFAULT 0,
     cost_usd            double precision NOT NULL DEFAULT 0,
     model_calls         integer NOT NULL DEFAULT 0,  -- model replies committed (charged) by this Run
+    unpriced_calls      integer NOT NULL DEFAULT 0,  -- of those, calls litellm has no price for
     UNIQUE (run_id, turn_id),
     CONSTRAINT runs_turn_fk FOREIGN KEY (turn_id, session_id) REFERENCES turns (turn_id, session_id),
     CONSTRAINT runs_session_tree_fk FOREIGN KEY (session_id, tree_id) REFERENCES sessions (session_id, tree_id),

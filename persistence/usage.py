@@ -41,7 +41,8 @@ LIMIT_COLUMNS = {
 _INTEGER_LIMITS = ("max_tokens", "max_model_calls")
 # How canopy_budget_reached names a limit, and how a person reads it.
 _LIMIT_NAMES = {"tokens": "tokens", "cost_usd": "cost (USD)", "seconds": "wall time (s)", "model_calls": "model calls"}
-USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "cost_usd", "model_calls")
+# unpriced_calls: those of model_calls litellm has no price for (their cost is not in cost_usd).
+USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "cost_usd", "model_calls", "unpriced_calls")
 MAX_LIMIT = 2**62  # far beyond any real budget (no budget at all), within bigint
 
 
@@ -150,12 +151,12 @@ def _usage(row: Row, prefix: str = "") -> dict[str, Any]:
 
 
 NO_USAGE: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "model_calls": 0,
-                            "tokens": 0}
+                            "unpriced_calls": 0, "tokens": 0}
 
 
 async def tree_head(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
     """A tree's state, stop reason, slots, budget and usage (its own, and that of the trees spawned
-    from it; ``unpriced_calls``: calls litellm has no price for, not in ``cost_usd``), the budget
+    from it, ``USAGE_FIELDS``), the budget
     limit reached if any, and ``member_usage`` (session id → usage; members
     without a Run are absent): one statement whatever the tree's size. NotFound outside the scope."""
     cur = await conn.execute(query("tree_summary_head"),
@@ -168,9 +169,8 @@ async def tree_head(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
     members = {uuid.UUID(session_id): _usage(dict(zip(USAGE_FIELDS, figures, strict=True)))
                for session_id, figures in (row["member_usage"] or {}).items()}
     return {**head, "budget": budget_of(row),
-            "usage": {**_usage(row), "unpriced_calls": row["unpriced_calls"], "first_run_at": row["first_run_at"]},
-            "spawned_usage": {**_usage(row, "spawned_"), "unpriced_calls": row["spawned_unpriced_calls"],
-                              "trees": row["spawned_trees"]},
+            "usage": {**_usage(row), "first_run_at": row["first_run_at"]},
+            "spawned_usage": {**_usage(row, "spawned_"), "trees": row["spawned_trees"]},
             "member_usage": members}
 
 

@@ -151,11 +151,14 @@ export class StatePanel {
     this.spawnedLine.textContent = spawned?.trees
       ? `spawned trees (${spawned.trees}): ${formatCount(spawned.tokens)} tokens · ${formatCount(spawned.model_calls)} calls`
       : "";
-    this.meters.replaceChildren(...budgetMeters(summary).map((m) => h("span", {
-      class: `budget-meter${m.reached ? " reached" : ""}`, dataset: { limit: m.limit, max: m.max, used: m.used },
-      title: `Budget: ${m.format(m.used)} of ${m.format(m.max)} ${m.label}`,
-      style: { "--used": `${Math.min(100, (100 * m.used) / m.max).toFixed(1)}%` },
-      text: `${m.format(m.used)} / ${m.format(m.max)} ${m.label === "USD" ? "" : m.label}`.trim() })));
+    this.meters.replaceChildren(...budgetMeters(summary).map((m) => {
+      const uncounted = m.uncounted ? ` + ${formatCount(m.uncounted)} with no price` : "";
+      return h("span", {
+        class: `budget-meter${m.reached ? " reached" : ""}`, dataset: { limit: m.limit, max: m.max, used: m.used },
+        title: `Budget: ${m.format(m.used)}${uncounted} of ${m.format(m.max)} ${m.label}`,
+        style: { "--used": m.uncounted ? "100%" : `${Math.min(100, (100 * m.used) / m.max).toFixed(1)}%` },
+        text: `${m.format(m.used)}${uncounted} / ${m.format(m.max)} ${m.label === "USD" ? "" : m.label}`.trim() });
+    }));
     const reason = stopReasonText(summary);
     this.stopReason.hidden = !reason;
     this.stopReason.textContent = reason;

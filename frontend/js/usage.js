@@ -25,8 +25,8 @@ export function describeUsage(usage) {
 }
 
 /**
- * What the tree's own budget has used, limit by limit: [{key, limit, label, max, used, reached}]
- * for the limits that are set. The budget covers the tree and the trees spawned from it.
+ * What the tree's own budget has used, limit by limit: [{key, limit, label, max, used, uncounted,
+ * reached}] for the limits that are set (uncounted: the calls with no price a cost limit cannot count). The budget covers the tree and the trees spawned from it.
  */
 export function budgetMeters(summary, now = Date.now()) {
   const budget = summary?.budget ?? {};
@@ -39,9 +39,13 @@ export function budgetMeters(summary, now = Date.now()) {
     model_calls: (own.model_calls ?? 0) + (spawned.model_calls ?? 0),
     seconds: started === null ? 0 : Math.max(0, (now - started) / 1000),
   };
-  return LIMITS.filter((l) => budget[l.key] != null).map((l) => ({
-    ...l, max: budget[l.key], used: used[l.limit], reached: used[l.limit] >= budget[l.key],
-  }));
+  // A cost limit cannot count a call with no price: it allows none, so one such call reaches it.
+  const unpriced = (own.unpriced_calls ?? 0) + (spawned.unpriced_calls ?? 0);
+  return LIMITS.filter((l) => budget[l.key] != null).map((l) => {
+    const uncounted = l.limit === "cost_usd" ? unpriced : 0;
+    return { ...l, max: budget[l.key], used: used[l.limit], uncounted,
+             reached: used[l.limit] >= budget[l.key] || uncounted > 0 };
+  });
 }
 
 /** "tokens 51,234 of 50,000" */

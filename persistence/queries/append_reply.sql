@@ -5,12 +5,13 @@
 -- until the commit, so the concurrent Runs of one tree (at most its slots) commit their replies one
 -- after another. With %(record)s false the call is charged and nothing joins the history (a
 -- summary that is not used: billed all the same). %(unpriced)s is 1 for a call litellm has no price
--- for (%(cost_usd)s is 0 then): the tree counts it. No row: the lease is gone.
+-- for (%(cost_usd)s is 0 then): the Run and the tree count it. No row: the lease is gone.
 WITH charged AS (
     UPDATE runs SET prompt_tokens = prompt_tokens + %(prompt_tokens)s,
                     completion_tokens = completion_tokens + %(completion_tokens)s,
                     cost_usd = cost_usd + %(cost_usd)s,
-                    model_calls = model_calls + 1
+                    model_calls = model_calls + 1,
+                    unpriced_calls = unpriced_calls + %(unpriced)s
     WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
     RETURNING run_id, tree_id
 ), tree_charged AS (

@@ -11,9 +11,9 @@ SELECT t.tree_id, t.slot_limit, t.stopped, t.stopped_at, t.stop_reason, t.stop_d
        s.model_calls AS spawned_model_calls, s.unpriced_calls AS spawned_unpriced_calls,
        canopy_budget_reached(t.tree_id) AS budget_reached,
        (SELECT jsonb_object_agg(m.session_id, jsonb_build_array(m.prompt_tokens, m.completion_tokens, m.cost_usd,
-                                                                 m.model_calls))
+                                                                 m.model_calls, m.unpriced_calls))
         FROM (SELECT session_id, sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens,
-                     sum(cost_usd) AS cost_usd, sum(model_calls) AS model_calls
+                     sum(cost_usd) AS cost_usd, sum(model_calls) AS model_calls, sum(unpriced_calls) AS unpriced_calls
               FROM runs WHERE tree_id = t.tree_id GROUP BY session_id) m) AS member_usage
 FROM trees t
 JOIN tree_usage u ON u.tree_id = t.tree_id

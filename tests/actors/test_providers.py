@@ -21,6 +21,7 @@ import yaml
 from actors.runtime import Runtime
 from actors.scripted import say as scripted_say
 from actors.scripted import script
+from api import views
 from api.errors import status_of
 from persistence.errors import Conflict, InvalidArgument
 from persistence.records import Row, Scope
@@ -146,6 +147,9 @@ async def test_a_cost_budget_stops_a_tree_whose_model_has_no_price(
     assert summary["stop_detail"] == {"budget_tree_id": str(tree_id), "limit": "unpriced_calls", "max": 0.0,
                                       "used": 1.0}
     assert summary["usage"]["unpriced_calls"] == 1 and summary["usage"]["cost_usd"] == 0.0
+    assert "$0.0000 (+ 1 call with no price)" in views.usage_line(summary)  # the CLI's usage line
+    [member] = summary["members"]
+    assert (member["usage"]["unpriced_calls"], member["usage"]["model_calls"]) == (1, 1), "the member's share"
     [counted] = await rows(runtime.db, "SELECT unpriced_calls, model_calls FROM tree_usage WHERE tree_id = %s",
                            tree_id)
     assert (counted["unpriced_calls"], counted["model_calls"]) == (1, 1)

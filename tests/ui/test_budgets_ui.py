@@ -6,6 +6,7 @@ the assertions read the durable facts back over HTTP."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -185,3 +186,7 @@ async def test_a_cost_limit_stopped_by_a_model_with_no_price_says_so(tab: Tab, u
     await expect(reason).to_contain_text("its cost cannot be counted: 1 model call to a model with no price")
     await expect(reason).to_contain_text("Remove its cost limit, then continue.")
     await expect(page.locator(".state-panel .state-usage .usage-text")).to_contain_text("(+ 1 call with no price)")
+    # The cost meter is the limit that stopped the tree: reached, and it says what it could not count.
+    meter = page.locator('.state-panel .budget-meter[data-limit="cost_usd"]')
+    await expect(meter).to_have_class(re.compile(r"\breached\b"))
+    await expect(meter).to_contain_text("+ 1 with no price")
