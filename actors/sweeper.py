@@ -85,6 +85,8 @@ class SweeperImpl:
         self.beside: dict[str, asyncio.Task[None]] = {}
         # The lost Runs whose commands are being stopped beside the rounds, by Run (``_recover``).
         self._stopping: dict[uuid.UUID, asyncio.Task[None]] = {}
+        # The sessions being activated beside the rounds, by session (``_poke_queued``).
+        self._activating: dict[uuid.UUID, asyncio.Task[None]] = {}
         self.rounds = 0
         self.recoveries = 0
         self._waits_after = waits.SWEEP_START  # where the next round's page of open waits starts
@@ -168,8 +170,13 @@ class SweeperImpl:
             unowned = await run_repo.sessions_with_unowned_grants(conn, self.settings.heartbeat_seconds)
         for tree_id in queued_trees:
             self.placement.poke_tree(tree_id)
-        # Concurrently: a session whose actor is slow to start must not hold up the others.
-        await asyncio.gather(*(_isolated(self.placement.activate, session_id) for session_id in unowned))
+        # Beside the rounds: a process that is alive but answers nothing (stopped, swapping) holds its
+        # hint for the hint's timeout, and the round must not wait for it; nor is a session asked
+        # again while it has not answered the last time.
+        self._activating = {session: task for session, task in self._activating.items() if not task.done()}
+        for session_id in unowned:
+            if session_id not in self._activating:
+                self._activating[session_id] = asyncio.create_task(_isolated(self.placement.activate, session_id))
 
     async def _release_idle_sandboxes(self, db: Database) -> None:
         """Start this round's sandbox idle release unless the previous one still runs.

@@ -8,6 +8,8 @@ reply (with tool calls) is committed but before any tool ran.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
 from typing import Any
 
@@ -16,11 +18,12 @@ import ray
 from ray.util.state import list_actors
 
 from actors.naming import session_actor_name, tree_actor_name
-from actors.placement import Dedicated
+from actors.placement import Dedicated, Hosted
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.records import Scope
 from tests.actors.helpers import (
+    a_root_in_host,
     eventually,
     kill_session_process,
     model_calls_waiting,
@@ -192,3 +195,39 @@ async def test_an_idle_session_and_supervisor_passivate_after_their_database_con
         return not await alive()
 
     await eventually(gone, timeout=60)
+
+
+async def test_a_session_process_that_answers_nothing_holds_up_no_other_trees_recovery(
+        runtime: Runtime, scope: Scope) -> None:
+    # The sweeper activates the sessions whose granted Runs no process took. One whose process is
+    # alive but answers nothing (stopped, swapping, deadlocked: Ray restarts only dead ones) held
+    # each sweep round up for the hint's 30 s timeout, and with it every other tree's recovery.
+    stuck_text = script(say("first"))
+    stuck = (await a_root_in_host(runtime, scope, 1, stuck_text) if isinstance(runtime.placement, Hosted)
+             else await runtime.create_root(scope, input_text=stuck_text))
+    stuck_id = stuck["session"]["session_id"]
+    assert (await runtime.wait_result(scope, stuck["input"]["input_id"], timeout=60))["output"] == "first"
+    status = await runtime.placement.session_status(stuck_id)
+    assert status is not None, "the session stays live while idle"
+    pid = int(status["pid"])
+    healthy_text = script(say("slow", delay_ms=20_000))
+    healthy = (await a_root_in_host(runtime, scope, 0, healthy_text) if isinstance(runtime.placement, Hosted)
+               else await runtime.create_root(scope, input_text=healthy_text))
+    healthy_id = healthy["session"]["session_id"]
+    await eventually(lambda: _owned_run(runtime, healthy_id))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        again = await runtime.submit_input(scope, stuck_id, script(say("second")))
+        await eventually(lambda: rows(runtime.db, "SELECT 1 FROM runs WHERE session_id = %s AND status = 'running' "
+                                      "AND owner IS NULL", stuck_id))  # granted; nobody can take it
+        await asyncio.sleep(2)  # a few sweep rounds: each one asks the stopped process to take it
+        async with runtime.db.tx() as conn:  # the healthy tree's Run dies (its lease runs out now)
+            await conn.execute("UPDATE runs SET lease_expires_at = now() WHERE session_id = %s "
+                               "AND status = 'running'", (healthy_id,))
+        resumed = await eventually(lambda: rows(runtime.db, "SELECT 1 FROM runs WHERE session_id = %s "
+                                                "AND kind = 'resume'", healthy_id), timeout=10)
+        assert resumed, "the healthy tree's dead Run is recovered while the other process answers nothing"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (await runtime.wait_result(scope, again["input_id"], timeout=90))["output"] == "second"
+    assert (await runtime.wait_result(scope, healthy["input"]["input_id"], timeout=90))["output"] == "slow"
