@@ -19,7 +19,7 @@ from persistence.records import Row, RunRef, Scope, new_id
 from persistence.sessions import SESSION_COLUMNS
 from persistence.statuses import RunKind
 
-# A turn whose runs keep dying is failed instead of resumed forever.
+# A turn whose runs keep dying before they get anywhere is failed instead of resumed forever.
 MAX_RECOVERIES_PER_TURN = 5
 LEASE_EXPIRED = "lease expired: the run's owner stopped heart-beating"
 
@@ -252,10 +252,9 @@ async def lock_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None:
     return await cur.fetchone()
 
 
-async def recoveries_of_turn(conn: Connection, turn_id: uuid.UUID) -> int:
-    cur = await conn.execute(
-        "SELECT count(*) AS n FROM runs WHERE turn_id = %s AND error = %s", (turn_id, LEASE_EXPIRED)
-    )
+async def deaths_in_a_row(conn: Connection, turn_id: uuid.UUID) -> int:
+    """The Turn's Runs that lost their lease since its last Run that committed a reply."""
+    cur = await conn.execute(query("run_deaths_in_a_row"), {"turn_id": turn_id, "lease_expired": LEASE_EXPIRED})
     row = await cur.fetchone()
     return row["n"] if row else 0
 

@@ -418,8 +418,9 @@ async def results_of_inputs(conn: Connection, scope: Scope, input_ids: list[uuid
 async def recover_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None:
     """A Run whose owner stopped heart-beating: interrupt it and resume its Turn in a new Run.
 
-    A Turn that was being cancelled is finalised as cancelled instead; a Turn that keeps
-    losing its Runs is failed. Returns the affected tree, or None when nothing was due.
+    A Turn that was being cancelled is finalised as cancelled instead; a Turn whose Runs keep
+    dying before they commit a reply is failed (``runs.deaths_in_a_row``). Returns the affected
+    tree, or None when nothing was due.
     """
     cur = await conn.execute(
         "SELECT s.session_id, s.user_id, s.app_id FROM runs r JOIN sessions s USING (session_id) WHERE r.run_id = %s",
@@ -440,7 +441,7 @@ async def recover_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None
     if expired["turn_status"] == TurnStatus.CANCELLING:
         await finalize_cancel(conn, session, expired["turn_id"], run_id,
                               await cancel_reason(conn, session["session_id"], expired["turn_id"]))
-    elif await run_repo.recoveries_of_turn(conn, expired["turn_id"]) >= run_repo.MAX_RECOVERIES_PER_TURN:
+    elif await run_repo.deaths_in_a_row(conn, expired["turn_id"]) >= run_repo.MAX_RECOVERIES_PER_TURN:
         await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = %s", (run_id,))
         await _end_turn(conn, session, expired["turn_id"], run_id, TurnStatus.FAILED, None,
                         "the turn's runs kept dying; giving up after repeated recoveries")

@@ -328,6 +328,35 @@ async def test_a_turn_whose_runs_keep_dying_fails(db: Database, scope: Scope) ->
     assert await running_in_tree(db, tree.tree_id) == 0
 
 
+async def test_only_runs_that_die_without_progress_in_a_row_count_toward_giving_up(db: Database,
+                                                                                  scope: Scope) -> None:
+    # Each lease lost (a deploy, a database restart, a lost node) counted for the Turn's whole life:
+    # a long Turn that made progress in every Run was failed after five unrelated outages.
+    tree, run = await start_root_run(db, scope)
+    for step in range(2 * runs.MAX_RECOVERIES_PER_TURN):
+        call = {"id": f"call-{step}", "name": "list_sessions", "arguments": {}}
+        async with db.tx() as conn:
+            await messages.append_reply(conn, run, content=None, tool_calls=[call],
+                                        usage={"prompt_tokens": 4, "completion_tokens": 2}, cost_usd=0.0)
+            await messages.append_tool_results(conn, run, [(call["id"], '{"sessions": []}')])
+        await _expire(db, run)
+        async with db.tx() as conn:
+            await turns.recover_expired_run(conn, run.run_id)
+        assert (await turn_row(db, run.turn_id))["status"] == "running", f"given up after {step + 1} outages"
+        run = await claim_turn(db, tree.tree_id, run.turn_id)
+    for _ in range(runs.MAX_RECOVERIES_PER_TURN):  # and then runs that die before committing anything
+        await _expire(db, run)
+        async with db.tx() as conn:
+            await turns.recover_expired_run(conn, run.run_id)
+        if (await turn_row(db, run.turn_id))["status"] != "running":
+            break
+        run = await claim_turn(db, tree.tree_id, run.turn_id)
+    assert (await turn_row(db, run.turn_id))["status"] == "failed"
+    dead = await fetch_all(db, "SELECT count(*) AS n FROM runs WHERE turn_id = %s AND error = %s",
+                           (run.turn_id, runs.LEASE_EXPIRED))
+    assert dead[0]["n"] == 3 * runs.MAX_RECOVERIES_PER_TURN
+
+
 async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: Scope) -> None:
     _tree, run = await start_root_run(db, scope)
     await create_child(db, run, "aaa", call_id="made-aaa")
