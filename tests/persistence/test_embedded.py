@@ -5,8 +5,11 @@ above it becomes listable or readable by other users (pgserver made root's home 
 from __future__ import annotations
 
 import os
+import pwd
 import stat
+import subprocess
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 import pytest
@@ -27,3 +30,51 @@ def test_roots_embedded_database_leaves_the_directories_above_it_private(tmp_pat
     finally:
         stop_embedded(data_dir)
     assert stat.S_IMODE(home.stat().st_mode) == 0o711  # reachable, neither listable nor readable
+
+
+def _connect_as_nobody(socket_path: Path) -> subprocess.CompletedProcess[str]:
+    """Another local user's attempt on the server's socket: the system Python (the venv may be
+    unreachable to ``nobody``) connecting to it as ``nobody``."""
+    nobody = pwd.getpwnam("nobody")
+
+    def become_nobody() -> None:
+        os.setgroups([])
+        os.setgid(nobody.pw_gid)
+        os.setuid(nobody.pw_uid)
+
+    probe = "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1]); print('connected')"
+    return subprocess.run(["/usr/bin/python3", "-I", "-c", probe, str(socket_path)], capture_output=True,
+                          text=True, timeout=30, preexec_fn=become_nobody, cwd="/")
+
+
+@pytest.mark.parametrize("name_length", [8, 100], ids=["short-path", "long-path"])
+def test_no_other_local_user_reaches_the_embedded_database_whatever_the_data_dirs_length(
+        tmp_path: Path, name_length: int) -> None:
+    """Its socket lies in a directory of the server's user only (0700), and is its user's only
+    (unix_socket_permissions 0700): a data dir too long for a socket path (sun_path holds 107 bytes)
+    no longer moves it to a directory every user may enter and write (pgserver's /tmp/<hash>, 0777)."""
+    if os.geteuid() != 0:
+        pytest.skip("connecting as another user needs root")
+    data_dir = tmp_path / ("d" * max(1, name_length - len(str(tmp_path)) - 1))
+    assert len(str(data_dir)) >= name_length
+    try:
+        url = embedded_url(data_dir)
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        socket_dir = Path(parse_qs(urlsplit(url).query)["host"][0])
+        socket_path = socket_dir / ".s.PGSQL.5432"
+        assert len(os.fsencode(socket_path)) <= 107
+        assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
+        assert stat.S_IMODE(socket_path.stat().st_mode) == 0o700
+        attempt = _connect_as_nobody(socket_path)
+        assert attempt.returncode != 0 and "PermissionError" in attempt.stderr, attempt
+    finally:
+        stop_embedded(data_dir)
+    if socket_dir != data_dir.resolve() / "pg":
+        assert not socket_dir.exists()  # a directory of its own for the socket goes with the server
+
+
+def test_stopping_an_embedded_database_that_does_not_run_creates_and_starts_nothing(tmp_path: Path) -> None:
+    data_dir = tmp_path / "never-started"
+    stop_embedded(data_dir)
+    assert not data_dir.exists()
