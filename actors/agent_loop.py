@@ -200,13 +200,12 @@ async def _in_savepoint(conn: Connection, tool: Tool, ctx: ToolContext, call_id:
                        "nothing was done, call it again") from None
 
 
-def turn_tools(session: Row, history: list[Row], turn_id: uuid.UUID) -> frozenset[str]:
-    """The Turn's tools: its session's, and of those only the ones the Turn that gave its input has
-    too (``cooperation._origin``): work a Turn hands on never runs a tool that Turn may not."""
+def turn_tools(session: Row, granted: list[str] | None) -> frozenset[str]:
+    """The Turn's tools: its session's, and of those only ``granted``, the ones the Turn that gave its
+    input has too (``cooperation._origin``; None: the input came from no Turn): work a Turn hands on
+    never runs a tool that Turn may not."""
     tools = effective_tools(session["agent_config"].get("tools"))
-    given = next((row for row in history if row["turn_id"] == turn_id and row["role"] == "user"), None)
-    granted = ((given or {}).get("origin") or {}).get("tools")
-    return tools & frozenset(granted) if isinstance(granted, list) else tools
+    return tools & frozenset(granted) if granted is not None else tools
 
 
 def _last_reply(history: list[Row], turn_id: uuid.UUID) -> Row | None:
@@ -239,6 +238,7 @@ class _Begun:
 
     session: Row
     input_id: uuid.UUID
+    granted: list[str] | None  # the tools the Turn's input grants (turn_tools)
     boundary: _Boundary | None
     over_budget: dict[str, Any] | None = None  # checked at every Run's start, before any tool runs
 
@@ -315,10 +315,13 @@ class RunExecutor:
             session, input_id = acquired.session, acquired.input_id
         else:
             session, input_id = await session_and_turn_input(conn, self.run)
+        # Read from the input, not from the history: a summary is a user row of the Turn that asked
+        # for it, ahead of the Turn's input in the history of every later Run of that Turn.
+        granted = await messages.granted_tools(conn, input_id)
         self._history = await messages.model_history(conn, self.run.session_id)
         boundary = await self._take_boundary(conn) if self._model_is_next() else None
         over_budget = boundary.over_budget if boundary else await usage.budget_reached(conn, self.run.tree_id)
-        self._begun = _Begun(session, input_id, boundary, over_budget)
+        self._begun = _Begun(session, input_id, granted, boundary, over_budget)
 
     def _final_reply(self) -> Row | None:
         """The Turn's committed answer: its last message is an assistant reply without tool calls."""
@@ -336,7 +339,7 @@ class RunExecutor:
                 await self.begin(conn)
         assert self._begun is not None
         session, input_id, boundary = self._begun.session, self._begun.input_id, self._begun.boundary
-        self._tools = turn_tools(session, self._history, self.run.turn_id)
+        self._tools = turn_tools(session, self._begun.granted)
         self._session_name = session["name"]
         if self._begun.over_budget is not None and await self._stop_for_budget():
             return

@@ -176,3 +176,47 @@ async def test_a_long_transcript_keeps_the_earlier_summary_whole(runtime: Runtim
     second = replay.requests_for(model)[3].body["messages"][-1]["content"]
     assert second.startswith("<canopy:compact>") and "FIRST-SUMMARY-MARK" in second, second[:300]
     assert "left out" in second and len(second) < 4000 + 500
+
+
+async def test_a_later_run_of_a_compacted_turn_keeps_the_tools_its_input_granted(
+        runtime: Runtime, scope: Scope) -> None:
+    """A Turn's tools were read from its first user row in the history, which after a compaction is
+    the summary (a user row of the Turn that asked for it): a later Run of that Turn (after a wait)
+    had every tool of its session, not only those the Turn that gave its input has. S may only
+    submit and wait; the Turn it gives X waits once, then tries create_session: refused."""
+    tag = uuid.uuid4().hex[:6]
+    await runtime.create_agent(scope, {"agent_id": f"full-{tag}", "name": "Full", "model": "canopy/scripted"})
+    await runtime.create_agent(scope, {"agent_id": f"lim-{tag}", "name": "Limited", "model": "canopy/scripted",
+                                       "tools": ["submit_input", "wait_inputs"]})
+    x = await runtime.create_root(scope, agent_id=f"full-{tag}", input_text=script(say("x first"), task="y" * 300))
+    x_id = x["session"]["session_id"]
+    await runtime.wait_result(scope, x["input"]["input_id"], timeout=60)
+    await runtime.request_compaction(scope, x_id)  # as any call over the threshold would
+    s = await runtime.create_root(scope, agent_id=f"lim-{tag}", input_text=script(say("s first")))
+    s_id = s["session"]["session_id"]
+    await runtime.wait_result(scope, s["input"]["input_id"], timeout=60)
+    x_turn = script(
+        call(("submit_input", {"target": str(s_id), "text": script(say("slow", delay_ms=1500))})),
+        call(("wait_inputs", {"input_ids": ["$${0.input_id}"]})),
+        call(create("escalated", script(say("hi")))),
+        say("done"))
+    receipt = await runtime.submit_input(scope, s_id, script(call(("submit_input", {"target": str(x_id),
+                                                                                      "text": x_turn})),
+                                                             say("handed")))
+    await runtime.wait_result(scope, receipt["input_id"], timeout=60)
+    [given] = await rows(runtime.db, "SELECT input_id FROM inputs WHERE session_id = %s "
+                         "AND origin->>'kind' = 'session'", x_id)
+    assert (await runtime.wait_result(scope, given["input_id"], timeout=90))["output"] == "done"
+    [turn] = await rows(runtime.db, "SELECT turn_id FROM turns WHERE input_id = %s", given["input_id"])
+    assert len(await rows(runtime.db, "SELECT run_id FROM runs WHERE turn_id = %s", turn["turn_id"])) == 2
+    assert [s["turn_id"] for s in await _summaries_of_turns(runtime, x_id)] == [turn["turn_id"]]
+    assert [m["path"] for m in await rows(runtime.db, "SELECT path FROM sessions WHERE tree_id = %s", x_id)] == [
+        "/root"]
+    [refused] = await rows(runtime.db, "SELECT content FROM thread_messages WHERE turn_id = %s AND role = 'tool' "
+                           "ORDER BY id DESC LIMIT 1", turn["turn_id"])
+    assert "create_session" in json.loads(refused["content"])["error"], refused
+
+
+async def _summaries_of_turns(runtime: Runtime, session_id: uuid.UUID) -> list[dict[str, object]]:
+    return await rows(runtime.db, "SELECT turn_id FROM thread_messages WHERE session_id = %s "
+                      "AND origin->>'kind' = 'compaction' ORDER BY id", session_id)
