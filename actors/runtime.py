@@ -144,8 +144,9 @@ def private_ray_token() -> None:
     """Whoever reads Ray's token may run code on the cluster (its dashboard's job API). For a cluster
     it starts, Ray writes a missing one to ``~/.ray/auth_token`` with the process's umask (0644 in a
     0755 directory: every local user's). It is written here first, its owner's only (64 hex digits,
-    as Ray makes it), and an existing one of ours that others may read is made so. A token the
-    environment names (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``) is the operator's to keep."""
+    as Ray makes it), and an existing one of ours that others could read is replaced by a new one:
+    making it private would not take back a copy already read. A token the environment names
+    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``) is the operator's to keep."""
     if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") \
             or os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
         return
@@ -159,9 +160,10 @@ def private_ray_token() -> None:
         pass
     found = path.stat()
     if found.st_mode & 0o077 and found.st_uid == os.geteuid():
-        log.warning("Ray's token %s could be read by other users (mode %o): made its owner's only", path,
+        log.warning("Ray's token %s could be read by other users (mode %o): replaced by a new one, its owner's "
+                    "only (a Ray cluster still running with the old one must be restarted)", path,
                     stat.S_IMODE(found.st_mode))
-        path.chmod(0o600)
+        _write_secret_file(path, secrets.token_hex(32))
 
 
 def _move_provider_env(settings: Settings) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from actors.runtime import private_ray_token
 from api.up import ray_token_location
 from persistence.db import resolve_database_url
 from persistence.embedded import embedded_url, pgdata, require_one_node, running_postmaster, stop_embedded
@@ -145,6 +146,7 @@ class Doctor:
             if address:
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
             else:
+                private_ray_token()  # as canopy up's Ray: the token this Ray writes is not every local user's
                 ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.WARNING,
                          log_to_driver=False)
             ray.get(ray.remote(num_cpus=0)(_ping).remote(), timeout=120)

@@ -460,7 +460,7 @@ async def test_an_activated_session_runs_in_a_process_started_before(runtime: Ru
 def test_rays_token_is_its_owners_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whoever reads Ray's token may run code on the cluster. Ray wrote a missing one with the
     process's umask: 0644 in a 0755 ~/.ray, every local user's. It is written before Ray starts,
-    its owner's only, and one found readable by others is made so (its token kept)."""
+    its owner's only, and one found readable by others is replaced (a copy may have been read)."""
     monkeypatch.setenv("HOME", str(tmp_path))
     for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
         monkeypatch.delenv(name, raising=False)
@@ -471,9 +471,14 @@ def test_rays_token_is_its_owners_only(tmp_path: Path, monkeypatch: pytest.Monke
     assert re.fullmatch("[0-9a-f]{64}", written), written  # as Ray makes one
     assert (stat.S_IMODE(token.stat().st_mode), stat.S_IMODE(token.parent.stat().st_mode)) == (0o600, 0o700)
 
+    private_ray_token()
+    assert (stat.S_IMODE(token.stat().st_mode), token.read_text()) == (0o600, written)  # private: kept
+
     token.chmod(0o644)
     private_ray_token()
-    assert (stat.S_IMODE(token.stat().st_mode), token.read_text()) == (0o600, written)
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert re.fullmatch("[0-9a-f]{64}", token.read_text()) and token.read_text() != written
+    assert [path.name for path in token.parent.iterdir()] == ["auth_token"]  # nothing left aside
 
 
 def test_a_runtime_beside_a_canopy_up_leaves_its_secrets_as_they_are(tmp_path: Path,

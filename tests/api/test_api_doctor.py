@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -49,14 +50,14 @@ def docker_engine() -> None:
         pytest.skip("no Docker engine answers (start one with: bash .ci/docker-up.sh)")
 
 
-def doctor(root: Path, **settings: str) -> tuple[int, dict[str, tuple[str, str]], str]:
+def doctor(root: Path, umask: int = -1, **settings: str) -> tuple[int, dict[str, tuple[str, str]], str]:
     """Exit code, {check: (status, detail)}, and everything it printed."""
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("CANOPY_") and key not in ("RAY_ADDRESS", "RAY_NAMESPACE", "OPENAI_API_KEY")}
     env.update({"CANOPY_DATA_DIR": str(root / "data"), "RAY_TMPDIR": str(root / "ray"), "PYTHONUNBUFFERED": "1",
                 "CANOPY_SANDBOX_IMAGE": "canopy-sandbox:latest", **settings})
     done = subprocess.run([sys.executable, "-m", "api.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, umask=umask)
     printed = done.stdout + done.stderr
     found = {}
     for line in done.stdout.splitlines():
@@ -179,3 +180,22 @@ def test_doctor_refuses_the_embedded_database_for_a_cluster_as_canopy_up_does(ro
     assert done.returncode == 1, done.stdout + done.stderr
     assert "SharedDatabaseRequired" in done.stderr and "Set CANOPY_DATABASE_URL" in done.stderr, done.stderr
     assert not (root / "data" / "pg").exists()
+
+
+def test_doctors_ray_leaves_its_token_its_owners_only_and_replaces_one_others_could_read(root: Path) -> None:
+    """The doctor started Ray directly, which wrote ~/.ray/auth_token with the umask (0644: every local
+    user's, and whoever reads it may run code on the cluster), and canopy up went on using it. The
+    doctor's Ray starts as canopy up's does: a token others could read is replaced (they may have a
+    copy), and the new one is its owner's only."""
+    home = root / "home"
+    token = home / ".ray" / "auth_token"
+    token.parent.mkdir(parents=True)
+    token.write_text("0" * 64)
+    token.chmod(0o644)
+    code, found, printed = doctor(root, umask=0o022, HOME=str(home), CANOPY_SANDBOX_BACKEND="local",
+                                  CANOPY_SANDBOX_WORKDIR_MB="0")
+    assert code == 0 and found["Ray"][0] == "OK" and str(token) in found["Ray"][1], printed
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600, printed
+    assert re.fullmatch("[0-9a-f]{64}", token.read_text()) and token.read_text() != "0" * 64
+    assert "replaced" in printed, printed
+    assert _eventually_nothing_under(root) == []
