@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
+import json
 import logging
 import os
 import secrets
@@ -46,7 +48,15 @@ from persistence.errors import Conflict, InvalidArgument, RayUnreachable
 from persistence.messages import steer
 from persistence.migrations import ensure_schema
 from persistence.records import Row, Scope
-from persistence.settings import ENV_PREFIX, Settings, get_settings, reveal, secret_env_names, secret_fields
+from persistence.settings import (
+    ENV_PREFIX,
+    Settings,
+    env_names,
+    get_settings,
+    reveal,
+    secret_env_names,
+    secret_fields,
+)
 from persistence.statuses import TERMINAL_TURN_STATUSES, Activity
 
 log = logging.getLogger(__name__)
@@ -95,14 +105,33 @@ def _write_secret_file(path: Path, value: str) -> None:
     aside.replace(path)
 
 
+# The files of the secrets directory Canopy wrote, each with the SHA-256 of what it wrote (a JSON
+# object, 0600): the directory is also where an operator puts a cluster's secrets (cluster.yaml).
+_WRITTEN = ".canopy-written"
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def _written(directory: Path) -> dict[str, str]:
+    try:
+        return {str(name): str(digest) for name, digest in json.loads((directory / _WRITTEN).read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
 def _write_secrets(settings: Settings, database_url: str) -> Path:
     """The runtime's secrets as files only its user can read: ``<data dir>/secrets`` (0700), one
     file per secret setting (0600), named as ``Settings`` reads them from ``CANOPY_SECRETS_DIR``.
     A data dir serves one runtime configuration: the last runtime started on it wrote what its
-    workers read; a secret the runtime does not have is removed. While a ``canopy up`` serves the
-    data dir, the files are that run's (its replicas read them when they restart): a runtime
-    started beside it (``canopy run``) uses them as they are, and is refused if it would use another
-    database than the one they name, where its driver and its workers would each write to their own."""
+    workers read; a secret the runtime does not have is removed. Only the files Canopy wrote (and
+    nobody changed since) are replaced or removed: one an operator put there (the cluster's secrets,
+    cluster.yaml) stays as it is, and a runtime with another value of it is refused (its workers
+    would read the operator's). While a ``canopy up`` serves the data dir, the files are that run's
+    (its replicas read them when they restart): a runtime started beside it (``canopy run``) uses
+    them as they are, and is refused if it would use another database than the one they name,
+    where its driver and its workers would each write to their own."""
     directory = _secrets_directory(settings)
     holder = serving_pid(settings.data_dir)
     if holder is not None:
@@ -114,12 +143,28 @@ def _write_secrets(settings: Settings, database_url: str) -> Path:
         return directory
     values = {name: reveal(getattr(settings, name)) for name in secret_fields()}
     values["database_url"] = database_url
+    written = _written(directory)
+    found = {name: path.read_text() for name in values if (path := directory / f"{ENV_PREFIX}{name}".lower()).exists()}
+    ours = {name for name, text in found.items() if written.get(f"{ENV_PREFIX}{name}".lower()) == _digest(text)}
+    for name, value in values.items():  # all checked before anything changes
+        if name in found and name not in ours and value is not None and found[name] != value:
+            file, variable = f"{ENV_PREFIX}{name}".lower(), " or ".join(env_names(name))
+            what = ("a database URL of another database than this runtime's" if name == "database_url"
+                    else f"another value than this runtime's {variable}")
+            raise Conflict(f"the secrets directory {directory} holds {file} with {what}, and Canopy did not write "
+                           f"it (an operator's secret, or one a Canopy before {_WRITTEN} existed wrote): set "
+                           f"CANOPY_SECRETS_DIR={directory} to use it (and unset {variable}), or remove the file "
+                           "if it is not needed, or use another data dir (CANOPY_DATA_DIR)")
     for name, value in values.items():
-        path = directory / f"{ENV_PREFIX}{name}".lower()
-        if value is None:
-            path.unlink(missing_ok=True)
-        else:
-            _write_secret_file(path, value)
+        file = f"{ENV_PREFIX}{name}".lower()
+        if value is None and name in ours:
+            (directory / file).unlink()
+        if value is None and (name in ours or name not in found):
+            written.pop(file, None)
+        if value is not None and (name not in found or (name in ours and found[name] != value)):
+            _write_secret_file(directory / file, value)
+            written[file] = _digest(value)
+    _write_secret_file(directory / _WRITTEN, json.dumps(written))
     return directory
 
 

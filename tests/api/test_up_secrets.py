@@ -1,0 +1,95 @@
+"""The secrets directory a runtime writes (actors/runtime.py ``_write_secrets``) is also where an
+operator puts a cluster's secrets (cluster.yaml, the README: ``CANOPY_SECRETS_DIR`` is
+``<data dir>/secrets``). A runtime started there without them (no ``CANOPY_SECRETS_DIR``, so with no
+tokens and the embedded database) removed the operator's tokens and replaced their database URL.
+Canopy now changes only the files it wrote itself, and refuses to run with a secret that differs
+from the operator's file of it. Real files and real ``Settings``; no Ray, no database (the URLs are
+only written)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from actors.runtime import worker_env
+from persistence.errors import Conflict
+from persistence.settings import Settings
+
+OPERATORS_URL = "postgresql://canopy:op-password@db.example:5432/canopy"
+EMBEDDED_URL = "postgresql://postgres:@/postgres?host=/tmp/canopy-pg-x"
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[str, int, int]]:
+    """Every file of the directory: its content, mode and modification time."""
+    return {path.name: (path.read_text(), path.stat().st_mode, path.stat().st_mtime_ns)
+            for path in directory.iterdir()}
+
+
+@pytest.fixture
+def operators_secrets(tmp_path: Path) -> Path:
+    """``<data dir>/secrets`` as cluster.yaml lays it out: the operator's database URL and admin token."""
+    directory = tmp_path / "secrets"
+    directory.mkdir(mode=0o700)
+    for name, value in (("canopy_database_url", OPERATORS_URL), ("canopy_admin_token", "operators-admin-token-1")):
+        (directory / name).write_text(value)
+        (directory / name).chmod(0o600)
+    return directory
+
+
+def test_a_runtime_with_another_database_is_refused_and_changes_nothing(operators_secrets: Path) -> None:
+    before = _snapshot(operators_secrets)
+    settings = Settings(data_dir=operators_secrets.parent, admin_token=None, metrics_token=None)
+    with pytest.raises(Conflict, match=r"canopy_database_url .* another database .* CANOPY_SECRETS_DIR"):
+        worker_env(settings, EMBEDDED_URL)
+    assert _snapshot(operators_secrets) == before
+
+
+def test_a_runtime_with_another_admin_token_is_refused_and_changes_nothing(operators_secrets: Path) -> None:
+    before = _snapshot(operators_secrets)
+    settings = Settings(data_dir=operators_secrets.parent, admin_token=SecretStr("a-token-of-this-runtime"))
+    with pytest.raises(Conflict, match=r"canopy_admin_token .* CANOPY_ADMIN_TOKEN") as refused:
+        worker_env(settings, OPERATORS_URL)
+    assert "operators-admin-token-1" not in str(refused.value) and "a-token-of-this" not in str(refused.value)
+    assert _snapshot(operators_secrets) == before
+
+
+def test_the_operators_files_stay_and_canopys_own_come_and_go(operators_secrets: Path) -> None:
+    """A runtime of the operator's database with no admin token of its own leaves theirs; a metrics
+    token it has is written, and removed by the next runtime that has none, as Canopy wrote it. A file
+    of Canopy's that the operator rewrote is theirs from then on."""
+    data_dir = operators_secrets.parent
+    operators = _snapshot(operators_secrets)
+    env = worker_env(Settings(data_dir=data_dir, admin_token=None, metrics_token=SecretStr("metrics-token-000001")),
+                     OPERATORS_URL)
+    assert env["CANOPY_SECRETS_DIR"] == str(operators_secrets)
+    after = _snapshot(operators_secrets)
+    assert {name: after[name] for name in operators} == operators
+    assert (operators_secrets / "canopy_metrics_token").read_text() == "metrics-token-000001"
+    assert (after["canopy_metrics_token"][1] & 0o777) == 0o600
+
+    worker_env(Settings(data_dir=data_dir, admin_token=None, metrics_token=SecretStr("metrics-token-000002")),
+               OPERATORS_URL)
+    assert (operators_secrets / "canopy_metrics_token").read_text() == "metrics-token-000002"
+    worker_env(Settings(data_dir=data_dir, admin_token=None, metrics_token=None), OPERATORS_URL)
+    assert not (operators_secrets / "canopy_metrics_token").exists()
+
+    worker_env(Settings(data_dir=data_dir, admin_token=None, metrics_token=SecretStr("metrics-token-000003")),
+               OPERATORS_URL)
+    (operators_secrets / "canopy_metrics_token").write_text("operators-metrics-token")
+    worker_env(Settings(data_dir=data_dir, admin_token=None, metrics_token=None), OPERATORS_URL)
+    assert (operators_secrets / "canopy_metrics_token").read_text() == "operators-metrics-token"
+    assert {name: _snapshot(operators_secrets)[name] for name in operators} == operators
+    assert not [name for name in os.listdir(operators_secrets) if name.startswith(".canopy_")]  # nothing aside
+
+
+def test_a_fresh_data_dir_gets_the_runtimes_secrets_and_the_next_runtime_replaces_them(tmp_path: Path) -> None:
+    """Canopy's own files, as before: the last runtime started on a data dir wrote what its workers read."""
+    first = Settings(data_dir=tmp_path, admin_token=SecretStr("first-admin-token-01"))
+    directory = Path(worker_env(first, EMBEDDED_URL)["CANOPY_SECRETS_DIR"])
+    assert (directory / "canopy_admin_token").read_text() == "first-admin-token-01"
+    worker_env(Settings(data_dir=tmp_path, admin_token=SecretStr("second-admin-token-2")), EMBEDDED_URL + "2")
+    assert (directory / "canopy_admin_token").read_text() == "second-admin-token-2"
+    assert (directory / "canopy_database_url").read_text() == EMBEDDED_URL + "2"
