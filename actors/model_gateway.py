@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import yaml
 
+from actors import bounded_http
 from persistence.agents import API_KEY_REF_PATTERN
 from persistence.text import storable, why_unstorable
 
@@ -166,6 +167,7 @@ def _litellm() -> ModuleType:
                                  "ended_at": time.time()})
 
     litellm.callbacks.append(FailedAttempts())
+    litellm.aclient_session = bounded_http.client()  # an endpoint's answer is read only so far
     return litellm
 
 
@@ -862,14 +864,21 @@ class ModelGateway:
             request["tools"] = to_openai_tools(tools)
         started = time.monotonic()
         failed = _failed_attempts[call_id] = []
+        bound = bounded_http.Bound.for_reply_chars(self._max_reply_chars)
         try:
-            async with asyncio.timeout(routes.deadline):
-                response, hidden, priced = await self._reply(routes, litellm, request, on_delta)
+            with bounded_http.bounded(bound):
+                async with asyncio.timeout(routes.deadline):
+                    response, hidden, priced = await self._reply(routes, litellm, request, on_delta)
         except TimeoutError as error:
             raise ModelError(f"the model call took longer than {routes.deadline:g} s (its timeout for each attempt "
                              "it may make): it was cut off", [_attempt(routes, a, model) for a in failed]) from error
         except Exception as error:
             attempts = [_attempt(routes, a, model) for a in failed]
+            if bound.cut:  # whatever litellm made of it (a dropped connection, retried and refused)
+                raise ModelError(f"the model's reply passed {bound.max_bytes:,} bytes, more than any reply of the "
+                                 f"{self._max_reply_chars:,} characters a reply may hold (setting "
+                                 "CANOPY_MAX_REPLY_CHARS) takes: it was not read further, nor asked again",
+                                 attempts) from error
             tries = f" (after {len(attempts)} attempts)" if len(attempts) > 1 else ""
             raise ModelError(_first_line(error) + tries, attempts) from error
         finally:

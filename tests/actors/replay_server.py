@@ -1,11 +1,11 @@
 """A tiny OpenAI-compatible chat completions server for provider tests: it replays, per model
 name, a list of steps (tool calls with an optional ``text``, a final answer, an HTTP error with
-headers, or a raw ``body``; a reply may be sent slowly, ``drip`` seconds between its pieces, or cut
-off after ``break_after`` of them) and records every request it receives (arrival time, model,
-Authorization header, body). It is not Canopy's scripted model: it knows nothing of Canopy and
-reads no script from the prompt, so a test through it exercises litellm's OpenAI provider, its
-Router and Canopy's routing exactly as with a real provider. Served by uvicorn on a free loopback
-port in a thread of its own."""
+headers, a raw ``body``, or a ``flood`` of bytes; a reply may be sent slowly, ``drip`` seconds
+between its pieces, or cut off after ``break_after`` of them) and records every request it
+receives (arrival time, model, Authorization header, body). It is not Canopy's scripted model: it
+knows nothing of Canopy and reads no script from the prompt, so a test through it exercises
+litellm's OpenAI provider, its Router and Canopy's routing exactly as with a real provider. Served
+by uvicorn on a free loopback port in a thread of its own."""
 
 from __future__ import annotations
 
@@ -87,6 +87,26 @@ async def _sent(pieces: Iterator[str], drip: float, break_after: int | None) -> 
         yield piece
 
 
+def flood(size: int, *, streamed: bool) -> dict[str, Any]:
+    """A reply of ``size`` bytes that never ends its first line: the start of a completion's JSON
+    (or of a stream's first event) and then one character over and over, as a broken or hostile
+    endpoint may send. The server records how much of it the client read (``flood_sent``)."""
+    return {"flood": size, "streamed": streamed}
+
+
+async def _flooding(step: dict[str, Any], sent: dict[str, int], model: str, request: Request
+                    ) -> AsyncIterator[bytes]:
+    head = b'data: {"choices": [{"index": 0, "delta": {"content": "' if step["streamed"] else \
+        b'{"id": "chatcmpl-replay", "object": "chat.completion", "choices": [{"index": 0, "message": {"content": "'
+    piece = b"y" * 65_536
+    sent[model] = len(head)
+    yield head
+    # uvicorn drops what is sent after the client hung up: what was sent is what was sent before.
+    while sent[model] < step["flood"] and not await request.is_disconnected():
+        sent[model] += len(piece)
+        yield piece
+
+
 def _slices(text: str, size: int = 16) -> Iterator[str]:
     return (text[i:i + size] for i in range(0, len(text), size))
 
@@ -102,6 +122,7 @@ class ReplayServer:
 
     def __init__(self) -> None:
         self.received: list[Received] = []
+        self.flood_sent: dict[str, int] = {}  # bytes of a flood (``flood``) handed to the connection, by model
         self._steps: dict[str, list[dict[str, Any]]] = {}
         self._then: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -130,6 +151,9 @@ class ReplayServer:
             steps = self._steps.get(model, [])
             step = steps.pop(0) if steps else self._then.get(model, fail(404))
             index = len(self.requests_for(model))
+        if "flood" in step:
+            return StreamingResponse(_flooding(step, self.flood_sent, model, request),
+                                     media_type="text/event-stream" if step["streamed"] else "application/json")
         if "body" in step:  # a whole response as the provider would send it, however malformed
             return _json(step["body"])
         if "status" in step:

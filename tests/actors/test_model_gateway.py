@@ -19,7 +19,7 @@ import yaml
 from actors.model_gateway import INVALID_ARGUMENTS, ModelError, ModelGateway
 from actors.scripted import builders
 from actors.scripted.server import ScriptedModelServer, serve_scripted_model
-from tests.actors.replay_server import ReplayServer, calls, fail, say
+from tests.actors.replay_server import ReplayServer, calls, fail, flood, say
 from tests.conftest import AGENT_API_BASES
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -359,6 +359,23 @@ async def test_a_reply_longer_than_the_limit_fails_the_call(replay: ReplayServer
     reply = await gw.complete(model="openai/fits", messages=scripted([{"say": "x"}]), tools=None,
                               api_base=replay.base_url, on_delta=on_delta)
     assert reply["message"]["content"] == "y" * 49_000
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+async def test_a_body_far_past_the_limit_is_not_read_whole(replay: ReplayServer, streamed: bool) -> None:
+    """An endpoint's body is untrusted too: 100 MB that never ends its first line was read whole
+    (litellm reads a whole reply's body, and a stream's line, before anything counts characters),
+    ~5 × that in the gateway's memory, which every user's calls on its node share. It stops being
+    read a few times past what a reply of the limit's characters can take."""
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=60, retries=2, max_reply_chars=50_000)
+    model = f"flood-bytes-{'streamed' if streamed else 'whole'}"
+    replay.script(model, flood(100_000_000, streamed=streamed))
+    with pytest.raises(ModelError, match="CANOPY_MAX_REPLY_CHARS"):
+        await gw.complete(model=f"openai/{model}", messages=scripted([{"say": "x"}]), tools=None,
+                          api_base=replay.base_url, on_delta=_ignore_delta if streamed else None)
+    await gw.close()
+    assert replay.flood_sent[model] < 20_000_000, f"{replay.flood_sent[model]:,} bytes were read"
+    assert len(replay.requests_for(model)) == 1, "a reply too large is not asked for again"
 
 
 async def test_with_no_endpoints_listed_no_api_base_is_called(
