@@ -143,7 +143,7 @@ class Doctor:
         began = time.monotonic()
         address = self.settings.ray_address
         try:
-            if address:
+            if address is not None:
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
             else:
                 private_ray_token()  # as canopy up's Ray: the token this Ray writes is not every local user's
@@ -152,14 +152,15 @@ class Doctor:
             ray.get(ray.remote(num_cpus=0)(_ping).remote(), timeout=120)
         except Exception as error:
             hint = ("check CANOPY_RAY_ADDRESS, and that this machine has the cluster's token (RAY_AUTH_TOKEN, "
-                    "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)" if address
+                    "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)" if address is not None
                     else "see the Ray logs under /tmp/ray/session_latest/logs")
-            raise Problem(f"{'joining ' + address if address else 'a local Ray'} failed: {error}; {hint}") from error
+            what = "a local Ray" if address is None else f"joining {address}"
+            raise Problem(f"{what} failed: {error}; {hint}") from error
         finally:
             ray.shutdown()
-        found = (f"joined {address}" if address else "a local Ray starts") + \
+        found = ("a local Ray starts" if address is None else f"joined {address}") + \
             f" and runs a task (Ray {ray.__version__}, {time.monotonic() - began:.1f} s)"
-        if address:
+        if address is not None:
             return found
         token = ray_token_location()
         if token is None:

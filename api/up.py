@@ -251,7 +251,7 @@ def _exit_on_sigterm(signum: int, _: FrameType | None) -> None:
 
 def _init_ray(settings: Settings, database_url: str, host: str, dashboard_port: int,
               expose_ray: bool) -> dict[str, Any]:
-    if settings.ray_address:
+    if settings.ray_address is not None:
         context = init_ray(settings, database_url, logging_level=logging.WARNING)
         return {"dashboard_url": context.dashboard_url, "session_dir": None}
     context = init_ray(settings, database_url, logging_level=logging.WARNING, include_dashboard=True,
@@ -397,7 +397,7 @@ def _start(settings: Settings, started: Started, record: RunRecord, host: str, p
         database_url = resolve_database_url(settings)
         ensure_schema(database_url)
     started.local_ray = settings.ray_address is None
-    with _step(f"Ray (joining {settings.ray_address})" if settings.ray_address else "Ray (local)"):
+    with _step("Ray (local)" if settings.ray_address is None else f"Ray (joining {settings.ray_address})"):
         ray_info = _init_ray(settings, database_url, host, dashboard_port, expose_ray)
         started.ray_session_dir = ray_info["session_dir"]
         record.save(started)

@@ -20,10 +20,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SecretsSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "CANOPY_"
+TOKEN_MIN_CHARS = 16  # a bearer anyone could guess is no secret
 WORKDIR_MIN_MB = 16  # ext4 with its smallest journal (4 MiB), and room left for files
 # What providers read from the environment (litellm's names): keys, and the endpoints that go with them.
 PROVIDER_ENV = (
@@ -43,8 +44,11 @@ def _default_data_dir() -> Path:
 
 
 class Settings(BaseSettings):
+    # An empty variable is an unset one (``CANOPY_RAY_ADDRESS=`` hides no secret file nor default),
+    # and a value refused is never shown in the error: it may be a token or a password.
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file=".env",
-                                      env_file_encoding="utf-8", populate_by_name=True)
+                                      env_file_encoding="utf-8", populate_by_name=True, env_ignore_empty=True,
+                                      hide_input_in_errors=True)
 
     database_url: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices(f"{ENV_PREFIX}DATABASE_URL", "DATABASE_URL"),
@@ -269,6 +273,27 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="PostgreSQL idle_in_transaction_session_timeout of every pooled "
                                          "connection, in seconds: a transaction left open this long loses its "
                                          "connection.")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any, info: ValidationInfo) -> Any:
+        """"" (or blanks) for a setting that may be unset is unset, from any source (an argument, a
+        secret file): the code asks ``is None`` of them, and "" was a value to some of it and none
+        to the rest."""
+        field = cls.model_fields[str(info.field_name)]
+        optional = type(None) in getattr(field.annotation, "__args__", ())
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if optional and isinstance(text, str) and not text.strip():
+            return None
+        return value
+
+    @field_validator("admin_token", "metrics_token")
+    @classmethod
+    def _token_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < TOKEN_MIN_CHARS:
+            raise ValueError(f"a token needs at least {TOKEN_MIN_CHARS} characters (e.g. python3 -c 'import secrets; "
+                             "print(secrets.token_urlsafe(24))')")
+        return value
 
     @field_validator("sandbox_workdir_mb")
     @classmethod

@@ -488,13 +488,13 @@ def test_a_runtime_beside_a_canopy_up_leaves_its_secrets_as_they_are(tmp_path: P
     secrets stay as they are; a runtime that would use another database is refused, changing
     nothing; once the up has stopped, the last runtime started writes them again."""
     url = "postgresql://canopy@/canopy?host=/run/one"
-    up = Settings(data_dir=tmp_path, admin_token=SecretStr("adm-of-the-up"))
+    up = Settings(data_dir=tmp_path, admin_token=SecretStr("adm-of-the-up-0001"))
     beside = Settings(data_dir=tmp_path, admin_token=None)
     secrets_dir = Path(worker_env(up, url)["CANOPY_SECRETS_DIR"])
     monkeypatch.setenv("OPENAI_API_KEY", "sk-of-the-up")
     _move_provider_env(up)
     written = {path.name: path.read_text() for path in secrets_dir.iterdir()}
-    assert written["canopy_admin_token"] == "adm-of-the-up" and written["OPENAI_API_KEY"] == "sk-of-the-up"
+    assert written["canopy_admin_token"] == "adm-of-the-up-0001" and written["OPENAI_API_KEY"] == "sk-of-the-up"
 
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; from api.up import RunRecord; "

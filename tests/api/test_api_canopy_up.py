@@ -421,3 +421,23 @@ def test_a_default_model_without_its_key_is_one_line_naming_the_variable_and_exi
     assert "needs GROQ_API_KEY" in line, line
     assert "Traceback" not in done.stdout + done.stderr and "Canopy is up" not in done.stdout
     assert "canopy: stopped" in done.stdout
+
+
+def test_empty_variables_are_unset_ones_for_canopy_up(root: Path) -> None:
+    """``CANOPY_RAY_ADDRESS=`` and ``CANOPY_DATABASE_URL=`` were values "": canopy up took the database
+    URL for configured and Ray for joined in one place, for local in another (a local Ray that the
+    CLI had not kept on loopback). Empty, they are unset: the embedded PostgreSQL and a local Ray on
+    loopback, as with neither set. Stopped at the model check, once both have started."""
+    env = clean_env(root / "data", root / "ray")
+    del env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]  # the CLI sets it for a local Ray
+    env.pop("GROQ_API_KEY", None)
+    env.update({"CANOPY_RAY_ADDRESS": "", "CANOPY_DATABASE_URL": "", "DATABASE_URL": "", "CANOPY_ADMIN_TOKEN": "",
+                "CANOPY_METRICS_TOKEN": "", "CANOPY_MODELS_FILE": "", "CANOPY_SECRETS_DIR": "",
+                "CANOPY_DEFAULT_MODEL": "groq/llama-3.1-8b-instant"})
+    done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(free_port()), "--dashboard-port",
+                           str(free_port()), "--data-dir", str(root / "data")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=START_TIMEOUT)
+    assert done.returncode == 2, done
+    assert "database (embedded PostgreSQL) … ok" in done.stdout and "Ray (local) … ok" in done.stdout, done
+    assert "needs GROQ_API_KEY" in done.stderr and "Traceback" not in done.stdout + done.stderr, done
+    assert "canopy: stopped" in done.stdout

@@ -199,3 +199,13 @@ def test_doctors_ray_leaves_its_token_its_owners_only_and_replaces_one_others_co
     assert re.fullmatch("[0-9a-f]{64}", token.read_text()) and token.read_text() != "0" * 64
     assert "replaced" in printed, printed
     assert _eventually_nothing_under(root) == []
+
+
+def test_doctor_takes_empty_variables_for_unset_ones(root: Path) -> None:
+    """``CANOPY_RAY_ADDRESS=`` was an address "" to the database check (which then could not read
+    the cluster "" and refused the embedded database) and none to the Ray check."""
+    code, found, printed = doctor(root, CANOPY_RAY_ADDRESS="", CANOPY_DATABASE_URL="", DATABASE_URL="",
+                                  CANOPY_SANDBOX_BACKEND="local", CANOPY_SANDBOX_WORKDIR_MB="0")
+    assert code == 0, printed
+    assert found["database"][0] == "OK" and "the embedded PostgreSQL" in found["database"][1], printed
+    assert found["Ray"][0] == "OK" and "a local Ray starts" in found["Ray"][1], printed

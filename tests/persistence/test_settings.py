@@ -15,7 +15,8 @@ from persistence.settings import Settings, reveal, secret_env_names
 def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """No Canopy variable of the test session, and a current directory of the test's own."""
     for name in ("CANOPY_DATABASE_URL", "DATABASE_URL", "CANOPY_TREE_SLOTS", "CANOPY_SECRETS_DIR",
-                 "CANOPY_SESSION_SPREAD"):
+                 "CANOPY_SESSION_SPREAD", "CANOPY_RAY_ADDRESS", "CANOPY_MODELS_FILE", "CANOPY_ADMIN_TOKEN",
+                 "CANOPY_METRICS_TOKEN", "CANOPY_OTEL_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -59,3 +60,38 @@ def test_session_spread_is_pack_unless_set_and_refuses_anything_else(clean: Path
     monkeypatch.setenv("CANOPY_SESSION_SPREAD", "everywhere")
     with pytest.raises(ValidationError, match="session_spread"):
         Settings()
+
+
+OPTIONAL_VARIABLES = ("CANOPY_DATABASE_URL", "DATABASE_URL", "CANOPY_SECRETS_DIR", "CANOPY_RAY_ADDRESS",
+                      "CANOPY_MODELS_FILE", "CANOPY_ADMIN_TOKEN", "CANOPY_METRICS_TOKEN", "CANOPY_OTEL_EXPORTER")
+
+
+def test_an_empty_variable_is_an_unset_one(clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``CANOPY_RAY_ADDRESS=`` was an address "" (checked with ``is None`` in some places, as falsy in
+    others: canopy up started a local Ray as if it were joining one), ``CANOPY_MODELS_FILE=`` the
+    current directory, ``CANOPY_ADMIN_TOKEN=`` a token "" ."""
+    for name in OPTIONAL_VARIABLES:
+        monkeypatch.setenv(name, "")
+    settings = Settings()
+    assert [getattr(settings, name) for name in ("database_url", "secrets_dir", "ray_address", "models_file",
+                                                 "admin_token", "metrics_token", "otel_exporter")] == [None] * 7
+    # Not even in an argument or a secret file: "" is no value of an optional setting.
+    assert Settings(ray_address="", models_file="", admin_token="").ray_address is None
+    (clean / "secrets").mkdir()
+    (clean / "secrets" / "canopy_database_url").write_text("")
+    monkeypatch.setenv("CANOPY_SECRETS_DIR", str(clean / "secrets"))
+    assert Settings().database_url is None
+    # An empty variable hides no file: the file's value counts, as when the variable is unset.
+    (clean / "secrets" / "canopy_database_url").write_text("postgresql://file/db")
+    assert reveal(Settings().database_url) == "postgresql://file/db"
+
+
+@pytest.mark.parametrize("variable", ["CANOPY_ADMIN_TOKEN", "CANOPY_METRICS_TOKEN"])
+def test_a_token_shorter_than_16_characters_is_refused(clean: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       variable: str) -> None:
+    monkeypatch.setenv(variable, "short-token")
+    with pytest.raises(ValidationError, match="at least 16 characters") as refused:
+        Settings()
+    assert "short-token" not in str(refused.value)
+    monkeypatch.setenv(variable, "a-token-of-16-ch")
+    assert reveal(getattr(Settings(), variable.removeprefix("CANOPY_").lower())) == "a-token-of-16-ch"
