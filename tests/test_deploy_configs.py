@@ -28,7 +28,7 @@ import ray
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from actors.runtime import MALLOC_ARENA_MAX
+from actors.runtime import MALLOC_ARENA_MAX, WORKER_PRELOAD_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_SCHEMA = ROOT / "tests" / "data" / "kuberay-v1.7.0-rayservice-schema.json"
@@ -218,6 +218,16 @@ def test_kuberay_manifest_validates_against_the_crd_schema() -> None:
 def test_the_image_runs_ray_with_canopys_malloc_arenas() -> None:
     # Every Ray process of a KubeRay pod inherits the image's environment, as `canopy up`'s do its own.
     assert dockerfile_env("MALLOC_ARENA_MAX") == MALLOC_ARENA_MAX
+
+
+def test_every_deploy_file_preloads_what_the_runtime_preloads() -> None:
+    # The head's system config reaches every node (a worker's `ray start` takes none): kuberay.yaml
+    # preloaded modules the runtime had stopped preloading, and no test compared them.
+    found = re.search(r"--system-config='(\{.*?\})'", (ROOT / "cluster.yaml").read_text())
+    assert found is not None
+    head = load_yaml("kuberay.yaml")["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
+    for config in (found.group(1), head["system-config"].strip().strip("'")):
+        assert json.loads(config)["preload_python_modules"] == list(WORKER_PRELOAD_MODULES)
 
 
 def _head_ports(m: Manifest) -> list[dict[str, Any]]:
