@@ -62,8 +62,8 @@ from actors.runtime import UP_LOCK, Runtime, init_ray, worker_env
 from api import __version__
 from api.serve_app import APP_NAME, LOOPBACK, application
 from persistence.db import resolve_database_url
-from persistence.embedded import running_postmaster, stop_embedded
-from persistence.errors import CanopyError, DatabaseUnreachable, RayUnreachable
+from persistence.embedded import require_one_node, running_postmaster, stop_embedded
+from persistence.errors import CanopyError, DatabaseUnreachable, RayUnreachable, SharedDatabaseRequired
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from persistence.settings import Settings, get_settings, reveal
@@ -342,6 +342,9 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
     record = RunRecord(settings.data_dir)
     started = Started()
     try:
+        if settings.database_url is None:
+            # A cluster of several nodes needs a database they all reach: refused before anything starts.
+            require_one_node(settings.ray_address)
         previous = record.acquire()
         print(f"Starting Canopy {__version__} (data dir {settings.data_dir})", flush=True)
         if previous is not None:
@@ -361,7 +364,7 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
         _announce(host, port, dashboard, api_key, settings, generated_token, started.local_ray)
         _serve_until_signalled()
         return 0
-    except (StartupError, DatabaseUnreachable, RayUnreachable) as error:
+    except (StartupError, DatabaseUnreachable, RayUnreachable, SharedDatabaseRequired) as error:
         print(f"canopy: {error}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:

@@ -441,3 +441,20 @@ def test_empty_variables_are_unset_ones_for_canopy_up(root: Path) -> None:
     assert "database (embedded PostgreSQL) … ok" in done.stdout and "Ray (local) … ok" in done.stdout, done
     assert "needs GROQ_API_KEY" in done.stderr and "Traceback" not in done.stdout + done.stderr, done
     assert "canopy: stopped" in done.stdout
+
+
+def test_a_cluster_without_a_database_is_refused_before_anything_starts_with_exit_code_2(root: Path) -> None:
+    """Joining a cluster on other machines with no CANOPY_DATABASE_URL: each node would start an
+    embedded PostgreSQL of its own. Refused in one line and exit code 2, before the database step
+    (which made and started the embedded server, exit code 1)."""
+    env = clean_env(root / "data", root / "ray")
+    env["CANOPY_RAY_ADDRESS"] = "ray://192.0.2.1:10001"  # TEST-NET-1: nothing answers there
+    done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--port", str(free_port()), "--dashboard-port",
+                           str(free_port()), "--data-dir", str(root / "data")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("canopy: CANOPY_RAY_ADDRESS ray://192.0.2.1:10001 is a Ray Client address") and \
+        "Set CANOPY_DATABASE_URL" in line, line
+    assert "database …" not in done.stdout, done.stdout
+    assert not (root / "data" / "pg").exists() and not (root / "ray").exists()
