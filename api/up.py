@@ -15,8 +15,9 @@ the ``canopy`` command before anything imports Ray, as "this node is its own clu
 Ray started here with another node address is refused before anything serves), and
 Serve replicas bind their internal gRPC server to loopback (api/serve_app.py). A Ray head
 node is a code-execution service (job submission): even with Ray's token authentication it
-should not face a network it does not need, so only ``--expose-ray`` (with a warning) gives
-Ray the machine's address and the dashboard the ``--host``.
+should not face a network it does not need, so only ``--expose-ray`` (with a warning, and
+never with Ray's token authentication off) gives Ray the machine's address and the dashboard
+the ``--host``.
 
 It behaves like a server: one line per startup step (``database … ok (0.8 s)``) on stdout, a
 clear one-line error and exit code 2 when it cannot start (a port in use, a database it
@@ -342,6 +343,10 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
     record = RunRecord(settings.data_dir)
     started = Started()
     try:
+        if expose_ray and settings.ray_address is None and ray_token_location() is None:
+            raise StartupError("--expose-ray needs Ray's token authentication: with RAY_AUTH_MODE="
+                               f"{os.environ.get('RAY_AUTH_MODE')} whoever reaches Ray runs code on this machine; "
+                               "unset RAY_AUTH_MODE (or set it to token), or leave Ray on loopback")
         if settings.database_url is None:
             # A cluster of several nodes needs a database they all reach: refused before anything starts.
             require_one_node(settings.ray_address)
@@ -382,7 +387,7 @@ def _warn(settings: Settings, host: str, expose_ray: bool) -> None:
     if expose_ray and settings.ray_address is None:
         print(f"canopy: WARNING: --expose-ray: Ray (GCS, raylet, workers, agents) listens on this machine's "
               f"address and its dashboard on {host}; whoever reaches them with the cluster's Ray token "
-              f"({ray_token_location() or 'none: RAY_AUTH_MODE turns it off'}) can run code here",
+              f"({ray_token_location()}) can run code here",
               file=sys.stderr, flush=True)
     sandbox_warning = backend_warning(settings)
     if sandbox_warning:

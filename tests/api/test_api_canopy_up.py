@@ -458,3 +458,16 @@ def test_a_cluster_without_a_database_is_refused_before_anything_starts_with_exi
         "Set CANOPY_DATABASE_URL" in line, line
     assert "database …" not in done.stdout, done.stdout
     assert not (root / "data" / "pg").exists() and not (root / "ray").exists()
+
+
+def test_expose_ray_without_rays_token_authentication_is_refused_before_anything_starts(root: Path) -> None:
+    """--expose-ray opens Ray (a code-execution service) beyond loopback; with RAY_AUTH_MODE=disabled
+    anyone who reaches it runs code here. That was a warning, and Ray started all the same."""
+    env = {**clean_env(root / "data", root / "ray"), "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--expose-ray", "--port", str(free_port()),
+                           "--dashboard-port", str(free_port()), "--data-dir", str(root / "data")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("canopy: --expose-ray needs Ray's token authentication") and "RAY_AUTH_MODE" in line, line
+    assert not (root / "data").exists() and not (root / "ray").exists()
