@@ -469,42 +469,72 @@ class RunExecutor:
     async def _compact_if_due(self, config: dict[str, Any], request: list[dict[str, Any]]) -> None:
         """Before a model call: if it would send more tokens than the session's threshold (or a human
         asked), commit a summary of the messages before this Turn, which stands for them from now on
-        (actors/compaction.py). The history in memory becomes the summary and this Turn's messages."""
+        (actors/compaction.py). The history in memory becomes the summary and this Turn's messages.
+        A summary is an economy, not the user's work: one that fails or cannot be used leaves the
+        history as it is, and the call goes on with it (the call itself fails if it is too long)."""
         earlier = compaction.earlier_messages(self._history, self.run.turn_id)
         already = len(earlier) == 1 and messages.is_summary(earlier[0])
         if not earlier or already or self._summary_refused:
             return
         threshold = int(config.get("compact_at_tokens") or self.settings.compact_at_tokens)
-        tools = schemas(self._tools)
-        if not self._compact_requested:
-            if compaction.estimate_tokens(request, tools) < threshold // 2:
+        try:
+            if not self._compact_requested and not await self._over_threshold(config, request, threshold):
                 return
-            counted = await gateways.call("count_tokens", model=self._model(config), messages=request, tools=tools)
-            if counted <= threshold:
-                return
-        reply = await gateways.complete_for_run(run_id=str(self.run.run_id), **self._endpoint(config),
-                                                 messages=compaction.request(earlier, threshold), tools=None,
-                                                 watch=None)
+            reply = await gateways.complete_for_run(run_id=str(self.run.run_id), **self._endpoint(config),
+                                                     messages=compaction.request(earlier, threshold), tools=None,
+                                                     watch=None)
+        except (LeaseLost, asyncio.CancelledError, DatabaseError):
+            raise
+        except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
+            cause = getattr(error, "cause", None) or error
+            log.warning("run %s: compacting %d messages failed (%s); the history is kept",
+                        self.run.run_id, len(earlier), cause)
+            await self._keep_history(charged=getattr(cause, "charged", None))  # billed, if generated
+            return
         await failpoints.pause("during_compaction", self._session_name)
         text = reply["message"]["content"] or ""
-        usable = compaction.usable(text, threshold)
+        if not compaction.usable(text, threshold):
+            log.warning("run %s: a summary of %d characters cannot stand for %d messages; the history is kept",
+                        self.run.run_id, len(text), len(earlier))
+            await self._keep_history(charged=reply)  # not used, but billed: a budget counts it
+            return
         async with self.db.tx() as conn:
-            if usable:
-                summary = await messages.append_summary(
-                    conn, self.run, summary=text, covers_until=earlier[-1]["id"], covered=len(earlier),
-                    usage=reply["usage"], cost_usd=reply["cost_usd"])
-            else:  # not used, but billed: a budget counts it
-                await messages.charge_call(conn, self.run, usage=reply["usage"], cost_usd=reply["cost_usd"])
+            summary = await messages.append_summary(
+                conn, self.run, summary=text, covers_until=earlier[-1]["id"], covered=len(earlier),
+                usage=reply["usage"], cost_usd=reply["cost_usd"])
             if self._compact_requested:
                 await sessions.clear_compact_request(conn, self.run.session_id)
         self._compact_requested = False
-        if not usable:
-            # The call goes on with the history as it is; not asked again in this Run (each ask is billed).
-            log.warning("run %s: a summary of %d characters cannot stand for %d messages; the history is kept",
-                        self.run.run_id, len(text), len(earlier))
-            self._summary_refused = True
-            return
         self._history = [summary, *self._history[len(earlier):]]
+
+    async def _over_threshold(self, config: dict[str, Any], request: list[dict[str, Any]], threshold: int) -> bool:
+        """Whether the call would send more than ``threshold`` tokens. The exact count is asked only
+        when the cheap estimate comes near it; a count that fails counts as under (the call goes on)."""
+        tools = schemas(self._tools)
+        if compaction.estimate_tokens(request, tools) < threshold // 2:
+            return False
+        try:
+            counted = await gateways.call("count_tokens", model=self._model(config), messages=request, tools=tools)
+        except (asyncio.CancelledError, DatabaseError):
+            raise
+        except Exception:
+            log.exception("run %s: counting the request's tokens failed; not compacting", self.run.run_id)
+            return False
+        return int(counted) > threshold
+
+    async def _keep_history(self, *, charged: dict[str, Any] | None) -> None:
+        """No summary this time (its call failed, or its text cannot stand for the history): count a
+        call the provider billed (``charged``: its usage and cost), serve a human's request (asking
+        again would fail again and bill again), and ask no more in this Run."""
+        async with self.db.tx() as conn:
+            if charged is not None:
+                await messages.charge_call(conn, self.run, usage=charged["usage"], cost_usd=charged["cost_usd"])
+            else:
+                await run_repo.fence(conn, self.run)
+            if self._compact_requested:
+                await sessions.clear_compact_request(conn, self.run.session_id)
+        self._compact_requested = False
+        self._summary_refused = True
 
     async def _commit_reply(self, reply: dict[str, Any]) -> bool:
         """Commit the reply with the call's usage. A reply without tool calls is the answer: the

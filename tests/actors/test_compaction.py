@@ -14,6 +14,7 @@ from persistence.databases import rows
 from persistence.records import Scope
 from tests.actors.helpers import eventually, failing_once, kill_session_process
 from tests.actors.replay_server import ReplayServer
+from tests.actors.replay_server import fail as replay_fail
 from tests.actors.replay_server import say as replay_say
 
 THRESHOLD = 2000  # tokens: about 8,000 characters of history
@@ -220,3 +221,30 @@ async def test_a_later_run_of_a_compacted_turn_keeps_the_tools_its_input_granted
 async def _summaries_of_turns(runtime: Runtime, session_id: uuid.UUID) -> list[dict[str, object]]:
     return await rows(runtime.db, "SELECT turn_id FROM thread_messages WHERE session_id = %s "
                       "AND origin->>'kind' = 'compaction' ORDER BY id", session_id)
+
+
+async def test_a_failed_summary_call_does_not_fail_the_turn(runtime: Runtime, scope: Scope,
+                                                            replay: ReplayServer) -> None:
+    """A summarising call that failed (here the provider refuses the transcript) failed the user's
+    Turn, and, the human's request still standing, every later Turn too. The call goes on with the
+    history as it is, the request is served, and the next Turn does not ask again."""
+    model = f"sumfail-{uuid.uuid4().hex[:8]}"
+    replay.script(model, replay_say("a1"), replay_fail(400, "This model's maximum context length is 8192 tokens"),
+                  replay_say("after"), replay_say("third"))
+    await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
+                                       "api_base": replay.base_url})
+    created = await runtime.create_root(scope, agent_id=model, input_text="q1")
+    session = created["session"]["session_id"]
+    await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    await runtime.request_compaction(scope, session)
+    outputs = []
+    for text in ("go on", "a third turn"):
+        receipt = await runtime.submit_input(scope, session, text)
+        result = await runtime.wait_result(scope, receipt["input_id"], timeout=60)
+        outputs.append((result["status"], result["output"]))
+    assert outputs == [("completed", "after"), ("completed", "third")]
+    assert await _summaries(runtime, session) == []
+    requested = await rows(runtime.db, "SELECT compact_requested FROM sessions WHERE session_id = %s", session)
+    assert requested == [{"compact_requested": False}]
+    assert "q1" in json.dumps(replay.requests_for(model)[2].body["messages"])  # the history as it was
+    assert len(replay.requests_for(model)) == 4
