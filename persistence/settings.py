@@ -20,11 +20,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SecretsSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "CANOPY_"
 TOKEN_MIN_CHARS = 16  # a bearer anyone could guess is no secret
+# PostgreSQL's timeouts are int milliseconds: a longer one is refused by every pooled connection.
+PG_TIMEOUT_MAX_SECONDS = 2_147_483.647
 WORKDIR_MIN_MB = 16  # ext4 with its smallest journal (4 MiB), and room left for files
 # What providers read from the environment (litellm's names): keys, and the endpoints that go with them.
 PROVIDER_ENV = (
@@ -45,10 +47,11 @@ def _default_data_dir() -> Path:
 
 class Settings(BaseSettings):
     # An empty variable is an unset one (``CANOPY_RAY_ADDRESS=`` hides no secret file nor default),
-    # and a value refused is never shown in the error: it may be a token or a password.
+    # a value refused is never shown in the error (it may be a token or a password), and no
+    # number is inf or nan (an endless lease, a sweep that never comes).
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file=".env",
                                       env_file_encoding="utf-8", populate_by_name=True, env_ignore_empty=True,
-                                      hide_input_in_errors=True)
+                                      hide_input_in_errors=True, allow_inf_nan=False)
 
     database_url: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices(f"{ENV_PREFIX}DATABASE_URL", "DATABASE_URL"),
@@ -141,7 +144,7 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="Seconds between a Run's lease renewals; a granted Run that no actor took "
                                        "within it gets its session re-activated.")
     sweep_seconds: float = Field(
-        default=2.0, gt=0, description="Seconds between the sweeper's recovery rounds (and tree supervisors' idle "
+        default=2.0, ge=0.05, description="Seconds between the sweeper's recovery rounds (and tree supervisors' idle "
                                        "checks, and each gateway's check that the Runs of its model calls in "
                                        "flight go on: a call of a Run that is over is aborted).")
     node_watch_seconds: float = Field(
@@ -205,8 +208,8 @@ class Settings(BaseSettings):
         description="Compact a session's history (a summary stands for its older messages in what the model "
                     "is sent) when a model call would send more tokens; an agent may set its own.")
     scripted_model_port: int = Field(
-        default=0, description="Loopback TCP port of the scripted model's server (canopy/scripted); 0: any free "
-                               "port.")
+        default=0, ge=0, le=65535,
+        description="Loopback TCP port of the scripted model's server (canopy/scripted); 0: any free port.")
     scripted_max_request_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024,
         description="The largest chat completion request body the scripted model reads, and the most text a "
@@ -265,14 +268,15 @@ class Settings(BaseSettings):
     # No transaction of the runtime waits on Docker or a model, so these bound only database work:
     # a runaway statement, a lock held by a stuck transaction, a transaction left open.
     db_statement_timeout_seconds: float = Field(
-        default=60.0, gt=0, description="PostgreSQL statement_timeout of every pooled connection, in seconds "
-                                         "(lock waits included).")
+        default=60.0, gt=0, le=PG_TIMEOUT_MAX_SECONDS,
+        description="PostgreSQL statement_timeout of every pooled connection, in seconds (lock waits included).")
     db_lock_timeout_seconds: float = Field(
-        default=30.0, gt=0, description="PostgreSQL lock_timeout of every pooled connection, in seconds.")
+        default=30.0, gt=0, le=PG_TIMEOUT_MAX_SECONDS,
+        description="PostgreSQL lock_timeout of every pooled connection, in seconds.")
     db_idle_in_transaction_seconds: float = Field(
-        default=60.0, gt=0, description="PostgreSQL idle_in_transaction_session_timeout of every pooled "
-                                         "connection, in seconds: a transaction left open this long loses its "
-                                         "connection.")
+        default=60.0, gt=0, le=PG_TIMEOUT_MAX_SECONDS,
+        description="PostgreSQL idle_in_transaction_session_timeout of every pooled connection, in seconds: a "
+                    "transaction left open this long loses its connection.")
 
     @field_validator("*", mode="before")
     @classmethod
@@ -294,6 +298,16 @@ class Settings(BaseSettings):
             raise ValueError(f"a token needs at least {TOKEN_MIN_CHARS} characters (e.g. python3 -c 'import secrets; "
                              "print(secrets.token_urlsafe(24))')")
         return value
+
+    @model_validator(mode="after")
+    def _heartbeat_within_lease(self) -> Settings:
+        """A Run renews its lease every heartbeat: a lease that expires before its second renewal
+        is recovered (its Run presumed dead) at the first late heartbeat."""
+        if self.heartbeat_seconds * 2 > self.lease_seconds:
+            raise ValueError(f"CANOPY_HEARTBEAT_SECONDS ({self.heartbeat_seconds}) must be at most half of "
+                             f"CANOPY_LEASE_SECONDS ({self.lease_seconds}): a Run renews its lease every "
+                             "heartbeat, and one missed renewal must not lose it")
+        return self
 
     @field_validator("sandbox_workdir_mb")
     @classmethod

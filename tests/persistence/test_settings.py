@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ def clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """No Canopy variable of the test session, and a current directory of the test's own."""
     for name in ("CANOPY_DATABASE_URL", "DATABASE_URL", "CANOPY_TREE_SLOTS", "CANOPY_SECRETS_DIR",
                  "CANOPY_SESSION_SPREAD", "CANOPY_RAY_ADDRESS", "CANOPY_MODELS_FILE", "CANOPY_ADMIN_TOKEN",
-                 "CANOPY_METRICS_TOKEN", "CANOPY_OTEL_EXPORTER"):
+                 "CANOPY_METRICS_TOKEN", "CANOPY_OTEL_EXPORTER", "CANOPY_LEASE_SECONDS", "CANOPY_HEARTBEAT_SECONDS",
+                 "CANOPY_SWEEP_SECONDS", "CANOPY_SCRIPTED_MODEL_PORT", "CANOPY_DB_STATEMENT_TIMEOUT_SECONDS",
+                 "CANOPY_DB_LOCK_TIMEOUT_SECONDS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -95,3 +98,34 @@ def test_a_token_shorter_than_16_characters_is_refused(clean: Path, monkeypatch:
     assert "short-token" not in str(refused.value)
     monkeypatch.setenv(variable, "a-token-of-16-ch")
     assert reveal(getattr(Settings(), variable.removeprefix("CANOPY_").lower())) == "a-token-of-16-ch"
+
+
+@pytest.mark.parametrize(("variables", "says"), [
+    ({"CANOPY_LEASE_SECONDS": "4", "CANOPY_HEARTBEAT_SECONDS": "3"},
+     "CANOPY_HEARTBEAT_SECONDS (3.0) must be at most half of CANOPY_LEASE_SECONDS (4.0)"),
+    ({"CANOPY_LEASE_SECONDS": "inf"}, "finite number"),
+    ({"CANOPY_SWEEP_SECONDS": "nan"}, "finite number"),
+    ({"CANOPY_SWEEP_SECONDS": "0.001"}, "greater than or equal to 0.05"),
+    ({"CANOPY_SCRIPTED_MODEL_PORT": "70000"}, "less than or equal to 65535"),
+    ({"CANOPY_SCRIPTED_MODEL_PORT": "-1"}, "greater than or equal to 0"),
+    ({"CANOPY_DB_STATEMENT_TIMEOUT_SECONDS": "3000000"}, "less than or equal to 2147483.647"),
+    ({"CANOPY_DB_LOCK_TIMEOUT_SECONDS": "3000000"}, "less than or equal to 2147483.647"),
+])
+def test_a_setting_that_cannot_work_is_refused(clean: Path, monkeypatch: pytest.MonkeyPatch,
+                                               variables: dict[str, str], says: str) -> None:
+    """Each was accepted: a heartbeat as long as the lease (every Run recovered while it runs),
+    an infinite lease, a sweep every millisecond, a port no socket has, a timeout PostgreSQL refuses
+    (its milliseconds are an int) on every pooled connection."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=re.escape(says)):
+        Settings()
+
+
+def test_the_test_suites_runtime_settings_are_valid(clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import RUNTIME_ENV
+
+    for name, value in RUNTIME_ENV.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert (settings.lease_seconds, settings.heartbeat_seconds, settings.sweep_seconds) == (4, 1, 0.5)
