@@ -23,13 +23,16 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
 
 from api import __version__
+from api.schemas import AGENT_ID_PATTERN, MAX_KEY_SECONDS, SCOPE_ID_PATTERN
 from persistence.db import resolve_database_url
 from persistence.errors import CanopyError, DatabaseUnreachable, RayUnreachable
 from persistence.migrations import ensure_schema
@@ -79,11 +82,38 @@ _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``12h`` or ``30d``, in seconds."""
+    """``90``, ``90s``, ``15m``, ``12h`` or ``30d``, in seconds: at least one, and no longer than the
+    API lets a key live."""
     match = _DURATION.fullmatch(text.strip())
-    if match is None or float(match.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 3600, 15m, 12h or 30d")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match is not None else 0.0
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 3600, 15m, 12h or 30d (at least 1 s)")
+    if seconds > MAX_KEY_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than a key may live ({MAX_KEY_SECONDS // 86400}d)")
+    return seconds
+
+
+def _matching(pattern: str, what: str) -> Callable[[str], str]:
+    """An argument type: ``pattern`` (the API's) matched by the whole text, newlines included."""
+    def check(text: str) -> str:
+        if re.fullmatch(pattern, text) is None:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} ({pattern})")
+        return text
+    return check
+
+
+_scope_id = _matching(SCOPE_ID_PATTERN, "a user or app id")
+_agent_id = _matching(AGENT_ID_PATTERN, "an agent id")
+
+
+def _trace_file(text: str) -> Path:
+    """Where the trace goes: a file in a directory that exists (checked before the database is asked)."""
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path.parent} is not a directory")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a directory")
+    return path
 
 
 def keys_create(args: argparse.Namespace) -> int:
@@ -141,7 +171,11 @@ def tree(args: argparse.Namespace) -> int:
 
     if args.trace is not None:
         trace = asyncio.run(tree_trace(_scope(args), args.tree_id))
-        args.trace.write_text(json.dumps(trace))
+        try:
+            args.trace.write_text(json.dumps(trace))
+        except OSError as error:
+            print(f"canopy: cannot write the trace to {args.trace}: {error.strerror}", file=sys.stderr)
+            return 2
         print(f"wrote {len(trace['traceEvents'])} trace events to {args.trace} (open it in Perfetto or "
               "chrome://tracing)")
     else:
@@ -150,8 +184,10 @@ def tree(args: argparse.Namespace) -> int:
 
 
 def _with_scope(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--user", default=DEFAULT_SCOPE.user_id, help="scope user id (default: %(default)s)")
-    parser.add_argument("--app", default=DEFAULT_SCOPE.app_id, help="scope app id (default: %(default)s)")
+    parser.add_argument("--user", type=_scope_id, default=DEFAULT_SCOPE.user_id,
+                        help="scope user id (default: %(default)s)")
+    parser.add_argument("--app", type=_scope_id, default=DEFAULT_SCOPE.app_id,
+                        help="scope app id (default: %(default)s)")
     return parser
 
 
@@ -200,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
 
     run_parser = _with_scope(commands.add_parser("run", help="run a task as a new root, show its tree live"))
     run_parser.add_argument("task")
-    run_parser.add_argument("--agent", default=None, help="run the root as this agent")
+    run_parser.add_argument("--agent", type=_agent_id, default=None, help="run the root as this agent")
     run_parser.add_argument("--model", default=None, help="the root's model (a litellm model string)")
     run_parser.add_argument("--timeout", type=float, default=600.0)
     run_parser.set_defaults(handler=run)
@@ -216,8 +252,8 @@ def parser() -> argparse.ArgumentParser:
                             help="the key expires this long from now: seconds, or 15m, 12h, 30d (default: never)")
     key_create.set_defaults(handler=keys_create)
     key_list = keys.add_parser("list", help="API keys: id, scope, state and dates (never the keys)")
-    key_list.add_argument("--user", default=None, help="only this user's keys")
-    key_list.add_argument("--app", default=None, help="only this app's keys")
+    key_list.add_argument("--user", type=_scope_id, default=None, help="only this user's keys")
+    key_list.add_argument("--app", type=_scope_id, default=None, help="only this app's keys")
     key_list.set_defaults(handler=keys_list)
     key_revoke = keys.add_parser("revoke", help="revoke an API key: from now on it answers 401")
     key_revoke.add_argument("key_id", type=uuid.UUID, help="the key's id (see canopy keys list)")
@@ -227,7 +263,7 @@ def parser() -> argparse.ArgumentParser:
         dest="agents_command", required=True)
     _with_scope(agents.add_parser("list", help="agents the user may run")).set_defaults(handler=agents_list)
     create = _with_scope(agents.add_parser("create", help="create an agent"))
-    create.add_argument("agent_id")
+    create.add_argument("agent_id", type=_agent_id)
     create.add_argument("--name", default=None)
     create.add_argument("--description", default="")
     create.add_argument("--model", default=None)
@@ -242,13 +278,13 @@ def parser() -> argparse.ArgumentParser:
 
     sessions = commands.add_parser("sessions", help="sessions").add_subparsers(dest="sessions_command", required=True)
     listing = _with_scope(sessions.add_parser("list", help="root sessions, newest first"))
-    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--limit", type=_positive, default=20)
     listing.add_argument("--archived", action="store_true", help="include archived trees")
     listing.set_defaults(handler=sessions_list)
 
     tree_parser = _with_scope(commands.add_parser("tree", help="a tree's members and state"))
     tree_parser.add_argument("tree_id", type=uuid.UUID)
-    tree_parser.add_argument("--trace", type=Path, default=None, metavar="OUT.json",
+    tree_parser.add_argument("--trace", type=_trace_file, default=None, metavar="OUT.json",
                              help="write the tree's timeline as Chrome trace-event JSON instead (for Perfetto)")
     tree_parser.set_defaults(handler=tree)
     return root
@@ -296,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args))
     except (DatabaseUnreachable, RayUnreachable) as error:
         print(f"canopy: {error}", file=sys.stderr)
+        return 2
+    except (psycopg.DataError, psycopg.IntegrityError) as error:  # a value the schema refuses: the input's fault
+        print(f"canopy: the database refused it: {error.diag.message_primary or error}", file=sys.stderr)
         return 2
     except OSError as error:
         data_dir = _data_dir(args)

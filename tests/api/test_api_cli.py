@@ -14,12 +14,14 @@ import sys
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 import ray
 from ray.util.state import list_jobs
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from persistence.migrations import ensure_schema
 from persistence.records import Scope
 from tests.api.conftest import ApiServer
 from tests.api.helpers import clean_env, client, rows
@@ -166,3 +168,56 @@ def test_a_data_dir_that_cannot_be_made_is_one_line_and_exit_code_2(tmp_path: Pa
     assert done.stderr == (f"canopy: the data dir {data} cannot be used: Not a directory ({data}); choose another "
                            "with --data-dir or CANOPY_DATA_DIR\n"), done.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]  # no Ray temp dir either
+
+
+def _canopy_here(database_url: str, data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command on the test database, without the test session's Ray: what it refuses needs none."""
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "CANOPY_RAY_ADDRESS")}
+    env.update({"CANOPY_DATABASE_URL": database_url, "CANOPY_DATA_DIR": str(data_dir), "COLUMNS": "200"})
+    return subprocess.run([sys.executable, "-m", "api.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _counts(database_url: str) -> tuple[int, ...]:
+    """Rows of the tables the refused commands would write (the suite's own database: no other writer)."""
+    with psycopg.connect(database_url) as conn:
+        found = conn.execute("SELECT (SELECT count(*) FROM api_keys), (SELECT count(*) FROM agents)").fetchone()
+    assert found is not None
+    return tuple(found)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["keys", "create", "--expires-in", "200000000d"], "argument --expires-in: '200000000d' is longer than"),
+    (["keys", "create", "--expires-in", "0.5"], "argument --expires-in: '0.5' is not a duration"),
+    (["keys", "create", "--user", ""], "argument --user: '' is not a user or app id"),
+    (["keys", "create", "--user", "someone\n"], "argument --user: 'someone\\n' is not a user or app id"),
+    (["keys", "create", "--app", "a/b"], "argument --app: 'a/b' is not a user or app id"),
+    (["keys", "create", "--user", "\N{DECIDUOUS TREE}"], "argument --user: '\N{DECIDUOUS TREE}' is not a user"),
+    (["keys", "list", "--user", "a b"], "argument --user: 'a b' is not a user or app id"),
+    (["sessions", "list", "--limit", "-1"], "argument --limit: -1: at least 1"),
+    (["agents", "create", "bad id!"], "argument agent_id: 'bad id!' is not an agent id"),
+    (["run", "hello", "--agent", "Bad"], "argument --agent: 'Bad' is not an agent id"),
+    (["tree", str(uuid.UUID(int=1)), "--trace", "/nonexistent/x.json"],
+     "argument --trace: /nonexistent is not a directory"),
+])
+def test_a_bad_argument_is_one_line_and_exit_code_2_and_changes_nothing(
+        database_url: str, tmp_path: Path, scope: Scope, args: list[str], says: str) -> None:
+    """Each ended in a traceback (a CheckViolation, a negative LIMIT, a file that cannot be written)
+    or made what the API refuses (a key for 548,000 years, an id the API's pattern rejects)."""
+    ensure_schema(database_url)
+    before = _counts(database_url)
+    scoped = [*args, "--user", scope.user_id] if "--user" not in args and args[0] in ("keys", "agents") else args
+    done = _canopy_here(database_url, tmp_path / "data", *scoped)
+    assert done.returncode == 2, done
+    assert says in done.stderr.strip().splitlines()[-1], done.stderr  # argparse's usage, then the error
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert _counts(database_url) == before and not Path("/nonexistent").exists()
+
+
+def test_a_value_the_database_refuses_is_one_line_and_exit_code_2(database_url: str, tmp_path: Path,
+                                                                   scope: Scope) -> None:
+    ensure_schema(database_url)
+    done = _canopy_here(database_url, tmp_path / "data", "sessions", "list", "--limit", str(10**20),
+                        "--user", scope.user_id)
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == "canopy: the database refused it: bigint out of range", done.stderr
