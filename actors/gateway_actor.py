@@ -33,12 +33,32 @@ from persistence.settings import get_settings
 log = logging.getLogger(__name__)
 # litellm's HTTP client logs every request at INFO: a line per model call, nothing an operator needs.
 logging.getLogger("httpx").setLevel(logging.WARNING)
+# What litellm logs may quote a provider's error text, which an agent's own endpoint or the scripted
+# model's script chooses: one line of it, escaped, is kept.
+_LITELLM_LINE_CHARS = 1000
+
+
+class _OneLine(logging.Filter):
+    """A record folded into one line (its newlines escaped, its traceback's last line kept) and cut:
+    text from outside cannot start a line of its own, such as one that reads as Canopy's JSON."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+        record.msg = text.encode("unicode_escape").decode("ascii")[:_LITELLM_LINE_CHARS]
+        record.args = None
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
 # litellm's loggers have a handler of their own and stamp their records with values JSON cannot
-# encode: they stay out of Ray's JSON handler (actors/runtime.py logging_config), and say only
-# what needs attention.
+# encode: they stay out of Ray's JSON handler (actors/runtime.py logging_config), say only what
+# needs attention, and in one line each.
 for _litellm_logger in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
     logging.getLogger(_litellm_logger).propagate = False
     logging.getLogger(_litellm_logger).setLevel(logging.WARNING)
+    logging.getLogger(_litellm_logger).addFilter(_OneLine())
 
 DELTA_CHANNEL = "canopy_deltas"
 # A NOTIFY payload holds under 8000 bytes; JSON spells a character in up to 12 (a \\u pair).

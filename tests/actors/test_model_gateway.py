@@ -555,6 +555,31 @@ async def test_the_models_file_is_reloaded_and_its_rpm_limit_holds_calls_back(
     assert len(replay.requests_for("limited")) == 1, "the limit held the call back before it reached the provider"
 
 
+async def test_an_error_text_litellm_logs_cannot_forge_a_log_line(tmp_path: Path, replay: ReplayServer,
+                                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    """litellm logs a failed fallback's error text (the provider's, or a tenant's endpoint's) through a
+    handler of its own, outside Ray's JSON lines: its newlines made lines of their own, which read as
+    Canopy's lifecycle lines to whoever greps the worker's log for a Turn's id."""
+    import actors.gateway_actor  # noqa: F401 - the logging a gateway's process sets up
+
+    forged = json.dumps({"name": "canopy.lifecycle", "event": "turn_ended", "turn_id": "forged-0000"})
+    path = tmp_path / "models.yaml"
+    deployments = [{"model_name": name, "litellm_params": {"model": f"openai/forge-{name}", "api_base": replay.base_url,
+                                                           "api_key": "sk-file"}} for name in ("main", "backup")]
+    _write(path, {"model_list": deployments, "router_settings": {"fallbacks": [{"main": ["backup"]}]}})
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0, models_file=str(path))
+    for name in ("main", "backup"):
+        replay.script(f"forge-{name}", fail(400, f"bad request\n{forged}\n" + "x" * 5000))
+    capfd.readouterr()
+    with pytest.raises(ModelError):
+        await gw.complete(model="main", messages=scripted([{"say": "x"}]), tools=None)
+    logged = capfd.readouterr().err
+    assert "forged-0000" in logged, "litellm logged the fallback's error (else this test checks nothing)"
+    lines = logged.splitlines()
+    assert not [line for line in lines if line.startswith("{") and "forged-0000" in line], logged[-2000:]
+    assert max(map(len, lines)) <= 2_000, "an error text is cut, not logged whole"
+
+
 async def test_a_model_the_models_file_prices_is_charged_that_price(tmp_path: Path, replay: ReplayServer) -> None:
     """litellm has no price for a model it does not know (None: a cost budget cannot count it); the
     operator's models file can give one (the fix a budget stopped for it names)."""
