@@ -173,7 +173,9 @@ class ModelLabels:
         """``own``: the operator's models, each its own label wherever the others stand."""
         if model in own:
             return model
-        if model not in self._known and len(self._known) < self._limit:
+        # Until the labels already counted are read (a database down at the first flush), a new
+        # model is other: it must not take the place of one counted before.
+        if model not in self._known and self.seeded and len(self._known) < self._limit:
             self._known.add(model)
         return model if model in self._known else OTHER
 

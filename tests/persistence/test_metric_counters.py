@@ -98,6 +98,16 @@ def test_model_labels_stay_bounded() -> None:
     assert given[-1] == metrics.OTHER  # ...then other
 
 
+def test_no_new_model_label_before_those_already_counted_are_read() -> None:
+    # A gateway whose first flush found the database down gave new models labels at once: each such
+    # process added its own, and the models counted before lost theirs.
+    labels = metrics.ModelLabels("default-model")
+    assert labels.label("brand-new") == metrics.OTHER and labels.label("default-model") == "default-model"
+    assert labels.label("operators", own={"operators"}) == "operators"
+    labels.seed([f"counted-{i}" for i in range(metrics.MAX_MODEL_LABELS)])
+    assert labels.label("counted-0") == "counted-0" and labels.label("brand-new") == metrics.OTHER
+
+
 async def test_a_closing_database_adds_the_counts_not_yet_flushed(db: Database, database_url: str) -> None:
     """A process that stops (a passivating session actor) closes its pool within the flush delay:
     its counts reach the table then, not never."""
