@@ -23,7 +23,7 @@ from actors.model_gateway import IDENTIFIER_CHARS
 from actors.placement import Placement
 from actors.toolbox import effective_tools, parse_args, schemas
 from actors.tools import Park, SandboxTool, Tool, ToolContext, ToolResult
-from persistence import messages, sessions, turns, usage, waits
+from persistence import messages, turns, usage, waits
 from persistence import runs as run_repo
 from persistence.cooperation import Dispatcher
 from persistence.db import Connection, Database, DatabaseError, LockConflict, savepoint
@@ -271,7 +271,7 @@ class RunExecutor:
         self._begun: _Begun | None = None
         self._tools: frozenset[str] = frozenset()
         self._compact_requested = False  # read at each model boundary
-        self._summary_refused = False  # a summary this Run asked for could not stand for the history
+        self._compaction_refused_until: int | None = None  # read at each model boundary (_compact_if_due)
         self._session_name = ""
 
     async def execute(self) -> None:
@@ -419,6 +419,7 @@ class RunExecutor:
         stopped): then the caller ends it as cancelled instead of calling the model."""
         boundary = await messages.take_boundary(conn, self.run)
         self._compact_requested = boundary.compact_requested
+        self._compaction_refused_until = boundary.compaction_refused_until
         if boundary.turn_status == TurnStatus.CANCELLING:
             return _Boundary(cancelling=True)
         self._history.extend(boundary.taken)
@@ -471,40 +472,46 @@ class RunExecutor:
         asked), commit a summary of the messages before this Turn, which stands for them from now on
         (actors/compaction.py). The history in memory becomes the summary and this Turn's messages.
         A summary is an economy, not the user's work: one that fails or cannot be used leaves the
-        history as it is, and the call goes on with it (the call itself fails if it is too long)."""
+        history as it is, and the call goes on with it (the call itself fails if it is too long); it
+        is recorded, and not asked for again until the history has grown (``compaction.grown_since``)
+        or a human asks."""
         earlier = compaction.earlier_messages(self._history, self.run.turn_id)
         already = len(earlier) == 1 and messages.is_summary(earlier[0])
-        if not earlier or already or self._summary_refused:
+        if not earlier or already:
             return
         threshold = int(config.get("compact_at_tokens") or self.settings.compact_at_tokens)
+        refused = self._compaction_refused_until
+        if not self._compact_requested and refused is not None and not compaction.grown_since(
+                earlier, refused, threshold):
+            return
         try:
             if not self._compact_requested and not await self._over_threshold(config, request, threshold):
                 return
             reply = await gateways.complete_for_run(run_id=str(self.run.run_id), **self._endpoint(config),
                                                      messages=compaction.request(earlier, threshold), tools=None,
-                                                     watch=None)
+                                                     watch=None, max_tokens=compaction.max_tokens(threshold))
         except (LeaseLost, asyncio.CancelledError, DatabaseError):
             raise
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
             cause = getattr(error, "cause", None) or error
             log.warning("run %s: compacting %d messages failed (%s); the history is kept",
                         self.run.run_id, len(earlier), cause)
-            await self._keep_history(charged=getattr(cause, "charged", None))  # billed, if generated
+            await self._keep_history(earlier, charged=getattr(cause, "charged", None))  # billed, if generated
             return
         await failpoints.pause("during_compaction", self._session_name)
         text = reply["message"]["content"] or ""
         if not compaction.usable(text, threshold):
             log.warning("run %s: a summary of %d characters cannot stand for %d messages; the history is kept",
                         self.run.run_id, len(text), len(earlier))
-            await self._keep_history(charged=reply)  # not used, but billed: a budget counts it
+            await self._keep_history(earlier, charged=reply)  # not used, but billed: a budget counts it
             return
         async with self.db.tx() as conn:
+            if self._compact_requested or refused is not None:
+                await messages.compaction_asked(conn, self.run.session_id, refused_until=None)
             summary = await messages.append_summary(
                 conn, self.run, summary=text, covers_until=earlier[-1]["id"], covered=len(earlier),
                 usage=reply["usage"], cost_usd=reply["cost_usd"])
-            if self._compact_requested:
-                await sessions.clear_compact_request(conn, self.run.session_id)
-        self._compact_requested = False
+        self._compact_requested, self._compaction_refused_until = False, None
         self._history = [summary, *self._history[len(earlier):]]
 
     async def _over_threshold(self, config: dict[str, Any], request: list[dict[str, Any]], threshold: int) -> bool:
@@ -522,19 +529,17 @@ class RunExecutor:
             return False
         return int(counted) > threshold
 
-    async def _keep_history(self, *, charged: dict[str, Any] | None) -> None:
-        """No summary this time (its call failed, or its text cannot stand for the history): count a
-        call the provider billed (``charged``: its usage and cost), serve a human's request (asking
-        again would fail again and bill again), and ask no more in this Run."""
+    async def _keep_history(self, earlier: list[Row], *, charged: dict[str, Any] | None) -> None:
+        """No summary of ``earlier`` this time (its call failed, or its text cannot stand for the
+        history): count a call the provider billed (``charged``: its usage and cost), and record the
+        refusal, which serves a human's request too (see ``_compact_if_due``)."""
         async with self.db.tx() as conn:
+            await messages.compaction_asked(conn, self.run.session_id, refused_until=earlier[-1]["id"])
             if charged is not None:
                 await messages.charge_call(conn, self.run, usage=charged["usage"], cost_usd=charged["cost_usd"])
             else:
                 await run_repo.fence(conn, self.run)
-            if self._compact_requested:
-                await sessions.clear_compact_request(conn, self.run.session_id)
-        self._compact_requested = False
-        self._summary_refused = True
+        self._compact_requested, self._compaction_refused_until = False, earlier[-1]["id"]
 
     async def _commit_reply(self, reply: dict[str, Any]) -> bool:
         """Commit the reply with the call's usage. A reply without tool calls is the answer: the

@@ -73,6 +73,21 @@ def request(earlier: list[Row], threshold: int) -> list[dict[str, Any]]:
             {"role": "user", "content": f"{OPEN_TAG}\n{transcript}\n</canopy:compact>"}]
 
 
+def max_tokens(threshold: int) -> int:
+    """The summarising call's bound on its reply: what a usable summary may hold (``usable``), so a
+    model that writes on is cut there and billed no further; a summary cut there is not used."""
+    return threshold // 2
+
+
+def grown_since(earlier: list[Row], refused_until: int, threshold: int) -> bool:
+    """Whether the messages a summary may stand for have grown enough since one asked for up to
+    message ``refused_until`` failed or could not be used to ask again: by a quarter of the threshold
+    (estimated as ``estimate_tokens`` does). The same history would most likely get the same answer,
+    billed again; within a Turn it does not grow at all (only the messages before it are summarised)."""
+    newer = [row for row in earlier if row["id"] > refused_until]
+    return estimate_tokens(newer, None) >= threshold // 4
+
+
 def usable(summary: str, threshold: int) -> bool:
     """Whether a summary can stand for the history it replaces: a blank one (a content filter, a
     model out of tokens) would silently drop it all, and one longer than half the threshold saves

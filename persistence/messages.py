@@ -134,6 +134,14 @@ async def granted_tools(conn: Connection, input_id: uuid.UUID) -> list[str] | No
     return [str(tool) for tool in tools] if isinstance(tools, list) else None
 
 
+async def compaction_asked(conn: Connection, session_id: uuid.UUID, *, refused_until: int | None) -> None:
+    """A summary was asked for: serve a human's request, and remember a summary asked for up to
+    message ``refused_until`` that failed or could not be used (None: one was committed), so that no
+    later Run asks again over the same history and is billed again. Lock order: the session's row
+    first, the caller's Run after (as ``turns.finish_turn`` takes them)."""
+    await conn.execute(query("compaction_asked"), {"session_id": session_id, "refused_until": refused_until})
+
+
 def is_summary(row: Row) -> bool:
     """Whether a history row is a compaction summary (``append_summary``)."""
     return (row["origin"] or {}).get("kind") == "compaction"
@@ -229,13 +237,15 @@ def render_coop_message(message: Row) -> str:
 class Boundary:
     """A model boundary: the Turn's status, whether its tree is watched live, the history rows the
     unprocessed messages and steers became (none when the Turn is being cancelled), whether a human
-    asked to compact the history, and the budget limit its tree's work has reached
+    asked to compact the history, the last message a refused summary was asked for up to
+    (``refuse_compaction``), and the budget limit its tree's work has reached
     (``usage.budget_reached``; then no model call may start)."""
 
     turn_status: str | None
     watched: bool
     taken: list[Row]
     compact_requested: bool = False
+    compaction_refused_until: int | None = None
     budget_reached: dict[str, Any] | None = None
 
 
@@ -249,9 +259,9 @@ async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
     if not rows or not rows[0]["fenced"]:
         raise LeaseLost(f"run {run.run_id} is no longer held by {run.owner}")
     status, watched, compact = rows[0]["turn_status"], rows[0]["watched"], bool(rows[0]["compact_requested"])
-    reached = rows[0]["budget_reached"]
+    reached, refused = rows[0]["budget_reached"], rows[0]["compaction_refused_until"]
     if status == TurnStatus.CANCELLING:
-        return Boundary(status, watched, [], compact)
+        return Boundary(status, watched, [], compact_requested=compact, compaction_refused_until=refused)
     taken = []
     for message in rows:
         if message["message_id"] is None:  # no message: the one row is the Turn's alone
@@ -269,7 +279,8 @@ async def take_boundary(conn: Connection, run: RunRef) -> Boundary:
     if any(message["sender_approval_mode"] == "ask" for message in rows):
         # Context from an ask Turn must not get a command run unasked through an auto one.
         await conn.execute(query("turn_ask"), {"turn_id": run.turn_id})
-    return Boundary(status, watched, taken, compact, reached)
+    return Boundary(status, watched, taken, compact_requested=compact, compaction_refused_until=refused,
+                    budget_reached=reached)
 
 
 async def insert_coop_message(

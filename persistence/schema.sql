@@ -202,6 +202,9 @@ CREATE TABLE sessions (
     updated_at          timestamptz NOT NULL DEFAULT now(),
     -- A human asked for the history to be compacted at the session's next model call.
     compact_requested   boolean NOT NULL DEFAULT false,
+    -- The last message (thread_messages.id) a summary was asked for up to, when it failed or could
+    -- not be used: not asked again until the history has grown (actors/agent_loop.py).
+    compaction_refused_until bigint,
     UNIQUE (session_id, tree_id),
     UNIQUE (session_id, user_id, app_id),
     CONSTRAINT sessions_tree_shape CHECK (

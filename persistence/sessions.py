@@ -366,7 +366,3 @@ async def request_compaction(conn: Connection, scope: Scope, session_id: uuid.UU
                                                         "app_id": scope.app_id})
     if await cur.fetchone() is None:
         raise NotFound(f"no session {session_id}")
-
-
-async def clear_compact_request(conn: Connection, session_id: uuid.UUID) -> None:
-    await conn.execute(query("compact_request_clear"), {"session_id": session_id})

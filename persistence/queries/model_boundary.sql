@@ -1,6 +1,7 @@
 -- What a Run reads at a model boundary, in one round trip: whether it still holds its lease
 -- (the Run row is locked if so, as runs.fence locks it), its Turn's status, whether the
--- tree's live text is watched, whether a human asked to compact the history, the first budget
+-- tree's live text is watched, whether a human asked to compact the history and up to which
+-- message a summary was refused (sessions.compaction_refused_until), the first budget
 -- limit its tree's work has reached (then no model call starts: the tree is stopped), and the
 -- unprocessed messages and steers (locked) to take in.
 WITH fence AS (
@@ -18,10 +19,10 @@ WITH fence AS (
 )
 SELECT EXISTS (SELECT 1 FROM fence) AS fenced,
        t.status AS turn_status,
-       (SELECT compact_requested FROM sessions WHERE session_id = %(session_id)s) AS compact_requested,
+       s.compact_requested, s.compaction_refused_until,
        EXISTS (SELECT 1 FROM stream_watchers w WHERE w.tree_id = %(tree_id)s AND w.watched_until > now()) AS watched,
        (SELECT canopy_budget_reached(%(tree_id)s)) AS budget_reached,
        m.message_id, m.kind, m.body, m.sender_session_id, m.sender_path, m.sender_tree_id, m.sender_approval_mode
-FROM turns t LEFT JOIN unprocessed m ON true
+FROM turns t JOIN sessions s ON s.session_id = t.session_id LEFT JOIN unprocessed m ON true
 WHERE t.turn_id = %(turn_id)s
 ORDER BY m.received_at, m.message_id

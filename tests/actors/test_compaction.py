@@ -14,6 +14,7 @@ from persistence.databases import rows
 from persistence.records import Scope
 from tests.actors.helpers import eventually, failing_once, kill_session_process
 from tests.actors.replay_server import ReplayServer
+from tests.actors.replay_server import calls as replay_calls
 from tests.actors.replay_server import fail as replay_fail
 from tests.actors.replay_server import say as replay_say
 
@@ -248,3 +249,50 @@ async def test_a_failed_summary_call_does_not_fail_the_turn(runtime: Runtime, sc
     assert requested == [{"compact_requested": False}]
     assert "q1" in json.dumps(replay.requests_for(model)[2].body["messages"])  # the history as it was
     assert len(replay.requests_for(model)) == 4
+
+
+def _summarising(replay: ReplayServer, model: str) -> list[dict[str, object]]:
+    return [r.body for r in replay.requests_for(model)
+            if str(r.body["messages"][-1].get("content", "")).startswith("<canopy:compact>")]
+
+
+async def test_a_refused_summary_is_not_asked_again_until_the_history_has_grown(
+        runtime: Runtime, scope: Scope, replay: ReplayServer) -> None:
+    """A summary that could not be used was remembered by its Run only: every later Run (here the one
+    that resumes the Turn's wait) and every later Turn asked for it again over the same history, and
+    was billed for it each time. The refusal is durable; the next ask comes once the messages before
+    a Turn have grown by a quarter of the threshold. The summarising call is bounded to half the
+    threshold: a long summary is cut, not billed in full."""
+    model = f"refused-{uuid.uuid4().hex[:8]}"
+    await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
+                                       "api_base": replay.base_url, "compact_at_tokens": 1000})
+    other = await runtime.create_root(scope, input_text=script(say("slow", delay_ms=1500)))
+    replay.script(model, replay_say("a1"), replay_say("x" * 3000),
+                  replay_calls(("wait_inputs", {"input_ids": [str(other["input"]["input_id"])]})),
+                  replay_say("done"), replay_say("third"), replay_say("fourth"), replay_say("a short summary"),
+                  replay_say("fifth"))
+    long_text = " ".join(f"w{n}" for n in range(1500))  # ~3,000 tokens: over the threshold
+    created = await runtime.create_root(scope, agent_id=model, input_text=long_text)
+    session = created["session"]["session_id"]
+    await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    receipt = await runtime.submit_input(scope, session, "go on")
+    assert (await runtime.wait_result(scope, receipt["input_id"], timeout=60))["output"] == "done"
+    assert len(await rows(runtime.db, "SELECT run_id FROM runs WHERE turn_id = %s", receipt["turn_id"])) == 2
+    assert len(_summarising(replay, model)) == 1
+    [first_turn_end] = await rows(runtime.db, "SELECT max(id) AS id FROM thread_messages WHERE turn_id = %s",
+                                  created["input"]["turn_id"])
+    refused = await rows(runtime.db, "SELECT compaction_refused_until FROM sessions WHERE session_id = %s", session)
+    assert refused == [{"compaction_refused_until": first_turn_end["id"]}]
+    [usage] = await rows(runtime.db, "SELECT model_calls FROM tree_usage WHERE tree_id = %s", session)
+    assert usage["model_calls"] == 4  # the refused summary is billed, once
+
+    outputs = []
+    for text in ("a third turn", long_text, "a fifth turn"):  # the fourth's input grows the history enough
+        receipt = await runtime.submit_input(scope, session, text)
+        outputs.append((await runtime.wait_result(scope, receipt["input_id"], timeout=60))["output"])
+    assert outputs == ["third", "fourth", "fifth"]
+    summarising = _summarising(replay, model)
+    assert len(summarising) == 2 and all(body["max_tokens"] == 500 for body in summarising), summarising
+    assert len(await _summaries(runtime, session)) == 1
+    refused = await rows(runtime.db, "SELECT compaction_refused_until FROM sessions WHERE session_id = %s", session)
+    assert refused == [{"compaction_refused_until": None}]
