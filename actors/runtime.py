@@ -8,6 +8,7 @@ sweeper run. Every operation commits first, then sends hints.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -31,6 +32,7 @@ from actors.sweeper import Sweeper
 from actors.toolbox import check_tool_names
 from persistence import (
     agents,
+    embedded,
     projects,
     quotas,
     schedules,
@@ -50,6 +52,7 @@ from persistence.migrations import ensure_schema
 from persistence.records import Row, Scope
 from persistence.settings import (
     ENV_PREFIX,
+    GENERATED_ADMIN_TOKEN_PREFIX,
     Settings,
     env_names,
     get_settings,
@@ -117,8 +120,24 @@ def _digest(value: str) -> str:
 def _written(directory: Path) -> dict[str, str]:
     try:
         return {str(name): str(digest) for name, digest in json.loads((directory / _WRITTEN).read_text()).items()}
+    except FileNotFoundError:
+        return _written_before_the_record(directory)
     except (OSError, ValueError, AttributeError):
         return {}
+
+
+def _written_before_the_record(directory: Path) -> dict[str, str]:
+    """What a Canopy before :data:`_WRITTEN` wrote, as far as it can be told from an operator's:
+    its embedded database's URL (whose socket has moved since) and the admin token its canopy up
+    made. Without them every data dir it served would refuse its next runtime."""
+    found: dict[str, str] = {}
+    for name, belongs in ((f"{ENV_PREFIX}database_url", embedded.is_embedded_url),
+                          (f"{ENV_PREFIX}admin_token", lambda text: text.startswith(GENERATED_ADMIN_TOKEN_PREFIX))):
+        with contextlib.suppress(OSError):
+            text = (directory / name.lower()).read_text()
+            if belongs(text):
+                found[name.lower()] = _digest(text)
+    return found
 
 
 def _write_secrets(settings: Settings, database_url: str) -> Path:

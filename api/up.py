@@ -67,7 +67,7 @@ from persistence.embedded import require_one_node, running_postmaster, stop_embe
 from persistence.errors import CanopyError, DatabaseUnreachable, RayUnreachable, SharedDatabaseRequired
 from persistence.migrations import ensure_schema
 from persistence.records import Scope
-from persistence.settings import Settings, get_settings, reveal
+from persistence.settings import GENERATED_ADMIN_TOKEN_PREFIX, Settings, get_settings, reveal
 from sandbox.manager import backend_warning
 
 log = logging.getLogger(__name__)
@@ -338,7 +338,8 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
     settings = get_settings()
     generated_token = settings.admin_token is None
     if generated_token:  # kept in this process and the secrets directory, never in an environment
-        settings = settings.model_copy(update={"admin_token": SecretStr("adm_" + secrets.token_urlsafe(24))})
+        made = SecretStr(GENERATED_ADMIN_TOKEN_PREFIX + secrets.token_urlsafe(24))
+        settings = settings.model_copy(update={"admin_token": made})
     began = time.monotonic()
     record = RunRecord(settings.data_dir)
     started = Started()

@@ -16,6 +16,7 @@ import os
 import stat
 import sys
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 import psutil
@@ -67,6 +68,15 @@ def _server(data_dir: Path) -> pgserver_compat.PostgresServer:
                     "(stop canopy up) so that the next start makes it private", socket,
                     stat.S_IMODE(socket.stat().st_mode))
     return server
+
+
+def is_embedded_url(url: str) -> bool:
+    """Whether ``url`` is one an embedded server gives (pgserver's form): its superuser ``postgres``,
+    no password, over a local socket."""
+    parsed = urllib.parse.urlsplit(url)
+    sockets = urllib.parse.parse_qs(parsed.query).get("host", [])
+    return (parsed.scheme == "postgresql" and parsed.netloc == "postgres:@" and parsed.path == "/postgres"
+            and len(sockets) == 1 and sockets[0].startswith("/"))
 
 
 def embedded_url(data_dir: Path) -> str:

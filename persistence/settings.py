@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SecretsS
 
 ENV_PREFIX = "CANOPY_"
 TOKEN_MIN_CHARS = 16  # a bearer anyone could guess is no secret
+GENERATED_ADMIN_TOKEN_PREFIX = "adm_"  # the admin token canopy up makes when it is given none
 # PostgreSQL's timeouts are int milliseconds: a longer one is refused by every pooled connection.
 PG_TIMEOUT_MAX_SECONDS = 2_147_483.647
 WORKDIR_MIN_MB = 16  # ext4 with its smallest journal (4 MiB), and room left for files

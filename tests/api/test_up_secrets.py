@@ -16,7 +16,7 @@ from pydantic import SecretStr
 
 from actors.runtime import worker_env
 from persistence.errors import Conflict
-from persistence.settings import Settings
+from persistence.settings import GENERATED_ADMIN_TOKEN_PREFIX, Settings
 
 OPERATORS_URL = "postgresql://canopy:op-password@db.example:5432/canopy"
 EMBEDDED_URL = "postgresql://postgres:@/postgres?host=/tmp/canopy-pg-x"
@@ -93,3 +93,28 @@ def test_a_fresh_data_dir_gets_the_runtimes_secrets_and_the_next_runtime_replace
     worker_env(Settings(data_dir=tmp_path, admin_token=SecretStr("second-admin-token-2")), EMBEDDED_URL + "2")
     assert (directory / "canopy_admin_token").read_text() == "second-admin-token-2"
     assert (directory / "canopy_database_url").read_text() == EMBEDDED_URL + "2"
+
+
+def test_a_data_dir_a_canopy_before_the_record_wrote_is_taken_over(tmp_path: Path) -> None:
+    """A data dir a Canopy before ``.canopy-written`` served holds its embedded database's URL (whose
+    socket has moved since) and the admin token its canopy up made: both were Canopy's, so the next
+    runtime replaces them instead of refusing to start on every machine that upgrades."""
+    directory = tmp_path / "secrets"
+    directory.mkdir(mode=0o700)
+    earlier = {"canopy_database_url": "postgresql://postgres:@/postgres?host=/tmp/8a1f33c0e2b4",
+               "canopy_admin_token": GENERATED_ADMIN_TOKEN_PREFIX + "earlier-run-token-0123456789ab"}
+    for name, value in earlier.items():
+        (directory / name).write_text(value)
+        (directory / name).chmod(0o600)
+    settings = Settings(data_dir=tmp_path, admin_token=SecretStr(GENERATED_ADMIN_TOKEN_PREFIX + "this-run-token-01"))
+    worker_env(settings, EMBEDDED_URL)
+    assert (directory / "canopy_database_url").read_text() == EMBEDDED_URL
+    assert (directory / "canopy_admin_token").read_text() == GENERATED_ADMIN_TOKEN_PREFIX + "this-run-token-01"
+
+
+def test_an_operators_local_socket_database_is_not_taken_for_an_embedded_one(operators_secrets: Path) -> None:
+    (operators_secrets / "canopy_database_url").write_text("postgresql://canopy:pw@/canopy?host=/var/run/postgresql")
+    before = _snapshot(operators_secrets)
+    with pytest.raises(Conflict, match="canopy_database_url"):
+        worker_env(Settings(data_dir=operators_secrets.parent, admin_token=None, metrics_token=None), EMBEDDED_URL)
+    assert _snapshot(operators_secrets) == before
