@@ -67,7 +67,8 @@ def scripted_log_path(settings: Settings) -> os.PathLike[str]:
 
 def gateway_options(settings: Settings) -> dict[str, Any]:
     """The ModelGateway's arguments, paths absolute: it runs in a worker with a cwd of its own."""
-    return {"scripted_port": settings.scripted_model_port, "log_path": str(scripted_log_path(settings)),
+    log_path = str(scripted_log_path(settings)) if settings.scripted_request_log else None
+    return {"scripted_port": settings.scripted_model_port, "log_path": log_path,
             "timeout_seconds": settings.model_timeout_seconds, "retries": settings.model_retries,
             "models_file": str(settings.models_file.expanduser().resolve()) if settings.models_file else None,
             "secrets_dir": str(secrets_path(settings)), "provider_env": list(settings.provider_env),

@@ -211,6 +211,11 @@ class Settings(BaseSettings):
     scripted_model_port: int = Field(
         default=0, ge=0, le=65535,
         description="Loopback TCP port of the scripted model's server (canopy/scripted); 0: any free port.")
+    scripted_request_log: bool = Field(
+        default=False,
+        description="Keep every request the scripted model (canopy/scripted) reads, its whole conversation, in "
+                    "<data dir>/scripted-requests.jsonl (its user's only, never rotated): for tests and for "
+                    "debugging scripts, not for a deployment.")
     scripted_max_request_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024,
         description="The largest chat completion request body the scripted model reads, and the most text a "

@@ -109,6 +109,8 @@ RUNTIME_ENV = {
     "CANOPY_LEASE_SECONDS": "4",
     "CANOPY_HEARTBEAT_SECONDS": "1",
     "CANOPY_SWEEP_SECONDS": "0.5",
+    # Tests read what the scripted model was sent (tests/actors/test_runtime.py, tests/hostile).
+    "CANOPY_SCRIPTED_REQUEST_LOG": "true",
     "CANOPY_ACTOR_IDLE_SECONDS": "6",
     # A host that moves (tests/actors/test_placement.py asks one to) gives up draining soon.
     "CANOPY_HOST_DRAIN_SECONDS": "3",

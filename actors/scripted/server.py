@@ -134,9 +134,10 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def append_log(log_path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line; a single O_APPEND write keeps concurrent writers from interleaving."""
+    """Append one JSON line; a single O_APPEND write keeps concurrent writers from interleaving. The
+    file is its user's only: it holds whole conversations."""
     line = (json.dumps(record, default=str) + "\n").encode()
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line)
     finally:

@@ -6,6 +6,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,8 +17,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import litellm  # after the env var: no network fetch of the price map
 
+from actors.gateways import gateway_options, scripted_log_path
 from actors.scripted import FINAL_TEXT, builders
 from actors.scripted.server import ScriptedModelServer, serve_scripted_model
+from persistence.settings import Settings
 
 litellm.suppress_debug_info = True  # expected provider errors would print help banners
 
@@ -287,6 +290,16 @@ async def test_request_log_has_one_line_per_request(server: ScriptedModelServer)
     assert without_tools["tools"] is None
     assert (with_tools["stream"], without_tools["stream"]) == (False, True)
     assert isinstance(with_tools["ts"], float)
+    # Every conversation the scripted model reads is in it: its user's only.
+    assert log_path.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_scripted_models_requests_are_logged_only_when_asked(tmp_path: Path) -> None:
+    # The default model logged every tenant's whole conversation at each call, to a file others
+    # could read, never rotated (a history sent again at each call: quadratic growth).
+    assert gateway_options(Settings(data_dir=tmp_path))["log_path"] is None
+    asked = Settings(data_dir=tmp_path, scripted_request_log=True)
+    assert gateway_options(asked)["log_path"] == str(scripted_log_path(asked))
 
 
 async def test_streaming_returns_the_same_reply(server: ScriptedModelServer) -> None:
