@@ -259,13 +259,17 @@ MALLOC_ARENA_MAX = "2"
 
 
 def _worker_env(settings: Settings, database_url: str) -> dict[str, str]:
-    """Every non-secret ``CANOPY_*`` variable of this process, the data dir, the path of the
+    """Every non-secret ``CANOPY_*`` and ``OTEL_*`` variable of this process, the data dir, the path of the
     secrets directory (``_write_secrets``) and the malloc arenas: no token, key or password ever
     travels in an environment, where Ray's dashboard (runtime_env) or ``/proc/<pid>/environ``
     would show it."""
     hidden = secret_env_names() | {f"{ENV_PREFIX}SECRETS_DIR"}
     env = {key: value for key, value in os.environ.items()
            if key.upper().startswith(ENV_PREFIX) and key.upper() not in hidden}
+    # The OpenTelemetry exporter's settings, which a joined cluster's workers have no other way to
+    # get, but not its headers: they carry a collector's token (each node's own environment must).
+    env.update({key: value for key, value in os.environ.items()
+                if key.upper().startswith("OTEL_") and "HEADERS" not in key.upper()})
     env.update({"CANOPY_DATA_DIR": str(settings.data_dir),
                 "CANOPY_SECRETS_DIR": str(_write_secrets(settings, database_url)),
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True",

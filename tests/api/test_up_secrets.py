@@ -118,3 +118,16 @@ def test_an_operators_local_socket_database_is_not_taken_for_an_embedded_one(ope
     with pytest.raises(Conflict, match="canopy_database_url"):
         worker_env(Settings(data_dir=operators_secrets.parent, admin_token=None, metrics_token=None), EMBEDDED_URL)
     assert _snapshot(operators_secrets) == before
+
+
+def test_a_joined_clusters_workers_get_the_span_exporters_settings_but_not_its_headers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Workers of a joined cluster get only the runtime_env's variables: with CANOPY_OTEL_EXPORTER=otlp
+    # and no endpoint, their spans went to localhost:4318, nowhere.
+    monkeypatch.setenv("CANOPY_OTEL_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector.example:4318")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer collector-secret")
+    env = worker_env(Settings(data_dir=tmp_path, admin_token=None, metrics_token=None), EMBEDDED_URL)
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "https://collector.example:4318"
+    assert env["CANOPY_OTEL_EXPORTER"] == "otlp"
+    assert "collector-secret" not in repr(env)
