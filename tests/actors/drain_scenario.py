@@ -3,7 +3,8 @@ lease), in a runtime of its own (its settings are every Ray process's): a root i
 while its host drains, and its Run, granted at once, waits for the drain to end. Run by
 test_placement.py; prints one JSON line.
 
-    CANOPY_DATABASE_URL=... CANOPY_LEASE_SECONDS=3 CANOPY_HOST_DRAIN_SECONDS=10 python -m tests.actors.drain_scenario
+    CANOPY_DATABASE_URL=... CANOPY_LEASE_SECONDS=3 CANOPY_HEARTBEAT_SECONDS=0.5 CANOPY_HOST_DRAIN_SECONDS=10 \\
+        python -m tests.actors.drain_scenario
 """
 
 from __future__ import annotations
