@@ -261,7 +261,7 @@ async def test_a_refused_summary_is_not_asked_again_until_the_history_has_grown(
     """A summary that could not be used was remembered by its Run only: every later Run (here the one
     that resumes the Turn's wait) and every later Turn asked for it again over the same history, and
     was billed for it each time. The refusal is durable; the next ask comes once the messages before
-    a Turn have grown by a quarter of the threshold. The summarising call is bounded to half the
+    a Turn have grown by half the threshold. The summarising call is bounded to half the
     threshold: a long summary is cut, not billed in full."""
     model = f"refused-{uuid.uuid4().hex[:8]}"
     await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",

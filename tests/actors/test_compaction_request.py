@@ -7,6 +7,9 @@ import re
 import uuid
 from typing import Any
 
+import litellm
+import pytest
+
 from actors import compaction
 from persistence.messages import render_summary
 
@@ -47,3 +50,31 @@ def test_a_transcript_too_long_keeps_whole_entries_and_the_end_of_the_one_before
     assert entries[0][1].startswith("[…its start left out…] ") and entries[0][1].endswith("old ")
     assert entries[1][1] == "the last answer"
     assert transcript.startswith("<canopy:compact>\n[…older messages left out…]")
+
+
+def _tokens(text: str) -> int:
+    return int(litellm.token_counter(model="gpt-4o", messages=[{"role": "user", "content": text}]))
+
+
+# Text whose characters are several tokens each (CJK, emoji) or a fraction of one (English).
+TEXTS = {"emoji": "🦊🐶🐱🐭" * 240, "cjk": "我们正在讨论数据库迁移的计划以及回滚策略" * 50,
+         "english": "the plan for the database migration and its rollback " * 40}
+
+
+@pytest.mark.parametrize("text", TEXTS.values(), ids=TEXTS.keys())
+def test_the_estimate_never_skips_counting_a_request_over_the_threshold(text: str) -> None:
+    """The estimate was characters / 4: an emoji is four bytes and two or three tokens, so a request of
+    2,000 tokens was estimated at 240 and never counted. Under half the threshold it must be under it."""
+    tokens = _tokens(text)
+    assert compaction.estimate_tokens([{"role": "user", "content": text}], None) >= tokens // 2, tokens
+
+
+def test_a_summary_of_many_tokens_in_few_characters_is_not_usable() -> None:
+    summary = TEXTS["cjk"][:2000]  # 2,000 characters: half the threshold's 4,000, and ~1,200 tokens
+    assert not compaction.usable(summary, THRESHOLD)
+
+
+def test_the_summarising_request_fits_the_threshold_in_tokens() -> None:
+    for text in TEXTS.values():
+        transcript = _transcript([_row("user", text * 20)])
+        assert _tokens(transcript) <= 2 * THRESHOLD, _tokens(transcript)
