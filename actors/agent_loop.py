@@ -500,7 +500,7 @@ class RunExecutor:
             return
         await failpoints.pause("during_compaction", self._session_name)
         text = reply["message"]["content"] or ""
-        if not compaction.usable(text, threshold):
+        if not compaction.usable(text, threshold, earlier):
             log.warning("run %s: a summary of %d characters cannot stand for %d messages; the history is kept",
                         self.run.run_id, len(text), len(earlier))
             await self._keep_history(earlier, charged=reply)  # not used, but billed: a budget counts it

@@ -122,8 +122,10 @@ def _tail(text: str, size: int) -> str:
     return text.encode("utf-8", "surrogatepass")[-size:].decode("utf-8", "ignore")
 
 
-def usable(summary: str, threshold: int) -> bool:
-    """Whether a summary can stand for the history it replaces: a blank one (a content filter, a
-    model out of tokens) would silently drop it all, and one longer than half the threshold (in
-    tokens, estimated as ``estimate_tokens`` does) saves little and is compacted again at once."""
-    return bool(summary.strip()) and utf8_bytes(summary) // _BYTES_PER_TOKEN <= threshold // 2
+def usable(summary: str, threshold: int, earlier: list[Row]) -> bool:
+    """Whether a summary can stand for the messages it replaces (``earlier``): a blank one (a content
+    filter, a model out of tokens) would silently drop them all; one longer than half the threshold,
+    or than half of those messages (in tokens, both estimated as ``estimate_tokens`` does), saves
+    little or grows the context, and is compacted again at once."""
+    tokens = utf8_bytes(summary) // _BYTES_PER_TOKEN
+    return bool(summary.strip()) and tokens <= threshold // 2 and tokens <= estimate_tokens(earlier, None) // 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -297,8 +298,12 @@ COMPACT_TAG = "<canopy:compact>"
 def _summary(transcript: str) -> Reply:
     """A compaction request's answer: deterministic, short, and naming what it stands for, so a test
     can tell which messages it covered."""
-    lines = [line for line in transcript.splitlines() if line.startswith(("user: ", "assistant: "))]
+    lines = [f"{role}: {text}" for role, text in _ENTRY.findall(transcript)]
     return Reply(content=f"Summary of {len(lines)} earlier messages. First: {lines[0][:120] if lines else ''}")
+
+
+# An input's or a reply's entry in the transcript, and the first line of its text.
+_ENTRY = re.compile(r'<canopy:entry role="(user|assistant)">\n([^\n]*)')
 
 
 def check_tool_results(messages: list[Any]) -> None:

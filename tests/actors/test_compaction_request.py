@@ -71,10 +71,18 @@ def test_the_estimate_never_skips_counting_a_request_over_the_threshold(text: st
 
 def test_a_summary_of_many_tokens_in_few_characters_is_not_usable() -> None:
     summary = TEXTS["cjk"][:2000]  # 2,000 characters: half the threshold's 4,000, and ~1,200 tokens
-    assert not compaction.usable(summary, THRESHOLD)
+    assert not compaction.usable(summary, THRESHOLD, [_row("user", TEXTS["cjk"] * 4)])
 
 
 def test_the_summarising_request_fits_the_threshold_in_tokens() -> None:
     for text in TEXTS.values():
         transcript = _transcript([_row("user", text * 20)])
         assert _tokens(transcript) <= 2 * THRESHOLD, _tokens(transcript)
+
+
+def test_a_summary_must_be_at_most_half_of_what_it_stands_for() -> None:
+    """A summary within the threshold's bound but longer than the messages it replaced was used: the
+    context grew."""
+    earlier = [_row("user", "q1"), _row("assistant", "a1"), _row("user", "what next? " * 20)]
+    assert compaction.usable("q1 a1, then what next", THRESHOLD, earlier)
+    assert not compaction.usable("S" * 300, THRESHOLD, earlier)  # estimated 150 tokens, standing for 112
