@@ -294,9 +294,11 @@ async def test_request_log_has_one_line_per_request(server: ScriptedModelServer)
     assert log_path.stat().st_mode & 0o777 == 0o600
 
 
-def test_the_scripted_models_requests_are_logged_only_when_asked(tmp_path: Path) -> None:
+def test_the_scripted_models_requests_are_logged_only_when_asked(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     # The default model logged every tenant's whole conversation at each call, to a file others
     # could read, never rotated (a history sent again at each call: quadratic growth).
+    monkeypatch.delenv("CANOPY_SCRIPTED_REQUEST_LOG", raising=False)  # the runtime tests' environment sets it
     assert gateway_options(Settings(data_dir=tmp_path))["log_path"] is None
     asked = Settings(data_dir=tmp_path, scripted_request_log=True)
     assert gateway_options(asked)["log_path"] == str(scripted_log_path(asked))
