@@ -210,7 +210,7 @@ async def test_a_session_process_that_answers_nothing_holds_up_no_other_trees_re
     status = await runtime.placement.session_status(stuck_id)
     assert status is not None, "the session stays live while idle"
     pid = int(status["pid"])
-    healthy_text = script(say("slow", delay_ms=20_000))
+    healthy_text = script(say("slow", delay_ms=8_000))  # alive until its lease is taken away below
     healthy = (await a_root_in_host(runtime, scope, 0, healthy_text) if isinstance(runtime.placement, Hosted)
                else await runtime.create_root(scope, input_text=healthy_text))
     healthy_id = healthy["session"]["session_id"]
