@@ -489,7 +489,7 @@ class RunExecutor:
                 return
             reply = await gateways.complete_for_run(run_id=str(self.run.run_id), **self._endpoint(config),
                                                      messages=compaction.request(earlier, threshold), tools=None,
-                                                     watch=None, max_tokens=compaction.max_tokens(threshold))
+                                                     watch=None)
         except (LeaseLost, asyncio.CancelledError, DatabaseError):
             raise
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
@@ -534,7 +534,9 @@ class RunExecutor:
         history): count a call the provider billed (``charged``: its usage and cost), and record the
         refusal, which serves a human's request too (see ``_compact_if_due``)."""
         async with self.db.tx() as conn:
-            await messages.compaction_asked(conn, self.run.session_id, refused_until=earlier[-1]["id"])
+            # A human's request that came while the summary was being made stays for the next boundary.
+            await messages.compaction_asked(conn, self.run.session_id, refused_until=earlier[-1]["id"],
+                                            served=self._compact_requested)
             if charged is not None:
                 await messages.charge_call(conn, self.run, usage=charged["usage"], cost_usd=charged["cost_usd"])
             else:

@@ -99,13 +99,6 @@ def request(earlier: list[Row], threshold: int) -> list[dict[str, Any]]:
             {"role": "user", "content": f"{OPEN_TAG}\n{transcript}\n</canopy:compact>"}]
 
 
-def max_tokens(threshold: int) -> int:
-    """The summarising call's bound on its reply, about what a usable summary may hold (``usable``):
-    a model that writes on is cut there and billed no further (cut there, a summary is most likely
-    over what ``usable`` takes: most text holds more than two bytes a token)."""
-    return threshold // 2
-
-
 def grown_since(earlier: list[Row], refused_until: int, threshold: int) -> bool:
     """Whether the messages a summary may stand for have grown enough since one asked for up to
     message ``refused_until`` failed or could not be used to ask again: by half the threshold

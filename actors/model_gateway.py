@@ -843,11 +843,9 @@ class ModelGateway:
         api_base: str | None = None,
         api_key_ref: str | None = None,
         on_delta: Callable[[str], Awaitable[None]] | None = None,
-        max_tokens: int | None = None,
     ) -> dict[str, Any]:
         """One model reply. Raises ModelError when the call fails for good (a non-transient error,
         or retries and fallbacks used up); ``failed_attempts`` are the requests that failed on the way.
-        ``max_tokens``: the reply is cut there (a compaction summary's bound), and billed no further.
 
         With ``on_delta`` the reply is streamed and each text delta is handed over as it
         arrives (for live watchers; a retried call may repeat deltas — only the final
@@ -864,8 +862,6 @@ class ModelGateway:
             request["api_base"] = await self.scripted_base_url()
         if tools:
             request["tools"] = to_openai_tools(tools)
-        if max_tokens is not None:
-            request["max_tokens"] = max_tokens
         started = time.monotonic()
         failed = _failed_attempts[call_id] = []
         bound = bounded_http.Bound.for_reply_chars(self._max_reply_chars)

@@ -136,12 +136,15 @@ async def granted_tools(conn: Connection, input_id: uuid.UUID) -> list[str] | No
     return [str(tool) for tool in tools] if isinstance(tools, list) else None
 
 
-async def compaction_asked(conn: Connection, session_id: uuid.UUID, *, refused_until: int | None) -> None:
-    """A summary was asked for: serve a human's request, and remember a summary asked for up to
-    message ``refused_until`` that failed or could not be used (None: one was committed), so that no
-    later Run asks again over the same history and is billed again. Lock order: the session's row
-    first, the caller's Run after (as ``turns.finish_turn`` takes them)."""
-    await conn.execute(query("compaction_asked"), {"session_id": session_id, "refused_until": refused_until})
+async def compaction_asked(conn: Connection, session_id: uuid.UUID, *, refused_until: int | None,
+                           served: bool = True) -> None:
+    """A summary was asked for: serve a human's request (``served``: the caller read one; one made
+    since stays), and remember a summary asked for up to message ``refused_until`` that failed or
+    could not be used (None: one was committed), so that no later Run asks again over the same
+    history and is billed again. Lock order: the session's row first, the caller's Run after (as
+    ``turns.finish_turn`` takes them)."""
+    await conn.execute(query("compaction_asked"), {"session_id": session_id, "refused_until": refused_until,
+                                                   "served": served})
 
 
 def is_summary(row: Row) -> bool:

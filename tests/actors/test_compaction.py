@@ -292,7 +292,9 @@ async def test_a_refused_summary_is_not_asked_again_until_the_history_has_grown(
         outputs.append((await runtime.wait_result(scope, receipt["input_id"], timeout=60))["output"])
     assert outputs == ["third", "fourth", "fifth"]
     summarising = _summarising(replay, model)
-    assert len(summarising) == 2 and all(body["max_tokens"] == 500 for body in summarising), summarising
+    # No max_tokens: a model's own output limit is often below half a threshold (16,384 for gpt-4o
+    # against 50,000), which the provider refuses with a 400, every time.
+    assert len(summarising) == 2 and not [body for body in summarising if "max_tokens" in body], summarising
     assert len(await _summaries(runtime, session)) == 1
     refused = await rows(runtime.db, "SELECT compaction_refused_until FROM sessions WHERE session_id = %s", session)
     assert refused == [{"compaction_refused_until": None}]

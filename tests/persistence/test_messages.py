@@ -178,3 +178,24 @@ async def test_a_tool_result_is_found_by_its_turn_and_call(db: Database, scope: 
     async with db.tx() as conn:
         assert await messages.has_tool_result(conn, run.turn_id, "call-1")
         assert not await messages.has_tool_result(conn, run.turn_id, "call-2")
+
+
+async def test_a_refused_summary_serves_only_the_request_its_run_read(db: Database, scope: Scope) -> None:
+    # A human's request that came while a summary was being made was cleared with it when the
+    # summary failed: it is for the next boundary.
+    tree, _ = await start_root_run(db, scope)
+
+    async def state() -> tuple[bool, int | None]:
+        async with db.tx() as conn:
+            cur = await conn.execute("SELECT compact_requested, compaction_refused_until FROM sessions "
+                                     "WHERE session_id = %s", (tree.root_id,))
+            row = await cur.fetchone()
+        return row["compact_requested"], row["compaction_refused_until"]
+
+    async with db.tx() as conn:
+        await conn.execute("UPDATE sessions SET compact_requested = true WHERE session_id = %s", (tree.root_id,))
+        await messages.compaction_asked(conn, tree.root_id, refused_until=7, served=False)
+    assert await state() == (True, 7)
+    async with db.tx() as conn:
+        await messages.compaction_asked(conn, tree.root_id, refused_until=9, served=True)
+    assert await state() == (False, 9)
