@@ -868,17 +868,16 @@ class ModelGateway:
         try:
             with bounded_http.bounded(bound):
                 async with asyncio.timeout(routes.deadline):
-                    response, hidden, priced = await self._reply(routes, litellm, request, on_delta)
+                    response, hidden, priced = await self._reply(routes, litellm, request, on_delta, bound)
         except TimeoutError as error:
             raise ModelError(f"the model call took longer than {routes.deadline:g} s (its timeout for each attempt "
                              "it may make): it was cut off", [_attempt(routes, a, model) for a in failed]) from error
         except Exception as error:
             attempts = [_attempt(routes, a, model) for a in failed]
             if bound.cut:  # whatever litellm made of it (a dropped connection, retried and refused)
-                raise ModelError(f"the model's reply passed {bound.max_bytes:,} bytes, more than any reply of the "
-                                 f"{self._max_reply_chars:,} characters a reply may hold (setting "
-                                 "CANOPY_MAX_REPLY_CHARS) takes: it was not read further, nor asked again",
-                                 attempts) from error
+                raise ModelError(f"the model's reply was not read further, nor asked again: {bound.cut} (a reply "
+                                 f"of the {self._max_reply_chars:,} characters a reply may hold, setting "
+                                 f"CANOPY_MAX_REPLY_CHARS, takes at most {bound.max_bytes:,})", attempts) from error
             tries = f" (after {len(attempts)} attempts)" if len(attempts) > 1 else ""
             raise ModelError(_first_line(error) + tries, attempts) from error
         finally:
@@ -909,16 +908,20 @@ class ModelGateway:
         }
 
     async def _reply(self, routes: _Routes, litellm: ModuleType, request: dict[str, Any],
-                     on_delta: Callable[[str], Awaitable[None]] | None) -> tuple[Any, dict[str, Any], Any]:
+                     on_delta: Callable[[str], Awaitable[None]] | None,
+                     bound: bounded_http.Bound) -> tuple[Any, dict[str, Any], Any]:
         """The response, its hidden params and litellm's price of it (None: to be priced). A stream
         cut off midway is asked again whole, with the Router's retries: its watchers get no more
-        deltas, and the final message is what is kept anyway."""
+        deltas, and the final message is what is kept anyway. ``bound`` reads a stream by line and
+        a whole reply whole, whatever the endpoint calls its body."""
         if on_delta is not None:
+            bound.by_line = True
             try:
                 response, hidden = await _streamed(routes.router, litellm, request, on_delta, self._max_reply_chars)
                 return response, hidden, None
             except _StreamCut as cut:
                 log.warning("a streamed model reply was cut off (%s); asking again", cut)
+        bound.by_line = False
         response = await routes.router.acompletion(**request)
         hidden = getattr(response, "_hidden_params", {})
         return response, hidden, hidden.get("response_cost")

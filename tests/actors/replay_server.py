@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import json
 import threading
 import time
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -87,24 +89,32 @@ async def _sent(pieces: Iterator[str], drip: float, break_after: int | None) -> 
         yield piece
 
 
-def flood(size: int, *, streamed: bool) -> dict[str, Any]:
+def flood(size: int, *, streamed: bool, event_stream: bool | None = None, gzip: bool = False,
+          line_every: int | None = None) -> dict[str, Any]:
     """A reply of ``size`` bytes that never ends its first line: the start of a completion's JSON
     (or of a stream's first event) and then one character over and over, as a broken or hostile
-    endpoint may send. The server records how much of it the client read (``flood_sent``)."""
-    return {"flood": size, "streamed": streamed}
+    endpoint may send: labelled an event stream or not (``event_stream``, by default as
+    ``streamed``), gzip-compressed (``size`` is then what it inflates to), or with a newline every
+    ``line_every`` bytes. The server records how much of it the client read (``flood_sent``: bytes
+    before compression)."""
+    return {"flood": size, "streamed": streamed, "event_stream": streamed if event_stream is None else event_stream,
+            "gzip": gzip, "line_every": line_every}
 
 
 async def _flooding(step: dict[str, Any], sent: dict[str, int], model: str, request: Request
                     ) -> AsyncIterator[bytes]:
     head = b'data: {"choices": [{"index": 0, "delta": {"content": "' if step["streamed"] else \
         b'{"id": "chatcmpl-replay", "object": "chat.completion", "choices": [{"index": 0, "message": {"content": "'
-    piece = b"y" * 65_536
+    piece = b"y" * (step["line_every"] - 1) + b"\n" if step["line_every"] else b"y" * 65_536
+    packer = zlib.compressobj(wbits=zlib.MAX_WBITS | 16) if step["gzip"] else None
     sent[model] = len(head)
-    yield head
+    yield packer.compress(head) if packer else head
     # uvicorn drops what is sent after the client hung up: what was sent is what was sent before.
     while sent[model] < step["flood"] and not await request.is_disconnected():
         sent[model] += len(piece)
-        yield piece
+        yield packer.compress(piece) + packer.flush(zlib.Z_SYNC_FLUSH) if packer else piece
+    if packer:
+        yield packer.flush()
 
 
 def _slices(text: str, size: int = 16) -> Iterator[str]:
@@ -153,7 +163,8 @@ class ReplayServer:
             index = len(self.requests_for(model))
         if "flood" in step:
             return StreamingResponse(_flooding(step, self.flood_sent, model, request),
-                                     media_type="text/event-stream" if step["streamed"] else "application/json")
+                                     media_type="text/event-stream" if step["event_stream"] else "application/json",
+                                     headers={"content-encoding": "gzip"} if step["gzip"] else None)
         if "body" in step:  # a whole response as the provider would send it, however malformed
             return _json(step["body"])
         if "status" in step:
@@ -169,6 +180,9 @@ class ReplayServer:
         whole = {"id": "chatcmpl-replay", "object": "chat.completion", "created": int(time.time()),
                  "model": model, **({"usage": usage} if usage else {}),
                  "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        if step.get("gzip"):  # compressed whatever the request asked for, as some servers do
+            return Response(gzip.compress(json.dumps(whole).encode()), media_type="application/json",
+                            headers={"content-encoding": "gzip"})
         if drip or break_after is not None:  # the body in slices of 16 characters
             return StreamingResponse(_sent(_slices(json.dumps(whole)), drip, break_after),
                                      media_type="application/json")

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -361,21 +362,36 @@ async def test_a_reply_longer_than_the_limit_fails_the_call(replay: ReplayServer
     assert reply["message"]["content"] == "y" * 49_000
 
 
-@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
-async def test_a_body_far_past_the_limit_is_not_read_whole(replay: ReplayServer, streamed: bool) -> None:
+@pytest.mark.parametrize(("streamed", "how"), [
+    (False, {}), (True, {}),
+    # What the endpoint says of its body decides nothing: compressed, it is counted as it inflates
+    # (58 KB of gzip were read as 60 MB); labelled an event stream, a whole reply is not read by line.
+    (False, {"gzip": True}), (True, {"gzip": True}), (False, {"event_stream": True, "line_every": 1_000_000}),
+], ids=["whole", "streamed", "whole-gzip", "streamed-gzip", "whole-labelled-a-stream"])
+async def test_a_body_far_past_the_limit_is_not_read_whole(replay: ReplayServer, streamed: bool,
+                                                           how: dict[str, Any]) -> None:
     """An endpoint's body is untrusted too: 100 MB that never ends its first line was read whole
     (litellm reads a whole reply's body, and a stream's line, before anything counts characters),
     ~5 × that in the gateway's memory, which every user's calls on its node share. It stops being
     read a few times past what a reply of the limit's characters can take."""
     gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=60, retries=2, max_reply_chars=50_000)
-    model = f"flood-bytes-{'streamed' if streamed else 'whole'}"
-    replay.script(model, flood(100_000_000, streamed=streamed))
+    model = f"flood-bytes-{'streamed' if streamed else 'whole'}-{uuid.uuid4().hex[:8]}"
+    replay.script(model, flood(100_000_000, streamed=streamed, **how))
     with pytest.raises(ModelError, match="CANOPY_MAX_REPLY_CHARS"):
         await gw.complete(model=f"openai/{model}", messages=scripted([{"say": "x"}]), tools=None,
                           api_base=replay.base_url, on_delta=_ignore_delta if streamed else None)
     await gw.close()
     assert replay.flood_sent[model] < 20_000_000, f"{replay.flood_sent[model]:,} bytes were read"
     assert len(replay.requests_for(model)) == 1, "a reply too large is not asked for again"
+
+
+async def test_a_compressed_reply_within_the_limit_is_read(replay: ReplayServer) -> None:
+    # The gateway asks for no compression and inflates, in bounded steps, a body that comes gzipped all the same.
+    gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0, max_reply_chars=50_000)
+    replay.script("gzipped", {**say("z" * 40_000), "gzip": True})
+    reply = await gw.complete(model="openai/gzipped", messages=scripted([{"say": "x"}]), tools=None,
+                              api_base=replay.base_url)
+    assert reply["message"]["content"] == "z" * 40_000
 
 
 async def test_with_no_endpoints_listed_no_api_base_is_called(
