@@ -117,25 +117,31 @@ def _digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
-def _written(directory: Path) -> dict[str, str]:
+def _written(directory: Path, data_dir: Path) -> dict[str, str]:
     try:
         return {str(name): str(digest) for name, digest in json.loads((directory / _WRITTEN).read_text()).items()}
     except FileNotFoundError:
-        return _written_before_the_record(directory)
+        return _written_before_the_record(directory, data_dir.expanduser().resolve())
     except (OSError, ValueError, AttributeError):
         return {}
 
 
-def _written_before_the_record(directory: Path) -> dict[str, str]:
-    """What a Canopy before :data:`_WRITTEN` wrote, as far as it can be told from an operator's:
-    its embedded database's URL (whose socket has moved since) and the admin token its canopy up
-    made. Without them every data dir it served would refuse its next runtime."""
+def _written_before_the_record(directory: Path, data_dir: Path) -> dict[str, str]:
+    """What a Canopy before :data:`_WRITTEN` wrote, as far as it can be told from an operator's
+    secrets (whose recipe makes tokens of the same form): the URL of the embedded database this data
+    dir holds (its socket has moved since), and the admin token canopy up makes, where a canopy up
+    served this data dir. Without them every data dir it served would refuse its next runtime."""
+    def embedded_here(url: str) -> bool:
+        return (data_dir / "pg" / "PG_VERSION").exists() and embedded.is_embedded_url(url, data_dir)
+
+    def made_by_canopy_up(token: str) -> bool:
+        return (data_dir / UP_LOCK).exists() and token.startswith(GENERATED_ADMIN_TOKEN_PREFIX)
+
     found: dict[str, str] = {}
-    for name, belongs in ((f"{ENV_PREFIX}database_url", embedded.is_embedded_url),
-                          (f"{ENV_PREFIX}admin_token", lambda text: text.startswith(GENERATED_ADMIN_TOKEN_PREFIX))):
+    for name, ours in ((f"{ENV_PREFIX}database_url", embedded_here), (f"{ENV_PREFIX}admin_token", made_by_canopy_up)):
         with contextlib.suppress(OSError):
             text = (directory / name.lower()).read_text()
-            if belongs(text):
+            if ours(text):
                 found[name.lower()] = _digest(text)
     return found
 
@@ -162,7 +168,7 @@ def _write_secrets(settings: Settings, database_url: str) -> Path:
         return directory
     values = {name: reveal(getattr(settings, name)) for name in secret_fields()}
     values["database_url"] = database_url
-    written = _written(directory)
+    written = _written(directory, settings.data_dir)
     found = {name: path.read_text() for name in values if (path := directory / f"{ENV_PREFIX}{name}".lower()).exists()}
     ours = {name for name, text in found.items() if written.get(f"{ENV_PREFIX}{name}".lower()) == _digest(text)}
     for name, value in values.items():  # all checked before anything changes

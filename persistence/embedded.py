@@ -70,13 +70,15 @@ def _server(data_dir: Path) -> pgserver_compat.PostgresServer:
     return server
 
 
-def is_embedded_url(url: str) -> bool:
-    """Whether ``url`` is one an embedded server gives (pgserver's form): its superuser ``postgres``,
-    no password, over a local socket."""
+def is_embedded_url(url: str, data_dir: Path) -> bool:
+    """Whether ``url`` is one the embedded server of ``data_dir`` gives, or gave (pgserver's form):
+    its superuser ``postgres``, no password, over a socket in ``data_dir/pg`` or a temporary
+    directory (where pgserver, or Canopy for a long path, puts it)."""
     parsed = urllib.parse.urlsplit(url)
     sockets = urllib.parse.parse_qs(parsed.query).get("host", [])
+    places = (data_dir.expanduser().resolve() / "pg", Path(tempfile.gettempdir()))
     return (parsed.scheme == "postgresql" and parsed.netloc == "postgres:@" and parsed.path == "/postgres"
-            and len(sockets) == 1 and sockets[0].startswith("/"))
+            and len(sockets) == 1 and any(Path(os.path.normpath(sockets[0])).is_relative_to(place) for place in places))
 
 
 def embedded_url(data_dir: Path) -> str:

@@ -99,6 +99,9 @@ def test_a_data_dir_a_canopy_before_the_record_wrote_is_taken_over(tmp_path: Pat
     """A data dir a Canopy before ``.canopy-written`` served holds its embedded database's URL (whose
     socket has moved since) and the admin token its canopy up made: both were Canopy's, so the next
     runtime replaces them instead of refusing to start on every machine that upgrades."""
+    (tmp_path / "pg").mkdir()
+    (tmp_path / "pg" / "PG_VERSION").write_text("16\n")  # its embedded database
+    (tmp_path / "canopy-up.lock").write_text("4242")  # a canopy up served it
     directory = tmp_path / "secrets"
     directory.mkdir(mode=0o700)
     earlier = {"canopy_database_url": "postgresql://postgres:@/postgres?host=/tmp/8a1f33c0e2b4",
@@ -131,3 +134,18 @@ def test_a_joined_clusters_workers_get_the_span_exporters_settings_but_not_its_h
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "https://collector.example:4318"
     assert env["CANOPY_OTEL_EXPORTER"] == "otlp"
     assert "collector-secret" not in repr(env)
+
+
+def test_an_operators_token_of_canopy_ups_form_is_not_taken_over(operators_secrets: Path) -> None:
+    # The README's recipe makes an operator's admin token of the form canopy up gives its own; with
+    # no canopy up ever run on the data dir, it is the operator's.
+    (operators_secrets / "canopy_admin_token").write_text(GENERATED_ADMIN_TOKEN_PREFIX + "operators-made-0001")
+    (operators_secrets.parent / "pg").mkdir()
+    (operators_secrets.parent / "pg" / "PG_VERSION").write_text("16\n")
+    before = _snapshot(operators_secrets)
+    with pytest.raises(Conflict, match="canopy_admin_token"):
+        worker_env(Settings(data_dir=operators_secrets.parent,
+                            admin_token=SecretStr(GENERATED_ADMIN_TOKEN_PREFIX + "this-run-token-01")), OPERATORS_URL)
+    worker_env(Settings(data_dir=operators_secrets.parent, admin_token=None, metrics_token=None), OPERATORS_URL)
+    after = _snapshot(operators_secrets)
+    assert {name: after[name] for name in before} == before  # kept, not removed
