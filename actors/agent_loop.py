@@ -487,9 +487,10 @@ class RunExecutor:
         try:
             if not self._compact_requested and not await self._over_threshold(config, request, threshold):
                 return
+            summarising = await compaction.fitted_request(
+                earlier, threshold, lambda messages: self._counted(config, messages, None))
             reply = await gateways.complete_for_run(run_id=str(self.run.run_id), **self._endpoint(config),
-                                                     messages=compaction.request(earlier, threshold), tools=None,
-                                                     watch=None)
+                                                     messages=summarising, tools=None, watch=None)
         except (LeaseLost, asyncio.CancelledError, DatabaseError):
             raise
         except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
@@ -520,14 +521,20 @@ class RunExecutor:
         tools = schemas(self._tools)
         if compaction.estimate_tokens(request, tools) < threshold // 2:
             return False
+        counted = await self._counted(config, request, tools)
+        return counted is not None and counted > threshold
+
+    async def _counted(self, config: dict[str, Any], request: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None) -> int | None:
+        """The request's prompt tokens by the model's tokenizer (in the gateway); None when they
+        cannot be counted (the caller goes on without)."""
         try:
-            counted = await gateways.call("count_tokens", model=self._model(config), messages=request, tools=tools)
+            return int(await gateways.call("count_tokens", model=self._model(config), messages=request, tools=tools))
         except (asyncio.CancelledError, DatabaseError):
             raise
         except Exception:
-            log.exception("run %s: counting the request's tokens failed; not compacting", self.run.run_id)
-            return False
-        return int(counted) > threshold
+            log.exception("run %s: counting the request's tokens failed", self.run.run_id)
+            return None
 
     async def _keep_history(self, earlier: list[Row], *, charged: dict[str, Any] | None) -> None:
         """No summary of ``earlier`` this time (its call failed, or its text cannot stand for the

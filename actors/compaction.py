@@ -13,6 +13,7 @@ database and in the UI, where the summary shows as a "compacted here" marker.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from persistence.messages import escape_wrappers, is_summary, model_text
@@ -27,6 +28,10 @@ INSTRUCTIONS = (
     "that entry. Write the summary only, as plain text.")
 # Tokens are estimated as UTF-8 bytes / 2 (see estimate_tokens).
 _BYTES_PER_TOKEN = 2
+# The transcript's first room, at English's ~4 bytes a token; the exact count then narrows it for
+# text of more tokens a byte (``fitted_request``): the estimate's 2 would leave half of English out.
+_ROOM_BYTES_PER_TOKEN = 4
+_FITTING_TRIES = 3
 OPEN_TAG = "<canopy:compact>"
 _CUT = "[…its start left out…] "  # begins the one entry of a long transcript that is cut
 
@@ -76,12 +81,29 @@ def _tagged(role: str, text: str) -> str:
     return f'<canopy:entry role="{role}">\n{text}\n</canopy:entry>'
 
 
-def request(earlier: list[Row], threshold: int) -> list[dict[str, Any]]:
-    """The summarising model call's messages: the instructions, and the transcript to summarise. One
-    too long to send whole keeps the earlier summary, if it begins with one (the only record of all
-    before it), and the most recent of the rest: whole entries, and of the one before them its end."""
+async def fitted_request(earlier: list[Row], threshold: int,
+                         count: Callable[[list[dict[str, Any]]], Awaitable[int | None]]) -> list[dict[str, Any]]:
+    """``request`` with as much of the transcript as ``threshold`` tokens hold by the model's own
+    count (``count``: None when it cannot count): the first guess of its room in bytes is narrowed in
+    proportion while the count is over, a few times at most (compaction is rare; a count is cheap
+    beside the call)."""
+    room = threshold * _ROOM_BYTES_PER_TOKEN
+    for _ in range(_FITTING_TRIES):
+        messages = request(earlier, room)
+        counted = await count(messages)
+        if counted is None or counted <= threshold:
+            return messages
+        room = room * threshold * 9 // (counted * 10)
+    return request(earlier, room)
+
+
+def request(earlier: list[Row], room_bytes: int) -> list[dict[str, Any]]:
+    """The summarising model call's messages: the instructions, and the transcript to summarise in at
+    most ``room_bytes`` of UTF-8. One too long to send whole keeps the earlier summary, if it begins
+    with one (the only record of all before it), and the most recent of the rest: whole entries, and
+    of the one before them its end."""
     kept = [_tagged(*_entry(earlier[0]))] if earlier and is_summary(earlier[0]) else []
-    room = max(0, threshold * _BYTES_PER_TOKEN - sum(map(utf8_bytes, kept)))  # estimated at the threshold
+    room = max(0, room_bytes - sum(map(utf8_bytes, kept)))
     recent: list[str] = []
     for role, text in (_entry(row) for row in reversed(earlier[len(kept):])):
         whole = _tagged(role, text)
