@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
-import unicodedata
 import uuid
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from persistence import ignorable
 from persistence.db import Connection, advisory_lock, query
 from persistence.errors import Conflict, LeaseLost, LimitReached
 from persistence.events import append_event
@@ -192,36 +191,20 @@ async def reader_page(conn: Connection, session_id: uuid.UUID, *, after_id: int,
     return [{key: value for key, value in row.items() if key != "available"} for row in rows], more
 
 
-def _ignorable_class() -> str:
-    """Every character a model may be sent without a reader seeing it, as the body of a regex class:
-    Unicode's default-ignorable code points (joiners, variation selectors, tag characters, Hangul
-    fillers...), format characters (Cf) and combining marks (Mn, Me: they sit on the character before
-    them). Read from this Python's Unicode data once, at import (about 0.1 s): a list written out
-    would miss the ones the next Unicode version adds."""
-    ignorable = {c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Cf", "Mn", "Me")}
-    # Default_Ignorable_Code_Point (DerivedCoreProperties.txt) outside those categories, reserved ones too.
-    for first, last in ((0x115F, 0x1160), (0x2065, 0x2065), (0x3164, 0x3164), (0xFFA0, 0xFFA0),
-                        (0xFFF0, 0xFFF8), (0xE0000, 0xE0FFF)):
-        ignorable.update(range(first, last + 1))
-    ranges: list[tuple[int, int]] = []
-    for c in sorted(ignorable):
-        if ranges and ranges[-1][1] == c - 1:
-            ranges[-1] = (ranges[-1][0], c)
-        else:
-            ranges.append((c, c))
-    return "".join(f"\\U{first:08x}" + (f"-\\U{last:08x}" if last > first else "") for first, last in ranges)
-
-
 # "<", then "canopy" and ":" in any case, with whitespace or "/" around the word, and anything
-# ignorable (above) at every position; and in the forms a model reads as those: full-width and small
-# letters and signs, angle brackets and quotation marks (NFKC maps some of them, not all, so they
-# are listed). No class holds a "<" form or a letter, so the scan stays linear.
-_INVISIBLE = _ignorable_class()
+# ignorable (persistence/ignorable.py) at every position; and in the forms a model reads as those:
+# full-width and small letters and signs, angle brackets and quotation marks (NFKC maps some of them,
+# not all, so they are listed). No class holds a "<" form or a letter, so the scan stays linear; the
+# letters' cases are listed, not IGNORECASE, which folds the large classes at each "<" (7 × slower on
+# text full of them, such as HTML).
+_INVISIBLE = "".join(f"\\U{first:08x}" + (f"-\\U{last:08x}" if last > first else "")
+                     for first, last in ignorable.RANGES)
 _LESS_THAN = "<\uff1c\ufe64\u2039\u2329\u27e8\u3008\u1438"
 _COLON = ":\uff1a\ufe55\ufe13\u2236\ua789"
-_CANOPY = f"[{_INVISIBLE}]*".join(f"[{letter}{chr(ord(letter) - 0x61 + 0xFF41)}{chr(ord(letter) - 0x61 + 0xFF21)}]"
-                                  for letter in "canopy")
-_WRAPPER_LIKE = re.compile(f"[{_LESS_THAN}][\\s/{_INVISIBLE}]*{_CANOPY}[\\s{_INVISIBLE}]*[{_COLON}]", re.IGNORECASE)
+_CANOPY = f"[{_INVISIBLE}]*".join(
+    f"[{letter}{letter.upper()}{chr(ord(letter) - 0x61 + 0xFF41)}{chr(ord(letter) - 0x61 + 0xFF21)}]"
+    for letter in "canopy")
+_WRAPPER_LIKE = re.compile(f"[{_LESS_THAN}][\\s/{_INVISIBLE}]*{_CANOPY}[\\s{_INVISIBLE}]*[{_COLON}]")
 
 
 # The origins of history rows whose text is Canopy's own wrapper around an escaped body

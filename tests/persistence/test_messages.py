@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from persistence import cooperation, messages, turns
+from persistence import cooperation, ignorable, messages, turns
 from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument
 from persistence.records import Scope
@@ -199,3 +199,9 @@ async def test_a_refused_summary_serves_only_the_request_its_run_read(db: Databa
     async with db.tx() as conn:
         await messages.compaction_asked(conn, tree.root_id, refused_until=9, served=True)
     assert await state() == (False, 9)
+
+
+def test_the_ignorable_characters_written_out_are_this_pythons() -> None:
+    # Written out to spare every process a scan of all code points at import; a Python with newer
+    # Unicode data may add some: regenerate persistence/ignorable.py's RANGES (python -m persistence.ignorable).
+    assert ignorable.RANGES == ignorable.ignorable_ranges()
