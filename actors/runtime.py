@@ -210,30 +210,36 @@ def serving_pid(data_dir: Path) -> str | None:
         os.close(fd)  # which drops a lock taken here
 
 
-def private_ray_token() -> None:
+def private_ray_token(*, replace_readable: bool = True) -> str | None:
     """Whoever reads Ray's token may run code on the cluster (its dashboard's job API). For a cluster
     it starts, Ray writes a missing one to ``~/.ray/auth_token`` with the process's umask (0644 in a
     0755 directory: every local user's). It is written here first, its owner's only (64 hex digits,
     as Ray makes it), and an existing one of ours that others could read is replaced by a new one:
-    making it private would not take back a copy already read. A token the environment names
-    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``) is the operator's to keep."""
+    making it private would not take back a copy already read. Without ``replace_readable`` (a
+    diagnosis, which must not cut a running cluster's clients off) such a token is left as it is,
+    and what to do about it is returned. A token the environment names (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``) is the operator's to keep."""
     if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") \
             or os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
-        return
+        return None
     path = Path.home() / ".ray" / "auth_token"
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as token:
             token.write(secrets.token_hex(32))
-        return
+        return None
     except FileExistsError:
         pass
     found = path.stat()
-    if found.st_mode & 0o077 and found.st_uid == os.geteuid():
-        log.warning("Ray's token %s could be read by other users (mode %o): replaced by a new one, its owner's "
-                    "only (a Ray cluster still running with the old one must be restarted)", path,
-                    stat.S_IMODE(found.st_mode))
-        _write_secret_file(path, secrets.token_hex(32))
+    if not found.st_mode & 0o077 or found.st_uid != os.geteuid():
+        return None
+    readable = f"Ray's token {path} could be read by other users (mode {stat.S_IMODE(found.st_mode):o})"
+    if not replace_readable:
+        return f"{readable}: canopy up replaces it (restart a Ray cluster that uses it then)"
+    log.warning("%s: replaced by a new one, its owner's only (a Ray cluster still running with the old one "
+                "must be restarted)", readable)
+    _write_secret_file(path, secrets.token_hex(32))
+    return None
 
 
 def _move_provider_env(settings: Settings) -> None:

@@ -142,11 +142,14 @@ class Doctor:
 
         began = time.monotonic()
         address = self.settings.ray_address
+        readable: str | None = None
         try:
             if address is not None:
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
             else:
-                private_ray_token()  # as canopy up's Ray: the token this Ray writes is not every local user's
+                # As canopy up's Ray: a token this Ray writes is not every local user's. One others could
+                # read is reported, not replaced: a diagnosis must not cut a running cluster's clients off.
+                readable = private_ray_token(replace_readable=False)
                 ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.WARNING,
                          log_to_driver=False)
             ray.get(ray.remote(num_cpus=0)(_ping).remote(), timeout=120)
@@ -167,7 +170,8 @@ class Doctor:
             return f"{found}; token authentication is off (RAY_AUTH_MODE), keep Ray on loopback"
         if token != "RAY_AUTH_TOKEN" and not os.path.exists(token):
             raise Problem(f"{found}, but its token file {token} is missing: `ray get-auth-token --generate` makes one")
-        return f"{found}; token in {token} (`ray get-auth-token` prints it)"
+        warning = f"; WARNING: {readable}" if readable else ""
+        return f"{found}; token in {token} (`ray get-auth-token` prints it){warning}"
 
     def docker_engine(self) -> str:
         if self.settings.sandbox_backend == "local":

@@ -182,22 +182,24 @@ def test_doctor_refuses_the_embedded_database_for_a_cluster_as_canopy_up_does(ro
     assert not (root / "data" / "pg").exists()
 
 
-def test_doctors_ray_leaves_its_token_its_owners_only_and_replaces_one_others_could_read(root: Path) -> None:
+def test_doctors_ray_makes_its_token_its_owners_only_and_reports_one_others_could_read(root: Path) -> None:
     """The doctor started Ray directly, which wrote ~/.ray/auth_token with the umask (0644: every local
     user's, and whoever reads it may run code on the cluster), and canopy up went on using it. The
-    doctor's Ray starts as canopy up's does: a token others could read is replaced (they may have a
-    copy), and the new one is its owner's only."""
+    doctor's Ray writes a missing token its owner's only; one others could read is reported (canopy
+    up replaces it), not replaced: a diagnosis must not cut a running cluster's clients off."""
     home = root / "home"
     token = home / ".ray" / "auth_token"
-    token.parent.mkdir(parents=True)
+    code, found, printed = doctor(root, umask=0o022, HOME=str(home), CANOPY_SANDBOX_BACKEND="local",
+                                  CANOPY_SANDBOX_WORKDIR_MB="0")
+    assert code == 0 and found["Ray"][0] == "OK" and str(token) in found["Ray"][1], printed
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and re.fullmatch("[0-9a-f]{64}", token.read_text())
+
     token.write_text("0" * 64)
     token.chmod(0o644)
     code, found, printed = doctor(root, umask=0o022, HOME=str(home), CANOPY_SANDBOX_BACKEND="local",
                                   CANOPY_SANDBOX_WORKDIR_MB="0")
-    assert code == 0 and found["Ray"][0] == "OK" and str(token) in found["Ray"][1], printed
-    assert stat.S_IMODE(token.stat().st_mode) == 0o600, printed
-    assert re.fullmatch("[0-9a-f]{64}", token.read_text()) and token.read_text() != "0" * 64
-    assert "replaced" in printed, printed
+    assert code == 0 and "could be read by other users" in found["Ray"][1] and "canopy up replaces it" in printed
+    assert token.read_text() == "0" * 64 and stat.S_IMODE(token.stat().st_mode) == 0o644
     assert _eventually_nothing_under(root) == []
 
 
