@@ -43,7 +43,10 @@ class _OneLine(logging.Filter):
     text from outside cannot start a line of its own, such as one that reads as Canopy's JSON."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
+        try:
+            text = record.getMessage()
+        except Exception:  # arguments that do not fit its format: litellm's bug, not a reason to raise in it
+            text = f"{record.msg} {record.args}"
         if record.exc_info and record.exc_info[1] is not None:
             text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
         record.msg = text.encode("unicode_escape").decode("ascii")[:_LITELLM_LINE_CHARS]

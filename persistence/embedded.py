@@ -62,8 +62,9 @@ def _server(data_dir: Path) -> pgserver_compat.PostgresServer:
             handle.write(_SERVER_SETTINGS)
     pgserver_compat.start(server, lambda: _socket_dir(path))
     socket = pgserver_compat.socket_path(server)
-    if socket is not None and socket.stat().st_mode & 0o077:
-        # Started by an earlier Canopy (or by pgserver itself), and still running.
+    if socket is not None and socket.stat().st_mode & 0o077 and socket.parent.stat().st_mode & 0o011:
+        # Started by an earlier Canopy (or by pgserver itself), and still running, in a directory others
+        # may enter (in the data dir's 0700 pg/ an open socket reaches nobody else).
         log.warning("the embedded PostgreSQL's socket %s is open to other local users (mode %o): stop the server "
                     "(stop canopy up) so that the next start makes it private", socket,
                     stat.S_IMODE(socket.stat().st_mode))

@@ -139,6 +139,7 @@ def append_log(log_path: Path, record: dict[str, Any]) -> None:
     line = (json.dumps(record, default=str) + "\n").encode()
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
+        os.fchmod(fd, 0o600)  # a log an earlier version made readable by others, too
         os.write(fd, line)
     finally:
         os.close(fd)
