@@ -314,15 +314,22 @@ async def test_recovering_a_cancelling_turn_finalises_the_cancel(db: Database, s
     assert await fetch_all(db, "SELECT run_id FROM runs WHERE resumes_run_id = %s", (run.run_id,)) == []
 
 
-async def test_a_turn_whose_runs_keep_dying_fails(db: Database, scope: Scope) -> None:
-    tree, run = await start_root_run(db, scope)
+async def _die_until_given_up(db: Database, tree_id: uuid.UUID, run: RunRef) -> RunRef:
+    """Let the Turn's Runs die one after another, none committing anything, until it is given up (at
+    most the limit's number); the last Run."""
     for _ in range(runs.MAX_RECOVERIES_PER_TURN):
         await _expire(db, run)
         async with db.tx() as conn:
             await turns.recover_expired_run(conn, run.run_id)
         if (await turn_row(db, run.turn_id))["status"] != "running":
             break
-        run = await claim_turn(db, tree.tree_id, run.turn_id)
+        run = await claim_turn(db, tree_id, run.turn_id)
+    return run
+
+
+async def test_a_turn_whose_runs_keep_dying_fails(db: Database, scope: Scope) -> None:
+    tree, run = await start_root_run(db, scope)
+    run = await _die_until_given_up(db, tree.tree_id, run)
     turn = await turn_row(db, run.turn_id)
     assert turn["status"] == "failed" and turn["result_run_id"] == run.run_id
     assert await running_in_tree(db, tree.tree_id) == 0
@@ -344,13 +351,7 @@ async def test_only_runs_that_die_without_progress_in_a_row_count_toward_giving_
             await turns.recover_expired_run(conn, run.run_id)
         assert (await turn_row(db, run.turn_id))["status"] == "running", f"given up after {step + 1} outages"
         run = await claim_turn(db, tree.tree_id, run.turn_id)
-    for _ in range(runs.MAX_RECOVERIES_PER_TURN):  # and then runs that die before committing anything
-        await _expire(db, run)
-        async with db.tx() as conn:
-            await turns.recover_expired_run(conn, run.run_id)
-        if (await turn_row(db, run.turn_id))["status"] != "running":
-            break
-        run = await claim_turn(db, tree.tree_id, run.turn_id)
+    run = await _die_until_given_up(db, tree.tree_id, run)  # and then Runs that die before committing anything
     assert (await turn_row(db, run.turn_id))["status"] == "failed"
     dead = await fetch_all(db, "SELECT count(*) AS n FROM runs WHERE turn_id = %s AND error = %s",
                            (run.turn_id, runs.LEASE_EXPIRED))
