@@ -452,11 +452,10 @@ class RunExecutor:
                                                     watch=watch if stream else None, **tracing.carrier())
         except (LeaseLost, asyncio.CancelledError, DatabaseError):
             raise  # a database error is this Run's, not the model's: the Run is recovered, the Turn goes on
-        except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
-            cause = getattr(error, "cause", None) or error
+        except Exception as error:
+            cause, charged = _model_failure(error)
             # A reply generated but not kept (past the size limit) was billed: a budget counts it.
-            await self._finish(TurnStatus.FAILED, error=f"model call failed: {cause}",
-                               charged=getattr(cause, "charged", None))
+            await self._finish(TurnStatus.FAILED, error=f"model call failed: {cause}", charged=charged)
             return None
 
     def _model(self, config: dict[str, Any]) -> str:
@@ -493,11 +492,11 @@ class RunExecutor:
                                                      messages=summarising, tools=None, watch=None)
         except (LeaseLost, asyncio.CancelledError, DatabaseError):
             raise
-        except Exception as error:  # through Ray, ModelError arrives wrapped; its text is the provider's
-            cause = getattr(error, "cause", None) or error
+        except Exception as error:
+            cause, charged = _model_failure(error)
             log.warning("run %s: compacting %d messages failed (%s); the history is kept",
                         self.run.run_id, len(earlier), cause)
-            await self._keep_history(earlier, charged=getattr(cause, "charged", None))  # billed, if generated
+            await self._keep_history(earlier, charged=charged)  # billed, if generated
             return
         await failpoints.pause("during_compaction", self._session_name)
         text = reply["message"]["content"] or ""
@@ -705,3 +704,10 @@ class RunExecutor:
                 status = await turns.turn_status(conn, self.run.turn_id)
             if status == TurnStatus.CANCELLING:
                 await self._finish(TurnStatus.CANCELLED)  # the cancel's reason (turns.finish_turn)
+
+
+def _model_failure(error: Exception) -> tuple[BaseException, dict[str, Any] | None]:
+    """A failed model call's cause (through Ray, ModelError arrives wrapped; its text is the
+    provider's) and what the provider billed for it, if anything."""
+    cause = getattr(error, "cause", None) or error
+    return cause, getattr(cause, "charged", None)
