@@ -122,8 +122,8 @@ async def tree_facts(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
     sessions = await rows(runtime.db, "SELECT session_id, name FROM sessions WHERE tree_id = %s", tree_id)
     turns = await rows(runtime.db, "SELECT t.status FROM turns t JOIN sessions s USING (session_id) "
                        "WHERE s.tree_id = %s", tree_id)
-    runs = await rows(runtime.db, "SELECT r.kind, r.status, r.error, s.name FROM runs r JOIN sessions s "
-                      "USING (session_id) WHERE r.tree_id = %s", tree_id)
+    runs = await rows(runtime.db, "SELECT r.kind, r.status, r.error, r.owner IS NOT NULL AS taken, s.name "
+                      "FROM runs r JOIN sessions s USING (session_id) WHERE r.tree_id = %s", tree_id)
     messages = await rows(runtime.db, "SELECT s.name, m.role, m.content, m.tool_calls IS NOT NULL AS calls "
                           "FROM thread_messages m JOIN sessions s USING (session_id) WHERE s.tree_id = %s", tree_id)
     calls = await rows(runtime.db, "SELECT DISTINCT r.session_id, c.node_id FROM model_calls c JOIN runs r "
@@ -144,7 +144,10 @@ async def tree_facts(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
     return {"members": {str(s["session_id"]): s["name"] for s in sessions},
             "turns": sorted(t["status"] for t in turns),
             "runs": sorted(f"{r['kind']}:{r['status']}" for r in runs),
-            "lost_runs": sorted(r["name"] for r in runs if r["error"] == LEASE_EXPIRED),
+            # Runs lost with their process; and grants no process took within a lease (a session
+            # whose activation waited for Ray to declare the lost node's actors dead), recovered too.
+            "lost_runs": sorted(r["name"] for r in runs if r["error"] == LEASE_EXPIRED and r["taken"]),
+            "expired_grants": sorted(r["name"] for r in runs if r["error"] == LEASE_EXPIRED and not r["taken"]),
             "call_nodes": call_nodes, "replies": replies, "tool_replies": tool_replies, "tool_results": tool_results}
 
 
