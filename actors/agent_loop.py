@@ -29,7 +29,7 @@ from persistence.cooperation import Dispatcher
 from persistence.db import Connection, Database, DatabaseError, LockConflict, savepoint
 from persistence.errors import CanopyError, Conflict, LeaseLost, TurnCancelled
 from persistence.records import Row, RunRef
-from persistence.sessions import session_and_turn_input
+from persistence.sessions import TurnInput, session_and_turn_input
 from persistence.settings import Settings
 from persistence.statuses import RunKind, TurnStatus, WaitKind
 
@@ -237,8 +237,7 @@ class _Begun:
     """What a Run's first transaction read: its session, its Turn's input, the boundary taken."""
 
     session: Row
-    input_id: uuid.UUID
-    granted: list[str] | None  # the tools the Turn's input grants (turn_tools)
+    turn_input: TurnInput
     boundary: _Boundary | None
     over_budget: dict[str, Any] | None = None  # checked at every Run's start, before any tool runs
 
@@ -312,16 +311,13 @@ class RunExecutor:
         if self.run.kind == RunKind.RESUME:  # only a resume Run can continue a wait
             await self._deliver_wait_outcome(conn)
         if acquired is not None:
-            session, input_id = acquired.session, acquired.input_id
+            session, turn_input = acquired.session, acquired.turn_input
         else:
-            session, input_id = await session_and_turn_input(conn, self.run)
-        # Read from the input, not from the history: a summary is a user row of the Turn that asked
-        # for it, ahead of the Turn's input in the history of every later Run of that Turn.
-        granted = await messages.granted_tools(conn, input_id)
+            session, turn_input = await session_and_turn_input(conn, self.run)
         self._history = await messages.model_history(conn, self.run.session_id)
         boundary = await self._take_boundary(conn) if self._model_is_next() else None
         over_budget = boundary.over_budget if boundary else await usage.budget_reached(conn, self.run.tree_id)
-        self._begun = _Begun(session, input_id, granted, boundary, over_budget)
+        self._begun = _Begun(session, turn_input, boundary, over_budget)
 
     def _final_reply(self) -> Row | None:
         """The Turn's committed answer: its last message is an assistant reply without tool calls."""
@@ -338,8 +334,8 @@ class RunExecutor:
             async with self.db.tx() as conn:
                 await self.begin(conn)
         assert self._begun is not None
-        session, input_id, boundary = self._begun.session, self._begun.input_id, self._begun.boundary
-        self._tools = turn_tools(session, self._begun.granted)
+        session, input_id, boundary = self._begun.session, self._begun.turn_input.input_id, self._begun.boundary
+        self._tools = turn_tools(session, self._begun.turn_input.granted)
         self._session_name = session["name"]
         if self._begun.over_budget is not None and await self._stop_for_budget():
             return

@@ -126,15 +126,6 @@ async def append_summary(conn: Connection, run: RunRef, *, summary: str, covers_
                               origin={"kind": "compaction", "covers_until": covers_until, "covered": covered})
 
 
-async def granted_tools(conn: Connection, input_id: uuid.UUID) -> list[str] | None:
-    """The tools an input grants the Turn it starts (its origin's ``tools``, written by
-    ``cooperation._origin`` when a Turn gives it), None when it names none."""
-    cur = await conn.execute("SELECT origin->'tools' AS tools FROM inputs WHERE input_id = %s", (input_id,))
-    row = await cur.fetchone()
-    tools = row["tools"] if row is not None else None
-    return [str(tool) for tool in tools] if isinstance(tools, list) else None
-
-
 async def compaction_asked(conn: Connection, session_id: uuid.UUID, *, refused_until: int | None,
                            served: bool = True) -> None:
     """A summary was asked for: serve a human's request (``served``: the caller read one; one made

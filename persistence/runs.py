@@ -16,7 +16,7 @@ from persistence.db import Connection, query
 from persistence.errors import LeaseLost
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
-from persistence.sessions import SESSION_COLUMNS
+from persistence.sessions import SESSION_COLUMNS, TURN_INPUT_COLUMNS, TurnInput, pop_turn_input
 from persistence.statuses import RunKind
 
 # A turn whose runs keep dying before they get anywhere is failed instead of resumed forever.
@@ -61,7 +61,7 @@ WHERE r.status = 'running' AND r.owner IS NULL AND s.session_id = r.session_id A
   AND r.run_id = (
     SELECT run_id FROM runs WHERE session_id = %(session_id)s AND status = 'running' AND owner IS NULL
     ORDER BY started_at LIMIT 1)
-RETURNING r.run_id, r.turn_id, r.kind, {SESSION_COLUMNS}, s.user_id, s.app_id, t.input_id AS turn_input_id
+RETURNING r.run_id, r.turn_id, r.kind, {SESSION_COLUMNS}, s.user_id, s.app_id, {TURN_INPUT_COLUMNS}
 """
 _HEARTBEAT = """
 UPDATE runs SET lease_expires_at = now() + make_interval(secs => %(lease)s)
@@ -135,7 +135,7 @@ class AcquiredRun:
 
     run: RunRef
     session: Row
-    input_id: uuid.UUID
+    turn_input: TurnInput
 
 
 async def acquire_next_run(conn: Connection, session_id: uuid.UUID, owner: str, lease_seconds: float
@@ -149,10 +149,10 @@ async def acquire_next_run(conn: Connection, session_id: uuid.UUID, owner: str, 
         return None
     run = _run_ref(row, owner)
     _log_started(conn, run)
-    input_id = row.pop("turn_input_id")
+    turn_input = pop_turn_input(row)
     for key in ("run_id", "turn_id", "kind"):  # the rest is the session's row
         del row[key]
-    return AcquiredRun(run, row, input_id)
+    return AcquiredRun(run, row, turn_input)
 
 
 def _log_started(conn: Connection, run: RunRef) -> None:

@@ -30,6 +30,12 @@ SESSION_COLUMNS = """
 s.session_id, s.tree_id, s.parent_id, s.name, s.path, s.depth, s.title, s.agent_id, s.agent_config,
 s.project_id, s.created_by_run_id, s.origin, s.queue_paused, s.archived, s.created_at, s.updated_at
 """
+# What a Run reads of its Turn's input beside its session's row (``pop_turn_input``): the input's id
+# and the tools it grants the Turn (``cooperation._origin`` writes them when a Turn gives the input).
+TURN_INPUT_COLUMNS = """
+t.input_id AS turn_input_id,
+(SELECT i.origin->'tools' FROM inputs i WHERE i.input_id = t.input_id) AS turn_granted_tools
+"""
 # Member state without outputs: the open (or last) Turn, its latest Run, pending inputs.
 STATE_JOINS = """
 LEFT JOIN LATERAL (
@@ -221,10 +227,26 @@ async def get_session_row(conn: Connection, scope: Scope, session_id: uuid.UUID,
     return row
 
 
-async def session_and_turn_input(conn: Connection, run: RunRef) -> tuple[Row, uuid.UUID]:
+@dataclasses.dataclass(frozen=True)
+class TurnInput:
+    """A Run's Turn's input: its id, and the tools it grants the Turn (None: it came from no Turn).
+    Read from the input, never from the history: a compaction summary is a user row of the Turn
+    that asked for it, ahead of the Turn's input in the history of every later Run of that Turn."""
+
+    input_id: uuid.UUID
+    granted: list[str] | None
+
+
+def pop_turn_input(row: Row) -> TurnInput:
+    """The Turn's input read with ``TURN_INPUT_COLUMNS``, taken out of ``row``."""
+    tools = row.pop("turn_granted_tools")
+    return TurnInput(row.pop("turn_input_id"), [str(tool) for tool in tools] if isinstance(tools, list) else None)
+
+
+async def session_and_turn_input(conn: Connection, run: RunRef) -> tuple[Row, TurnInput]:
     """What a Run reads first, in one statement: its session's row and its Turn's input."""
     cur = await conn.execute(
-        f"""SELECT {SESSION_COLUMNS}, s.user_id, s.app_id, t.input_id AS turn_input_id
+        f"""SELECT {SESSION_COLUMNS}, s.user_id, s.app_id, {TURN_INPUT_COLUMNS}
             FROM sessions s JOIN turns t ON t.session_id = s.session_id
             WHERE s.session_id = %s AND s.user_id = %s AND s.app_id = %s AND t.turn_id = %s""",
         (run.session_id, run.scope.user_id, run.scope.app_id, run.turn_id),
@@ -232,8 +254,7 @@ async def session_and_turn_input(conn: Connection, run: RunRef) -> tuple[Row, uu
     row = await cur.fetchone()
     if row is None:
         raise NotFound(f"no session {run.session_id} with turn {run.turn_id}")
-    input_id = row.pop("turn_input_id")
-    return row, input_id
+    return row, pop_turn_input(row)
 
 
 async def get_session(conn: Connection, scope: Scope, session_id: uuid.UUID) -> Row:

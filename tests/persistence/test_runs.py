@@ -204,11 +204,11 @@ async def test_acquire_needs_a_granted_unowned_run(db: Database, scope: Scope) -
         assert await runs.acquire_next_run(conn, tree.root_id, "owner-b", LEASE_SECONDS) is None
         assert not await runs.has_claimable_run(conn, tree.root_id)
         # The acquisition read what the Run reads first, as the separate read finds it.
-        assert (acquired.session, acquired.input_id) == await sessions.session_and_turn_input(conn, first)
+        assert (acquired.session, acquired.turn_input) == await sessions.session_and_turn_input(conn, first)
     row = await run_row(db, run_id)
     assert row["owner"] == "owner-a" and first.owner == "owner-a"
     assert first.session_id == tree.root_id and first.turn_id == uuid.UUID(str(receipt["turn_id"]))
-    assert acquired.input_id == uuid.UUID(str(receipt["input_id"]))
+    assert acquired.turn_input == sessions.TurnInput(uuid.UUID(str(receipt["input_id"])), None)
 
 
 async def test_a_run_handed_back_by_its_owner_keeps_its_slot_for_the_next_incarnation(db: Database,
