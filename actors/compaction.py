@@ -107,9 +107,9 @@ def request(earlier: list[Row], room_bytes: int) -> list[dict[str, Any]]:
     recent: list[str] = []
     for role, text in (_entry(row) for row in reversed(earlier[len(kept):])):
         whole = _tagged(role, text)
-        if utf8_bytes(whole) + 2 <= room:
+        if (size := utf8_bytes(whole) + 2) <= room:  # with the blank line that parts it from the next
             recent.append(whole)
-            room -= utf8_bytes(whole) + 2
+            room -= size
             continue
         tail = _tail(text, room - utf8_bytes(_tagged(role, _CUT)))
         if tail:  # escaped again: a cut may not leave a wrapper that the whole text had escaped

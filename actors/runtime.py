@@ -168,12 +168,13 @@ def _write_secrets(settings: Settings, database_url: str) -> Path:
         return directory
     values = {name: reveal(getattr(settings, name)) for name in secret_fields()}
     values["database_url"] = database_url
+    files = {name: f"{ENV_PREFIX}{name}".lower() for name in values}
     written = _written(directory, settings.data_dir)
-    found = {name: path.read_text() for name in values if (path := directory / f"{ENV_PREFIX}{name}".lower()).exists()}
-    ours = {name for name, text in found.items() if written.get(f"{ENV_PREFIX}{name}".lower()) == _digest(text)}
+    found = {name: path.read_text() for name, file in files.items() if (path := directory / file).exists()}
+    ours = {name for name, text in found.items() if written.get(files[name]) == _digest(text)}
     for name, value in values.items():  # all checked before anything changes
         if name in found and name not in ours and value is not None and found[name] != value:
-            file, variable = f"{ENV_PREFIX}{name}".lower(), " or ".join(env_names(name))
+            file, variable = files[name], " or ".join(env_names(name))
             what = ("a database URL of another database than this runtime's" if name == "database_url"
                     else f"another value than this runtime's {variable}")
             raise Conflict(f"the secrets directory {directory} holds {file} with {what}, and Canopy did not write "
@@ -181,7 +182,7 @@ def _write_secrets(settings: Settings, database_url: str) -> Path:
                            f"CANOPY_SECRETS_DIR={directory} to use it (and unset {variable}), or remove the file "
                            "if it is not needed, or use another data dir (CANOPY_DATA_DIR)")
     for name, value in values.items():
-        file = f"{ENV_PREFIX}{name}".lower()
+        file = files[name]
         if value is None and name in ours:
             (directory / file).unlink()
         if value is None and (name in ours or name not in found):

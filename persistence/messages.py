@@ -236,7 +236,7 @@ class Boundary:
     """A model boundary: the Turn's status, whether its tree is watched live, the history rows the
     unprocessed messages and steers became (none when the Turn is being cancelled), whether a human
     asked to compact the history, the last message a refused summary was asked for up to
-    (``refuse_compaction``), and the budget limit its tree's work has reached
+    (``compaction_asked``), and the budget limit its tree's work has reached
     (``usage.budget_reached``; then no model call may start)."""
 
     turn_status: str | None
