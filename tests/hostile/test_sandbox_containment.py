@@ -130,6 +130,12 @@ async def test_a_container_canopy_did_not_make_for_the_tree_is_not_adopted(
     )
     labels_before = dict(squatter.labels)
     try:
+        # Started: `docker run` returns while runc may still be starting the command (read after the
+        # refusal, `top` then showed "runc init" instead of the one process it checks for).
+        for _ in range(100):
+            if [process[-1] for process in squatter.top()["Processes"]] == ["sleep infinity"]:
+                break
+            await asyncio.sleep(0.1)
         with pytest.raises(SandboxError, match="did not make") as raised:
             await docker_kit.manager().run_command(tree, workdir, "touch adopted.txt", 30)
 
