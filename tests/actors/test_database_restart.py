@@ -1,0 +1,43 @@
+"""PostgreSQL crashes and is started again while a tree works, in both session shapes: the tree
+finishes with the same result, every side effect once (database_restart_scenario.py, in a process
+and on a database server of its own)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from persistence.embedded import stop_embedded
+from tests.actors.database_restart_scenario import MEMBERS, OUTAGE_SECONDS
+from tests.actors.helpers import scenario_findings
+from tests.conftest import RUNTIME_ENV, SHAPES
+
+
+@pytest.fixture
+def short_data_dir() -> Iterator[Path]:
+    """A data dir whose server socket fits in it: a restarted server then listens where the
+    runtime's URL points (a long path's socket goes to a new /tmp directory at every start)."""
+    path = Path(tempfile.mkdtemp(prefix="cdr-", dir="/tmp"))
+    yield path
+    stop_embedded(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+async def test_a_tree_finishes_once_through_a_database_crash(shape: str, short_data_dir: Path) -> None:
+    findings = await scenario_findings("tests.actors.database_restart_scenario", {
+        **RUNTIME_ENV, **SHAPES[shape], "CANOPY_DATA_DIR": str(short_data_dir)}, timeout=600)
+
+    assert findings["down_seconds"] >= OUTAGE_SECONDS, findings
+    members = range(MEMBERS)
+    assert findings["result"] == ["completed", "root: " + " ".join(f"m{i} got g{i} done" for i in members)], findings
+    # Each session created once, each message sent once, though Runs were cut mid-way.
+    assert findings["paths"] == sorted(["/root", *(f"/root/m{i}" for i in members),
+                                        *(f"/root/m{i}/g{i}" for i in members)]), findings
+    assert findings["messages"] == [f"hello once from m{i}" for i in members], findings
+    assert findings["open_inputs"] == [] and set(findings["turns"]) == {"completed"}, findings
+    assert findings["peak_runs"] <= 4, findings
