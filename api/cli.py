@@ -81,15 +81,29 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def _seconds(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h`` or ``30d``, in seconds; 0 for anything else (nan and inf
+    among them: float() would take both, and no elapsed time ever exceeds nan)."""
+    match = _DURATION.fullmatch(text.strip())
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match is not None else 0.0
+
+
 def duration(text: str) -> float:
     """``90``, ``90s``, ``15m``, ``12h`` or ``30d``, in seconds: at least one, and no longer than the
     API lets a key live."""
-    match = _DURATION.fullmatch(text.strip())
-    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match is not None else 0.0
+    seconds = _seconds(text)
     if seconds < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 3600, 15m, 12h or 30d (at least 1 s)")
     if seconds > MAX_KEY_SECONDS:
         raise argparse.ArgumentTypeError(f"{text!r} is longer than a key may live ({MAX_KEY_SECONDS // 86400}d)")
+    return seconds
+
+
+def _timeout(text: str) -> float:
+    """How long ``canopy run`` waits, written as a duration: more than 0 s, and finite."""
+    seconds = _seconds(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a timeout such as 600, 90s or 15m (more than 0 s)")
     return seconds
 
 
@@ -238,7 +252,8 @@ def parser() -> argparse.ArgumentParser:
     run_parser.add_argument("task")
     run_parser.add_argument("--agent", type=_agent_id, default=None, help="run the root as this agent")
     run_parser.add_argument("--model", default=None, help="the root's model (a litellm model string)")
-    run_parser.add_argument("--timeout", type=float, default=600.0)
+    run_parser.add_argument("--timeout", type=_timeout, default=600.0,
+                            help="seconds to wait for the result, or 90s, 15m, 2h (default: %(default)s)")
     run_parser.set_defaults(handler=run)
 
     db = commands.add_parser("db", help="database management").add_subparsers(dest="db_command", required=True)

@@ -181,7 +181,8 @@ def _canopy_here(database_url: str, data_dir: Path, *args: str) -> subprocess.Co
 def _counts(database_url: str) -> tuple[int, ...]:
     """Rows of the tables the refused commands would write (the suite's own database: no other writer)."""
     with psycopg.connect(database_url) as conn:
-        found = conn.execute("SELECT (SELECT count(*) FROM api_keys), (SELECT count(*) FROM agents)").fetchone()
+        found = conn.execute("SELECT (SELECT count(*) FROM api_keys), (SELECT count(*) FROM agents), "
+                             "(SELECT count(*) FROM sessions)").fetchone()
     assert found is not None
     return tuple(found)
 
@@ -197,6 +198,11 @@ def _counts(database_url: str) -> tuple[int, ...]:
     (["sessions", "list", "--limit", "-1"], "argument --limit: -1: at least 1"),
     (["agents", "create", "bad id!"], "argument agent_id: 'bad id!' is not an agent id"),
     (["run", "hello", "--agent", "Bad"], "argument --agent: 'Bad' is not an agent id"),
+    # A timeout of nan never came (no elapsed time exceeds it), nor one of inf; 0 or less at once.
+    (["run", "hello", "--timeout", "nan"], "argument --timeout: 'nan' is not a timeout such as 600, 90s or 15m"),
+    (["run", "hello", "--timeout", "inf"], "argument --timeout: 'inf' is not a timeout such as 600, 90s or 15m"),
+    (["run", "hello", "--timeout", "0"], "argument --timeout: '0' is not a timeout such as 600, 90s or 15m"),
+    (["run", "hello", "--timeout", "-5"], "argument --timeout: '-5' is not a timeout such as 600, 90s or 15m"),
     (["tree", str(uuid.UUID(int=1)), "--trace", "/nonexistent/x.json"],
      "argument --trace: /nonexistent is not a directory"),
 ])
