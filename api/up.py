@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import ipaddress
 import json
@@ -146,14 +147,35 @@ class RunRecord:
             return {}
 
 
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+
+
+def hostport(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it: an IPv6 address in brackets (``[::]:8000``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def require_local_address(host: str) -> None:
+    """A server can listen on ``host`` here: an address of this machine (or a wildcard). Checked
+    apart from the ports, whose probe would take a foreign address for a port in use."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError as error:
+            problem = ("is not an address of this machine" if error.errno == errno.EADDRNOTAVAIL
+                       else f"cannot be listened on ({error.strerror})")
+            raise StartupError(f"--host {host} {problem}: choose one of its own (127.0.0.1, ::1, 0.0.0.0, :: or "
+                               "an address of one of its interfaces)") from None
+
+
 def port_free(host: str, port: int) -> bool:
     """Whether a server can listen on ``host:port`` now. Probed the way the servers bind it:
     uvicorn in Serve's proxy and aiohttp in Ray's dashboard set ``SO_REUSEADDR``, so the
     connections of a killed predecessor lingering in TIME_WAIT do not count, while a live
     listener still does (the probe does not set ``SO_REUSEPORT``, which Serve's proxy also
     sets and which would let a second server share the port unnoticed)."""
-    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
@@ -178,10 +200,10 @@ def _check_ports(listeners: list[tuple[str, str, int, str]], grace: float) -> No
         waiting = False
         while not port_free(host, port):
             if time.monotonic() >= deadline:
-                raise StartupError(f"{what} port {host}:{port} is already in use{_holder(port)}: choose another "
-                                   f"with {flag}")
+                raise StartupError(f"{what} port {hostport(host, port)} is already in use{_holder(port)}: choose "
+                                   f"another with {flag}")
             if not waiting:
-                print(f"  waiting for {host}:{port} to be released by the previous run", flush=True)
+                print(f"  waiting for {hostport(host, port)} to be released by the previous run", flush=True)
                 waiting = True
             time.sleep(0.5)
 
@@ -286,10 +308,10 @@ def _serve_on_cluster(host: str, port: int) -> bool:
         _check_ports([("the API's", host, port, "--port")], 0.0)
         return True
     if APP_NAME in serve.status().applications:
-        raise StartupError(f"a canopy up already serves this cluster (its API on {running[0]}:{running[1]}): use it, "
+        raise StartupError(f"a canopy up already serves this cluster (its API on {hostport(*running)}): use it, "
                            "or stop it first")
     if running != (host, port):
-        raise StartupError(f"Serve already runs on this cluster with its HTTP proxies on {running[0]}:{running[1]} and "
+        raise StartupError(f"Serve already runs on this cluster with its HTTP proxies on {hostport(*running)} and "
                            f"cannot move them: use --host {running[0]} --port {running[1]}, or stop that Serve first "
                            "(`serve shutdown`)")
     return False
@@ -351,6 +373,8 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
         if settings.database_url is None:
             # A cluster of several nodes needs a database they all reach: refused before anything starts.
             require_one_node(settings.ray_address)
+        if settings.ray_address is None:  # joining a cluster, the API listens on its head node, maybe elsewhere
+            require_local_address(host)
         previous = record.acquire()
         print(f"Starting Canopy {__version__} (data dir {settings.data_dir})", flush=True)
         if previous is not None:
@@ -412,7 +436,7 @@ def _start(settings: Settings, started: Started, record: RunRecord, host: str, p
         record.save(started)
     with _step("gateway"):
         api_key = asyncio.run(_prepare(settings))
-    with _step(f"API (Serve on {host}:{port})"):
+    with _step(f"API (Serve on {hostport(host, port)})"):
         started.joined_serve = settings.ray_address is not None and _serve_on_cluster(host, port)
         started.serve_app = True
         start_serve(worker_env(settings, database_url), host, port, replicas)
@@ -421,7 +445,7 @@ def _start(settings: Settings, started: Started, record: RunRecord, host: str, p
 
 def _announce(host: str, port: int, dashboard: str | None, api_key: str, settings: Settings,
               generated_token: bool, local_ray: bool) -> None:
-    base = f"http://{host}:{port}"
+    base = f"http://{hostport(host, port)}"
     # A token the operator chose is a secret they already have: only a generated one is shown.
     token = reveal(settings.admin_token) if generated_token else "(from CANOPY_ADMIN_TOKEN)"
     ray_token = ray_token_location()

@@ -391,6 +391,41 @@ def test_a_flag_no_server_can_take_is_refused_before_anything_starts(root: Path,
     assert "Traceback" not in done.stderr and not (root / "data").exists() and not (root / "ray").exists()
 
 
+@pytest.mark.parametrize("host", ["192.0.2.1", "2001:db8::1"])  # documentation addresses: on no machine
+def test_a_host_address_this_machine_lacks_is_said_so_and_nothing_starts(root: Path, host: str) -> None:
+    """It was reported as the API's port being in use, naming a port nobody held."""
+    done = subprocess.run([sys.executable, "-m", "api.cli", "up", "--host", host, "--port", str(free_port()),
+                           "--dashboard-port", str(free_port()), "--data-dir", str(root / "data")], cwd=REPO,
+                          env=clean_env(root / "data", root / "ray"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"canopy: --host {host} is not an address of this machine: choose one of its own"), line
+    assert "in use" not in line and "Traceback" not in done.stdout + done.stderr
+    # Refused before the data dir was locked or anything started: no lock, no database, no Ray.
+    assert not (root / "data").exists() and not (root / "ray").exists()
+    assert _alive([p for p in psutil.process_iter(["cmdline"]) if str(root) in " ".join(p.info["cmdline"] or [])]) \
+        == []
+
+
+@pytest.mark.timeout(300)
+def test_on_an_ipv6_address_it_prints_bracketed_urls_that_work(root: Path) -> None:
+    """``--host ::`` printed ``http://:::8000``, which no browser or client takes."""
+    port = free_port()
+    up = Up(root, port, free_port(), "--host", "::")
+    try:
+        up.wait_ready()
+        api_key = _api_key(up.output)
+        assert f"API (Serve on [::]:{port}) … ok" in up.output, up.output
+        assert f"API        http://[::]:{port}/api/v1   (reference: http://[::]:{port}/docs)" in up.output, up.output
+        assert f"UI         http://[::]:{port}/#key={api_key}" in up.output, up.output
+        assert ":::" not in up.output
+        _run_a_session(f"http://[::1]:{port}", api_key, "over IPv6")
+        up.process.send_signal(signal.SIGINT)
+        assert up.process.wait(timeout=120) == 0
+    finally:
+        up.close()
+
+
 def test_the_port_probe_accepts_time_wait_and_refuses_a_listener() -> None:
     with socket.socket() as server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
