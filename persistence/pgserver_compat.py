@@ -82,17 +82,32 @@ def start(handle: PostgresServer, socket_dir: Callable[[], Path]) -> None:
         handle.ensure_pgdata_inited()
         info = PostmasterInfo.read_from_pgdata(handle.pgdata)
         if info is None or not info.is_running():
-            directory = socket_dir()
-            if handle.system_user is not None and directory != handle.pgdata:
-                shutil.chown(directory, user=handle.system_user)
-            options = f"-h '' -k {shlex.quote(str(directory))} -c unix_socket_permissions=0700"
-            pgexec("pg_ctl", ("-w", "-t", str(_START_SECONDS), "-o", options, "-l", str(handle.log),
-                              "-D", str(handle.pgdata), "start"),
-                   bin_path=handle.bin_path, user=handle.system_user, timeout=_START_SECONDS + 10)
-            info = PostmasterInfo.read_from_pgdata(handle.pgdata)
+            info = _start_server(handle, socket_dir())
         if info is None or not info.is_running() or info.status != "ready":
             raise RuntimeError(f"the PostgreSQL server of {handle.pgdata} did not start (see {handle.log})")
         handle._postmaster_info = info
+
+
+def _start_server(handle: PostgresServer, directory: Path) -> PostmasterInfo | None:
+    """``pg_ctl start`` with its socket in ``directory``; the server's lock file's facts. A directory
+    made for this start (not the data directory) goes again unless a server runs, which may still be
+    starting on its socket there: nothing else would ever remove it."""
+    try:
+        if handle.system_user is not None and directory != handle.pgdata:
+            shutil.chown(directory, user=handle.system_user)
+        options = f"-h '' -k {shlex.quote(str(directory))} -c unix_socket_permissions=0700"
+        pgexec("pg_ctl", ("-w", "-t", str(_START_SECONDS), "-o", options, "-l", str(handle.log),
+                          "-D", str(handle.pgdata), "start"),
+               bin_path=handle.bin_path, user=handle.system_user, timeout=_START_SECONDS + 10)
+        return PostmasterInfo.read_from_pgdata(handle.pgdata)
+    finally:
+        if directory != handle.pgdata and not _runs(handle.pgdata):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _runs(pgdata: Path) -> bool:
+    info = PostmasterInfo.read_from_pgdata(pgdata)
+    return info is not None and info.is_running()
 
 
 def socket_path(handle: PostgresServer) -> Path | None:

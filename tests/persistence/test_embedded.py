@@ -8,13 +8,15 @@ import os
 import pwd
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 import pytest
 
-from persistence.embedded import embedded_url, stop_embedded
+from persistence import pgserver_compat
+from persistence.embedded import embedded_url, pgdata, running_postmaster, stop_embedded
 
 
 def test_roots_embedded_database_leaves_the_directories_above_it_private(tmp_path: Path) -> None:
@@ -78,3 +80,25 @@ def test_stopping_an_embedded_database_that_does_not_run_creates_and_starts_noth
     data_dir = tmp_path / "never-started"
     stop_embedded(data_dir)
     assert not data_dir.exists()
+
+
+def _socket_dirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("canopy-pg-*"))
+
+
+def test_a_server_that_fails_to_start_leaves_no_socket_directory_behind(tmp_path: Path) -> None:
+    """A data dir too long for a socket path gets a /tmp/canopy-pg-* directory for the socket as the
+    server starts; when pg_ctl failed (here a setting PostgreSQL refuses), that directory stayed."""
+    data_dir = tmp_path / ("d" * 100)
+    data_dir.mkdir()
+    pgserver_compat.init_pgdata(pgserver_compat.server(pgdata(data_dir)))
+    with (pgdata(data_dir) / "postgresql.conf").open("a") as conf:
+        conf.write("\nshared_buffers = plenty\n")
+    before = _socket_dirs()
+    try:
+        with pytest.raises(subprocess.CalledProcessError):
+            embedded_url(data_dir)
+    finally:
+        stop_embedded(data_dir)
+    assert _socket_dirs() - before == set()
+    assert running_postmaster(data_dir) is None
