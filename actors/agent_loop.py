@@ -469,7 +469,7 @@ class RunExecutor:
         A summary is an economy, not the user's work: one that fails or cannot be used leaves the
         history as it is, and the call goes on with it (the call itself fails if it is too long); it
         is recorded, and not asked for again until the history has grown (``compaction.grown_since``)
-        or a human asks."""
+        or a human asks, unless its call failed for a reason that passes (``compaction.passing``)."""
         earlier = compaction.earlier_messages(self._history, self.run.turn_id)
         already = len(earlier) == 1 and messages.is_summary(earlier[0])
         if not earlier or already:
@@ -490,9 +490,10 @@ class RunExecutor:
             raise
         except Exception as error:
             cause, charged = _model_failure(error)
-            log.warning("run %s: compacting %d messages failed (%s); the history is kept",
-                        self.run.run_id, len(earlier), cause)
-            await self._keep_history(earlier, charged=charged)  # billed, if generated
+            passing = compaction.passing(cause)
+            log.warning("run %s: compacting %d messages failed (%s); the history is kept%s",
+                        self.run.run_id, len(earlier), cause, ", and asked again at the next call" if passing else "")
+            await self._keep_history(earlier, charged=charged, refused=not passing)  # billed, if generated
             return
         await failpoints.pause("during_compaction", self._session_name)
         text = reply["message"]["content"] or ""
@@ -531,19 +532,26 @@ class RunExecutor:
             log.exception("run %s: counting the request's tokens failed", self.run.run_id)
             return None
 
-    async def _keep_history(self, earlier: list[Row], *, charged: dict[str, Any] | None) -> None:
+    async def _keep_history(self, earlier: list[Row], *, charged: dict[str, Any] | None,
+                            refused: bool = True) -> None:
         """No summary of ``earlier`` this time (its call failed, or its text cannot stand for the
         history): count a call the provider billed (``charged``: its usage and cost), and record the
-        refusal, which serves a human's request too (see ``_compact_if_due``)."""
+        refusal, which serves a human's request too (see ``_compact_if_due``). A call that failed for
+        a reason that passes is no refusal (``refused`` False): nothing is recorded but its charge,
+        and the next model boundary asks again, for a human's request too."""
+        if not refused and charged is None:
+            return
         async with self.db.tx() as conn:
-            # A human's request that came while the summary was being made stays for the next boundary.
-            await messages.compaction_asked(conn, self.run.session_id, refused_until=earlier[-1]["id"],
-                                            served=self._compact_requested)
+            if refused:
+                # A human's request that came while the summary was being made stays for the next boundary.
+                await messages.compaction_asked(conn, self.run.session_id, refused_until=earlier[-1]["id"],
+                                                served=self._compact_requested)
             if charged is not None:
                 await messages.charge_call(conn, self.run, usage=charged["usage"], cost_usd=charged["cost_usd"])
             else:
                 await run_repo.fence(conn, self.run)
-        self._compact_requested, self._compaction_refused_until = False, earlier[-1]["id"]
+        if refused:
+            self._compact_requested, self._compaction_refused_until = False, earlier[-1]["id"]
 
     async def _commit_reply(self, reply: dict[str, Any]) -> bool:
         """Commit the reply with the call's usage. A reply without tool calls is the answer: the

@@ -298,3 +298,41 @@ async def test_a_refused_summary_is_not_asked_again_until_the_history_has_grown(
     assert len(await _summaries(runtime, session)) == 1
     refused = await rows(runtime.db, "SELECT compaction_refused_until FROM sessions WHERE session_id = %s", session)
     assert refused == [{"compaction_refused_until": None}]
+
+
+@pytest.mark.parametrize("status", [429, 503], ids=["rate limited", "unavailable"])
+async def test_a_summary_call_that_fails_for_a_passing_reason_is_asked_again_at_the_next_turn(
+        runtime: Runtime, scope: Scope, replay: ReplayServer, status: int) -> None:
+    """A summary call that failed for a passing reason (a rate limit, a provider down for a moment), its
+    retries used up, was recorded as a refusal, as a summary the model cannot write is: no summary was
+    asked for again until the history had grown by half the threshold, however soon the provider was
+    back. Only a lasting failure is a refusal; the next Turn asks again, and the summary stands."""
+    model = f"passing-{uuid.uuid4().hex[:8]}"
+    attempts = runtime.settings.model_retries + 1
+    replay.script(model, replay_say("a1"), *[replay_fail(status, **{"Retry-After": "1"})] * attempts,
+                  replay_say("after"), replay_say("a summary"), replay_say("third"))
+    await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
+                                       "api_base": replay.base_url, "compact_at_tokens": 1000})
+    long_text = " ".join(f"w{n}" for n in range(1500))  # ~3,000 tokens: over the threshold
+    created = await runtime.create_root(scope, agent_id=model, input_text=long_text)
+    session = created["session"]["session_id"]
+    await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+
+    receipt = await runtime.submit_input(scope, session, "go on")  # its call compacts first, and fails
+    result = await runtime.wait_result(scope, receipt["input_id"], timeout=90)
+    assert (result["status"], result["output"]) == ("completed", "after"), result
+    assert len(_summarising(replay, model)) == attempts
+    refused = await rows(runtime.db, "SELECT compaction_refused_until FROM sessions WHERE session_id = %s", session)
+    assert refused == [{"compaction_refused_until": None}]
+
+    async def failed_calls() -> list[dict[str, object]]:
+        return [c for c in await rows(runtime.db, "SELECT c.error FROM model_calls c JOIN runs r ON r.run_id = "
+                                      "c.run_id WHERE r.turn_id = %s", receipt["turn_id"]) if c["error"]]
+
+    assert await eventually(failed_calls, timeout=10)  # the gateway recorded the failed attempts
+
+    receipt = await runtime.submit_input(scope, session, "a third turn")  # a few tokens more: asked again
+    assert (await runtime.wait_result(scope, receipt["input_id"], timeout=60))["output"] == "third"
+    assert len(_summarising(replay, model)) == attempts + 1
+    [summary] = await _summaries(runtime, session)
+    assert "a summary" in str(summary["content"]) and summary["origin"]["covered"] == 4, summary

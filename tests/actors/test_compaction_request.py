@@ -91,3 +91,24 @@ def test_a_summary_must_be_at_most_half_of_what_it_stands_for() -> None:
     earlier = [_row("user", "q1"), _row("assistant", "a1"), _row("user", "what next? " * 20)]
     assert compaction.usable("q1 a1, then what next", THRESHOLD, earlier)
     assert not compaction.usable("S" * 300, THRESHOLD, earlier)  # estimated 150 tokens, standing for 112
+
+
+def _litellm_error(name: str) -> Exception:
+    """litellm's exception ``name`` as it reaches the agent loop: the first line of its text, which
+    the gateway's ModelError carries (actors/model_gateway.py), a provider's text after it."""
+    error = getattr(litellm, name)(message="litellm.RateLimitError: a provider's text", llm_provider="openai",
+                                   model="gpt-4o")
+    return Exception(str(error).splitlines()[0])
+
+
+@pytest.mark.parametrize("name", ["RateLimitError", "InternalServerError", "ServiceUnavailableError",
+                                  "BadGatewayError", "Timeout", "APIConnectionError"])
+def test_a_failure_that_passes_is_told_by_litellms_class(name: str) -> None:
+    assert compaction.passing(_litellm_error(name))
+
+
+@pytest.mark.parametrize("name", ["BadRequestError", "ContextWindowExceededError", "ContentPolicyViolationError",
+                                  "AuthenticationError", "NotFoundError"])
+def test_a_lasting_failure_is_not_passing_whatever_the_providers_text_says(name: str) -> None:
+    assert not compaction.passing(_litellm_error(name))
+    assert not compaction.passing(Exception("the provider's reply held no choices: nothing was generated"))
