@@ -17,7 +17,7 @@ import os
 import secrets
 import stat
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,23 +110,50 @@ def _write_secret_file(path: Path, value: str) -> None:
 
 # The files of the secrets directory Canopy wrote, each with the SHA-256 of what it wrote (a JSON
 # object, 0600): the directory is also where an operator puts a cluster's secrets (cluster.yaml).
+# A file is recorded before it is written, with the digests of its old value and its new one (a
+# list) until it has the new one, so a runtime killed at any step leaves each file it wrote Canopy's
+# by the record, whichever value it holds.
 _WRITTEN = ".canopy-written"
+# Each file's digests of the values Canopy may have left in it.
+Written = dict[str, set[str]]
 
 
 def _digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
-def _written(directory: Path, data_dir: Path) -> dict[str, str]:
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """The secrets directory locked (``flock`` of the directory itself, so that a refused runtime leaves
+    no file behind) while a runtime reads, changes and writes it and its record: runtimes starting at
+    once (two ``canopy run``) take turns, each reading what the one before wrote. The kernel drops the
+    lock of a killed process."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return {str(name): str(digest) for name, digest in json.loads((directory / _WRITTEN).read_text()).items()}
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _written(directory: Path, data_dir: Path) -> Written:
+    try:
+        record = json.loads((directory / _WRITTEN).read_text())
+        return {str(name): {digests} if isinstance(digests, str) else set(map(str, digests))
+                for name, digests in record.items()}
     except FileNotFoundError:
         return _written_before_the_record(directory, data_dir.expanduser().resolve())
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):
         return {}
 
 
-def _written_before_the_record(directory: Path, data_dir: Path) -> dict[str, str]:
+def _save_written(directory: Path, written: Written) -> None:
+    # A file's one digest as a string, as a Canopy before the lists reads it.
+    _write_secret_file(directory / _WRITTEN, json.dumps(
+        {name: next(iter(digests)) if len(digests) == 1 else sorted(digests) for name, digests in written.items()}))
+
+
+def _written_before_the_record(directory: Path, data_dir: Path) -> Written:
     """What a Canopy before :data:`_WRITTEN` wrote, as far as it can be told from an operator's
     secrets (whose recipe makes tokens of the same form): the URL of the embedded database this data
     dir holds (its socket has moved since), and the admin token canopy up makes, where a canopy up
@@ -137,12 +164,12 @@ def _written_before_the_record(directory: Path, data_dir: Path) -> dict[str, str
     def made_by_canopy_up(token: str) -> bool:
         return (data_dir / UP_LOCK).exists() and token.startswith(GENERATED_ADMIN_TOKEN_PREFIX)
 
-    found: dict[str, str] = {}
+    found: Written = {}
     for name, ours in ((f"{ENV_PREFIX}database_url", embedded_here), (f"{ENV_PREFIX}admin_token", made_by_canopy_up)):
         with contextlib.suppress(OSError):
             text = (directory / name.lower()).read_text()
             if ours(text):
-                found[name.lower()] = _digest(text)
+                found[name.lower()] = {_digest(text)}
     return found
 
 
@@ -169,29 +196,43 @@ def _write_secrets(settings: Settings, database_url: str) -> Path:
     values = {name: reveal(getattr(settings, name)) for name in secret_fields()}
     values["database_url"] = database_url
     files = {name: f"{ENV_PREFIX}{name}".lower() for name in values}
-    written = _written(directory, settings.data_dir)
-    found = {name: path.read_text() for name, file in files.items() if (path := directory / file).exists()}
-    ours = {name for name, text in found.items() if written.get(files[name]) == _digest(text)}
-    for name, value in values.items():  # all checked before anything changes
-        if name in found and name not in ours and value is not None and found[name] != value:
-            file, variable = files[name], " or ".join(env_names(name))
-            what = ("a database URL of another database than this runtime's" if name == "database_url"
-                    else f"another value than this runtime's {variable}")
-            raise Conflict(f"the secrets directory {directory} holds {file} with {what}, and Canopy did not write "
-                           f"it (an operator's secret, or one a Canopy before {_WRITTEN} existed wrote): set "
-                           f"CANOPY_SECRETS_DIR={directory} to use it (and unset {variable}), or remove the file "
-                           "if it is not needed, or use another data dir (CANOPY_DATA_DIR)")
-    for name, value in values.items():
-        file = files[name]
-        if value is None and name in ours:
-            (directory / file).unlink()
-        if value is None and (name in ours or name not in found):
-            written.pop(file, None)
-        if value is not None and (name not in found or (name in ours and found[name] != value)):
-            _write_secret_file(directory / file, value)
-            written[file] = _digest(value)
-    _write_secret_file(directory / _WRITTEN, json.dumps(written))
+    with _locked(directory):
+        written = _written(directory, settings.data_dir)
+        found = {name: path.read_text() for name, file in files.items() if (path := directory / file).exists()}
+        ours = {name for name, text in found.items() if _digest(text) in written.get(files[name], set())}
+        for name, value in values.items():  # all checked before anything changes
+            if name in found and name not in ours and value is not None and found[name] != value:
+                file, variable = files[name], " or ".join(env_names(name))
+                what = ("a database URL of another database than this runtime's" if name == "database_url"
+                        else f"another value than this runtime's {variable}")
+                raise Conflict(f"the secrets directory {directory} holds {file} with {what}, and Canopy did not "
+                               f"write it (an operator's secret, or one a Canopy before {_WRITTEN} existed wrote): "
+                               f"set CANOPY_SECRETS_DIR={directory} to use it (and unset {variable}), or remove the "
+                               "file if it is not needed, or use another data dir (CANOPY_DATA_DIR)")
+        new = {files[name]: value for name, value in values.items()
+               if value is not None and (name not in found or (name in ours and found[name] != value))}
+        gone = [files[name] for name, value in values.items() if value is None and name in ours]
+        _change_files(directory, written, new, gone,
+                      [files[name] for name, value in values.items() if value is None and name not in found])
     return directory
+
+
+def _change_files(directory: Path, written: Written, new: dict[str, str], gone: list[str], absent: list[str]) -> None:
+    """Write the ``new`` files, remove the ``gone`` ones, and record it all, ``absent`` files no longer:
+    each file to write recorded with its new value's digest first, then written; a removed file left
+    in the record until it is gone."""
+    if new:
+        for file, value in new.items():
+            written.setdefault(file, set()).add(_digest(value))
+        _save_written(directory, written)
+    for file, value in new.items():
+        _write_secret_file(directory / file, value)
+        written[file] = {_digest(value)}
+    for file in gone:
+        (directory / file).unlink()
+    for file in (*gone, *absent):
+        written.pop(file, None)
+    _save_written(directory, written)
 
 
 def serving_pid(data_dir: Path) -> str | None:

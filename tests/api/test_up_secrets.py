@@ -3,12 +3,17 @@ operator puts a cluster's secrets (cluster.yaml, the README: ``CANOPY_SECRETS_DI
 ``<data dir>/secrets``). A runtime started there without them (no ``CANOPY_SECRETS_DIR``, so with no
 tokens and the embedded database) removed the operator's tokens and replaced their database URL.
 Canopy now changes only the files it wrote itself, and refuses to run with a secret that differs
-from the operator's file of it. Real files and real ``Settings``; no Ray, no database (the URLs are
-only written)."""
+from the operator's file of it, and keeps its record of the files it wrote right when runtimes start
+at once or one is killed midway. Real files, real processes and real ``Settings``; no Ray, no
+database (the URLs are only written)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,7 @@ from actors.runtime import worker_env
 from persistence.errors import Conflict
 from persistence.settings import GENERATED_ADMIN_TOKEN_PREFIX, Settings
 
+REPO = Path(__file__).resolve().parents[2]
 OPERATORS_URL = "postgresql://canopy:op-password@db.example:5432/canopy"
 EMBEDDED_URL = "postgresql://postgres:@/postgres?host=/tmp/canopy-pg-x"
 
@@ -149,3 +155,85 @@ def test_an_operators_token_of_canopy_ups_form_is_not_taken_over(operators_secre
     worker_env(Settings(data_dir=operators_secrets.parent, admin_token=None, metrics_token=None), OPERATORS_URL)
     after = _snapshot(operators_secrets)
     assert {name: after[name] for name in before} == before  # kept, not removed
+
+
+def _start_many(data_dir: str, tag: str, rounds: int) -> list[str]:
+    """``rounds`` runtimes' secrets written one after another, their values this process's own (a
+    metrics token every other round, so files come and go); why any of them was refused."""
+    refused = []
+    for round_ in range(rounds):
+        metrics = SecretStr(f"{tag}-metrics-token-{round_:04d}") if round_ % 2 else None
+        try:
+            worker_env(Settings(data_dir=Path(data_dir), admin_token=SecretStr(f"{tag}-admin-token-{round_:04d}"),
+                                metrics_token=metrics), f"{EMBEDDED_URL}-{tag}")
+        except Conflict as error:
+            refused.append(str(error))
+    return refused
+
+
+def _assert_the_next_runtime_takes_every_file(data_dir: Path) -> None:
+    """Every file of the secrets directory is Canopy's: a runtime of other values replaces or removes each."""
+    worker_env(Settings(data_dir=data_dir, admin_token=SecretStr("next-admin-token-001"), metrics_token=None),
+               EMBEDDED_URL + "-next")
+    directory = data_dir / "secrets"
+    assert (directory / "canopy_admin_token").read_text() == "next-admin-token-001"
+    assert (directory / "canopy_database_url").read_text() == EMBEDDED_URL + "-next"
+    assert not (directory / "canopy_metrics_token").exists()
+    assert not [name for name in os.listdir(directory) if name.startswith(".canopy_")]  # nothing aside
+
+
+def test_two_runtimes_starting_at_once_never_take_each_others_files_for_an_operators(tmp_path: Path) -> None:
+    """Two runtimes starting on one data dir at once (two ``canopy run``s) each read, changed and
+    wrote the record of Canopy's files unlocked: one's file written after the other read the record,
+    or a record written over the other's, left a file of Canopy's looking like an operator's, and
+    the next start was refused."""
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        refused = pool.starmap(_start_many, [(str(tmp_path), "first", 300), (str(tmp_path), "second", 300)])
+    assert refused == [[], []], refused
+    _assert_the_next_runtime_takes_every_file(tmp_path)
+
+
+# A runtime writing its secrets, killed (SIGKILL) right after its Nth change to the directory: a file
+# or the record replaced, or a file removed.
+_KILLED_AFTER_STEP = """
+import os, signal, sys
+from pathlib import Path
+from pydantic import SecretStr
+from actors.runtime import worker_env
+from persistence.settings import Settings
+
+steps, kill_after = 0, int(sys.argv[2])
+
+def step(change):
+    def changed(*args, **kwargs):
+        global steps
+        change(*args, **kwargs)
+        steps += 1
+        if steps == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return changed
+
+os.replace, os.unlink = step(os.replace), step(os.unlink)
+worker_env(Settings(data_dir=Path(sys.argv[1]), admin_token=SecretStr("crashed-admin-token-01"), metrics_token=None),
+           sys.argv[3])
+"""
+
+
+def test_a_runtime_killed_at_any_step_of_writing_its_secrets_leaves_them_canopys(tmp_path: Path) -> None:
+    """The files were written before the record that names them: a runtime killed in between left a
+    file of Canopy's that the record did not name, taken for an operator's, and the next start was
+    refused. Killed after each of its changes in turn (a replaced file, a removed one, the record),
+    it leaves every file Canopy's: the next runtime replaces or removes each."""
+    for kill_after in range(1, 20):
+        data_dir = tmp_path / str(kill_after)
+        worker_env(Settings(data_dir=data_dir, admin_token=SecretStr("earlier-admin-token-1"),
+                            metrics_token=SecretStr("earlier-metrics-token")), EMBEDDED_URL)
+        crashed = subprocess.run([sys.executable, "-c", _KILLED_AFTER_STEP, str(data_dir), str(kill_after),
+                                  EMBEDDED_URL + "-crashed"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        if crashed.returncode == 0:  # it made fewer changes than that: every crash point was tried
+            assert kill_after > 3, crashed  # a file replaced, one removed, one more replaced at least
+            break
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+        _assert_the_next_runtime_takes_every_file(data_dir)
+    else:
+        raise AssertionError("the runtime was killed at every step tried: it made more changes than expected")
