@@ -45,7 +45,7 @@ from persistence import (
     views,
 )
 from persistence.cooperation import record_intervention
-from persistence.db import Connection, Database, resolve_database_url
+from persistence.db import WAIT_SECONDS, Connection, Database, resolve_database_url
 from persistence.errors import Conflict, InvalidArgument, RayUnreachable
 from persistence.messages import steer
 from persistence.migrations import ensure_schema
@@ -429,7 +429,9 @@ class Runtime:
 
     @classmethod
     async def start(cls, settings: Settings | None = None, *, include_dashboard: bool = False,
-                    num_cpus: int | None = None) -> Runtime:
+                    num_cpus: int | None = None, db_wait_seconds: float = WAIT_SECONDS) -> Runtime:
+        """The runtime of this process, starting what it needs. ``db_wait_seconds``: how long a
+        transaction of this process waits for a connection (an API answers sooner than a Run)."""
         settings = settings or get_settings()
         database_url = resolve_database_url(settings)
         ensure_schema(database_url)
@@ -440,7 +442,7 @@ class Runtime:
         await gateways.local_gateway().warm_up.remote()  # other nodes' gateways start with their first call
         sweeper = Sweeper.options(**named_options(SWEEPER_NAME)).remote()
         await sweeper.start.remote()
-        return cls(await Database.connect(database_url), settings, database_url)
+        return cls(await Database.connect(database_url, wait_seconds=db_wait_seconds), settings, database_url)
 
     async def close(self, *, shutdown_ray: bool = False) -> None:
         await self.db.close()

@@ -65,7 +65,7 @@ from api.routes import (
 )
 from api.schemas import ValidationErrorBody
 from api.sse import StreamSettings
-from persistence.settings import Settings, reveal
+from persistence.settings import Settings, get_settings, reveal
 
 API_PREFIX = "/api/v1"
 DESCRIPTION = """Cooperating LLM sessions on Ray and PostgreSQL.
@@ -117,7 +117,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        active = runtime or await Runtime.start(settings)
+        # A request waits a few seconds for a connection, then is told to come back (api/errors.py).
+        active = runtime or await Runtime.start(
+            settings, db_wait_seconds=(settings or get_settings()).api_db_wait_seconds)
         key_cache = KeyCache(listening=lambda: hub.listening)
         hub = EventHub(active.database_url, on_keys_changed=key_cache.forget)
         await hub.start()

@@ -3,6 +3,7 @@ its class's in ``STATUS`` (the nearest listed ancestor's), validation errors bec
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
@@ -26,6 +27,8 @@ from persistence.errors import (
 )
 from persistence.idempotency import IdempotencyKeyReused
 from sandbox.base import SandboxError
+
+log = logging.getLogger(__name__)
 
 # The HTTP status of each error class; a subclass not listed answers with its nearest listed ancestor's.
 STATUS: dict[type[CanopyError], int] = {
@@ -90,6 +93,20 @@ async def _lock_conflict(_: Request, error: Exception) -> JSONResponse:
                                    "send the request again"}, status_code=409)
 
 
+# Long enough for a restarting server, short enough that a client polling for state is not left stale.
+RETRY_AFTER_SECONDS = 5
+
+
+async def _database_unavailable(_: Request, error: Exception) -> JSONResponse:
+    # The database went away (restarted, failed over, its connections cut) or a statement outlived its
+    # timeout: the client's answer is to send the request again, which a 500 does not say. A write cut
+    # at its commit may have been committed: its Idempotency-Key makes the second send safe.
+    log.warning("a request met an unavailable database: %s", type(error).__name__)
+    return JSONResponse({"detail": "the database is unavailable for the moment: send the request again (a write "
+                                   "sent again with the same Idempotency-Key is carried out once)"},
+                        status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(CanopyError, _canopy_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -97,3 +114,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(psycopg.errors.DataError, _database_refusal)
     for conflict in LockConflict:
         app.add_exception_handler(conflict, _lock_conflict)
+    # Their subclasses above keep their own answers: Starlette takes the nearest class in the error's MRO.
+    app.add_exception_handler(psycopg.OperationalError, _database_unavailable)
+    app.add_exception_handler(psycopg.InterfaceError, _database_unavailable)

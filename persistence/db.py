@@ -122,14 +122,20 @@ def session_options(settings: Settings) -> str:
     return " ".join(f"-c {name}={max(1, round(seconds * 1000))}" for name, seconds in bounds.items())
 
 
+# How long a transaction waits for a connection of its process's pool (psycopg_pool's default): a
+# Run rides out a database restart this long before its step fails and the Run is recovered.
+WAIT_SECONDS = 30.0
+
+
 async def open_pool(url: str, max_size: int | None = None, min_size: int = 1,
-                    settings: Settings | None = None) -> AsyncConnectionPool:
+                    settings: Settings | None = None, wait_seconds: float = WAIT_SECONDS) -> AsyncConnectionPool:
     settings = settings or get_settings()
     given = conninfo_to_dict(url)
     pool = AsyncConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size or settings.db_pool_max,
+        timeout=wait_seconds,
         # After any options the URL carries, so that these bounds win (a later -c overrides).
         kwargs={"row_factory": dict_row, "autocommit": False, "prepare_threshold": 0,
                 "options": " ".join(filter(None, [given.get("options"), session_options(settings)])),
@@ -149,9 +155,9 @@ class Database:
 
     @classmethod
     async def connect(cls, url: str | None = None, max_size: int | None = None, min_size: int = 1,
-                      settings: Settings | None = None) -> Database:
+                      settings: Settings | None = None, wait_seconds: float = WAIT_SECONDS) -> Database:
         return cls(await open_pool(url or resolve_database_url(settings), max_size=max_size, min_size=min_size,
-                                   settings=settings))
+                                   settings=settings, wait_seconds=wait_seconds))
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[Connection]:

@@ -271,6 +271,10 @@ class Settings(BaseSettings):
     db_pool_max: int = Field(
         default=4, ge=1, description="PostgreSQL connections a process's pool may open (a session host twice as "
                                      "many, at least 4, opened as its sessions need them).")
+    api_db_wait_seconds: float = Field(
+        default=5.0, gt=0, le=PG_TIMEOUT_MAX_SECONDS,
+        description="How long an API request waits for a database connection (the database down or restarting, "
+                    "or every connection of the replica busy) before it is answered 503 with Retry-After.")
     # No transaction of the runtime waits on Docker or a model, so these bound only database work:
     # a runaway statement, a lock held by a stuck transaction, a transaction left open.
     db_statement_timeout_seconds: float = Field(

@@ -15,16 +15,22 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from api.app import create_app
 from persistence.databases import create_database
 from persistence.embedded import embedded_url, running_postmaster
 from persistence.records import Scope
 from persistence.settings import get_settings
 from tests.actors.helpers import eventually, peak_concurrent_runs, rows
+from tests.api.conftest import uvicorn_server
+from tests.api.helpers import client
 
 MEMBERS = 3
 # Longer than a lease (4 s in the tests' environment): every lease has run out when the server is back.
@@ -46,35 +52,58 @@ def tree_script() -> str:
     return script(call(*creates), call(("wait_inputs", {"input_ids": waits})), say(f"root: {outputs}"))
 
 
-async def crash_and_restart(data_dir: Path) -> float:
+async def crash_and_restart(data_dir: Path, during: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
     """SIGQUIT the postmaster (PostgreSQL's immediate shutdown: every backend exits at once, with
-    crash recovery at the next start), keep it down, start it again; the seconds it was down."""
+    crash recovery at the next start), keep it down while ``during`` runs and at least
+    OUTAGE_SECONDS, start it again; the seconds it was down, and what ``during`` returned."""
     pid = running_postmaster(data_dir)
     assert pid is not None
     os.kill(pid, signal.SIGQUIT)
     down = time.monotonic()
     await eventually(lambda: asyncio.sleep(0, running_postmaster(data_dir) is None), timeout=30)
-    await asyncio.sleep(OUTAGE_SECONDS)
+    seen = await during()
+    await asyncio.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down)))
     await asyncio.to_thread(embedded_url, data_dir)
-    return time.monotonic() - down
+    return time.monotonic() - down, seen
+
+
+async def api_answers(http: httpx.AsyncClient, path: str, count: int) -> list[dict[str, Any]]:
+    """``count`` GETs of ``path``, one after the other (the first may meet a connection the crash cut,
+    the next a pool that cannot connect)."""
+    return [await api_answer(http, path) for _ in range(count)]
+
+
+async def api_answer(http: httpx.AsyncClient, path: str) -> dict[str, Any]:
+    """What the API answers to a GET of ``path``: its status, ``Retry-After``, body and time taken."""
+    started = time.monotonic()
+    response = await http.get(path)
+    return {"status": response.status_code, "retry_after": response.headers.get("retry-after"),
+            "body": response.text[:500], "seconds": time.monotonic() - started}
 
 
 async def main() -> None:
     data_dir = Path(os.environ["CANOPY_DATA_DIR"])
     os.environ["CANOPY_DATABASE_URL"] = create_database(embedded_url(data_dir), "canopy_restart")
     get_settings.cache_clear()
-    runtime = await Runtime.start(num_cpus=2)
+    # As an API replica's runtime: its requests wait this long for a connection (api/app.py).
+    runtime = await Runtime.start(num_cpus=2, db_wait_seconds=get_settings().api_db_wait_seconds)
     findings: dict[str, Any] = {}
     try:
         scope = Scope(f"user-{uuid.uuid4().hex[:8]}", "restart")
-        created = await runtime.create_root(scope, input_text=tree_script())
-        tree_id = created["session"]["session_id"]
-        # Mid-work: a member's first reply (its side effects) is committed, the others' may not be.
-        await eventually(lambda: rows(runtime.db, "SELECT 1 FROM coop_messages m JOIN sessions s "
-                                      "ON s.session_id = m.sender_session_id WHERE s.tree_id = %s", tree_id))
-        findings["down_seconds"] = await crash_and_restart(data_dir)
-        result = await eventually(lambda: _result(runtime, scope, created["input"]["input_id"]), timeout=240)
-        findings["result"] = [result["status"], result["output"]]
+        async with uvicorn_server(create_app(runtime)) as api, \
+                client(api.url, await runtime.create_api_key(scope), timeout=120) as http:
+            created = await runtime.create_root(scope, input_text=tree_script())
+            tree_id = created["session"]["session_id"]
+            path = f"/api/v1/sessions/{tree_id}"
+            findings["api_before"] = await api_answer(http, path)
+            # Mid-work: a member's first reply (its side effects) is committed, the others' may not be.
+            await eventually(lambda: rows(runtime.db, "SELECT 1 FROM coop_messages m JOIN sessions s "
+                                          "ON s.session_id = m.sender_session_id WHERE s.tree_id = %s", tree_id))
+            findings["down_seconds"], findings["api_down"] = await crash_and_restart(
+                data_dir, lambda: api_answers(http, path, 3))
+            result = await eventually(lambda: _result(runtime, scope, created["input"]["input_id"]), timeout=240)
+            findings["result"] = [result["status"], result["output"]]
+            findings["api_after"] = await api_answer(http, path)
         await runtime.wait_tree_idle(scope, tree_id, timeout=120)
         findings.update(await _tree_facts(runtime, tree_id))
     finally:

@@ -1,9 +1,10 @@
 """PostgreSQL crashes and is started again while a tree works, in both session shapes: the tree
-finishes with the same result, every side effect once (database_restart_scenario.py, in a process
-and on a database server of its own)."""
+finishes with the same result, every side effect once, and the API meanwhile answers 503 with
+Retry-After, soon (database_restart_scenario.py, in a process and on a database server of its own)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from api.errors import RETRY_AFTER_SECONDS
 from persistence.embedded import stop_embedded
+from persistence.settings import Settings
 from tests.actors.database_restart_scenario import MEMBERS, OUTAGE_SECONDS
 from tests.actors.helpers import scenario_findings
 from tests.conftest import RUNTIME_ENV, SHAPES
@@ -41,3 +44,9 @@ async def test_a_tree_finishes_once_through_a_database_crash(shape: str, short_d
     assert findings["messages"] == [f"hello once from m{i}" for i in members], findings
     assert findings["open_inputs"] == [] and set(findings["turns"]) == {"completed"}, findings
     assert findings["peak_runs"] <= 4, findings
+    # The API said to come back (not a 500), within the replica's wait for a connection, and then served.
+    assert findings["api_before"]["status"] == findings["api_after"]["status"] == 200, findings
+    for answer in findings["api_down"]:
+        assert answer["status"] == 503 and answer["retry_after"] == str(RETRY_AFTER_SECONDS), findings
+        assert json.loads(answer["body"])["detail"].startswith("the database is unavailable"), findings
+        assert answer["seconds"] < Settings().api_db_wait_seconds + 3, findings
