@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import uuid
@@ -479,11 +480,11 @@ class RunExecutor:
         if not self._compact_requested and refused is not None and not compaction.grown_since(
                 earlier, refused, threshold):
             return
+        count = functools.partial(self._counted, config, tools=None)  # the model's own count of a request
         try:
             if not self._compact_requested and not await self._over_threshold(config, request, threshold):
                 return
-            summarising = await compaction.fitted_request(
-                earlier, threshold, lambda messages: self._counted(config, messages, None))
+            summarising = await compaction.fitted_request(earlier, threshold, count)
             reply = await gateways.complete_for_run(run_id=str(self.run.run_id), **self._endpoint(config),
                                                      messages=summarising, tools=None, watch=None)
         except (LeaseLost, asyncio.CancelledError, DatabaseError):
@@ -497,7 +498,7 @@ class RunExecutor:
             return
         await failpoints.pause("during_compaction", self._session_name)
         text = reply["message"]["content"] or ""
-        if not compaction.usable(text, threshold, earlier):
+        if not await compaction.usable(text, threshold, model_messages(earlier, self.run.turn_id), count):
             log.warning("run %s: a summary of %d characters cannot stand for %d messages; the history is kept",
                         self.run.run_id, len(text), len(earlier))
             await self._keep_history(earlier, charged=reply)  # not used, but billed: a budget counts it

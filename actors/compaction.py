@@ -17,7 +17,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from persistence.messages import escape_wrappers, is_summary, model_text
+from persistence.messages import escape_wrappers, is_summary, model_text, render_summary
 from persistence.records import Row
 
 INSTRUCTIONS = (
@@ -33,6 +33,8 @@ _BYTES_PER_TOKEN = 2
 # text of more tokens a byte (``fitted_request``): the estimate's 2 would leave half of English out.
 _ROOM_BYTES_PER_TOKEN = 4
 _FITTING_TRIES = 3
+# The model's own count of a request's prompt tokens (the gateway's); None when it cannot count.
+Count = Callable[[list[dict[str, Any]]], Awaitable[int | None]]
 OPEN_TAG = "<canopy:compact>"
 # litellm's errors of a failure that passes: a rate limit, a provider down, overloaded or unreachable
 # for a moment, no answer in time. A summary call that fails so is asked again at the next model
@@ -90,8 +92,7 @@ def _tagged(role: str, text: str) -> str:
     return f'<canopy:entry role="{role}">\n{text}\n</canopy:entry>'
 
 
-async def fitted_request(earlier: list[Row], threshold: int,
-                         count: Callable[[list[dict[str, Any]]], Awaitable[int | None]]) -> list[dict[str, Any]]:
+async def fitted_request(earlier: list[Row], threshold: int, count: Count) -> list[dict[str, Any]]:
     """``request`` with as much of the transcript as ``threshold`` tokens hold by the model's own
     count (``count``: None when it cannot count): the first guess of its room in bytes is narrowed in
     proportion while the count is over, a few times at most (compaction is rare; a count is cheap
@@ -154,10 +155,20 @@ def _tail(text: str, size: int) -> str:
     return text.encode("utf-8", "surrogatepass")[-size:].decode("utf-8", "ignore")
 
 
-def usable(summary: str, threshold: int, earlier: list[Row]) -> bool:
-    """Whether a summary can stand for the messages it replaces (``earlier``): a blank one (a content
-    filter, a model out of tokens) would silently drop them all; one longer than half the threshold,
-    or than half of those messages (in tokens, both estimated as ``estimate_tokens`` does), saves
-    little or grows the context, and is compacted again at once."""
-    tokens = utf8_bytes(summary) // _BYTES_PER_TOKEN
-    return bool(summary.strip()) and tokens <= threshold // 2 and tokens <= estimate_tokens(earlier, None) // 2
+async def usable(summary: str, threshold: int, replaced: list[dict[str, Any]], count: Count) -> bool:
+    """Whether a summary can stand for the messages it replaces (``replaced``, as the model is sent
+    them): a blank one (a content filter, a model out of tokens) would silently drop them all; one
+    longer than half the threshold, or than half of those messages, saves little or grows the context,
+    and is compacted again at once. Both are measured as the model is sent them, by its own count
+    (``count``): bytes / 2 is twice the tokens of English, and refused an English summary of more than
+    a quarter of the threshold; characters would pass CJK or emoji of several tokens each."""
+    if not summary.strip():
+        return False
+    tokens = await _tokens([{"role": "user", "content": render_summary(summary)}], count)
+    return tokens <= threshold // 2 and tokens <= await _tokens(replaced, count) // 2
+
+
+async def _tokens(messages: list[dict[str, Any]], count: Count) -> int:
+    """``messages``' tokens by ``count``, or, when it cannot count, estimated as ``estimate_tokens`` does."""
+    counted = await count(messages)
+    return counted if counted is not None else estimate_tokens(messages, None)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import uuid
 
+import litellm
 import pytest
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from persistence.databases import rows
+from persistence.messages import render_summary
 from persistence.records import Scope
 from tests.actors.helpers import eventually, failing_once, kill_session_process
 from tests.actors.replay_server import ReplayServer
@@ -167,7 +169,7 @@ async def test_a_long_transcript_keeps_the_earlier_summary_whole(runtime: Runtim
                   replay_say("the second summary"), replay_say("a3"))
     await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
                                        "api_base": replay.base_url, "compact_at_tokens": 1000})
-    created = await runtime.create_root(scope, agent_id=model, input_text="q1 " + "context " * 20)
+    created = await runtime.create_root(scope, agent_id=model, input_text="q1 " + "context " * 60)
     session = created["session"]["session_id"]
     await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     long_text = " ".join(f"w{n}" for n in range(1500))  # ~3,000 tokens, ~7,400 characters
@@ -190,7 +192,9 @@ async def test_a_later_run_of_a_compacted_turn_keeps_the_tools_its_input_granted
     await runtime.create_agent(scope, {"agent_id": f"full-{tag}", "name": "Full", "model": "canopy/scripted"})
     await runtime.create_agent(scope, {"agent_id": f"lim-{tag}", "name": "Limited", "model": "canopy/scripted",
                                        "tools": ["submit_input", "wait_inputs"]})
-    x = await runtime.create_root(scope, agent_id=f"full-{tag}", input_text=script(say("x first"), task="y" * 300))
+    # Long enough that a summary (the scripted model's is a line) is at most half of what it stands for.
+    first = script(say("x first"), task="the plan " * 100)
+    x = await runtime.create_root(scope, agent_id=f"full-{tag}", input_text=first)
     x_id = x["session"]["session_id"]
     await runtime.wait_result(scope, x["input"]["input_id"], timeout=60)
     await runtime.request_compaction(scope, x_id)  # as any call over the threshold would
@@ -267,7 +271,7 @@ async def test_a_refused_summary_is_not_asked_again_until_the_history_has_grown(
     await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
                                        "api_base": replay.base_url, "compact_at_tokens": 1000})
     other = await runtime.create_root(scope, input_text=script(say("slow", delay_ms=1500)))
-    replay.script(model, replay_say("a1"), replay_say("x" * 3000),
+    replay.script(model, replay_say("a1"), replay_say("x " * 1000),  # ~1,000 tokens: over half the threshold
                   replay_calls(("wait_inputs", {"input_ids": [str(other["input"]["input_id"])]})),
                   replay_say("done"), replay_say("third"), replay_say("fourth"), replay_say("a short summary"),
                   replay_say("fifth"))
@@ -336,3 +340,35 @@ async def test_a_summary_call_that_fails_for_a_passing_reason_is_asked_again_at_
     assert len(_summarising(replay, model)) == attempts + 1
     [summary] = await _summaries(runtime, session)
     assert "a summary" in str(summary["content"]) and summary["origin"]["covered"] == 4, summary
+
+
+ENGLISH_SUMMARY = "the plan for the database migration and its rollback " * 40  # ~380 tokens, 2,120 bytes
+CJK_SUMMARY = "我们正在讨论数据库迁移的计划以及回滚策略" * 30  # 600 characters: ~690 tokens, 1,800 bytes
+
+
+@pytest.mark.parametrize(("summary", "used"), [(ENGLISH_SUMMARY, True), (CJK_SUMMARY, False)],
+                         ids=["english of 0.4 the threshold", "cjk of more than half the threshold"])
+async def test_a_summary_is_measured_in_the_models_own_tokens(
+        runtime: Runtime, scope: Scope, replay: ReplayServer, summary: str, used: bool) -> None:
+    """A summary was measured as UTF-8 bytes / 2, twice the tokens of English: one of 0.4 times the
+    threshold, a tenth of the history it replaced, was refused as longer than half the threshold. It is
+    measured by the model's own count; a CJK one of few characters but many tokens is still refused."""
+    model = f"measured-{uuid.uuid4().hex[:8]}"
+    tokens = litellm.token_counter(model=f"openai/{model}", messages=[{"role": "user",
+                                                                       "content": render_summary(summary)}])
+    assert (0.3 * 1000 < tokens < 500) if used else tokens > 500, tokens  # what the test is about
+    replay.script(model, replay_say("a1"), replay_say(summary), replay_say("after"))
+    await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
+                                       "api_base": replay.base_url, "compact_at_tokens": 1000})
+    long_text = " ".join(f"w{n}" for n in range(1500))  # ~3,500 tokens: over the threshold, ~9 times the summary
+    created = await runtime.create_root(scope, agent_id=model, input_text=long_text)
+    session = created["session"]["session_id"]
+    await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    receipt = await runtime.submit_input(scope, session, "go on")
+    assert (await runtime.wait_result(scope, receipt["input_id"], timeout=60))["output"] == "after"
+
+    assert [s["content"] for s in await _summaries(runtime, session)] == ([render_summary(summary)] if used else [])
+    last_call = json.dumps(replay.requests_for(model)[-1].body["messages"], ensure_ascii=False)
+    assert ("w1499" in last_call) is not used  # the history as it was, or the summary for it
+    refused = await rows(runtime.db, "SELECT compaction_refused_until FROM sessions WHERE session_id = %s", session)
+    assert (refused[0]["compaction_refused_until"] is None) is used

@@ -69,28 +69,45 @@ def test_the_estimate_never_skips_counting_a_request_over_the_threshold(text: st
     assert compaction.estimate_tokens([{"role": "user", "content": text}], None) >= tokens // 2, tokens
 
 
-def test_a_summary_of_many_tokens_in_few_characters_is_not_usable() -> None:
-    summary = TEXTS["cjk"][:2000]  # 2,000 characters: half the threshold's 4,000, and ~1,200 tokens
-    assert not compaction.usable(summary, THRESHOLD, [_row("user", TEXTS["cjk"] * 4)])
+async def _count(messages: list[dict[str, Any]]) -> int:
+    return int(litellm.token_counter(model="gpt-4o", messages=messages))
+
+
+async def test_a_summary_of_many_tokens_in_few_characters_is_not_usable() -> None:
+    summary = TEXTS["emoji"][:600]  # 600 characters, 2,400 bytes: ~1,400 tokens
+    assert not await compaction.usable(summary, THRESHOLD, [{"role": "user", "content": TEXTS["emoji"] * 4}], _count)
+
+
+async def test_an_english_summary_is_measured_in_the_models_tokens_not_in_bytes() -> None:
+    """Bytes / 2 is twice the tokens of English: a summary of 0.4 times the threshold was refused."""
+    summary = TEXTS["english"]  # 2,160 bytes: ~400 tokens
+    assert 300 < await _count([{"role": "user", "content": summary}]) < THRESHOLD // 2
+    assert await compaction.usable(summary, THRESHOLD, [{"role": "user", "content": TEXTS["english"] * 4}], _count)
 
 
 @pytest.mark.parametrize("text", TEXTS.values(), ids=TEXTS.keys())
 async def test_the_summarising_request_holds_as_much_as_the_threshold_in_the_models_tokens(text: str) -> None:
     """Sized as bytes / 2, an English transcript held half of what the threshold allows (its older
     half never summarised); sized as characters / 4, a CJK or emoji one held several times it."""
-    async def count(messages: list[dict[str, Any]]) -> int:
-        return int(litellm.token_counter(model="gpt-4o", messages=messages))
-
-    fitted = await compaction.fitted_request([_row("user", text * 20)], THRESHOLD, count)
-    assert 0.6 * THRESHOLD <= await count(fitted) <= THRESHOLD, await count(fitted)
+    fitted = await compaction.fitted_request([_row("user", text * 20)], THRESHOLD, _count)
+    assert 0.6 * THRESHOLD <= await _count(fitted) <= THRESHOLD, await _count(fitted)
 
 
-def test_a_summary_must_be_at_most_half_of_what_it_stands_for() -> None:
+async def test_a_summary_must_be_at_most_half_of_what_it_stands_for() -> None:
     """A summary within the threshold's bound but longer than the messages it replaced was used: the
     context grew."""
-    earlier = [_row("user", "q1"), _row("assistant", "a1"), _row("user", "what next? " * 20)]
-    assert compaction.usable("q1 a1, then what next", THRESHOLD, earlier)
-    assert not compaction.usable("S" * 300, THRESHOLD, earlier)  # estimated 150 tokens, standing for 112
+    earlier = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+               {"role": "user", "content": "what next? " * 20}]
+    assert await compaction.usable("q1 a1, then what next", THRESHOLD, earlier, _count)
+    assert not await compaction.usable("the plan " * 30, THRESHOLD, earlier, _count)  # ~80 tokens, standing for ~80
+
+
+async def test_a_summary_is_estimated_when_the_model_cannot_count() -> None:
+    async def cannot(messages: list[dict[str, Any]]) -> None:
+        return None
+
+    assert not await compaction.usable(TEXTS["cjk"][:400], THRESHOLD, [{"role": "user", "content": TEXTS["cjk"] * 4}],
+                                       cannot)  # 1,200 bytes: 600 tokens, estimated
 
 
 def _litellm_error(name: str) -> Exception:
