@@ -45,7 +45,7 @@ from persistence import (
     views,
 )
 from persistence.cooperation import record_intervention
-from persistence.db import WAIT_SECONDS, Connection, Database, resolve_database_url
+from persistence.db import WAIT_SECONDS, Connection, Database, resolve_database_url, retrying_deadlocks
 from persistence.errors import Conflict, InvalidArgument, RayUnreachable
 from persistence.messages import steer
 from persistence.migrations import ensure_schema
@@ -542,9 +542,13 @@ class Runtime:
         return request
 
     async def stop_tree(self, scope: Scope, tree_id: uuid.UUID, in_tx: TxHook | None = None) -> list[uuid.UUID]:
-        async with self.db.tx() as conn:
-            live = await trees.stop_tree(conn, scope, tree_id)
-            await _run_hook(in_tx, conn, live)
+        async def stopping() -> list[uuid.UUID]:
+            async with self.db.tx() as conn:
+                live = await trees.stop_tree(conn, scope, tree_id)
+                await _run_hook(in_tx, conn, live)
+            return live
+
+        live = await retrying_deadlocks(stopping)
         await _after_commit(asyncio.gather(*(self.placement.activate(session_id) for session_id in live)),
                             signals.after_change(self.placement, self.db, [tree_id]))
         return live

@@ -7,9 +7,9 @@ import contextlib
 import functools
 import os
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, LiteralString, Protocol, cast
+from typing import Any, LiteralString, Protocol, TypeVar, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -28,6 +28,9 @@ Connection = psycopg.AsyncConnection[dict[str, Any]]
 DatabaseError = psycopg.Error
 # Lost a row lock to another transaction: a deadlock, or the lock_timeout passed.
 LockConflict = (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable)
+T = TypeVar("T")
+# Attempts of a transaction PostgreSQL aborted to break a deadlock (``retrying_deadlocks``).
+DEADLOCK_ATTEMPTS = 5
 # The largest bigint (ids, event cursors, offsets): a larger value fails its statement.
 MAX_BIGINT = 2**63 - 1
 
@@ -104,6 +107,22 @@ async def advisory_lock(conn: Connection, key: str) -> None:
     For counts that must not be overshot by concurrent writers: take it, then count, then write;
     the count is a statement of its own (see the query's comment)."""
     await conn.execute(query("advisory_lock"), {"key": key})
+
+
+async def retrying_deadlocks(transaction: Callable[[], Awaitable[T]]) -> T:
+    """``transaction`` (a whole one) done again when PostgreSQL aborted it to break a deadlock: the
+    other transaction then goes on, so the next attempt gets through once it has committed. For an
+    operation that locks many rows in its own order while sessions' steps lock theirs in another
+    (Stop all, trees.stop_tree), and must not fail because a member was busy."""
+    attempt = 1
+    while True:
+        try:
+            return await transaction()
+        except psycopg.errors.DeadlockDetected:
+            if attempt == DEADLOCK_ATTEMPTS:
+                raise
+        await asyncio.sleep(0.05 * attempt)
+        attempt += 1
 
 
 async def ping(conn: psycopg.AsyncConnection[Any]) -> None:

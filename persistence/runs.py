@@ -23,7 +23,7 @@ from persistence.statuses import RunKind
 MAX_RECOVERIES_PER_TURN = 5
 LEASE_EXPIRED = "lease expired: the run's owner stopped heart-beating"
 
-_LOCK_TREE = "SELECT user_id, app_id, slot_limit, stopped FROM trees WHERE tree_id = %s FOR UPDATE"
+_LOCK_TREE = "SELECT user_id, app_id, slot_limit, stopped FROM trees WHERE tree_id = %s FOR NO KEY UPDATE"
 # The free slots are counted in the same statement, under the tree lock the caller holds. The
 # tree's first grant starts the wall time of its budget (tree_usage.first_run_at); later grants
 # find it set and change nothing there. UPDATE ... RETURNING yields rows in no particular order:

@@ -17,9 +17,12 @@ from persistence.sessions import get_session_row, tree_members
 from persistence.statuses import Activity, RequestKind, RequestStatus, TurnStatus
 from persistence.turns import cancel_open_turn, lock_session, start_next_turn, turn_status
 
+# NO KEY UPDATE, as every lock of a tree row: it serialises the tree's grants, stops, continues and
+# budget changes, and lets a member's step create a session (whose foreign key shares the row) while
+# a stop, holding the row, waits for that member's own row: FOR UPDATE made that a deadlock.
 _LOCK_TREE = """
 SELECT tree_id, slot_limit, stopped, stop_reason, archived FROM trees
-WHERE tree_id = %s AND user_id = %s AND app_id = %s FOR UPDATE
+WHERE tree_id = %s AND user_id = %s AND app_id = %s FOR NO KEY UPDATE
 """
 # Stopped: the moment every member is locked, just before the commit (clock_timestamp, not the
 # transaction's start), so that a model call that starts after the stop is seen to start after it.

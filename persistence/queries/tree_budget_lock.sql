@@ -2,4 +2,4 @@
 -- that checks the budget are serialised).
 SELECT budget_tokens, budget_cost_usd, budget_seconds, budget_model_calls FROM trees
 WHERE tree_id = %(tree_id)s AND user_id = %(user_id)s AND app_id = %(app_id)s
-FOR UPDATE
+FOR NO KEY UPDATE

@@ -32,6 +32,7 @@ from actors.runtime import (
     worker_env,
 )
 from actors.scripted import call, create, say, script
+from persistence import turns
 from persistence.errors import Conflict, NotFound
 from persistence.records import Row, Scope
 from persistence.settings import Settings
@@ -46,6 +47,7 @@ from tests.actors.helpers import (
 from tests.actors.replay_server import ReplayServer
 from tests.actors.replay_server import calls as replay_calls
 from tests.actors.replay_server import say as replay_say
+from tests.persistence.helpers import claim_turn, create_child, fetch_one, start_root_run, turn_row
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:
@@ -516,3 +518,23 @@ def test_a_runtime_beside_a_canopy_up_leaves_its_secrets_as_they_are(tmp_path: P
     assert serving_pid(tmp_path) is None
     worker_env(beside, url)
     assert not (secrets_dir / "canopy_admin_token").exists()
+
+
+@pytest.mark.default_shape  # the runtime's retry of a stop; where sessions run does not matter
+async def test_a_stop_racing_a_member_locking_a_sibling_is_retried_and_stops_the_tree(
+        runtime: Runtime, scope: Scope) -> None:
+    """Stop all locks the members in id order; a member's step holds its own row and then locks a
+    sibling with a smaller id (submit_input, cancel_turn). PostgreSQL aborts one of the two, the
+    stop (it waited first): the runtime's stop is asked again once the step has committed."""
+    db = runtime.db
+    tree, run = await start_root_run(db, scope)
+    kids = sorted([await create_child(db, run, f"k{index}") for index in range(2)], key=lambda kid: kid["session_id"])
+    member = await claim_turn(db, tree.tree_id, kids[1]["turn_id"])
+    async with db.tx() as conn:
+        await turns.begin_tool_step(conn, member)
+        stopping = asyncio.create_task(runtime.stop_tree(scope, tree.tree_id))
+        await asyncio.sleep(0.3)
+        await asyncio.wait_for(turns.lock_session(conn, scope, uuid.UUID(kids[0]["session_id"])), timeout=5)
+    await asyncio.wait_for(stopping, timeout=20)
+    assert (await fetch_one(db, "SELECT stopped FROM trees WHERE tree_id = %s", (tree.tree_id,)))["stopped"] is True
+    assert (await turn_row(db, kids[1]["turn_id"]))["status"] == "cancelling"

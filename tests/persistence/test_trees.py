@@ -10,12 +10,13 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from persistence import runs, sessions, trees, turns, waits
+from persistence import cooperation, runs, sessions, trees, turns, waits
 from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument
 from persistence.records import Row, Scope
 from tests.persistence.helpers import (
     AGENT_CONFIG,
+    DISPATCHER,
     HUMAN,
     Tree,
     claim_turn,
@@ -25,6 +26,7 @@ from tests.persistence.helpers import (
     fetch_one,
     finish,
     grant,
+    limits,
     make_tree,
     session_row,
     start_root_run,
@@ -233,6 +235,23 @@ async def test_a_stop_racing_a_member_that_holds_its_lock_does_not_deadlock(db: 
     assert await asyncio.wait_for(stopping, timeout=10) == [tree.root_id]
     assert (await turn_row(db, aaa["turn_id"]))["status"] == "completed"
     assert (await turn_row(db, run.turn_id))["status"] == "cancelling"
+
+
+async def test_a_stop_racing_a_member_creating_a_session_stops_the_tree_and_the_new_member(
+        db: Database, scope: Scope) -> None:
+    """A member's step holds its own row and then inserts a session of the tree, whose foreign key
+    shares the tree row: a stop holding that row exclusively (and waiting for the member) deadlocked,
+    and PostgreSQL aborted the stop, so the tree ran on with its new member."""
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        await turns.begin_tool_step(conn, run)
+        stopping = asyncio.create_task(stop(db, scope, tree))
+        await asyncio.sleep(0.3)
+        kid = await asyncio.wait_for(cooperation.create_session(
+            conn, run, "c1", name="kid", description="x", limits=limits(), dispatcher=DISPATCHER), timeout=5)
+    await asyncio.wait_for(stopping, timeout=10)
+    assert (await fetch_one(db, "SELECT stopped FROM trees WHERE tree_id = %s", (tree.tree_id,)))["stopped"] is True
+    assert (await turn_row(db, kid["turn_id"]))["status"] == "cancelled"
 
 
 async def test_after_a_stop_a_human_input_unpauses_only_that_member(db: Database, scope: Scope) -> None:
