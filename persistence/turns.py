@@ -26,6 +26,8 @@ MAX_TEXT = 100_000
 _PREVIEW = 500
 # The error of a Turn cancelled with no reason given (a cancel of exactly this Turn).
 CANCELLED = "cancelled"
+# A Turn whose Runs kept dying before they committed a reply (``runs.deaths_in_a_row``).
+GIVEN_UP = "the turn's runs kept dying; giving up after repeated recoveries"
 
 _LOCK_SESSION = """
 SELECT session_id, tree_id, parent_id, path, user_id, app_id, queue_paused, archived
@@ -331,7 +333,16 @@ async def finalize_cancel(conn: Connection, session: Row, turn_id: uuid.UUID, re
     await conn.execute(
         "UPDATE requests SET status = 'cancelled' WHERE turn_id = %s AND status = 'pending'", (turn_id,)
     )
+    await _give_result_run_the_reason(conn, result_run_id, reason)
     return await _end_turn(conn, session, turn_id, result_run_id, TurnStatus.CANCELLED, None, reason)
+
+
+async def _give_result_run_the_reason(conn: Connection, run_id: uuid.UUID, reason: str) -> None:
+    """A Turn's Result reads its error from the result Run. A Run that was interrupted (it parked, or
+    its owner died) did not end the Turn: without this, a Turn stopped while it waited had no error,
+    and one whose cancel or give-up a recovery finished said its lease expired. The interruption
+    stays in the Run's status, its events and the logs."""
+    await conn.execute("UPDATE runs SET error = %s WHERE run_id = %s AND status = 'interrupted'", (reason, run_id))
 
 
 async def cancel_turn(conn: Connection, scope: Scope, session_id: uuid.UUID, turn_id: uuid.UUID,
@@ -442,9 +453,8 @@ async def recover_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None
         await finalize_cancel(conn, session, expired["turn_id"], run_id,
                               await cancel_reason(conn, session["session_id"], expired["turn_id"]))
     elif await run_repo.deaths_in_a_row(conn, expired["turn_id"]) >= run_repo.MAX_RECOVERIES_PER_TURN:
-        await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = %s", (run_id,))
-        await _end_turn(conn, session, expired["turn_id"], run_id, TurnStatus.FAILED, None,
-                        "the turn's runs kept dying; giving up after repeated recoveries")
+        await conn.execute("UPDATE runs SET status = 'failed', error = %s WHERE run_id = %s", (GIVEN_UP, run_id))
+        await _end_turn(conn, session, expired["turn_id"], run_id, TurnStatus.FAILED, None, GIVEN_UP)
     else:
         await run_repo.insert_run(conn, expired["turn_id"], expired["session_id"], expired["tree_id"],
                                   resumes_run_id=run_id)

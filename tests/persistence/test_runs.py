@@ -12,7 +12,7 @@ import pytest
 from persistence import cooperation, messages, runs, sessions, turns
 from persistence.db import Database
 from persistence.errors import LeaseLost
-from persistence.records import RunRef, Scope
+from persistence.records import Row, RunRef, Scope
 from tests.persistence.helpers import (
     DISPATCHER,
     LEASE_SECONDS,
@@ -303,8 +303,8 @@ async def test_concurrent_recoveries_create_one_resume_run(db: Database, scope: 
 
 async def test_recovering_a_cancelling_turn_finalises_the_cancel(db: Database, scope: Scope) -> None:
     tree, run = await start_root_run(db, scope)
-    async with db.tx() as conn:
-        assert await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id) is True  # live run: signal
+    async with db.tx() as conn:  # live run: signal
+        assert await turns.cancel_turn(conn, scope, tree.root_id, run.turn_id, reason="cancelled by session X") is True
     assert (await turn_row(db, run.turn_id))["status"] == "cancelling"
     await _expire(db, run)
     async with db.tx() as conn:
@@ -312,6 +312,8 @@ async def test_recovering_a_cancelling_turn_finalises_the_cancel(db: Database, s
     turn = await turn_row(db, run.turn_id)
     assert turn["status"] == "cancelled" and turn["result_run_id"] == run.run_id
     assert await fetch_all(db, "SELECT run_id FROM runs WHERE resumes_run_id = %s", (run.run_id,)) == []
+    # The Result says why, as the turn_cancelled event does (it said the lease expired).
+    assert (await _result(db, scope, run.turn_id))["error"] == "cancelled by session X"
 
 
 async def _die_until_given_up(db: Database, tree_id: uuid.UUID, run: RunRef) -> RunRef:
@@ -333,6 +335,12 @@ async def test_a_turn_whose_runs_keep_dying_fails(db: Database, scope: Scope) ->
     turn = await turn_row(db, run.turn_id)
     assert turn["status"] == "failed" and turn["result_run_id"] == run.run_id
     assert await running_in_tree(db, tree.tree_id) == 0
+    assert (await _result(db, scope, run.turn_id))["error"].startswith("the turn's runs kept dying")
+
+
+async def _result(db: Database, scope: Scope, turn_id: uuid.UUID) -> Row:
+    async with db.tx() as conn:
+        return await turns.get_result(conn, scope, turn_id=turn_id)
 
 
 async def test_only_runs_that_die_without_progress_in_a_row_count_toward_giving_up(db: Database,
@@ -353,9 +361,11 @@ async def test_only_runs_that_die_without_progress_in_a_row_count_toward_giving_
         run = await claim_turn(db, tree.tree_id, run.turn_id)
     run = await _die_until_given_up(db, tree.tree_id, run)  # and then Runs that die before committing anything
     assert (await turn_row(db, run.turn_id))["status"] == "failed"
-    dead = await fetch_all(db, "SELECT count(*) AS n FROM runs WHERE turn_id = %s AND error = %s",
-                           (run.turn_id, runs.LEASE_EXPIRED))
-    assert dead[0]["n"] == 3 * runs.MAX_RECOVERIES_PER_TURN
+    dead = await fetch_all(db, "SELECT error, count(*) AS n FROM runs WHERE turn_id = %s GROUP BY error ORDER BY n",
+                           (run.turn_id,))
+    # Every Run died: the last one's error is the give-up, as its Turn's Result says.
+    assert [(row["error"], row["n"]) for row in dead] == [
+        (turns.GIVEN_UP, 1), (runs.LEASE_EXPIRED, 3 * runs.MAX_RECOVERIES_PER_TURN - 1)]
 
 
 async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: Scope) -> None:

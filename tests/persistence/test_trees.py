@@ -254,6 +254,18 @@ async def test_a_stop_racing_a_member_creating_a_session_stops_the_tree_and_the_
     assert (await turn_row(db, kid["turn_id"]))["status"] == "cancelled"
 
 
+async def test_a_turn_stopped_while_it_waits_has_the_stop_as_its_results_error(db: Database, scope: Scope) -> None:
+    """Its result Run is the Run that parked, which ended with no error of its own: the Result said
+    ``cancelled`` with no error (a running Turn stopped alike says why)."""
+    tree, run = await start_root_run(db, scope)
+    child = await create_child(db, run, "aaa")
+    await park(db, run, condition={"input_ids": [child["input_id"]]})
+    await stop(db, scope, tree)
+    async with db.tx() as conn:
+        result = await turns.get_result(conn, scope, turn_id=run.turn_id)
+    assert (result["status"], result["error"]) == ("cancelled", "stopped: the whole tree was stopped")
+
+
 async def test_after_a_stop_a_human_input_unpauses_only_that_member(db: Database, scope: Scope) -> None:
     tree, run = await start_root_run(db, scope)
     aaa = await create_child(db, run, "aaa")
