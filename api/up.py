@@ -29,7 +29,11 @@ reuses its embedded PostgreSQL, and says so. Its ports are probed as the servers
 
 Secrets: the admin token (generated unless ``CANOPY_ADMIN_TOKEN`` is set) and the database
 URL reach Ray's processes only as files (actors/runtime.py); the generated token is printed
-once, with the API key of the default scope the SPEC asks for, and nothing else secret.
+once, with the API key of the default scope the SPEC asks for, and nothing else secret. That
+key is the run's own, as a notebook server's token is: a clean stop revokes it, and a run that
+did not stop (or could not revoke it) has it revoked by the next ``canopy up`` on the data dir,
+which knows it by its id (``canopy-up-keys.json``, recorded before the key is printed). Keys made
+otherwise (the admin API, ``canopy keys create``) are never touched.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -62,7 +67,9 @@ from ray import serve
 from actors.ray_compat import serve_http_address
 from actors.runtime import UP_LOCK, Runtime, init_ray, worker_env
 from api import __version__
+from api.operator import in_database
 from api.serve_app import APP_NAME, LOOPBACK, application
+from persistence import scopes
 from persistence.db import resolve_database_url
 from persistence.embedded import require_one_node, running_postmaster, stop_embedded
 from persistence.errors import CanopyError, DatabaseUnreachable, RayUnreachable, SharedDatabaseRequired
@@ -99,11 +106,16 @@ class Started:
 class RunRecord:
     """``<data dir>/canopy-up.lock``, locked (``flock``) while a ``canopy up`` serves the data
     dir (it holds that run's pid), and ``canopy-up.json``, what it started. The kernel drops the lock of a killed
-    process, so a record found with the lock free was left by a run that never stopped."""
+    process, so a record found with the lock free was left by a run that never stopped.
+
+    ``canopy-up-keys.json``: the ids of the API keys runs on the data dir minted (and printed)
+    that are not known to be revoked; it outlives a clean stop, whose revocation may fail."""
 
     def __init__(self, data_dir: Path) -> None:
         self.directory = data_dir.expanduser().resolve()
         self.path = self.directory / "canopy-up.json"
+        self.keys_path = self.directory / "canopy-up-keys.json"
+        self.minted_here = False
         self._lock: int | None = None
         self._saved = False
 
@@ -126,10 +138,25 @@ class RunRecord:
     def save(self, started: Started) -> None:
         record = {"pid": os.getpid(), "embedded_pg": started.embedded_pg is not None,
                   "ray_session_dir": started.ray_session_dir}
-        aside = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        aside.write_text(json.dumps(record))
-        aside.replace(self.path)
+        _replace(self.path, json.dumps(record))
         self._saved = True
+
+    def minted_keys(self) -> list[uuid.UUID]:
+        try:
+            return [uuid.UUID(key_id) for key_id in json.loads(self.keys_path.read_text())]
+        except FileNotFoundError:
+            return []
+        except (TypeError, ValueError):  # it would take them out of sight for good: never passed over
+            raise StartupError(f"{self.keys_path} is not a JSON list of key ids: revoke the keys earlier runs "
+                               "printed (canopy keys list, canopy keys revoke) and remove it") from None
+
+    def remember_key(self, key_id: uuid.UUID) -> None:
+        """Before the key is printed: any key a run printed is revoked by a run to come."""
+        _replace(self.keys_path, json.dumps([str(key) for key in [*self.minted_keys(), key_id]]))
+        self.minted_here = True
+
+    def forget_keys(self, revoked: set[uuid.UUID]) -> None:
+        _replace(self.keys_path, json.dumps([str(key) for key in self.minted_keys() if key not in revoked]))
 
     def release(self) -> None:
         """Unlock; what this run recorded is stopped, so the record goes (a previous run's stays
@@ -167,6 +194,33 @@ def require_local_address(host: str) -> None:
                        else f"cannot be listened on ({error.strerror})")
             raise StartupError(f"--host {host} {problem}: choose one of its own (127.0.0.1, ::1, 0.0.0.0, :: or "
                                "an address of one of its interfaces)") from None
+
+
+def _replace(path: Path, text: str) -> None:
+    """``path`` replaced whole (written aside, then renamed): a crash leaves the old file or the new one."""
+    aside = path.with_name(f".{path.name}.{os.getpid()}")
+    aside.write_text(text)
+    aside.replace(path)
+
+
+async def _revoke_minted(record: RunRecord) -> int:
+    """Revoke the keys canopy up runs on the data dir minted; how many the database has. Ids it does not
+    have (minted while the data dir used another database) stay recorded, for when it does again."""
+    minted = record.minted_keys()
+    if not minted:
+        return 0
+    revoked = await in_database(lambda conn: scopes.revoke_keys(conn, minted))
+    record.forget_keys({row["key_id"] for row in revoked})
+    return len(revoked)
+
+
+def _revoke_on_stop(record: RunRecord) -> None:
+    """The key this run printed stops working with it; when it cannot be revoked now, the next run does it."""
+    try:
+        asyncio.run(_revoke_minted(record))
+    except Exception as error:
+        print(f"canopy: this run's API key could not be revoked ({error}): the next canopy up on this data dir "
+              "revokes it", file=sys.stderr, flush=True)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -288,13 +342,15 @@ def _init_ray(settings: Settings, database_url: str, host: str, dashboard_port: 
     return {"dashboard_url": context.dashboard_url, "session_dir": context.address_info.get("session_dir")}
 
 
-async def _prepare(settings: Settings) -> str:
-    """Start the detached gateway and sweeper, and mint an API key for the default scope."""
+async def _prepare(settings: Settings) -> tuple[str, uuid.UUID]:
+    """Start the detached gateway and sweeper, and mint an API key for the default scope; it and its id."""
     runtime = await Runtime.start(settings)
     try:
         if problem := await runtime.default_model_problem():  # e.g. its provider's key is missing
             raise StartupError(problem)
-        return await runtime.create_api_key(DEFAULT_SCOPE)
+        async with runtime.db.tx() as conn:
+            api_key, row = await scopes.issue_key(conn, DEFAULT_SCOPE)
+        return api_key, row["key_id"]
     finally:
         await runtime.close()
 
@@ -400,6 +456,8 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
     except KeyboardInterrupt:
         return 130
     finally:
+        if record.minted_here:  # before the database stops
+            _revoke_on_stop(record)
         if started != Started():
             print("canopy: stopping…", flush=True)
             _stop(started)
@@ -429,13 +487,16 @@ def _start(settings: Settings, started: Started, record: RunRecord, host: str, p
         record.save(started)
         database_url = resolve_database_url(settings)
         ensure_schema(database_url)
+    if revoked := asyncio.run(_revoke_minted(record)):
+        print(f"  revoked {revoked} API key{'s' * (revoked > 1)} that earlier runs printed", flush=True)
     started.local_ray = settings.ray_address is None
     with _step("Ray (local)" if settings.ray_address is None else f"Ray (joining {settings.ray_address})"):
         ray_info = _init_ray(settings, database_url, host, dashboard_port, expose_ray)
         started.ray_session_dir = ray_info["session_dir"]
         record.save(started)
     with _step("gateway"):
-        api_key = asyncio.run(_prepare(settings))
+        api_key, key_id = asyncio.run(_prepare(settings))
+        record.remember_key(key_id)
     with _step(f"API (Serve on {hostport(host, port)})"):
         started.joined_serve = settings.ray_address is not None and _serve_on_cluster(host, port)
         started.serve_app = True
@@ -455,7 +516,8 @@ def _announce(host: str, port: int, dashboard: str | None, api_key: str, setting
         # The key rides in the fragment, which browsers never send: the UI stores it and scrubs the address.
         f"  UI         {base}/#key={api_key}",
         f"  Dashboard  {'http://' + dashboard if dashboard and '://' not in dashboard else dashboard or 'n/a'}",
-        f"  API key    {api_key}   (scope {DEFAULT_SCOPE.user_id}/{DEFAULT_SCOPE.app_id})",
+        f"  API key    {api_key}   (scope {DEFAULT_SCOPE.user_id}/{DEFAULT_SCOPE.app_id}; this run's: revoked when "
+        "it stops)",
         f"  Admin      {token}" + ("   (generated; set CANOPY_ADMIN_TOKEN to choose one)" if generated_token else ""),
     ]
     if local_ray:

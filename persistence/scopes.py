@@ -78,11 +78,16 @@ async def authenticate(conn: Connection, api_key: str, touch_seconds: float = TO
 
 async def revoke_key(conn: Connection, key_id: uuid.UUID) -> Row:
     """Revoke the key (again: a no-op); NotFound for an unknown id."""
-    cur = await conn.execute(query("api_key_revoke"), {"key_id": key_id})
-    row = await cur.fetchone()
-    if row is None:
+    revoked = await revoke_keys(conn, [key_id])
+    if not revoked:
         raise NotFound(f"no API key {key_id}")
-    return row
+    return revoked[0]
+
+
+async def revoke_keys(conn: Connection, key_ids: list[uuid.UUID]) -> list[Row]:
+    """Revoke the keys (again: a no-op); the rows of those that exist (ids unknown here are not)."""
+    cur = await conn.execute(query("api_key_revoke"), {"key_ids": key_ids})
+    return await cur.fetchall()
 
 
 async def list_keys(conn: Connection, *, user_id: str | None, app_id: str | None, offset: int,

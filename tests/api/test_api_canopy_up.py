@@ -29,10 +29,13 @@ from pathlib import Path
 
 import httpx
 import psutil
+import psycopg
 import pytest
 
 from actors.scripted import say, script
 from api.up import LOOPBACK, port_free
+from persistence.embedded import embedded_url, stop_embedded
+from persistence.scopes import hash_key
 from tests.api.helpers import clean_env
 from tests.ports import free_port
 
@@ -302,6 +305,62 @@ def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothin
         first.close()
         if second is not None:
             second.close()
+
+
+def _status(base: str, api_key: str) -> int:
+    with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        return http.get("/api/v1/projects").status_code
+
+
+def _revoked(data_dir: Path, *api_keys: str) -> list[bool]:
+    """Whether each key's row says it is revoked, read from the data dir's embedded database (started
+    for the reading when canopy up stopped it, and stopped again)."""
+    try:
+        with psycopg.connect(embedded_url(data_dir)) as conn:
+            found = dict(conn.execute("SELECT key_hash, revoked_at IS NOT NULL FROM api_keys WHERE key_hash = ANY(%s)",
+                                      ([hash_key(key) for key in api_keys],)).fetchall())
+    finally:
+        stop_embedded(data_dir)
+    return [found[hash_key(key)] for key in api_keys]
+
+
+@pytest.mark.timeout(600)  # two starts of canopy up
+def test_the_key_canopy_up_prints_is_that_runs_own_revoked_when_it_stops_or_the_next_run_starts(root: Path) -> None:
+    """Each run minted a new key that never expired: keys piled up, and any output ever printed gave
+    access for good. A key made otherwise (here through the admin API) is never touched."""
+    port, dashboard_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    first = Up(root, port, dashboard_port, name="first")
+    second = None
+    try:
+        first.wait_ready()
+        first_key = _api_key(first.output)
+        admin = re.search(r"Admin\s+(adm_\S+)", first.output)
+        assert admin, first.output
+        with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {admin.group(1)}"}) as http:
+            made = http.post("/api/v1/admin/keys", json={"user_id": "local", "app_id": "canopy"})
+        assert made.status_code == 201, made.text
+        admins_key = made.json()["api_key"]
+        assert _status(base, first_key) == _status(base, admins_key) == 200
+        # A crash stops nothing: the next run revokes the key the killed one printed.
+        killed = first.processes()
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait()
+        assert _eventually_none_alive(killed) == []
+
+        second = Up(root, port, dashboard_port, name="second")
+        second.wait_ready()
+        second_key = _api_key(second.output)
+        assert "revoked 1 API key that earlier runs printed" in second.output, second.output
+        assert _status(base, first_key) == 401
+        assert _status(base, admins_key) == _status(base, second_key) == 200
+        second.process.send_signal(signal.SIGINT)  # a clean stop revokes its own key at once
+        assert second.process.wait(timeout=120) == 0, second.output + second.stderr[-3000:]
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+    assert _revoked(root / "data", first_key, second_key, admins_key) == [True, True, False]
 
 
 @pytest.mark.timeout(600)
