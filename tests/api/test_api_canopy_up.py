@@ -5,8 +5,11 @@
 - Killed with ``kill -9`` (its whole process group) while a client holds a connection, it
   restarts at once on the same ports and data dir: the ports' TIME_WAIT does not block it, the
   killed run's Ray session is cleaned up and its embedded PostgreSQL reused, each said in a line.
-- It refuses, in one line and with exit code 2, a database it cannot reach, a port in use and a
-  data dir another ``canopy up`` serves; the port probe accepts TIME_WAIT and refuses a listener.
+- It refuses, in one line and with exit code 2, a database it cannot reach, a port in use, a
+  ``--host`` this machine lacks and a data dir another ``canopy up`` serves; the port probe accepts
+  TIME_WAIT and refuses a listener. On an IPv6 address its URLs are bracketed.
+- The key it prints is the run's own: revoked when it stops, or by the next run after a crash; a key
+  made through the admin API stays.
 """
 
 from __future__ import annotations
