@@ -332,9 +332,13 @@ export function describeUserMessage(message, treeId) {
       treeId: origin.tree_id ?? null, path: from } };
   }
   if (kind === "compaction") {
+    // A summary is made at a model boundary of a Turn, so it follows that Turn's input (and, made
+    // mid-Turn, its calls), which it does not summarise: it stands for everything before the input.
+    // ``covered`` counts the model's history, an earlier summary as one.
     const summary = text.match(/^<canopy:summary>\n?([\s\S]*?)\n?<\/canopy:summary>$/)?.[1] ?? text;
     return { text: unescapeWrappers(summary), source: { kind: "compaction",
-      label: `compacted here: the ${plural(origin.covered ?? 0, "message")} above are summarised for the model` } };
+      label: "compacted here: everything before this turn's input is summarised for the model "
+        + `(${plural(origin.covered ?? 0, "message")} of its history)` } };
   }
   if (kind === "session") {
     const otherTree = origin.tree_id && treeId && String(origin.tree_id) !== String(treeId);
