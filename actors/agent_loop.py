@@ -646,9 +646,10 @@ class RunExecutor:
                 parked, wait_id = True, await self._park(conn, *park)
             if model_is_next and not parked:
                 boundary = await self._take_boundary(conn)
-            # A park released this Run's slot: hand it on in the same commit.
-            hints = await signals.change_hints(conn, ctx.touched_sessions,
-                                               hand_off_tree=self.run.tree_id if wait_id else None)
+            # A park released this Run's slot: hand it on in the same commit. It also changed this
+            # session's state (waiting, for a human perhaps), which wait_sessions waiters watch.
+            touched = [*ctx.touched_sessions, self.run.session_id] if wait_id else ctx.touched_sessions
+            hints = await signals.change_hints(conn, touched, hand_off_tree=self.run.tree_id if wait_id else None)
         await asyncio.gather(*(self.placement.activate(s) for s in ctx.signalled_sessions))
         ctx.signalled_sessions.clear()
         ctx.touched_sessions.clear()

@@ -26,5 +26,5 @@ async def stop_tree(placement: Placement, db: Database, run: RunRef) -> bool:
         return False
     await asyncio.gather(*(placement.activate(session_id) for session_id in live
                            if session_id != run.session_id))
-    await signals.after_change(placement, db, [run.tree_id])
+    await signals.after_tree_change(placement, db, run.tree_id)
     return True

@@ -550,7 +550,7 @@ class Runtime:
 
         live = await retrying_deadlocks(stopping)
         await _after_commit(asyncio.gather(*(self.placement.activate(session_id) for session_id in live)),
-                            signals.after_change(self.placement, self.db, [tree_id]))
+                            signals.after_tree_change(self.placement, self.db, tree_id))
         return live
 
     async def continue_tree(self, scope: Scope, tree_id: uuid.UUID,

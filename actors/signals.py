@@ -93,3 +93,11 @@ async def after_change(placement: Placement, db: Database, session_ids: Iterable
     async with db.tx() as conn:
         hints = await change_hints(conn, session_ids)
     await send_hints(placement, db, hints)
+
+
+async def after_tree_change(placement: Placement, db: Database, tree_id: uuid.UUID) -> None:
+    """The hint after a commit that may have changed any member of the tree (Stop all): its tree, and
+    the waits watching any member, in whichever tree they wait."""
+    async with db.tx() as conn:
+        hints = ChangeHints(*await waits.tree_change_targets(conn, tree_id))
+    await send_hints(placement, db, hints)

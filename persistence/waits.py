@@ -167,6 +167,14 @@ async def change_targets(conn: Connection, session_ids: list[uuid.UUID]) -> tupl
     return row["tree_ids"], row["wait_ids"]
 
 
+async def tree_change_targets(conn: Connection, tree_id: uuid.UUID) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """``change_targets`` of every member of the tree, in one statement."""
+    cur = await conn.execute(query("change_targets_of_tree"), {"tree_id": tree_id})
+    row = await cur.fetchone()
+    assert row is not None
+    return row["tree_ids"], row["wait_ids"]
+
+
 # Where a sweep of the open waits starts over (every wait id is after it).
 SWEEP_START = uuid.UUID(int=0)
 

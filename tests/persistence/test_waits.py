@@ -181,6 +181,23 @@ async def test_a_passed_deadline_resumes_with_timed_out(db: Database, scope: Sco
     assert outcome["timed_out"] is True and outcome["results"][0]["terminal"] is False
 
 
+async def test_a_trees_change_targets_are_the_waits_watching_any_member(db: Database, scope: Scope) -> None:
+    """What Stop all hints after its commit (it may end any member's Turn): a wait in another tree
+    on a member's input was woken only by the sweep, the stop having named only the root."""
+    tree, run = await start_root_run(db, scope)
+    aaa = await create_child(db, run, "aaa")
+    _other, watcher = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        given = await turns.submit_input(conn, scope, uuid.UUID(aaa["session_id"]), "from elsewhere",
+                                         {"kind": "session"})
+    wait_id = await park(db, watcher, condition={"input_ids": [str(given["input_id"])]},
+                         targets=[uuid.UUID(aaa["session_id"])])
+    closed = await park(db, run, condition={"input_ids": [aaa["input_id"]]}, targets=[uuid.UUID(aaa["session_id"])])
+    async with db.tx() as conn:
+        await conn.execute("UPDATE waits SET status = 'cancelled' WHERE wait_id = %s", (closed,))
+        assert await waits.tree_change_targets(conn, tree.tree_id) == ([tree.tree_id], [wait_id])
+
+
 async def test_wait_sessions_resumes_on_an_update_after_the_cursor(db: Database, scope: Scope) -> None:
     tree, run = await start_root_run(db, scope)
     aaa, aaa_run = await child_run(db, run, "aaa")
