@@ -285,7 +285,8 @@ COOPERATION_TOOLS: list[Tool] = [
          acts=True),
     Tool("send_message", "Send context to a session: read at its next model call; starts no work.",
          SendMessageArgs, send_message, acts=True),
-    Tool("cancel_turn", "Cancel exactly one turn of a session.", CancelTurnArgs, cancel_turn, acts=True),
+    Tool("cancel_turn", "Cancel exactly one turn of a session; status already_ended when it had ended (its result "
+                        "stays as it was: get_result reads it).", CancelTurnArgs, cancel_turn, acts=True),
     Tool("wait_inputs", "Wait until all these inputs are finished; returns their exact results.",
          WaitInputsArgs, wait_inputs),
     Tool("wait_sessions", "Wait until any of these sessions has an update after the cursor.",
