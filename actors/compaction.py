@@ -13,7 +13,6 @@ database and in the UI, where the summary shows as a "compacted here" marker.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,14 +35,6 @@ _FITTING_TRIES = 3
 # The model's own count of a request's prompt tokens (the gateway's); None when it cannot count.
 Count = Callable[[list[dict[str, Any]]], Awaitable[int | None]]
 OPEN_TAG = "<canopy:compact>"
-# litellm's errors of a failure that passes: a rate limit, a provider down, overloaded or unreachable
-# for a moment, no answer in time. A summary call that fails so is asked again at the next model
-# call, not refused until the history has grown; a 400, a content filter or a reply that cannot be
-# used would fail the same way again, and is.
-_PASSING = frozenset({"RateLimitError", "InternalServerError", "ServiceUnavailableError", "BadGatewayError",
-                      "Timeout", "APIConnectionError"})
-# The gateway's error for a failed call begins with the first line of litellm's, which names its class.
-_LITELLM_ERROR = re.compile(r"litellm\.(\w+):")
 _CUT = "[…its start left out…] "  # begins the one entry of a long transcript that is cut
 
 
@@ -132,11 +123,11 @@ def request(earlier: list[Row], room_bytes: int) -> list[dict[str, Any]]:
 
 
 def passing(failure: BaseException) -> bool:
-    """Whether a summary call failed for a reason that passes (``_PASSING``), its retries used up. The
-    class is read from the start of the gateway's error (actors/model_gateway.py ``ModelError``: through
-    Ray only its text arrives), which is litellm's, never the provider's text that follows it."""
-    named = _LITELLM_ERROR.match(str(failure))
-    return named is not None and named.group(1) in _PASSING
+    """Whether a summary call failed for a reason that passes (the gateway's ``ModelError.passing``:
+    litellm's rate limit, a provider down or unreachable for a moment, no answer in time). Such a
+    call is asked again at the next model call, not refused until the history has grown; a 400, a
+    content filter or a reply that cannot be used would fail the same way again, and is."""
+    return bool(getattr(failure, "passing", False))
 
 
 def grown_since(earlier: list[Row], refused_until: int, threshold: int) -> bool:

@@ -102,16 +102,32 @@ class ModelError(Exception):
     """A model call failed for good; the message carries the provider's error text, and
     ``attempts`` the requests that failed on the way (model, error, latency_ms, ended_at as
     seconds since the epoch). ``charged``: a reply the provider generated (and billed) but that
-    is not kept, as the reply would have been accounted: {model, usage, cost_usd}."""
+    is not kept, as the reply would have been accounted: {model, usage, cost_usd}. ``passing``:
+    the call failed for a reason that passes (``passes``), its retries used up."""
 
     def __init__(self, message: str, attempts: Sequence[dict[str, Any]] = (),
-                 charged: dict[str, Any] | None = None) -> None:
+                 charged: dict[str, Any] | None = None, passing: bool = False) -> None:
         super().__init__(message)
         self.attempts = list(attempts)
         self.charged = charged
+        self.passing = passing
 
-    def __reduce__(self) -> tuple[Any, ...]:  # crosses Ray with its attempts and charge
-        return type(self), (str(self), self.attempts, self.charged)
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses Ray with its attempts, charge and kind
+        return type(self), (str(self), self.attempts, self.charged, self.passing)
+
+
+# litellm's errors of a call that may get through when asked again later (a rate limit, an
+# overloaded or unreachable provider, a timeout); a 400, a content filter or a refused key would
+# fail the same way again.
+_PASSING_ERRORS = ("RateLimitError", "InternalServerError", "ServiceUnavailableError", "BadGatewayError",
+                   "Timeout", "APIConnectionError")
+
+
+def passes(error: BaseException) -> bool:
+    """Whether litellm's ``error`` is one of a call that may get through later (``_PASSING_ERRORS``):
+    by its class, never by its text, which holds the provider's."""
+    litellm = _litellm()
+    return isinstance(error, tuple(getattr(litellm, name) for name in _PASSING_ERRORS))
 
 
 # The failed attempts of the calls in flight, by call id (see _litellm's failure callback).
@@ -879,7 +895,7 @@ class ModelGateway:
                                  f"of the {self._max_reply_chars:,} characters a reply may hold, setting "
                                  f"CANOPY_MAX_REPLY_CHARS, takes at most {bound.max_bytes:,})", attempts) from error
             tries = f" (after {len(attempts)} attempts)" if len(attempts) > 1 else ""
-            raise ModelError(_first_line(error) + tries, attempts) from error
+            raise ModelError(_first_line(error) + tries, attempts, passing=passes(error)) from error
         finally:
             del _failed_attempts[call_id]
         if not getattr(response, "choices", None):  # e.g. a provider's content filter, answering 200

@@ -3,6 +3,7 @@ actors/compaction.py (the end-to-end behaviour is in test_compaction.py)."""
 
 from __future__ import annotations
 
+import pickle
 import re
 import uuid
 from typing import Any
@@ -10,7 +11,8 @@ from typing import Any
 import litellm
 import pytest
 
-from actors import compaction
+from actors import compaction, model_gateway
+from actors.model_gateway import ModelError
 from persistence.messages import render_summary
 
 THRESHOLD = 1000
@@ -111,21 +113,21 @@ async def test_a_summary_is_estimated_when_the_model_cannot_count() -> None:
 
 
 def _litellm_error(name: str) -> Exception:
-    """litellm's exception ``name`` as it reaches the agent loop: the first line of its text, which
-    the gateway's ModelError carries (actors/model_gateway.py), a provider's text after it."""
-    error = getattr(litellm, name)(message="litellm.RateLimitError: a provider's text", llm_provider="openai",
-                                   model="gpt-4o")
-    return Exception(str(error).splitlines()[0])
+    """litellm's exception ``name``, its text a provider's that names another class."""
+    return getattr(litellm, name)(message="litellm.RateLimitError: a provider's text", llm_provider="openai",
+                                  model="gpt-4o")
 
 
 @pytest.mark.parametrize("name", ["RateLimitError", "InternalServerError", "ServiceUnavailableError",
                                   "BadGatewayError", "Timeout", "APIConnectionError"])
 def test_a_failure_that_passes_is_told_by_litellms_class(name: str) -> None:
-    assert compaction.passing(_litellm_error(name))
+    assert model_gateway.passes(_litellm_error(name))
+    assert compaction.passing(pickle.loads(pickle.dumps(ModelError("x", passing=True))))  # as it crosses Ray
 
 
 @pytest.mark.parametrize("name", ["BadRequestError", "ContextWindowExceededError", "ContentPolicyViolationError",
                                   "AuthenticationError", "NotFoundError"])
 def test_a_lasting_failure_is_not_passing_whatever_the_providers_text_says(name: str) -> None:
-    assert not compaction.passing(_litellm_error(name))
-    assert not compaction.passing(Exception("the provider's reply held no choices: nothing was generated"))
+    assert not model_gateway.passes(_litellm_error(name))
+    assert not model_gateway.passes(Exception("litellm.RateLimitError: an error of another kind's text"))
+    assert not compaction.passing(ModelError("the provider's reply held no choices: nothing was generated"))
