@@ -10,6 +10,7 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg_pool import PoolClosed, PoolTimeout
 
 from persistence.db import LockConflict
 from persistence.errors import (
@@ -95,13 +96,29 @@ async def _lock_conflict(_: Request, error: Exception) -> JSONResponse:
 
 # Long enough for a restarting server, short enough that a client polling for state is not left stale.
 RETRY_AFTER_SECONDS = 5
+# SQLSTATEs of a server that is going away, starting, or full: a connection exception (class 08), an
+# administrator's or a crash's shutdown, a server not yet accepting connections, too many clients.
+_UNAVAILABLE_STATES = ("57P01", "57P02", "57P03", "53300")
 
 
-async def _database_unavailable(_: Request, error: Exception) -> JSONResponse:
-    # The database went away (restarted, failed over, its connections cut) or a statement outlived its
-    # timeout: the client's answer is to send the request again, which a 500 does not say. A write cut
-    # at its commit may have been committed: its Idempotency-Key makes the second send safe.
-    log.warning("a request met an unavailable database: %s", type(error).__name__)
+def database_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database cannot be reached or is not serving (a restart, a failover,
+    no connection free in the pool), not that a statement failed: a statement timeout, a limit the
+    server enforces, a disk full would fail the same way when sent again."""
+    if isinstance(error, PoolTimeout | PoolClosed):
+        return True
+    if not isinstance(error, psycopg.OperationalError):
+        return False
+    state = error.sqlstate
+    return state is None or state.startswith("08") or state in _UNAVAILABLE_STATES
+
+
+async def _database_error(request: Request, error: Exception) -> JSONResponse:
+    if not database_unavailable(error):
+        raise error  # a 500, its traceback logged: a bug or a failure that a retry would repeat
+    # The client's answer is to send the request again, which a 500 does not say. A write cut at its
+    # commit may have been committed: its Idempotency-Key makes the second send safe.
+    log.warning("%s %s met an unavailable database: %s", request.method, request.url.path, error)
     return JSONResponse({"detail": "the database is unavailable for the moment: send the request again (a write "
                                    "sent again with the same Idempotency-Key is carried out once)"},
                         status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
@@ -114,6 +131,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(psycopg.errors.DataError, _database_refusal)
     for conflict in LockConflict:
         app.add_exception_handler(conflict, _lock_conflict)
-    # Their subclasses above keep their own answers: Starlette takes the nearest class in the error's MRO.
-    app.add_exception_handler(psycopg.OperationalError, _database_unavailable)
-    app.add_exception_handler(psycopg.InterfaceError, _database_unavailable)
+    # Its subclasses above keep their own answers: Starlette takes the nearest class in the error's MRO.
+    app.add_exception_handler(psycopg.OperationalError, _database_error)
