@@ -272,6 +272,8 @@ class RunExecutor:
         self._tools: frozenset[str] = frozenset()
         self._compact_requested = False  # read at each model boundary
         self._compaction_refused_until: int | None = None  # read at each model boundary (_compact_if_due)
+        # A summary call of this Run failed for a reason that passes: the next Run asks again, not the next call.
+        self._compaction_passed = False
         self._session_name = ""
 
     async def execute(self) -> None:
@@ -470,10 +472,11 @@ class RunExecutor:
         A summary is an economy, not the user's work: one that fails or cannot be used leaves the
         history as it is, and the call goes on with it (the call itself fails if it is too long); it
         is recorded, and not asked for again until the history has grown (``compaction.grown_since``)
-        or a human asks, unless its call failed for a reason that passes (``compaction.passing``)."""
+        or a human asks, unless its call failed for a reason that passes (``compaction.passing``): then
+        the next Run asks again (the next Turn, or this one's after a wait), not every call of this one."""
         earlier = compaction.earlier_messages(self._history, self.run.turn_id)
         already = len(earlier) == 1 and messages.is_summary(earlier[0])
-        if not earlier or already:
+        if not earlier or already or self._compaction_passed:
             return
         threshold = int(config.get("compact_at_tokens") or self.settings.compact_at_tokens)
         refused = self._compaction_refused_until
@@ -491,9 +494,9 @@ class RunExecutor:
             raise
         except Exception as error:
             cause, charged = _model_failure(error)
-            passing = compaction.passing(cause)
+            passing = self._compaction_passed = compaction.passing(cause)
             log.warning("run %s: compacting %d messages failed (%s); the history is kept%s",
-                        self.run.run_id, len(earlier), cause, ", and asked again at the next call" if passing else "")
+                        self.run.run_id, len(earlier), cause, ", and asked again by the next Run" if passing else "")
             await self._keep_history(earlier, charged=charged, refused=not passing)  # billed, if generated
             return
         await failpoints.pause("during_compaction", self._session_name)

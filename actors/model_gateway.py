@@ -116,11 +116,12 @@ class ModelError(Exception):
         return type(self), (str(self), self.attempts, self.charged, self.passing)
 
 
-# litellm's errors of a call that may get through when asked again later (a rate limit, an
-# overloaded or unreachable provider, a timeout); a 400, a content filter or a refused key would
-# fail the same way again.
-_PASSING_ERRORS = ("RateLimitError", "InternalServerError", "ServiceUnavailableError", "BadGatewayError",
-                   "Timeout", "APIConnectionError")
+# litellm's errors of a call that may get through when asked again later: a rate limit, a provider
+# overloaded, down or unreachable (litellm's InternalServerError includes a refused connection). A
+# 400, a content filter or a refused key would fail the same way again; so would a timeout of a model
+# too slow for the request, and litellm's APIConnectionError, which is also its name for an error it
+# cannot classify (a malformed reply).
+_PASSING_ERRORS = ("RateLimitError", "InternalServerError", "ServiceUnavailableError", "BadGatewayError")
 
 
 def passes(error: BaseException) -> bool:

@@ -310,11 +310,14 @@ async def test_a_summary_call_that_fails_for_a_passing_reason_is_asked_again_at_
     """A summary call that failed for a passing reason (a rate limit, a provider down for a moment), its
     retries used up, was recorded as a refusal, as a summary the model cannot write is: no summary was
     asked for again until the history had grown by half the threshold, however soon the provider was
-    back. Only a lasting failure is a refusal; the next Turn asks again, and the summary stands."""
+    back. Only a lasting failure is a refusal; the next Turn asks again, and the summary stands. Not
+    the Turn's next model call: a provider that keeps failing would be asked at every call (and the
+    Turn's every call would wait for the Router's retries first)."""
     model = f"passing-{uuid.uuid4().hex[:8]}"
     attempts = runtime.settings.model_retries + 1
     replay.script(model, replay_say("a1"), *[replay_fail(status, **{"Retry-After": "1"})] * attempts,
-                  replay_say("after"), replay_say("a summary"), replay_say("third"))
+                  replay_calls(("list_sessions", {})), replay_say("after"), replay_say("a summary"),
+                  replay_say("third"))
     await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
                                        "api_base": replay.base_url, "compact_at_tokens": 1000})
     long_text = " ".join(f"w{n}" for n in range(1500))  # ~3,000 tokens: over the threshold
@@ -339,7 +342,7 @@ async def test_a_summary_call_that_fails_for_a_passing_reason_is_asked_again_at_
     assert (await runtime.wait_result(scope, receipt["input_id"], timeout=60))["output"] == "third"
     assert len(_summarising(replay, model)) == attempts + 1
     [summary] = await _summaries(runtime, session)
-    assert "a summary" in str(summary["content"]) and summary["origin"]["covered"] == 4, summary
+    assert "a summary" in str(summary["content"]) and summary["origin"]["covered"] == 6, summary
 
 
 ENGLISH_SUMMARY = "the plan for the database migration and its rollback " * 40  # ~380 tokens, 2,120 bytes

@@ -119,14 +119,14 @@ def _litellm_error(name: str) -> Exception:
 
 
 @pytest.mark.parametrize("name", ["RateLimitError", "InternalServerError", "ServiceUnavailableError",
-                                  "BadGatewayError", "Timeout", "APIConnectionError"])
+                                  "BadGatewayError"])
 def test_a_failure_that_passes_is_told_by_litellms_class(name: str) -> None:
     assert model_gateway.passes(_litellm_error(name))
     assert compaction.passing(pickle.loads(pickle.dumps(ModelError("x", passing=True))))  # as it crosses Ray
 
 
 @pytest.mark.parametrize("name", ["BadRequestError", "ContextWindowExceededError", "ContentPolicyViolationError",
-                                  "AuthenticationError", "NotFoundError"])
+                                  "AuthenticationError", "NotFoundError", "Timeout", "APIConnectionError"])
 def test_a_lasting_failure_is_not_passing_whatever_the_providers_text_says(name: str) -> None:
     assert not model_gateway.passes(_litellm_error(name))
     assert not model_gateway.passes(Exception("litellm.RateLimitError: an error of another kind's text"))
