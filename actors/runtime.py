@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -127,10 +128,18 @@ def _locked(directory: Path) -> Iterator[None]:
     """The secrets directory locked (``flock`` of the directory itself, so that a refused runtime leaves
     no file behind) while a runtime reads, changes and writes it and its record: runtimes starting at
     once (two ``canopy run``) take turns, each reading what the one before wrote. The kernel drops the
-    lock of a killed process."""
+    lock of a killed process. A filesystem that cannot lock a directory (NFS emulates ``flock`` with
+    locks a read-only descriptor cannot take) goes unlocked, as before the lock, with a warning: a
+    runtime that could not start there would be worse than the race."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            log.warning("the secrets directory %s cannot be locked (%s): two runtimes starting at once may "
+                        "take each other's files for an operator's", directory, error.strerror)
         yield
     finally:
         os.close(fd)
