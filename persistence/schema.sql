@@ -258,6 +258,8 @@ CREATE TABLE turns (
     -- the Turn starts (its session's mode, or its input came from an ask Turn) and raised to ask
     -- when it takes in a message from an ask Turn: work an ask session causes runs under ask.
     approval_mode   text NOT NULL DEFAULT 'auto',
+    -- Why the Turn ended, as its Result says (NULL when completed; before migration 0033, its result Run's).
+    error           text,
     CONSTRAINT turns_waiting_for_only_when_waiting CHECK ((status = 'waiting') = (waiting_for IS NOT NULL)),
     CONSTRAINT turns_approval_mode_check CHECK (approval_mode IN ('auto', 'ask')),
     UNIQUE (turn_id, session_id),

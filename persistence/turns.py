@@ -44,7 +44,7 @@ ORDER BY seq LIMIT 1 FOR UPDATE
 """
 _RESULTS = """
 SELECT i.session_id, i.input_id, i.status AS input_status, t.turn_id, t.status AS turn_status,
-       t.result_run_id, r.output, r.error
+       t.result_run_id, r.output, coalesce(t.error, r.error) AS error
 FROM inputs i
 LEFT JOIN turns t ON t.input_id = i.input_id
 LEFT JOIN runs r ON r.run_id = t.result_run_id
@@ -219,9 +219,9 @@ async def _end_turn(conn: Connection, session: Row, turn_id: uuid.UUID, result_r
                     status: str, output: str | None, error: str | None) -> Row | None:
     """Terminal state, result Run and event in one go; then the next input may start."""
     cur = await conn.execute(
-        """UPDATE turns SET status = %s, waiting_for = NULL, result_run_id = %s, ended_at = now()
+        """UPDATE turns SET status = %s, waiting_for = NULL, result_run_id = %s, ended_at = now(), error = %s
            WHERE turn_id = %s RETURNING input_id""",
-        (status, result_run_id, turn_id),
+        (status, result_run_id, error, turn_id),
     )
     turn = await cur.fetchone()
     assert turn is not None
@@ -333,16 +333,7 @@ async def finalize_cancel(conn: Connection, session: Row, turn_id: uuid.UUID, re
     await conn.execute(
         "UPDATE requests SET status = 'cancelled' WHERE turn_id = %s AND status = 'pending'", (turn_id,)
     )
-    await _give_result_run_the_reason(conn, result_run_id, reason)
     return await _end_turn(conn, session, turn_id, result_run_id, TurnStatus.CANCELLED, None, reason)
-
-
-async def _give_result_run_the_reason(conn: Connection, run_id: uuid.UUID, reason: str) -> None:
-    """A Turn's Result reads its error from the result Run. A Run that was interrupted (it parked, or
-    its owner died) did not end the Turn: without this, a Turn stopped while it waited had no error,
-    and one whose cancel or give-up a recovery finished said its lease expired. The interruption
-    stays in the Run's status, its events and the logs."""
-    await conn.execute("UPDATE runs SET error = %s WHERE run_id = %s AND status = 'interrupted'", (reason, run_id))
 
 
 async def cancel_turn(conn: Connection, scope: Scope, session_id: uuid.UUID, turn_id: uuid.UUID,
@@ -453,7 +444,7 @@ async def recover_expired_run(conn: Connection, run_id: uuid.UUID) -> Row | None
         await finalize_cancel(conn, session, expired["turn_id"], run_id,
                               await cancel_reason(conn, session["session_id"], expired["turn_id"]))
     elif await run_repo.deaths_in_a_row(conn, expired["turn_id"]) >= run_repo.MAX_RECOVERIES_PER_TURN:
-        await conn.execute("UPDATE runs SET status = 'failed', error = %s WHERE run_id = %s", (GIVEN_UP, run_id))
+        await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = %s", (run_id,))
         await _end_turn(conn, session, expired["turn_id"], run_id, TurnStatus.FAILED, None, GIVEN_UP)
     else:
         await run_repo.insert_run(conn, expired["turn_id"], expired["session_id"], expired["tree_id"],
