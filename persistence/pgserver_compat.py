@@ -29,6 +29,7 @@ must be checked here first:
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import shutil
 import stat
@@ -102,7 +103,16 @@ def _start_server(handle: PostgresServer, directory: Path) -> PostmasterInfo | N
         return PostmasterInfo.read_from_pgdata(handle.pgdata)
     finally:
         if directory != handle.pgdata and not _runs(handle.pgdata):
-            shutil.rmtree(directory, ignore_errors=True)
+            _remove_socket_directory(directory)
+
+
+def _remove_socket_directory(directory: Path) -> None:
+    """Remove what a server that did not start left in ``directory`` (its socket and the socket's lock
+    file), then the directory if that emptied it: never anything else, whatever directory it is."""
+    for leftover in directory.glob(".s.PGSQL.*"):
+        leftover.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
 
 
 def _runs(pgdata: Path) -> bool:

@@ -82,23 +82,26 @@ def test_stopping_an_embedded_database_that_does_not_run_creates_and_starts_noth
     assert not data_dir.exists()
 
 
-def _socket_dirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob("canopy-pg-*"))
-
-
 def test_a_server_that_fails_to_start_leaves_no_socket_directory_behind(tmp_path: Path) -> None:
     """A data dir too long for a socket path gets a /tmp/canopy-pg-* directory for the socket as the
-    server starts; when pg_ctl failed (here a setting PostgreSQL refuses), that directory stayed."""
+    server starts; when pg_ctl failed (here a setting PostgreSQL refuses), that directory stayed. The
+    directory is made here, as embedded.py makes it, so that no other test's can be taken for it."""
     data_dir = tmp_path / ("d" * 100)
     data_dir.mkdir()
-    pgserver_compat.init_pgdata(pgserver_compat.server(pgdata(data_dir)))
+    handle = pgserver_compat.server(pgdata(data_dir))
+    pgserver_compat.init_pgdata(handle)
     with (pgdata(data_dir) / "postgresql.conf").open("a") as conf:
         conf.write("\nshared_buffers = plenty\n")
-    before = _socket_dirs()
+    made: list[Path] = []
+
+    def socket_dir() -> Path:
+        made.append(Path(tempfile.mkdtemp(prefix="canopy-pg-", dir="/tmp")))
+        return made[-1]
+
     try:
         with pytest.raises(subprocess.CalledProcessError):
-            embedded_url(data_dir)
+            pgserver_compat.start(handle, socket_dir)
     finally:
         stop_embedded(data_dir)
-    assert _socket_dirs() - before == set()
+    assert len(made) == 1 and not made[0].exists()
     assert running_postmaster(data_dir) is None
