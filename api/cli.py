@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import math
 import os
 import re
 import sys
@@ -83,9 +84,11 @@ _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def _seconds(text: str) -> float:
     """``90``, ``90s``, ``15m``, ``12h`` or ``30d``, in seconds; 0 for anything else (nan and inf
-    among them: float() would take both, and no elapsed time ever exceeds nan)."""
+    among them: float() would take both, and no elapsed time ever exceeds nan), a run of digits too
+    long for a float included."""
     match = _DURATION.fullmatch(text.strip())
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match is not None else 0.0
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match is not None else 0.0
+    return seconds if math.isfinite(seconds) else 0.0
 
 
 def duration(text: str) -> float:

@@ -203,6 +203,8 @@ def _counts(database_url: str) -> tuple[int, ...]:
     (["run", "hello", "--timeout", "inf"], "argument --timeout: 'inf' is not a timeout such as 600, 90s or 15m"),
     (["run", "hello", "--timeout", "0"], "argument --timeout: '0' is not a timeout such as 600, 90s or 15m"),
     (["run", "hello", "--timeout", "-5"], "argument --timeout: '-5' is not a timeout such as 600, 90s or 15m"),
+    # 400 nines overflow a float to inf.
+    (["run", "hello", "--timeout", "9" * 400], f"argument --timeout: '{'9' * 400}' is not a timeout such as 600"),
     (["tree", str(uuid.UUID(int=1)), "--trace", "/nonexistent/x.json"],
      "argument --trace: /nonexistent is not a directory"),
 ])
