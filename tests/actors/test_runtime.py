@@ -47,7 +47,15 @@ from tests.actors.helpers import (
 from tests.actors.replay_server import ReplayServer
 from tests.actors.replay_server import calls as replay_calls
 from tests.actors.replay_server import say as replay_say
-from tests.persistence.helpers import claim_turn, create_child, fetch_one, start_root_run, turn_row
+from tests.persistence.helpers import (
+    STOP_LOCKING_MEMBERS,
+    claim_turn,
+    create_child,
+    fetch_one,
+    start_root_run,
+    turn_row,
+    until_a_lock_is_awaited,
+)
 
 
 async def test_root_creates_children_and_waits(runtime: Runtime, scope: Scope) -> None:
@@ -533,7 +541,7 @@ async def test_a_stop_racing_a_member_locking_a_sibling_is_retried_and_stops_the
     async with db.tx() as conn:
         await turns.begin_tool_step(conn, member)
         stopping = asyncio.create_task(runtime.stop_tree(scope, tree.tree_id))
-        await asyncio.sleep(0.3)
+        await until_a_lock_is_awaited(db, STOP_LOCKING_MEMBERS)  # it holds the smaller sibling, waits for this one
         await asyncio.wait_for(turns.lock_session(conn, scope, uuid.UUID(kids[0]["session_id"])), timeout=5)
     await asyncio.wait_for(stopping, timeout=20)
     assert (await fetch_one(db, "SELECT stopped FROM trees WHERE tree_id = %s", (tree.tree_id,)))["stopped"] is True

@@ -7,6 +7,7 @@ gives it an owner and a lease.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import tempfile
 import uuid
@@ -164,6 +165,22 @@ async def count_rows(db: Database) -> dict[str, int]:
     """Row counts of every table the repositories write, database-wide (tests run one at a time)."""
     selects = ", ".join(f"(SELECT count(*) FROM {table}) AS {table}" for table in TABLES)
     return dict(await fetch_one(db, f"SELECT {selects}"))  # type: ignore[arg-type]
+
+
+# A stop's statement that locks every member of its tree (persistence/trees.py), as pg_stat_activity shows it.
+STOP_LOCKING_MEMBERS = "ORDER BY session_id FOR NO KEY UPDATE"
+
+
+async def until_a_lock_is_awaited(db: Database, statement: str, timeout: float = 30.0) -> None:
+    """Return once a transaction of this database waits for a lock in a statement that holds
+    ``statement``: a race test's other transaction is then where the race needs it, however slow the
+    machine (a fixed sleep was not)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await scalar(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND wait_event_type = 'Lock' AND strpos(query, %s) > 0", (statement,)):
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"no transaction came to wait for a lock in {statement!r}")
+        await asyncio.sleep(0.02)
 
 
 async def run_row(db: Database, run_id: uuid.UUID) -> Row:

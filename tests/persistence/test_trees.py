@@ -18,6 +18,7 @@ from tests.persistence.helpers import (
     AGENT_CONFIG,
     DISPATCHER,
     HUMAN,
+    STOP_LOCKING_MEMBERS,
     Tree,
     claim_turn,
     count_rows,
@@ -33,6 +34,7 @@ from tests.persistence.helpers import (
     start_run,
     submit,
     turn_row,
+    until_a_lock_is_awaited,
 )
 from tests.persistence.test_waits import park, try_resume
 
@@ -246,7 +248,7 @@ async def test_a_stop_racing_a_member_creating_a_session_stops_the_tree_and_the_
     async with db.tx() as conn:
         await turns.begin_tool_step(conn, run)
         stopping = asyncio.create_task(stop(db, scope, tree))
-        await asyncio.sleep(0.3)
+        await until_a_lock_is_awaited(db, STOP_LOCKING_MEMBERS)  # the stop holds the tree, waits for this member
         kid = await asyncio.wait_for(cooperation.create_session(
             conn, run, "c1", name="kid", description="x", limits=limits(), dispatcher=DISPATCHER), timeout=5)
     await asyncio.wait_for(stopping, timeout=10)
