@@ -218,8 +218,9 @@ def _revoke_on_stop(record: RunRecord) -> None:
     """The key this run printed stops working with it; when it cannot be revoked now, the next run does it."""
     try:
         asyncio.run(_revoke_minted(record))
-    except Exception as error:
-        print(f"canopy: this run's API key could not be revoked ({error}): the next canopy up on this data dir "
+    except (Exception, KeyboardInterrupt) as error:  # a second Ctrl-C must not skip stopping the rest
+        why = str(error) if isinstance(error, Exception) else "interrupted"
+        print(f"canopy: this run's API key could not be revoked ({why}): the next canopy up on this data dir "
               "revokes it", file=sys.stderr, flush=True)
 
 
@@ -456,13 +457,15 @@ def up(host: str = LOOPBACK, port: int = 8000, data_dir: Path | None = None, das
     except KeyboardInterrupt:
         return 130
     finally:
-        if record.minted_here:  # before the database stops
-            _revoke_on_stop(record)
-        if started != Started():
-            print("canopy: stopping…", flush=True)
-            _stop(started)
-            print("canopy: stopped", flush=True)
-        record.release()
+        try:
+            if record.minted_here:  # before the database stops
+                _revoke_on_stop(record)
+        finally:
+            if started != Started():
+                print("canopy: stopping…", flush=True)
+                _stop(started)
+                print("canopy: stopped", flush=True)
+            record.release()
 
 
 def _warn(settings: Settings, host: str, expose_ray: bool) -> None:
