@@ -10,9 +10,8 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from psycopg_pool import PoolClosed, PoolTimeout
 
-from persistence.db import LockConflict
+from persistence.db import LockConflict, database_unavailable
 from persistence.errors import (
     CanopyError,
     Conflict,
@@ -96,23 +95,6 @@ async def _lock_conflict(_: Request, error: Exception) -> JSONResponse:
 
 # Long enough for a restarting server, short enough that a client polling for state is not left stale.
 RETRY_AFTER_SECONDS = 5
-# SQLSTATEs of a server that is going away, starting, or full: a connection exception (class 08), an
-# administrator's or a crash's shutdown, a server not yet accepting connections, too many clients.
-_UNAVAILABLE_STATES = ("57P01", "57P02", "57P03", "53300")
-
-
-def database_unavailable(error: BaseException) -> bool:
-    """Whether ``error`` says the database cannot be reached or is not serving (a restart, a failover,
-    no connection free in the pool), not that a statement failed: a statement timeout, a limit the
-    server enforces, a disk full would fail the same way when sent again."""
-    if isinstance(error, PoolTimeout | PoolClosed):
-        return True
-    if not isinstance(error, psycopg.OperationalError):
-        return False
-    state = error.sqlstate
-    return state is None or state.startswith("08") or state in _UNAVAILABLE_STATES
-
-
 async def _database_error(request: Request, error: Exception) -> JSONResponse:
     if not database_unavailable(error):
         raise error  # a 500, its traceback logged: a bug or a failure that a retry would repeat

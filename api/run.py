@@ -20,7 +20,7 @@ from rich.text import Text
 
 from actors.runtime import Runtime, init_ray
 from api.views import plain, tree_table
-from persistence.db import resolve_database_url
+from persistence.db import database_unavailable, resolve_database_url
 from persistence.errors import CanopyError
 from persistence.records import Row, Scope
 from persistence.settings import Settings, get_settings
@@ -41,15 +41,26 @@ async def _watch(runtime: Runtime, scope: Scope, tree_id: uuid.UUID, input_id: u
     started = time.monotonic()
     with Live(console=console, refresh_per_second=4, transient=False) as live:
         while True:
-            result = await runtime.result(scope, input_id=input_id)
-            summary = await runtime.tree_summary(scope, tree_id)
             elapsed = time.monotonic() - started
-            live.update(Group(tree_table(summary, elapsed=elapsed), _status_line(result)))
-            if result["terminal"]:
-                return result
+            try:
+                result = await runtime.result(scope, input_id=input_id)
+                summary = await runtime.tree_summary(scope, tree_id)
+            except Exception as error:
+                # A database restarting or failing over: the tree rides it out, and so does its watcher.
+                if not database_unavailable(error):
+                    raise
+                live.update(Text(f"the database is unavailable ({_first_line(error)}); asking again…", style="yellow"))
+            else:
+                live.update(Group(tree_table(summary, elapsed=elapsed), _status_line(result)))
+                if result["terminal"]:
+                    return result
             if elapsed > timeout:
                 return None
             await asyncio.sleep(_POLL_SECONDS)
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _init_ray(settings: Settings) -> None:

@@ -14,7 +14,7 @@ from typing import Any, LiteralString, Protocol, TypeVar, cast
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from persistence import metrics
 from persistence.embedded import embedded_url, require_one_node
@@ -123,6 +123,23 @@ async def retrying_deadlocks(transaction: Callable[[], Awaitable[T]]) -> T:
                 raise
         await asyncio.sleep(0.05 * attempt)
         attempt += 1
+
+
+# SQLSTATEs of a server that is going away, starting, or full: a connection exception (class 08), an
+# administrator's or a crash's shutdown, a server not yet accepting connections, too many clients.
+_UNAVAILABLE_STATES = ("57P01", "57P02", "57P03", "53300")
+
+
+def database_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database cannot be reached or is not serving (a restart, a failover,
+    no connection free in the pool), not that a statement failed: a statement timeout, a limit the
+    server enforces, a disk full would fail the same way when sent again."""
+    if isinstance(error, PoolTimeout | PoolClosed):
+        return True
+    if not isinstance(error, psycopg.OperationalError):
+        return False
+    state = error.sqlstate
+    return state is None or state.startswith("08") or state in _UNAVAILABLE_STATES
 
 
 async def ping(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -10,6 +10,7 @@ test of the process), so it runs in a process of its own; prints one JSON line o
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -20,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from rich.console import Console
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from api import run
 from api.app import create_app
 from persistence.databases import create_database
 from persistence.embedded import embedded_url, running_postmaster
@@ -67,6 +70,20 @@ async def crash_and_restart(data_dir: Path, during: Callable[[], Awaitable[Any]]
     return time.monotonic() - down, seen
 
 
+async def cli_watch(runtime: Runtime, scope: Scope, tree_id: uuid.UUID, input_id: uuid.UUID) -> dict[str, Any]:
+    """What ``canopy run`` (api/run.py) ends with, watching the tree: its result, or the error that ended it;
+    and whether it said the database was unavailable."""
+    screen = io.StringIO()
+    try:
+        # A terminal's console: a Live view writes its updates only to one.
+        console = Console(file=screen, width=200, force_terminal=True)
+        result = await run._watch(runtime, scope, tree_id, input_id, 300, console)
+    except Exception as error:
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {"result": None if result is None else [result["status"], result["output"]],
+            "said_unavailable": "the database is unavailable" in screen.getvalue()}
+
+
 async def api_answers(http: httpx.AsyncClient, path: str, count: int) -> list[dict[str, Any]]:
     """``count`` GETs of ``path``, one after the other (the first may meet a connection the crash cut,
     the next a pool that cannot connect)."""
@@ -99,10 +116,13 @@ async def main() -> None:
             # Mid-work: a member's first reply (its side effects) is committed, the others' may not be.
             await eventually(lambda: rows(runtime.db, "SELECT 1 FROM coop_messages m JOIN sessions s "
                                           "ON s.session_id = m.sender_session_id WHERE s.tree_id = %s", tree_id))
+            # canopy run's view of the tree, watching through the outage.
+            watching = asyncio.create_task(cli_watch(runtime, scope, tree_id, created["input"]["input_id"]))
             findings["down_seconds"], findings["api_down"] = await crash_and_restart(
                 data_dir, lambda: api_answers(http, path, 3))
             result = await eventually(lambda: _result(runtime, scope, created["input"]["input_id"]), timeout=240)
             findings["result"] = [result["status"], result["output"]]
+            findings["cli"] = await watching
             findings["api_after"] = await api_answer(http, path)
         await runtime.wait_tree_idle(scope, tree_id, timeout=120)
         findings.update(await _tree_facts(runtime, tree_id))

@@ -7,9 +7,10 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from api.errors import database_unavailable, status_of
+from api.errors import status_of
 from api.up import StartupError
 from persistence import errors
+from persistence.db import database_unavailable
 from persistence.errors import CanopyError
 from persistence.idempotency import IdempotencyKeyReused
 from sandbox.base import FileMissing, PathRejected, SandboxError, SandboxGone, SandboxUnavailable
