@@ -270,7 +270,8 @@ async def test_a_refused_summary_is_not_asked_again_until_the_history_has_grown(
     model = f"refused-{uuid.uuid4().hex[:8]}"
     await runtime.create_agent(scope, {"agent_id": model, "name": model, "model": f"openai/{model}",
                                        "api_base": replay.base_url, "compact_at_tokens": 1000})
-    other = await runtime.create_root(scope, input_text=script(say("slow", delay_ms=1500)))
+    # Finishes only once answered, after the Turn below waits for it: however slow the machine, it waits.
+    other = await runtime.create_root(scope, input_text=script(call(("ask_user", {"question": "go?"})), say("ok")))
     replay.script(model, replay_say("a1"), replay_say("x " * 1000),  # ~1,000 tokens: over half the threshold
                   replay_calls(("wait_inputs", {"input_ids": [str(other["input"]["input_id"])]})),
                   replay_say("done"), replay_say("third"), replay_say("fourth"), replay_say("a short summary"),
@@ -280,6 +281,11 @@ async def test_a_refused_summary_is_not_asked_again_until_the_history_has_grown(
     session = created["session"]["session_id"]
     await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     receipt = await runtime.submit_input(scope, session, "go on")
+    await eventually(lambda: rows(runtime.db, "SELECT 1 FROM turns WHERE turn_id = %s AND status = 'waiting'",
+                                  receipt["turn_id"]))
+    [question] = await eventually(lambda: rows(runtime.db, "SELECT request_id FROM requests WHERE tree_id = %s "
+                                               "AND status = 'pending'", other["session"]["session_id"]))
+    await runtime.answer_request(scope, question["request_id"], {"answer": "yes"})
     assert (await runtime.wait_result(scope, receipt["input_id"], timeout=60))["output"] == "done"
     assert len(await rows(runtime.db, "SELECT run_id FROM runs WHERE turn_id = %s", receipt["turn_id"])) == 2
     assert len(_summarising(replay, model)) == 1
