@@ -222,7 +222,10 @@ def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothin
     """One life of canopy up (each start costs a Ray and a PostgreSQL): it serves as it printed,
     warning of nothing on a clean machine; killed with ``kill -9`` while a client holds a
     connection, it restarts at once on its ports and data dir, adopting what the killed run left;
-    SIGINT then stops everything both runs started."""
+    SIGINT then stops everything both runs started. The key each run prints is that run's own: each
+    run minted a new key that never expired (keys piled up, and any output ever printed gave access
+    for good); the next run revokes the key the killed one printed, a clean stop its own, and a key
+    made otherwise (here through the admin API) is never touched."""
     port, dashboard_port = free_port(), free_port()
     first = Up(root, port, dashboard_port, name="first")
     second = None
@@ -230,6 +233,8 @@ def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothin
         first.wait_ready()
         base, first_key = f"http://127.0.0.1:{port}", _assert_it_serves_as_printed(first, port)
         _assert_warns_of_nothing(first)
+        admins_key = _a_key_made_by_the_admin_api(base, first.output)
+        assert _status(base, first_key) == _status(base, admins_key) == 200
         ticking, schedule_id = _schedule_every_two_seconds(base, first_key)
         deadline = time.monotonic() + 60
         while len(_scheduled_inputs(base, first_key, ticking)) < 2:  # fired before the crash
@@ -274,7 +279,11 @@ def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothin
         assert (f"previous run's embedded PostgreSQL (pid {postmaster.pid}) still runs: reusing it"
                 in second.output), second.output
         assert second.postmaster().pid == postmaster.pid
-        _run_a_session(f"http://127.0.0.1:{port}", _api_key(second.output), "after the crash")
+        second_key = _api_key(second.output)
+        assert "revoked 1 API key that earlier runs printed" in second.output, second.output
+        assert _status(base, first_key) == 401
+        assert _status(base, admins_key) == _status(base, second_key) == 200
+        _run_a_session(f"http://127.0.0.1:{port}", second_key, "after the crash")
         # Each due time of the schedule, those missed while everything was down included, gave
         # exactly one input: consecutive due times 2 s apart, none twice, none skipped.
         # Five due times after the two before the crash: those missed while everything was down
@@ -308,6 +317,7 @@ def test_canopy_up_serves_restarts_at_once_after_kill_9_and_sigint_leaves_nothin
         first.close()
         if second is not None:
             second.close()
+    assert _revoked(root / "data", first_key, second_key, admins_key) == [True, True, False]
 
 
 def _status(base: str, api_key: str) -> int:
@@ -327,43 +337,13 @@ def _revoked(data_dir: Path, *api_keys: str) -> list[bool]:
     return [found[hash_key(key)] for key in api_keys]
 
 
-@pytest.mark.timeout(600)  # two starts of canopy up
-def test_the_key_canopy_up_prints_is_that_runs_own_revoked_when_it_stops_or_the_next_run_starts(root: Path) -> None:
-    """Each run minted a new key that never expired: keys piled up, and any output ever printed gave
-    access for good. A key made otherwise (here through the admin API) is never touched."""
-    port, dashboard_port = free_port(), free_port()
-    base = f"http://127.0.0.1:{port}"
-    first = Up(root, port, dashboard_port, name="first")
-    second = None
-    try:
-        first.wait_ready()
-        first_key = _api_key(first.output)
-        admin = re.search(r"Admin\s+(adm_\S+)", first.output)
-        assert admin, first.output
-        with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {admin.group(1)}"}) as http:
-            made = http.post("/api/v1/admin/keys", json={"user_id": "local", "app_id": "canopy"})
-        assert made.status_code == 201, made.text
-        admins_key = made.json()["api_key"]
-        assert _status(base, first_key) == _status(base, admins_key) == 200
-        # A crash stops nothing: the next run revokes the key the killed one printed.
-        killed = first.processes()
-        os.killpg(first.process.pid, signal.SIGKILL)
-        first.process.wait()
-        assert _eventually_none_alive(killed) == []
-
-        second = Up(root, port, dashboard_port, name="second")
-        second.wait_ready()
-        second_key = _api_key(second.output)
-        assert "revoked 1 API key that earlier runs printed" in second.output, second.output
-        assert _status(base, first_key) == 401
-        assert _status(base, admins_key) == _status(base, second_key) == 200
-        second.process.send_signal(signal.SIGINT)  # a clean stop revokes its own key at once
-        assert second.process.wait(timeout=120) == 0, second.output + second.stderr[-3000:]
-    finally:
-        first.close()
-        if second is not None:
-            second.close()
-    assert _revoked(root / "data", first_key, second_key, admins_key) == [True, True, False]
+def _a_key_made_by_the_admin_api(base: str, output: str) -> str:
+    admin = re.search(r"Admin\s+(adm_\S+)", output)
+    assert admin, output
+    with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {admin.group(1)}"}) as http:
+        made = http.post("/api/v1/admin/keys", json={"user_id": "local", "app_id": "canopy"})
+    assert made.status_code == 201, made.text
+    return str(made.json()["api_key"])
 
 
 @pytest.mark.timeout(600)
