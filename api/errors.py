@@ -95,6 +95,8 @@ async def _lock_conflict(_: Request, error: Exception) -> JSONResponse:
 
 # Long enough for a restarting server, short enough that a client polling for state is not left stale.
 RETRY_AFTER_SECONDS = 5
+
+
 async def _database_error(request: Request, error: Exception) -> JSONResponse:
     if not database_unavailable(error):
         raise error  # a 500, its traceback logged: a bug or a failure that a retry would repeat

@@ -22,6 +22,7 @@ from actors.runtime import Runtime, init_ray
 from api.views import plain, tree_table
 from persistence.db import database_unavailable, resolve_database_url
 from persistence.errors import CanopyError
+from persistence.migrations import connect_failure
 from persistence.records import Row, Scope
 from persistence.settings import Settings, get_settings
 from persistence.statuses import TurnStatus
@@ -49,7 +50,8 @@ async def _watch(runtime: Runtime, scope: Scope, tree_id: uuid.UUID, input_id: u
                 # A database restarting or failing over: the tree rides it out, and so does its watcher.
                 if not database_unavailable(error):
                     raise
-                live.update(Text(f"the database is unavailable ({_first_line(error)}); asking again…", style="yellow"))
+                live.update(Text(f"the database is unavailable ({connect_failure(error)}); asking again…",
+                                 style="yellow"))
             else:
                 live.update(Group(tree_table(summary, elapsed=elapsed), _status_line(result)))
                 if result["terminal"]:
@@ -57,10 +59,6 @@ async def _watch(runtime: Runtime, scope: Scope, tree_id: uuid.UUID, input_id: u
             if elapsed > timeout:
                 return None
             await asyncio.sleep(_POLL_SECONDS)
-
-
-def _first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _init_ray(settings: Settings) -> None:

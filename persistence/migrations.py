@@ -100,7 +100,7 @@ def connect(url: str) -> psycopg.Connection:
                                        "needs percent-encoding?)") from None
 
 
-def connect_failure(error: psycopg.OperationalError) -> str:
+def connect_failure(error: BaseException) -> str:
     """libpq's reason, without the addresses it tried: the last clause of its first line
     (``connection refused``, ``password authentication failed for user "x"``, ...)."""
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
