@@ -125,7 +125,7 @@ async def main() -> None:
             # canopy run's view of the tree, watching through the outage.
             watching = asyncio.create_task(cli_watch(runtime, scope, tree_id, created["input"]["input_id"]))
             findings["down_seconds"], findings["api_down"] = await crash_and_restart(
-                data_dir, lambda: api_answers(http, path, 3))
+                data_dir, lambda: api_answers(http, path, 2))
             result = await eventually(lambda: _result(runtime, scope, created["input"]["input_id"]), timeout=240)
             # A figure (bench/db_outage.py), not asserted: the tree's own work left, and how soon every
             # process had connections again.

@@ -186,12 +186,18 @@ def test_doctors_ray_makes_its_token_its_owners_only_and_reports_one_others_coul
     """The doctor started Ray directly, which wrote ~/.ray/auth_token with the umask (0644: every local
     user's, and whoever reads it may run code on the cluster), and canopy up went on using it. The
     doctor's Ray writes a missing token its owner's only; one others could read is reported (canopy
-    up replaces it), not replaced: a diagnosis must not cut a running cluster's clients off."""
+    up replaces it), not replaced: a diagnosis must not cut a running cluster's clients off.
+    Its first run has ``CANOPY_RAY_ADDRESS=`` set, which was an address "" to the database check (which
+    then could not read the cluster "" and refused the embedded database) and none to the Ray check:
+    empty variables are unset ones."""
     home = root / "home"
     token = home / ".ray" / "auth_token"
     code, found, printed = doctor(root, umask=0o022, HOME=str(home), CANOPY_SANDBOX_BACKEND="local",
-                                  CANOPY_SANDBOX_WORKDIR_MB="0")
+                                  CANOPY_SANDBOX_WORKDIR_MB="0", CANOPY_RAY_ADDRESS="", CANOPY_DATABASE_URL="",
+                                  DATABASE_URL="")
     assert code == 0 and found["Ray"][0] == "OK" and str(token) in found["Ray"][1], printed
+    assert "a local Ray starts" in found["Ray"][1], printed
+    assert found["database"][0] == "OK" and "the embedded PostgreSQL" in found["database"][1], printed
     assert stat.S_IMODE(token.stat().st_mode) == 0o600 and re.fullmatch("[0-9a-f]{64}", token.read_text())
 
     token.write_text("0" * 64)
@@ -201,13 +207,3 @@ def test_doctors_ray_makes_its_token_its_owners_only_and_reports_one_others_coul
     assert code == 0 and "could be read by other users" in found["Ray"][1] and "canopy up replaces it" in printed
     assert token.read_text() == "0" * 64 and stat.S_IMODE(token.stat().st_mode) == 0o644
     assert _eventually_nothing_under(root) == []
-
-
-def test_doctor_takes_empty_variables_for_unset_ones(root: Path) -> None:
-    """``CANOPY_RAY_ADDRESS=`` was an address "" to the database check (which then could not read
-    the cluster "" and refused the embedded database) and none to the Ray check."""
-    code, found, printed = doctor(root, CANOPY_RAY_ADDRESS="", CANOPY_DATABASE_URL="", DATABASE_URL="",
-                                  CANOPY_SANDBOX_BACKEND="local", CANOPY_SANDBOX_WORKDIR_MB="0")
-    assert code == 0, printed
-    assert found["database"][0] == "OK" and "the embedded PostgreSQL" in found["database"][1], printed
-    assert found["Ray"][0] == "OK" and "a local Ray starts" in found["Ray"][1], printed
