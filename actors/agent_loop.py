@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actors import budgets, compaction, failpoints, gateways, sandbox_tools, signals, tracing
+from actors.heartbeats import Heartbeats
 from actors.metrics import count_tool_call, tool_label
 from actors.model_gateway import IDENTIFIER_CHARS
 from actors.placement import Placement
@@ -261,11 +262,12 @@ class RunExecutor:
     """
 
     def __init__(self, db: Database, settings: Settings, placement: Placement, run: RunRef, *,
-                 go_on: Callable[[], bool]) -> None:
+                 heartbeats: Heartbeats, go_on: Callable[[], bool]) -> None:
         self.db = db
         self.settings = settings
         self.placement = placement
         self.run = run
+        self._heartbeats = heartbeats
         self._go_on = go_on  # asked at each model boundary: False hands the Run back (_hand_back)
         self._history: list[Row] = []
         self._begun: _Begun | None = None
@@ -277,7 +279,10 @@ class RunExecutor:
         self._session_name = ""
 
     async def execute(self) -> None:
-        heartbeat = asyncio.create_task(self._heartbeat(asyncio.current_task()))
+        main = asyncio.current_task()
+        assert main is not None
+        # Its lease lost, or its Turn being cancelled: the Run stops at once.
+        self._heartbeats.hold(self.run, main.cancel)
         try:
             async with tracing.run_span(self.db, self.run):
                 await self._execute()
@@ -289,22 +294,7 @@ class RunExecutor:
         except TurnCancelled:
             await self._finish(TurnStatus.CANCELLED)  # the cancel's reason (turns.finish_turn)
         finally:
-            heartbeat.cancel()
-
-    async def _heartbeat(self, main: asyncio.Task[Any] | None) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_seconds)
-            try:
-                async with self.db.tx() as conn:
-                    turn_status = await run_repo.heartbeat(conn, self.run, self.settings.lease_seconds)
-            except Exception:
-                log.exception("heartbeat of run %s failed", self.run.run_id)
-                continue
-            # A stale incarnation must stop acting at once; so must a Run whose Turn is being
-            # cancelled, whose signal may have been lost while a command or model call runs on.
-            if turn_status in (None, TurnStatus.CANCELLING) and main is not None:
-                main.cancel()
-                return
+            self._heartbeats.release(self.run)
 
     async def begin(self, conn: Connection, acquired: run_repo.AcquiredRun | None = None) -> None:
         """The Run's first reads, in the caller's transaction (the one that acquired the Run, whose

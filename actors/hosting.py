@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from actors import directory
+from actors.heartbeats import Heartbeats
 from actors.naming import session_actor_name
 from actors.placement import Placement, ShapeActors, choose
 from actors.session_actor import SessionCore, this_actor
@@ -40,13 +41,14 @@ _MOVE_WAIT_SECONDS = 1.0
 _DRAIN_AGAIN_FACTOR = 10
 
 
-async def _close_and_exit(db: LazyDatabase, what: str) -> None:
-    """The end of a passivated actor (a dedicated one, or a host that moves): its pool closes, and
+async def _close_and_exit(what: str, *pools: LazyDatabase) -> None:
+    """The end of a passivated actor (a dedicated one, or a host that moves): its pools close, and
     the actor exits for good (a later hint creates a new one)."""
-    try:
-        await asyncio.wait_for(db.close(), timeout=5)
-    except Exception:
-        log.debug("closing the pool of %s failed", what, exc_info=True)
+    for db in pools:
+        try:
+            await asyncio.wait_for(db.close(), timeout=5)
+        except Exception:
+            log.debug("closing a pool of %s failed", what, exc_info=True)
     ray.kill(this_actor(), no_restart=True)
 
 
@@ -60,11 +62,16 @@ class SessionActorImpl(SessionCore):
         super().__init__(uuid.UUID(session_id), current())
         directory.worker_taken()  # the next actor activated on this node finds a process running
         self._db = LazyDatabase(max_size=2)
+        # The process runs this session's Runs alone, one at a time: they beat through its pool.
+        self._beats = Heartbeats(self._db.get, self.settings)
         self._loop_task: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
 
     async def _database(self) -> Database:
         return await self._db.get()
+
+    def _heartbeats(self) -> Heartbeats:
+        return self._beats
 
     async def status(self) -> dict[str, str | int | None]:  # type: ignore[override]
         return SessionCore.status(self)
@@ -75,7 +82,7 @@ class SessionActorImpl(SessionCore):
 
     def _exited(self) -> None:
         self._shutdown = asyncio.get_running_loop().create_task(
-            _close_and_exit(self._db, f"session {self.session_id}"))
+            _close_and_exit(f"session {self.session_id}", self._db))
 
 
 class TreeSupervisorImpl(SupervisorCore):
@@ -90,7 +97,7 @@ class TreeSupervisorImpl(SupervisorCore):
         return await self._db.get()
 
     async def _exited(self, db: Database) -> None:
-        await _close_and_exit(self._db, f"tree {self.tree_id}")
+        await _close_and_exit(f"tree {self.tree_id}", self._db)
 
 
 # -- the hosted shape: sessions and supervisors inside a few long-lived hosts --------------------------
@@ -104,6 +111,9 @@ class _HostedSession(SessionCore):
 
     async def _database(self) -> Database:
         return await self._host.database()
+
+    def _heartbeats(self) -> Heartbeats:
+        return self._host.heartbeats
 
     def _may_go_on(self) -> bool:
         return not self._host.moving
@@ -142,6 +152,9 @@ class SessionHostImpl:
         # it opens them as its sessions need them (each is a PostgreSQL backend of ~10 MiB held
         # until it has been idle for the pool's max_idle), not all up front.
         self._db = LazyDatabase(max_size=max(4, 2 * self.settings.db_pool_max), min_size=_HOST_POOL_MIN)
+        # Its Runs' leases are renewed on a connection of their own (actors/heartbeats.py).
+        self._beats_db = LazyDatabase(max_size=1)
+        self.heartbeats = Heartbeats(self._beats_db.get, self.settings)
         self._sessions: dict[uuid.UUID, _HostedSession] = {}
         self._supervisors: dict[uuid.UUID, _HostedSupervisor] = {}
         self._draining: asyncio.Task[None] | None = None
@@ -283,7 +296,8 @@ class SessionHostImpl:
         for supervisor in list(self._supervisors.values()):
             await supervisor.passivate_now()
         log.info("session host %d leaves its node", self.index)
-        self._leaving = asyncio.create_task(_close_and_exit(self._db, f"session host {self.index}"))
+        self.heartbeats.close()
+        self._leaving = asyncio.create_task(_close_and_exit(f"session host {self.index}", self._db, self._beats_db))
 
 
 SHAPE_ACTORS = ShapeActors(session=ray.remote(SessionActorImpl), supervisor=ray.remote(TreeSupervisorImpl),

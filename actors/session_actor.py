@@ -26,6 +26,7 @@ import ray
 
 from actors import directory
 from actors.agent_loop import RunExecutor
+from actors.heartbeats import Heartbeats
 from actors.placement import Placement
 from persistence import runs as run_repo
 from persistence import turns
@@ -73,6 +74,10 @@ class SessionCore:
     # -- what the host provides ----------------------------------------------------------------------
 
     async def _database(self) -> Database:
+        raise NotImplementedError
+
+    def _heartbeats(self) -> Heartbeats:
+        """What renews the leases of the Runs this process executes."""
         raise NotImplementedError
 
     def _ensure_loop(self) -> None:
@@ -206,7 +211,8 @@ class SessionCore:
         return self._executor(db, acquired) if acquired is not None else None
 
     def _executor(self, db: Database, acquired: run_repo.AcquiredRun) -> RunExecutor:
-        return RunExecutor(db, self.settings, self.placement, acquired.run, go_on=self._may_go_on)
+        return RunExecutor(db, self.settings, self.placement, acquired.run, heartbeats=self._heartbeats(),
+                           go_on=self._may_go_on)
 
     async def _run_claimable(self) -> bool:
         db = await self._database()

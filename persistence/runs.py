@@ -63,11 +63,6 @@ WHERE r.status = 'running' AND r.owner IS NULL AND s.session_id = r.session_id A
     ORDER BY started_at LIMIT 1)
 RETURNING r.run_id, r.turn_id, r.kind, {SESSION_COLUMNS}, s.user_id, s.app_id, {TURN_INPUT_COLUMNS}
 """
-_HEARTBEAT = """
-UPDATE runs SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-WHERE run_id = %(run_id)s AND owner = %(owner)s AND status = 'running' AND lease_expires_at > now()
-RETURNING (SELECT t.status FROM turns t WHERE t.turn_id = runs.turn_id) AS turn_status
-"""
 _FENCE = """
 SELECT run_id FROM runs
 WHERE run_id = %s AND owner = %s AND status = 'running' AND lease_expires_at > now()
@@ -172,11 +167,14 @@ def _run_ref(row: Row, owner: str) -> RunRef:
     )
 
 
-async def heartbeat(conn: Connection, run: RunRef, lease_seconds: float) -> str | None:
-    """Renew the Run's lease; the status of its Turn, or None when this incarnation no longer holds it."""
-    cur = await conn.execute(_HEARTBEAT, {"run_id": run.run_id, "owner": run.owner, "lease": lease_seconds})
-    row = await cur.fetchone()
-    return None if row is None else str(row["turn_status"])
+async def heartbeat(conn: Connection, held: Collection[RunRef], lease_seconds: float) -> dict[uuid.UUID, str]:
+    """Renew the leases of ``held``; the status of the Turn of each Run still held, by run id. A Run
+    missing from the answer is no longer held by the incarnation that asked. A Run whose row another
+    transaction has locked (its own commit, say) is still held but renewed only at a later beat: one
+    Run's commit waiting on a lock must not hold up the renewal of all the others."""
+    cur = await conn.execute(query("run_heartbeats"), {
+        "run_ids": [run.run_id for run in held], "owners": [run.owner for run in held], "lease": lease_seconds})
+    return {row["run_id"]: str(row["turn_status"]) for row in await cur.fetchall()}
 
 
 async def fence(conn: Connection, run: RunRef) -> None:

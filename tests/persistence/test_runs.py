@@ -252,10 +252,44 @@ async def test_heartbeat_extends_the_lease_only_for_its_owner(db: Database, scop
     _, run = await start_root_run(db, scope)
     before = (await run_row(db, run.run_id))["lease_expires_at"]
     async with db.tx() as conn:
-        assert await runs.heartbeat(conn, run, 600) == "running"
+        assert await runs.heartbeat(conn, [run], 600) == {run.run_id: "running"}
         impostor = RunRef(run.scope, run.session_id, run.tree_id, run.turn_id, run.run_id, "impostor")
-        assert await runs.heartbeat(conn, impostor, 600) is None
+        assert await runs.heartbeat(conn, [impostor], 600) == {}
     assert (await run_row(db, run.run_id))["lease_expires_at"] > before
+
+
+async def test_one_heartbeat_renews_every_run_still_held_and_names_them(db: Database, scope: Scope) -> None:
+    """A process's Runs in one statement: those it still holds are renewed, with their Turns' status;
+    one whose lease lapsed is neither renewed nor named (its incarnation must stop)."""
+    _, root = await start_root_run(db, scope)
+    _, aaa = await child_run(db, root, "aaa")
+    _, bbb = await child_run(db, root, "bbb")
+    await _expire(db, bbb)
+    before = {run.run_id: (await run_row(db, run.run_id))["lease_expires_at"] for run in (root, aaa, bbb)}
+    async with db.tx() as conn:
+        assert await runs.heartbeat(conn, [bbb, root, aaa], 600) == {root.run_id: "running", aaa.run_id: "running"}
+        assert await runs.heartbeat(conn, [], 600) == {}
+    after = {run.run_id: (await run_row(db, run.run_id))["lease_expires_at"] for run in (root, aaa, bbb)}
+    assert after[root.run_id] > before[root.run_id] and after[aaa.run_id] > before[aaa.run_id]
+    assert after[bbb.run_id] == before[bbb.run_id]
+
+
+async def test_a_run_whose_row_is_locked_is_still_held_and_does_not_hold_up_the_others(db: Database,
+                                                                                     scope: Scope) -> None:
+    """A Run's own commit waiting on a lock holds its row: the beat names it (it must not stop) without
+    waiting for it, and renews the others at once; a later beat renews it."""
+    _, root = await start_root_run(db, scope)
+    _, aaa = await child_run(db, root, "aaa")
+    before = {run.run_id: (await run_row(db, run.run_id))["lease_expires_at"] for run in (root, aaa)}
+    async with db.tx() as committing:
+        await runs.fence(committing, aaa)  # aaa's commit, under way
+        async with db.tx() as conn:
+            assert await runs.heartbeat(conn, [root, aaa], 600) == {root.run_id: "running", aaa.run_id: "running"}
+        assert (await run_row(db, aaa.run_id))["lease_expires_at"] == before[aaa.run_id]
+    assert (await run_row(db, root.run_id))["lease_expires_at"] > before[root.run_id]
+    async with db.tx() as conn:
+        await runs.heartbeat(conn, [root, aaa], 600)
+    assert (await run_row(db, aaa.run_id))["lease_expires_at"] > before[aaa.run_id]
 
 
 async def test_expired_lease_is_recovered_by_exactly_one_resume_run(db: Database, scope: Scope) -> None:
@@ -399,7 +433,7 @@ async def test_a_stale_owner_is_fenced_and_writes_nothing(db: Database, scope: S
             async with db.tx() as conn:
                 await write(conn)
     async with db.tx() as conn:
-        assert await runs.heartbeat(conn, run, LEASE_SECONDS) is None
+        assert await runs.heartbeat(conn, [run], LEASE_SECONDS) == {}
     assert await count_rows(db) == before
     assert (await turn_row(db, run.turn_id))["status"] == "running"  # the resume Run owns the Turn now
 
