@@ -159,13 +159,22 @@ def session_options(settings: Settings) -> str:
 
 
 # How long one attempt of the pool to replace a lost connection goes on (psycopg_pool's default is
-# 5 minutes) before the pool gives it up, and a later transaction starts another at once. An attempt
-# waits twice as long after each failure, so the pool's next try came up to half an outage after the
+# 5 minutes) before the pool gives it up and begins the next (_connect_again). An attempt waits
+# twice as long after each failure, so the pool's next try came up to half an outage after the
 # database was back (26 s after 40 s down): bounded, the next comes within a few seconds.
 RECONNECT_SECONDS = 10.0
 # How long a transaction waits for a connection of its process's pool (psycopg_pool's default): a
 # Run rides out a database restart this long before its step fails and the Run is recovered.
 WAIT_SECONDS = 30.0
+
+
+async def _connect_again(pool: AsyncConnectionPool) -> None:
+    """An attempt to reconnect was given up. psycopg_pool begins another only when a new request
+    finds the pool empty: the transactions already waiting for a connection (each up to
+    WAIT_SECONDS) waited out their whole wait though the server was back. ``check`` begins one at
+    once (when the pool has room and none is under way)."""
+    with contextlib.suppress(PoolClosed):
+        await pool.check()
 
 
 async def open_pool(url: str, max_size: int | None = None, min_size: int = 1,
@@ -178,6 +187,7 @@ async def open_pool(url: str, max_size: int | None = None, min_size: int = 1,
         max_size=max_size or settings.db_pool_max,
         timeout=wait_seconds,
         reconnect_timeout=RECONNECT_SECONDS,
+        reconnect_failed=_connect_again,
         # After any options the URL carries, so that these bounds win (a later -c overrides).
         kwargs={"row_factory": dict_row, "autocommit": False, "prepare_threshold": 0,
                 "options": " ".join(filter(None, [given.get("options"), session_options(settings)])),

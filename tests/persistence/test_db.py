@@ -5,12 +5,21 @@ each with PostgreSQL's own clear error."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
+from persistence import db as db_module
 from persistence.db import Database, LazyDatabase
+from persistence.embedded import embedded_url, running_postmaster, stop_embedded
 from persistence.settings import Settings
 
 BOUNDS = Settings(db_statement_timeout_seconds=0.5, db_lock_timeout_seconds=0.3, db_idle_in_transaction_seconds=0.5)
@@ -78,3 +87,45 @@ async def test_concurrent_first_uses_open_one_pool(database_url: str) -> None:
             assert await cur.fetchone() == {"one": 1}
     finally:
         await lazy.close()
+
+
+def _until_stopped(data_dir: Path) -> None:
+    while running_postmaster(data_dir) is not None:
+        time.sleep(0.1)
+
+
+async def _select_one(database: Database) -> int:
+    async with database.tx() as conn:
+        cur = await conn.execute("SELECT 1 AS one")
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["one"])
+
+
+async def test_a_transaction_waiting_for_a_connection_gets_one_once_the_server_is_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """psycopg_pool gives an attempt to reconnect up after ``reconnect_timeout`` and begins another
+    only when a new request finds the pool empty: a transaction already waiting waited out its whole
+    wait (a Run's 30 s: a tree went on ~20 s after a 15 s outage) though the server was back. Here
+    the server, crashed, is back after the pool gave its attempt up, well within the wait."""
+    monkeypatch.setattr(db_module, "RECONNECT_SECONDS", 1.0)
+    data_dir = Path(tempfile.mkdtemp(prefix="cdb-", dir="/tmp"))  # short: the server's socket is in it
+    try:
+        database = await Database.connect(embedded_url(data_dir), max_size=1, wait_seconds=15)
+        try:
+            postmaster = running_postmaster(data_dir)
+            assert postmaster is not None and await _select_one(database) == 1
+            os.kill(postmaster, signal.SIGQUIT)  # an immediate shutdown: the pooled connection is cut
+            await asyncio.to_thread(_until_stopped, data_dir)
+            with contextlib.suppress(psycopg.OperationalError):  # the connection it held, cut
+                await _select_one(database)
+            waiting = asyncio.create_task(_select_one(database))
+            await asyncio.sleep(3)  # the pool tried and gave up (after 1 s)
+            assert not waiting.done()
+            await asyncio.to_thread(embedded_url, data_dir)  # the server is back
+            assert await asyncio.wait_for(waiting, timeout=10) == 1  # was a PoolTimeout at 15 s
+        finally:
+            await database.close()
+    finally:
+        stop_embedded(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)
