@@ -56,18 +56,20 @@ class Heartbeats:
     async def beat(self) -> None:
         """Renew every lease held here now; stop the Runs that must stop. A failure (the database
         restarting) is logged and the next beat tries again: a lease outlives two beats."""
-        held = [run for run, _ in self._held.values()]
-        if not held:
+        asked = list(self._held.values())
+        if not asked:
             return
         try:
             db = await self._database()
             async with db.tx() as conn:
-                renewed = await run_repo.heartbeat(conn, held, self._settings.lease_seconds)
+                held = await run_repo.heartbeat(conn, [run for run, _ in asked], self._settings.lease_seconds)
         except Exception:
-            log.exception("the heartbeat of %d runs failed", len(held))
+            log.exception("the heartbeat of %d runs failed", len(asked))
             return
-        for run in held:
-            if renewed.get(run.run_id, None) in (None, TurnStatus.CANCELLING):
-                entry = self._held.pop(run.run_id, None)
-                if entry is not None:
-                    entry[1]()
+        for entry in asked:
+            run, stop = entry
+            # Only the execution asked about: one that ended meanwhile is gone, and the same Run held
+            # again (handed back and taken up by the same incarnation) is another entry.
+            if held.get(run.run_id) in (None, TurnStatus.CANCELLING) and self._held.get(run.run_id) is entry:
+                del self._held[run.run_id]
+                stop()

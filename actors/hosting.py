@@ -153,7 +153,7 @@ class SessionHostImpl:
         # until it has been idle for the pool's max_idle), not all up front.
         self._db = LazyDatabase(max_size=max(4, 2 * self.settings.db_pool_max), min_size=_HOST_POOL_MIN)
         # Its Runs' leases are renewed on a connection of their own (actors/heartbeats.py).
-        self._beats_db = LazyDatabase(max_size=1)
+        self._beats_db = LazyDatabase(max_size=1, carries_metrics=False)
         self.heartbeats = Heartbeats(self._beats_db.get, self.settings)
         self._sessions: dict[uuid.UUID, _HostedSession] = {}
         self._supervisors: dict[uuid.UUID, _HostedSupervisor] = {}

@@ -202,14 +202,19 @@ async def open_pool(url: str, max_size: int | None = None, min_size: int = 1,
 class Database:
     """A pool plus the one way to use it: ``async with db.tx() as conn`` is one transaction."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, *, carries_metrics: bool = True) -> None:
         self.pool = pool
+        # Whether this process's metric counts are flushed through this pool after its commits. Not
+        # a pool kept apart from the process's work (lease renewals): a flush upserts rows every
+        # process shares, and may wait on another process's flush.
+        self.carries_metrics = carries_metrics
 
     @classmethod
     async def connect(cls, url: str | None = None, max_size: int | None = None, min_size: int = 1,
-                      settings: Settings | None = None, wait_seconds: float = WAIT_SECONDS) -> Database:
+                      settings: Settings | None = None, wait_seconds: float = WAIT_SECONDS,
+                      carries_metrics: bool = True) -> Database:
         return cls(await open_pool(url or resolve_database_url(settings), max_size=max_size, min_size=min_size,
-                                   settings=settings, wait_seconds=wait_seconds))
+                                   settings=settings, wait_seconds=wait_seconds), carries_metrics=carries_metrics)
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[Connection]:
@@ -225,12 +230,14 @@ class Database:
                     await deferred.run(connection)
             for deferred in queued:  # the commit succeeded too
                 deferred.committed()
-        metrics.flush_soon(self)  # after the commit: this process's counts reach the table within a second
+        if self.carries_metrics:  # after the commit: this process's counts reach the table within a second
+            metrics.flush_soon(self)
 
     async def close(self) -> None:
         # A process that stops (a passivating session actor, a host, the sweeper) closes its pool
         # last: its counts not yet flushed would otherwise die with it.
-        await metrics.flush_and_forget(self)
+        if self.carries_metrics:
+            await metrics.flush_and_forget(self)
         await self.pool.close()
 
 
@@ -238,8 +245,9 @@ class LazyDatabase:
     """A pool opened on first use — once, however many callers ask for it at the same time (an
     actor's first calls arrive together) — and closed with ``close``."""
 
-    def __init__(self, url: str | None = None, *, max_size: int | None = None, min_size: int = 1) -> None:
-        self._options = {"url": url, "max_size": max_size, "min_size": min_size}
+    def __init__(self, url: str | None = None, *, max_size: int | None = None, min_size: int = 1,
+                 carries_metrics: bool = True) -> None:
+        self._options = {"url": url, "max_size": max_size, "min_size": min_size, "carries_metrics": carries_metrics}
         self._db: Database | None = None
         self._lock = asyncio.Lock()
 

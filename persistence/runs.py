@@ -170,8 +170,9 @@ def _run_ref(row: Row, owner: str) -> RunRef:
 async def heartbeat(conn: Connection, held: Collection[RunRef], lease_seconds: float) -> dict[uuid.UUID, str]:
     """Renew the leases of ``held``; the status of the Turn of each Run still held, by run id. A Run
     missing from the answer is no longer held by the incarnation that asked. A Run whose row another
-    transaction has locked (its own commit, say) is still held but renewed only at a later beat: one
-    Run's commit waiting on a lock must not hold up the renewal of all the others."""
+    transaction has locked (its own commit, say) counts as held, and is renewed or judged at a later
+    beat: one Run's commit waiting on a lock must not hold up the renewal of all the others, nor be
+    cut off because its lease ran out meanwhile (its writes are fenced at its commit's start)."""
     cur = await conn.execute(query("run_heartbeats"), {
         "run_ids": [run.run_id for run in held], "owners": [run.owner for run in held], "lease": lease_seconds})
     return {row["run_id"]: str(row["turn_status"]) for row in await cur.fetchall()}

@@ -1,5 +1,6 @@
-"""Lease renewals (actors/heartbeats.py) read back from the database: a Run's lease is renewed while
-its process's other work cannot get a connection."""
+"""Lease renewals (actors/heartbeats.py) read back from the database: one beat renews every Run a
+process holds and stops those it must; and a Run's lease is renewed while its process's other work
+cannot get a connection."""
 
 from __future__ import annotations
 
@@ -8,12 +9,79 @@ import asyncio
 import pytest
 import ray
 
+from actors.heartbeats import Heartbeats
 from actors.naming import NAMESPACE, host_actor_name
 from actors.runtime import Runtime
 from actors.scripted import say, script
-from persistence.records import Scope
+from persistence import runs
+from persistence.db import Database
+from persistence.records import RunRef, Scope
 from persistence.runs import LEASE_EXPIRED
+from persistence.settings import Settings
 from tests.actors.helpers import a_root_in_host, eventually, rows
+from tests.persistence.helpers import child_run, expire_lease, run_row, start_root_run
+
+
+def beats_of(db: Database) -> Heartbeats:
+    async def database() -> Database:
+        return db
+
+    return Heartbeats(database, Settings(lease_seconds=600, heartbeat_seconds=60))
+
+
+async def test_a_beat_renews_the_runs_held_and_stops_once_those_lost_or_being_cancelled(db: Database,
+                                                                                     scope: Scope) -> None:
+    _, root = await start_root_run(db, scope)
+    _, lost = await child_run(db, root, "lost")
+    _, cancelled = await child_run(db, root, "cancelled")
+    async with db.tx() as conn:
+        await expire_lease(conn, lost.run_id)
+        await conn.execute("UPDATE turns SET status = 'cancelling' WHERE turn_id = %s", (cancelled.turn_id,))
+    before = (await run_row(db, root.run_id))["lease_expires_at"]
+    stopped: list[str] = []
+    beats = beats_of(db)
+    for name, run in (("root", root), ("lost", lost), ("cancelled", cancelled)):
+        beats.hold(run, lambda name=name: stopped.append(name))  # type: ignore[misc]
+    try:
+        await beats.beat()
+        assert sorted(stopped) == ["cancelled", "lost"]
+        assert (await run_row(db, root.run_id))["lease_expires_at"] > before
+        await beats.beat()
+        assert sorted(stopped) == ["cancelled", "lost"]  # once each; root still held
+    finally:
+        beats.close()
+
+
+async def _waiting_on_a_lock(db: Database) -> bool:
+    found = await rows(db, "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                       "AND datname = current_database()")
+    return bool(found[0]["n"])
+
+
+async def test_a_run_held_again_during_a_beat_is_judged_by_the_next_beat_not_that_one(db: Database,
+                                                                                     scope: Scope) -> None:
+    """A beat's answer is about the executions it asked about: the same Run handed back and taken up
+    again meanwhile (by the same incarnation) is not stopped by it."""
+    _, run = await start_root_run(db, scope)
+    stopped: list[str] = []
+    beats = beats_of(db)
+    beats.hold(run, lambda: stopped.append("first"))
+    try:
+        async with db.tx() as conn:
+            await runs.hand_back(conn, run, 600)  # unowned now: not held by anybody
+        async with db.tx() as locker:
+            await locker.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+            beat = asyncio.create_task(beats.beat())
+            await eventually(lambda: _waiting_on_a_lock(db))
+            beats.release(run)
+            again = RunRef(run.scope, run.session_id, run.tree_id, run.turn_id, run.run_id, run.owner)
+            beats.hold(again, lambda: stopped.append("again"))
+        await beat
+        assert stopped == []  # the first execution ended; the one held again is not the beat's
+        await beats.beat()
+        assert stopped == ["again"]  # the Run is not held: the next beat says so
+    finally:
+        beats.close()
 
 
 @pytest.mark.default_shape  # a host's pool is what its sessions share; a dedicated session's is its own

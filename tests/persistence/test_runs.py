@@ -292,6 +292,23 @@ async def test_a_run_whose_row_is_locked_is_still_held_and_does_not_hold_up_the_
     assert (await run_row(db, aaa.run_id))["lease_expires_at"] > before[aaa.run_id]
 
 
+async def test_a_run_whose_lease_runs_out_while_its_row_is_locked_is_judged_once_it_is_not(db: Database,
+                                                                                          scope: Scope) -> None:
+    """A commit fenced while the lease held may go on past it (its writes are checked at its start):
+    the beats meanwhile neither renew nor drop the Run, which stopping would cut the commit off;
+    the first beat that can lock its row finds the lease run out."""
+    _, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        await runs.heartbeat(conn, [run], 0.5)
+    async with db.tx() as committing:
+        await runs.fence(committing, run)
+        await asyncio.sleep(0.7)  # the lease runs out during the commit
+        async with db.tx() as conn:
+            assert await runs.heartbeat(conn, [run], 600) == {run.run_id: "running"}
+    async with db.tx() as conn:
+        assert await runs.heartbeat(conn, [run], 600) == {}
+
+
 async def test_expired_lease_is_recovered_by_exactly_one_resume_run(db: Database, scope: Scope) -> None:
     tree, run = await start_root_run(db, scope)
     await _expire(db, run)
