@@ -209,6 +209,9 @@ class _Buffer:
         # one-off pool of an operator command beside the runtime's, a test's), so a flush uses the
         # newest rather than the one that scheduled it, which may have closed since.
         self._db: Database | None = None
+        # The flush whose counts are taken but not yet committed: a flush asked for meanwhile (a
+        # closing pool's last) waits for it, or it would find nothing pending and return before them.
+        self._in_flight: asyncio.Future[None] | None = None
 
     def add(self, name: str, labels: dict[str, str], amount: float) -> None:
         key = (name, tuple(labels.items()))
@@ -251,9 +254,13 @@ class _Buffer:
         """Add the pending counts to the table in one statement; on failure they stay pending (False)."""
         from persistence.db import query
 
+        loop = asyncio.get_running_loop()
+        while self._in_flight is not None and not self._in_flight.done() and self._in_flight.get_loop() is loop:
+            await asyncio.shield(self._in_flight)  # its counts are in the table, or pending again
         if not self.pending:
             return True
         taken, self.pending = self.pending, {}
+        self._in_flight = in_flight = loop.create_future()
         # In one order everywhere: two processes flushing at once lock the rows they share in the
         # same order, so they never deadlock.
         ordered = sorted(taken.items())
@@ -268,6 +275,8 @@ class _Buffer:
             for key, amount in taken.items():
                 self.pending[key] = self.pending.get(key, 0.0) + amount
             return False
+        finally:
+            in_flight.set_result(None)
         return True
 
 

@@ -15,6 +15,7 @@ from persistence.databases import rows
 from persistence.db import Database, savepoint
 from persistence.events import append_event
 from persistence.records import Scope
+from tests.persistence.helpers import until_a_lock_is_awaited
 
 
 async def _value(db: Database, name: str, labels: dict[str, str]) -> float | None:
@@ -158,3 +159,21 @@ async def test_a_count_made_after_the_last_commit_reaches_the_table(db: Database
     while await value() != 4.0:
         assert asyncio.get_running_loop().time() < deadline, "the count waited for a commit that never came"
         await asyncio.sleep(0.2)
+
+
+async def test_a_flush_asked_while_another_commits_returns_once_the_counts_are_in(db: Database) -> None:
+    """A closing pool flushes what is pending, and a test (or a scrape) then reads the table: a flush
+    under way had taken the counts, so the closing one found nothing and returned before they were
+    committed (the gateway's model-call counts, read as 0 on a slow CI run)."""
+    labels = _labels()
+    metrics.add(metrics.TOOL_CALLS, **labels)
+    async with db.tx() as locker:
+        await locker.execute("LOCK TABLE metric_counters IN EXCLUSIVE MODE")  # the first flush waits on it
+        first = asyncio.create_task(metrics.flush(db))
+        await until_a_lock_is_awaited(db, "metric_counters")
+        second = asyncio.create_task(metrics.flush(db))
+        for _ in range(10):  # every step it can take without the first flush's commit
+            await asyncio.sleep(0)
+        assert not second.done()
+    assert await second and await first
+    assert await _value(db, "canopy_tool_calls", labels) == 1.0
