@@ -390,6 +390,7 @@ class RunExecutor:
         # up to its limit) and then for an acquisition; the sweep recovers it only past both.
         async with self.db.tx() as conn:
             await run_repo.hand_back(conn, self.run, self.settings.drain_hold_seconds)
+        self._ended()
 
     def _call_ids(self) -> set[str]:
         """The ids of the tool calls of the history the model is sent, every Turn's (the history holds
@@ -561,6 +562,8 @@ class RunExecutor:
                 await turns.finish_turn(conn, self.run, TurnStatus.COMPLETED, output=message["content"] or "",
                                         locked_session=session)
                 hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
+        if final:
+            self._ended()
         await signals.send_hints(self.placement, self.db, hints)  # the freed slot, the waiters on this answer
         if final:
             tracing.turn_ended(TurnStatus.COMPLETED)
@@ -643,6 +646,8 @@ class RunExecutor:
             # session's state (waiting, for a human perhaps), which wait_sessions waiters watch.
             touched = [*ctx.touched_sessions, self.run.session_id] if wait_id else ctx.touched_sessions
             hints = await signals.change_hints(conn, touched, hand_off_tree=self.run.tree_id if wait_id else None)
+        if wait_id is not None:
+            self._ended()
         await asyncio.gather(*(self.placement.activate(s) for s in ctx.signalled_sessions))
         ctx.signalled_sessions.clear()
         ctx.touched_sessions.clear()
@@ -693,8 +698,14 @@ class RunExecutor:
                 await messages.charge_call(conn, self.run, usage=charged["usage"], cost_usd=charged["cost_usd"])
             await turns.finish_turn(conn, self.run, status, output=output, error=error)
             hints = await signals.change_hints(conn, [self.run.session_id], hand_off_tree=self.run.tree_id)
+        self._ended()
         await signals.send_hints(self.placement, self.db, hints)
         tracing.turn_ended(status)
+
+    def _ended(self) -> None:
+        """The Run's end (or its handing back) is committed: no beat may take it for lost now and
+        cancel what is left (its hints, its span)."""
+        self._heartbeats.release(self.run)
 
     async def _end_if_cancelling(self) -> None:
         """The Run's task was cancelled: if its Turn is being cancelled, record the end."""
