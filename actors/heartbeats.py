@@ -62,7 +62,8 @@ class Heartbeats:
         try:
             db = await self._database()
             async with db.tx() as conn:
-                held = await run_repo.heartbeat(conn, [run for run, _ in asked], self._settings.lease_seconds)
+                held = await run_repo.heartbeat(conn, [run for run, _ in asked], self._settings.lease_seconds,
+                                                busy_wait_seconds=self._settings.heartbeat_seconds / 2)
         except Exception:
             log.exception("the heartbeat of %d runs failed", len(asked))
             return

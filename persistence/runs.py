@@ -7,12 +7,15 @@ are the tree's FIFO queue (ordered by ``queued_at``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Collection
 
+import psycopg
+
 from persistence import lifecycle, metrics
-from persistence.db import Connection, query
+from persistence.db import Connection, query, savepoint
 from persistence.errors import LeaseLost
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
@@ -167,15 +170,27 @@ def _run_ref(row: Row, owner: str) -> RunRef:
     )
 
 
-async def heartbeat(conn: Connection, held: Collection[RunRef], lease_seconds: float) -> dict[uuid.UUID, str]:
+async def heartbeat(conn: Connection, held: Collection[RunRef], lease_seconds: float,
+                    busy_wait_seconds: float = 0.5) -> dict[uuid.UUID, str]:
     """Renew the leases of ``held``; the status of the Turn of each Run still held, by run id. A Run
     missing from the answer is no longer held by the incarnation that asked. A Run whose row another
-    transaction has locked (its own commit, say) counts as held, and is renewed or judged at a later
-    beat: one Run's commit waiting on a lock must not hold up the renewal of all the others, nor be
-    cut off because its lease ran out meanwhile (its writes are fenced at its commit's start)."""
+    transaction has locked (its own commit, say) is waited for up to ``busy_wait_seconds`` after the
+    others are renewed; past that it counts as held, and is renewed or judged at a later beat: one
+    Run's commit waiting on a lock must not hold up the renewal of all the others, nor be cut off
+    because its lease ran out meanwhile (its writes are fenced at its commit's start)."""
     cur = await conn.execute(query("run_heartbeats"), {
         "run_ids": [run.run_id for run in held], "owners": [run.owner for run in held], "lease": lease_seconds})
-    return {row["run_id"]: str(row["turn_status"]) for row in await cur.fetchall()}
+    named = {row["run_id"]: (str(row["turn_status"]), bool(row["renewed"])) for row in await cur.fetchall()}
+    busy = [run for run in held if run.run_id in named and not named[run.run_id][1]]
+    if busy:
+        with contextlib.suppress(psycopg.errors.LockNotAvailable):
+            async with savepoint(conn):
+                await conn.execute("SELECT set_config('lock_timeout', %s, true)",
+                                   (f"{max(1, round(busy_wait_seconds * 1000))}ms",))
+                await conn.execute(query("run_heartbeats_busy"), {
+                    "run_ids": [run.run_id for run in busy], "owners": [run.owner for run in busy],
+                    "lease": lease_seconds})
+    return {run_id: status for run_id, (status, _) in named.items()}
 
 
 async def fence(conn: Connection, run: RunRef) -> None:

@@ -15,7 +15,7 @@ WITH asked AS (
     UPDATE runs r SET lease_expires_at = now() + make_interval(secs => %(lease)s)
     FROM lockable l WHERE r.run_id = l.run_id AND l.live
 )
-SELECT r.run_id, t.status AS turn_status
+SELECT r.run_id, t.status AS turn_status, l.run_id IS NOT NULL AS renewed
 FROM asked a
 JOIN runs r ON r.run_id = a.run_id AND r.owner = a.owner AND r.status = 'running'
 JOIN turns t ON t.turn_id = r.turn_id

@@ -35,6 +35,7 @@ from tests.persistence.helpers import (
     start_run,
     submit,
     turn_row,
+    until_a_lock_is_awaited,
 )
 
 
@@ -290,6 +291,24 @@ async def test_a_run_whose_row_is_locked_is_still_held_and_does_not_hold_up_the_
     async with db.tx() as conn:
         await runs.heartbeat(conn, [root, aaa], 600)
     assert (await run_row(db, aaa.run_id))["lease_expires_at"] > before[aaa.run_id]
+
+
+async def test_a_run_mid_commit_is_waited_for_briefly_and_renewed(db: Database, scope: Scope) -> None:
+    """A Run that commits step after step holds its row most of the time: a beat that only skipped it
+    let its lease run out (a 100-step Turn's Run was recovered and one model call asked twice)."""
+    _, run = await start_root_run(db, scope)
+    before = (await run_row(db, run.run_id))["lease_expires_at"]
+
+    async def beat() -> dict[uuid.UUID, str]:
+        async with db.tx() as conn:
+            return await runs.heartbeat(conn, [run], 600, busy_wait_seconds=30)
+
+    async with db.tx() as committing:
+        await runs.fence(committing, run)
+        beating = asyncio.create_task(beat())
+        await until_a_lock_is_awaited(db, "FOR NO KEY UPDATE OF r2")
+    assert await beating == {run.run_id: "running"}
+    assert (await run_row(db, run.run_id))["lease_expires_at"] > before
 
 
 async def test_a_run_whose_lease_runs_out_while_its_row_is_locked_is_judged_once_it_is_not(db: Database,
