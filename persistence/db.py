@@ -155,7 +155,12 @@ def session_options(settings: Settings) -> str:
     bounds = {"statement_timeout": settings.db_statement_timeout_seconds,
               "lock_timeout": settings.db_lock_timeout_seconds,
               "idle_in_transaction_session_timeout": settings.db_idle_in_transaction_seconds}
-    return " ".join(f"-c {name}={max(1, round(seconds * 1000))}" for name, seconds in bounds.items())
+    return " ".join(f"-c {name}={milliseconds(seconds)}" for name, seconds in bounds.items())
+
+
+def milliseconds(seconds: float) -> int:
+    """A PostgreSQL timeout setting's value (int milliseconds; 0 would mean none)."""
+    return max(1, round(seconds * 1000))
 
 
 # How long one attempt of the pool to replace a lost connection goes on (psycopg_pool's default is

@@ -15,7 +15,7 @@ from collections.abc import Collection
 import psycopg
 
 from persistence import lifecycle, metrics
-from persistence.db import Connection, query, savepoint
+from persistence.db import Connection, milliseconds, query, savepoint
 from persistence.errors import LeaseLost
 from persistence.events import append_event
 from persistence.records import Row, RunRef, Scope, new_id
@@ -186,7 +186,7 @@ async def heartbeat(conn: Connection, held: Collection[RunRef], lease_seconds: f
         with contextlib.suppress(psycopg.errors.LockNotAvailable):
             async with savepoint(conn):
                 await conn.execute("SELECT set_config('lock_timeout', %s, true)",
-                                   (f"{max(1, round(busy_wait_seconds * 1000))}ms",))
+                                   (f"{milliseconds(busy_wait_seconds)}ms",))
                 await conn.execute(query("run_heartbeats_busy"), {
                     "run_ids": [run.run_id for run in busy], "owners": [run.owner for run in busy],
                     "lease": lease_seconds})

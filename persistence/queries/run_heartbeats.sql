@@ -1,8 +1,9 @@
 -- Renew the leases of the Runs one process executes, in one statement, and name those it still
 -- holds, with their Turns' status: a Run whose lease lapsed, or that another incarnation took, is
 -- not named (it must stop). A Run whose row another transaction has locked (its own commit under
--- way, a stop, a recovery) is named, and neither renewed nor judged until a beat can lock it:
--- waiting for it would hold up every other renewal, and stopping it would cut its commit off.
+-- way, a stop, a recovery) is named but not renewed here (renewed = false): waiting for it would
+-- hold up every other renewal, and stopping it would cut its commit off. run_heartbeats_busy then
+-- waits for it, briefly; past that it is judged at a later beat.
 -- (A data-modifying WITH runs to completion whether or not the outer query reads it.)
 WITH asked AS (
     SELECT * FROM unnest(%(run_ids)s::uuid[], %(owners)s::text[]) AS a(run_id, owner)
