@@ -28,7 +28,7 @@ import psycopg
 
 from actors.gateway_actor import DELTA_CHANNEL
 from persistence import notifications
-from persistence.db import ping
+from persistence.db import ping, tcp_bounds
 from persistence.records import Scope
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,6 @@ log = logging.getLogger(__name__)
 EVENTS_CHANNEL = "canopy_events"
 KEYS_CHANNEL = "canopy_keys"
 _MAX_BUFFERED_DELTAS = 1000
-# The kernel's own probes of the listening connection over TCP, for a peer that vanished (libpq's
-# names; a Unix socket ignores them): gone after ~25 s of silence, or 30 s of unacknowledged data.
-_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
-               "tcp_user_timeout": 30_000}
 
 
 @dataclasses.dataclass(eq=False)
@@ -170,7 +166,7 @@ class EventHub:
             try:
                 async with await psycopg.AsyncConnection.connect(
                         self.database_url, autocommit=True, connect_timeout=max(1, round(self.liveness_seconds)),
-                        **_KEEPALIVES) as conn:
+                        **tcp_bounds(self.database_url)) as conn:
                     for channel in (EVENTS_CHANNEL, DELTA_CHANNEL, KEYS_CHANNEL):
                         await notifications.listen(conn, channel)
                     self.listening = True

@@ -163,6 +163,20 @@ def milliseconds(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+# libpq's TCP bounds: a connection whose server vanished without a reset (its machine lost, a network
+# partition) is found dead in about 25 s of silence or 30 s of unacknowledged data, not after Linux's
+# two hours before a first keepalive. Until then a statement on it waits for ever (statement_timeout
+# is the server's to enforce), and so do the process's lease renewals behind it. Unix sockets ignore them.
+_TCP_BOUNDS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3",
+               "tcp_user_timeout": "30000"}
+
+
+def tcp_bounds(url: str) -> dict[str, str]:
+    """The TCP bounds for a connection to ``url``, each unless the URL sets it."""
+    given = conninfo_to_dict(url)
+    return {name: value for name, value in _TCP_BOUNDS.items() if name not in given}
+
+
 # How long one attempt of the pool to replace a lost connection goes on (psycopg_pool's default is
 # 5 minutes) before the pool gives it up and begins the next (_connect_again). An attempt waits
 # twice as long after each failure, so the pool's next try came up to half an outage after the
@@ -200,7 +214,8 @@ async def open_pool(url: str, max_size: int | None = None, min_size: int = 1,
         kwargs={"row_factory": dict_row, "autocommit": False, "prepare_threshold": 0,
                 "options": " ".join(filter(None, [given.get("options"), session_options(settings)])),
                 # Which process holds a connection (pg_stat_activity), unless the URL names it.
-                "application_name": given.get("application_name") or f"canopy-{os.getpid()}"},
+                "application_name": given.get("application_name") or f"canopy-{os.getpid()}",
+                **tcp_bounds(url)},
         open=False,
     )
     await pool.open(wait=True)

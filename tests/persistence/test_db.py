@@ -9,18 +9,22 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from persistence import db as db_module
 from persistence.db import Database, LazyDatabase
 from persistence.embedded import embedded_url, running_postmaster, stop_embedded
 from persistence.settings import Settings
+from tests.ports import free_port
 
 BOUNDS = Settings(db_statement_timeout_seconds=0.5, db_lock_timeout_seconds=0.3, db_idle_in_transaction_seconds=0.5)
 
@@ -129,3 +133,52 @@ async def test_a_transaction_waiting_for_a_connection_gets_one_once_the_server_i
     finally:
         stop_embedded(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _tcp_to(unix_socket: str) -> AsyncIterator[int]:
+    """A loopback TCP port that forwards each connection to ``unix_socket`` (the embedded server
+    listens on a Unix socket only, where libpq's TCP settings do nothing)."""
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    async def serve(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_unix_connection(unix_socket)
+        await asyncio.gather(forward(client_reader, server_writer), forward(server_reader, client_writer),
+                             return_exceptions=True)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", free_port())
+    async with server:
+        yield server.sockets[0].getsockname()[1]
+
+
+def _tcp_options(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+    """The kernel's TCP keepalive and user-timeout settings of a connection's socket."""
+    with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+        return {"keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                "count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+                "user_timeout_ms": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)}
+
+
+async def test_a_pooled_tcp_connection_finds_a_vanished_server_in_seconds_not_hours(database_url: str) -> None:
+    """A server gone without a reset (its machine lost) left a statement, and the process's lease
+    renewals behind it, waiting until the kernel's first keepalive two hours on: each pooled TCP
+    connection probes after 10 s of silence. A URL's own settings win."""
+    given = conninfo_to_dict(database_url)
+    unix_socket = f"{given['host']}/.s.PGSQL.{given.get('port', 5432)}"
+    async with _tcp_to(unix_socket) as port:
+        tcp_url = make_conninfo(database_url, host="127.0.0.1", port=str(port))
+        for url, idle in ((tcp_url, 10), (make_conninfo(tcp_url, keepalives_idle="60"), 60)):
+            database = await Database.connect(url, max_size=1)
+            try:
+                async with database.pool.connection() as conn:
+                    assert _tcp_options(conn) == {"keepalive": 1, "idle": idle, "interval": 5, "count": 3,
+                                                  "user_timeout_ms": 30_000}
+                    assert await (await conn.execute("SELECT 1 AS one")).fetchone() == {"one": 1}
+            finally:
+                await database.close()
