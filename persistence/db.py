@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -101,12 +102,20 @@ def query(name: str) -> LiteralString:
     return cast(LiteralString, (_HERE / "queries" / f"{name}.sql").read_text())
 
 
-async def advisory_lock(conn: Connection, key: str) -> None:
-    """Take the transaction-scoped advisory lock named ``key`` (released at commit or rollback).
+def lock_name(*parts: object) -> str:
+    """The name of the advisory lock of ``parts``: a JSON array, so that parts holding any text (a
+    scope's user and app ids) name one lock each. Joined by a separator, the scopes ("a:b", "c")
+    and ("a", "b:c") shared one, and waited for each other's creates."""
+    return json.dumps([str(part) for part in parts])
+
+
+async def advisory_lock(conn: Connection, *parts: object) -> None:
+    """Take the transaction-scoped advisory lock of ``parts`` (``lock_name``), released at commit or
+    rollback.
 
     For counts that must not be overshot by concurrent writers: take it, then count, then write;
     the count is a statement of its own (see the query's comment)."""
-    await conn.execute(query("advisory_lock"), {"key": key})
+    await conn.execute(query("advisory_lock"), {"key": lock_name(*parts)})
 
 
 async def retrying_deadlocks(transaction: Callable[[], Awaitable[T]]) -> T:

@@ -58,7 +58,7 @@ async def check_wait(conn: Connection, run: RunRef, label: str, *, input_ids: li
     """Raise Deadlock (with the cycle's session paths) if the Run's Turn waiting for these inputs
     (all of them) or sessions (any of them) would close a cycle of waits; else return, holding the
     scope's wait lock until this transaction commits its wait."""
-    await advisory_lock(conn, f"canopy.waits:{run.scope.user_id}:{run.scope.app_id}")
+    await advisory_lock(conn, "canopy.waits", run.scope.user_id, run.scope.app_id)
     kind, condition = (WaitKind.INPUTS, {"input_ids": [str(i) for i in input_ids]}) if input_ids is not None \
         else (WaitKind.SESSIONS, {"targets": [str(s) for s in session_ids or []]})
     cur = await conn.execute(query("wait_graph"), {

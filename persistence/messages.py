@@ -316,7 +316,7 @@ async def _check_unread_room(conn: Connection, receiver: Row, body: str) -> None
     its row's: a sender holds its own session's row, and two sessions messaging each other would
     each wait for the other's."""
     settings = get_settings()
-    await advisory_lock(conn, f"unread:{receiver['session_id']}")
+    await advisory_lock(conn, "canopy.unread", receiver["session_id"])
     cur = await conn.execute(query("coop_messages_unread"), {"session_id": receiver["session_id"],
                                                              "limit": settings.max_unread_messages})
     unread = await cur.fetchone()

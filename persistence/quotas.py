@@ -23,14 +23,14 @@ _HELD = {"projects": ("projects", "delete an empty one first"), "agents": ("agen
          "schedules": ("schedules", "delete one first"), "roots": ("conversations", "archive one first")}
 
 
-def lock_key(scope: Scope, kind: Kind) -> str:
-    return f"canopy.scope-{kind}:{scope.user_id}:{scope.app_id}"
+def lock_parts(scope: Scope, kind: Kind) -> tuple[str, ...]:
+    return "canopy.scope", kind, scope.user_id, scope.app_id
 
 
 async def hold(conn: Connection, scope: Scope, kind: Kind) -> None:
     """Hold the scope's lock of ``kind`` until this transaction ends: other creates of that kind in
     the scope wait for it."""
-    await advisory_lock(conn, lock_key(scope, kind))
+    await advisory_lock(conn, *lock_parts(scope, kind))
 
 
 async def check_room(conn: Connection, scope: Scope, kind: Kind, limit: int) -> None:

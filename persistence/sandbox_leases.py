@@ -171,7 +171,7 @@ async def scope_held(conn: Connection, tree_id: uuid.UUID) -> int:
     cur = await conn.execute(query("sandbox_tree_scope"), {"tree_id": tree_id})
     scope = await cur.fetchone()
     assert scope is not None, f"tree {tree_id} has a lease, so it exists"
-    await advisory_lock(conn, f"sandbox-scope:{scope['user_id']}:{scope['app_id']}")
+    await advisory_lock(conn, "canopy.sandbox-scope", scope["user_id"], scope["app_id"])
     cur = await conn.execute(query("sandbox_scope_held"), {**scope, "tree_id": tree_id})
     row = await cur.fetchone()
     return int(row["held"]) if row else 0
@@ -255,17 +255,14 @@ async def mark_killed(conn: Connection, tree_id: uuid.UUID, command_id: str) -> 
     """Keep the kill of the tree's command ``command_id`` (a start of it not yet checked never runs),
     and read the lease as it is now: a start that was checked already found the sandbox active,
     and the caller kills it there. Under the tree's kill lock, as ``was_killed``."""
-    await advisory_lock(conn, _kill_lock(tree_id))
+    await advisory_lock(conn, "canopy.sandbox-kill", tree_id)
     await conn.execute(query("sandbox_kill_keep"), {"tree_id": tree_id, "command_id": command_id})
     return await get(conn, tree_id)
 
 
 async def was_killed(conn: Connection, tree_id: uuid.UUID, command_id: str) -> bool:
     """Whether the tree's command ``command_id`` was killed: checked after the claim, before the start."""
-    await advisory_lock(conn, _kill_lock(tree_id))
+    await advisory_lock(conn, "canopy.sandbox-kill", tree_id)
     cur = await conn.execute(query("sandbox_kill_find"), {"tree_id": tree_id, "command_id": command_id})
     return await cur.fetchone() is not None
 
-
-def _kill_lock(tree_id: uuid.UUID) -> str:
-    return f"sandbox-kill:{tree_id}"

@@ -152,7 +152,7 @@ async def _claim_spawn(conn: Connection, spawn: Spawn) -> uuid.UUID:
     if tree is None:
         raise NotFound(f"no tree {spawn.tree_id}")
     lineage_id = tree["lineage_id"]
-    await advisory_lock(conn, f"canopy.lineage-spawns:{lineage_id}")
+    await advisory_lock(conn, "canopy.lineage-spawns", lineage_id)
     cur = await conn.execute(query("spawned_trees_count"), {"lineage_id": lineage_id})
     row = await cur.fetchone()
     assert row is not None
@@ -188,7 +188,7 @@ async def create_child(
     if len(path) > MAX_PATH:
         raise InvalidArgument(f"path {path[:80]}... is longer than {MAX_PATH} characters")
     # The count and the insert below are serialised per tree, until this transaction ends.
-    await advisory_lock(conn, f"canopy.tree-members:{parent['tree_id']}")
+    await advisory_lock(conn, "canopy.tree-members", parent["tree_id"])
     cur = await conn.execute(query("tree_member_count"), {"tree_id": parent["tree_id"]})
     members = await cur.fetchone()
     assert members is not None

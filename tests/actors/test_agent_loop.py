@@ -13,7 +13,7 @@ import pytest
 
 from actors.agent_loop import _in_savepoint, _with_unique_ids
 from actors.tools import Tool, ToolArgs
-from persistence.db import Connection, Database, advisory_lock
+from persistence.db import Connection, Database, advisory_lock, lock_name
 from persistence.errors import Conflict, Deadlock
 
 
@@ -94,10 +94,10 @@ async def test_a_refused_wait_holds_no_lock_past_its_call(db: Database) -> None:
     """A wait refused as a deadlock had taken its scope's wait lock, and kept it until its step
     committed: every wait of the user stalled meanwhile, and a session acting on this one could
     deadlock with it. A tool's call runs in a savepoint now, whose rollback lets go of the lock."""
-    key = f"canopy.waits:refused-{uuid.uuid4().hex[:8]}:app"
+    parts = ("canopy.waits", f"refused-{uuid.uuid4().hex[:8]}", "app")
 
     async def refused_wait(ctx: Any, conn: Connection, call_id: str, args: Any) -> dict[str, Any]:
-        await advisory_lock(conn, key)
+        await advisory_lock(conn, *parts)
         raise Deadlock("waiting would deadlock", ["/root", "/root"])
 
     tool = Tool("wait_inputs", "", ToolArgs, refused_wait)
@@ -105,5 +105,6 @@ async def test_a_refused_wait_holds_no_lock_past_its_call(db: Database) -> None:
         with pytest.raises(Deadlock):
             await _in_savepoint(conn, tool, None, "call-1", None)  # type: ignore[arg-type]
         async with db.tx() as other:  # another step, while this one goes on
-            cur = await other.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS free", (key,))
+            cur = await other.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS free",
+                                      (lock_name(*parts),))
             assert await cur.fetchone() == {"free": True}

@@ -16,6 +16,7 @@ from actors.scripted import say, script
 from api import reference
 from api.routes import health
 from persistence import quotas
+from persistence.db import lock_name
 from persistence.records import Scope
 from tests.api.conftest import ApiServer, ClientFactory
 from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, poll, rows, terminal
@@ -240,7 +241,7 @@ async def test_one_request_sent_twice_is_made_once_and_replayed_though_the_first
     async with runtime.db.tx() as conn:
         await quotas.hold(conn, scope, kind)
         sends = [asyncio.ensure_future(http.post(f"/api/v1/{kind}", json=body, headers=headers)) for _ in range(2)]
-        await poll(lambda: _waiting_for_the_lock(runtime, quotas.lock_key(scope, kind), 2))
+        await poll(lambda: _waiting_for_the_lock(runtime, lock_name(*quotas.lock_parts(scope, kind)), 2))
     answers = await asyncio.gather(*sends)
 
     assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]

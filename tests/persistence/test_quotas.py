@@ -37,6 +37,20 @@ async def test_concurrent_creates_cannot_overshoot_the_quota(db: Database) -> No
     await _create_project(db, other, "elsewhere", 3)
 
 
+
+async def test_scopes_whose_ids_join_alike_do_not_share_a_lock(db: Database) -> None:
+    """Scope ids may hold ':' (api.schemas.SCOPE_ID_PATTERN): the locks of ("a:b", "c") and
+    ("a", "b:c") were one, so one tenant's creates waited for another's."""
+    tag = uuid.uuid4().hex[:8]
+    first, second = Scope(f"{tag}:b", "c"), Scope(tag, "b:c")
+    async with db.tx() as holder:
+        await quotas.hold(holder, first, "projects")
+        async with db.tx() as conn:
+            await conn.execute("SET LOCAL lock_timeout = '200ms'")
+            await quotas.hold(conn, second, "projects")  # waited for the holder, and timed out
+            await projects.create_project(conn, second, "p", Path("/tmp/projects"))
+    assert await scalar(db, "SELECT count(*) FROM projects WHERE user_id = %s", (second.user_id,)) == 1
+
 async def test_agents_are_counted_by_owner_within_the_app(db: Database) -> None:
     app = f"app-{uuid.uuid4().hex[:8]}"
     owner, colleague = Scope("owner", app), Scope("colleague", app)
