@@ -260,7 +260,7 @@ def parser() -> argparse.ArgumentParser:
     run_parser.set_defaults(handler=run)
 
     db = commands.add_parser("db", help="database management").add_subparsers(dest="db_command", required=True)
-    db.add_parser("init", help="create the schema (fresh-only)").set_defaults(handler=db_init)
+    db.add_parser("init", help="create the schema, or migrate an existing one forward").set_defaults(handler=db_init)
     db.add_parser("url", help="print the database URL (starts the embedded server if needed)").set_defaults(
         handler=db_url)
 
