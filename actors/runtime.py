@@ -438,9 +438,11 @@ class Runtime:
 
     @classmethod
     async def start(cls, settings: Settings | None = None, *, include_dashboard: bool = False,
-                    num_cpus: int | None = None, db_wait_seconds: float = WAIT_SECONDS) -> Runtime:
+                    num_cpus: int | None = None, db_wait_seconds: float = WAIT_SECONDS,
+                    db_pool_max: int | None = None) -> Runtime:
         """The runtime of this process, starting what it needs. ``db_wait_seconds``: how long a
-        transaction of this process waits for a connection (an API answers sooner than a Run)."""
+        transaction of this process waits for a connection (an API answers sooner than a Run);
+        ``db_pool_max``: its pool's size (``settings.db_pool_max`` by default)."""
         settings = settings or get_settings()
         database_url = resolve_database_url(settings)
         ensure_schema(database_url)
@@ -451,7 +453,8 @@ class Runtime:
         await gateways.local_gateway().warm_up.remote()  # other nodes' gateways start with their first call
         sweeper = Sweeper.options(**named_options(SWEEPER_NAME)).remote()
         await sweeper.start.remote()
-        return cls(await Database.connect(database_url, wait_seconds=db_wait_seconds), settings, database_url)
+        return cls(await Database.connect(database_url, max_size=db_pool_max, wait_seconds=db_wait_seconds),
+                   settings, database_url)
 
     async def close(self, *, shutdown_ray: bool = False) -> None:
         await self.db.close()

@@ -118,8 +118,12 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # A request waits a few seconds for a connection, then is told to come back (api/errors.py).
-        active = runtime or await Runtime.start(
-            settings, db_wait_seconds=(settings or get_settings()).api_db_wait_seconds)
+        # The pool's size is a setting of its own, not CANOPY_DB_POOL_MAX in the replica's environment:
+        # Ray hands a process's runtime_env down to every actor it makes (a session host's pool is
+        # sized by that setting), and a replica makes the sweeper and the hosts of a Serve deployment.
+        chosen = settings or get_settings()
+        active = runtime or await Runtime.start(chosen, db_wait_seconds=chosen.api_db_wait_seconds,
+                                                db_pool_max=chosen.api_db_pool_max)
         key_cache = KeyCache(listening=lambda: hub.listening)
         hub = EventHub(active.database_url, on_keys_changed=key_cache.forget)
         await hub.start()

@@ -26,8 +26,6 @@ DEPLOYMENT_NAME = "canopy-api"
 # Requests in flight per replica: live event streams stay open for a long time and each one
 # counts, so Serve's default of 5 would queue ordinary requests behind a few watchers.
 MAX_ONGOING_REQUESTS = 1000
-# The API's connection pool: it serves many concurrent short requests (actors use 2 each).
-REPLICA_ENV_DEFAULTS = {"CANOPY_DB_POOL_MAX": "16"}
 
 
 def _internal_grpc_on_loopback() -> None:
@@ -68,8 +66,7 @@ DEPLOYMENT = cast(Deployment, CanopyAPI)
 
 def application(env: dict[str, str] | None = None, num_replicas: int = 1) -> Application:
     """The Serve application with the replicas' environment (database URL, data dir, settings)."""
-    replica_env = {**REPLICA_ENV_DEFAULTS, **(env or {})}
-    options: dict[str, Any] = {"num_cpus": 0, "runtime_env": {"env_vars": replica_env}}
+    options: dict[str, Any] = {"num_cpus": 0, "runtime_env": {"env_vars": dict(env or {})}}
     return DEPLOYMENT.options(ray_actor_options=options, num_replicas=num_replicas).bind()
 
 

@@ -271,6 +271,9 @@ class Settings(BaseSettings):
     db_pool_max: int = Field(
         default=4, ge=1, description="PostgreSQL connections a process's pool may open (a session host twice as "
                                      "many, at least 4, opened as its sessions need them).")
+    api_db_pool_max: int = Field(
+        default=16, ge=1, description="PostgreSQL connections an API replica's pool may open: it serves many "
+                                      "concurrent short requests.")
     api_db_wait_seconds: float = Field(
         default=5.0, gt=0, le=PG_TIMEOUT_MAX_SECONDS,
         description="How long an API request waits for a database connection (the database down or restarting, "

@@ -403,3 +403,12 @@ def test_cluster_setup_commands_install_canopy_from_the_mounts(wheelhouse: Path,
               "print(reveal(Settings().database_url))", timeout=120, cwd=tmp_path,
               env={**env, "CANOPY_SECRETS_DIR": str(node / ".canopy" / "secrets")}).stdout.strip()
     assert url == "postgresql://canopy@db.internal/canopy"
+
+
+def test_the_serve_application_sets_no_canopy_setting() -> None:
+    """Ray hands an application's runtime_env down to every actor its replicas make (the sweeper, the
+    session hosts, under Serve alone): a setting meant for the replica there sizes them too (a
+    replica's pool of 16 made each host's 32). The replica's own settings are CANOPY_API_*."""
+    local = load_yaml("serve.yaml")["applications"][0]["runtime_env"]["env_vars"]
+    in_cluster = yaml.safe_load(load_yaml("kuberay.yaml")["spec"]["serveConfigV2"])["applications"][0]
+    assert [name for name in [*local, *in_cluster["runtime_env"]["env_vars"]] if name.startswith("CANOPY_")] == []

@@ -14,10 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.runtime import Runtime
 from actors.scripted import say, script
 from api import reference
+from api.app import create_app
 from api.routes import health
 from persistence import quotas
 from persistence.db import lock_name
 from persistence.records import Scope
+from persistence.settings import Settings
 from tests.api.conftest import ApiServer, ClientFactory
 from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, poll, rows, terminal
 
@@ -483,3 +485,13 @@ async def test_every_response_carries_the_security_headers(api: ApiServer, http:
     async with client(api.url, None) as anon:
         dressed = await anon.get("/docs%2F..%2F")
     assert dressed.status_code == 404 or "script-src 'self'" in dressed.headers.get("content-security-policy", "")
+
+
+async def test_an_api_replicas_pool_is_sized_by_a_setting_its_actors_do_not_inherit(runtime: Runtime) -> None:
+    """A replica's pool was sized by CANOPY_DB_POOL_MAX=16 in its runtime_env, which Ray hands down to
+    every actor the replica makes: under Serve alone (serve.yaml, kuberay.yaml) the replica makes the
+    sweeper and the session hosts, and a host's pool (twice that setting) grew to 32 connections. The
+    replica's own pool is CANOPY_API_DB_POOL_MAX (tests/test_deploy_configs.py: the files set no other)."""
+    app = create_app(settings=Settings(api_db_pool_max=3))
+    async with app.router.lifespan_context(app):
+        assert app.state.runtime.db.pool.max_size == 3
