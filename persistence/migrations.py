@@ -22,7 +22,7 @@ from typing import LiteralString, cast
 
 import psycopg
 
-from persistence.db import query
+from persistence.db import query, tcp_bounds
 from persistence.errors import DatabaseUnreachable
 
 _HERE = Path(__file__).parent
@@ -89,7 +89,7 @@ def connect(url: str) -> psycopg.Connection:
     """An autocommit connection to ``url``; ``DatabaseUnreachable`` (which says why, without the
     password) when there is none."""
     try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+        return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **tcp_bounds(url))
     except psycopg.OperationalError as error:
         # Not chained: libpq's own text may quote part of a password it misread as a host.
         raise DatabaseUnreachable(url, connect_failure(error)) from None

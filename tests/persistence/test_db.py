@@ -21,6 +21,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from persistence import db as db_module
+from persistence import migrations
 from persistence.db import Database, LazyDatabase
 from persistence.embedded import embedded_url, running_postmaster, stop_embedded
 from persistence.settings import Settings
@@ -155,7 +156,7 @@ async def _tcp_to(unix_socket: str) -> AsyncIterator[int]:
         yield server.sockets[0].getsockname()[1]
 
 
-def _tcp_options(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+def _tcp_options(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> dict[str, int]:
     """The kernel's TCP keepalive and user-timeout settings of a connection's socket."""
     with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
         return {"keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
@@ -165,10 +166,16 @@ def _tcp_options(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
                 "user_timeout_ms": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)}
 
 
+def _schema_connection_idle(url: str) -> int:
+    """The keepalive idle of the connection a start checks and migrates the schema on."""
+    with migrations.connect(url) as conn:
+        return _tcp_options(conn)["idle"]
+
+
 async def test_a_pooled_tcp_connection_finds_a_vanished_server_in_seconds_not_hours(database_url: str) -> None:
     """A server gone without a reset (its machine lost) left a statement, and the process's lease
     renewals behind it, waiting until the kernel's first keepalive two hours on: each pooled TCP
-    connection probes after 10 s of silence. A URL's own settings win."""
+    connection probes after 10 s of silence, as does the start's own. A URL's own settings win."""
     given = conninfo_to_dict(database_url)
     unix_socket = f"{given['host']}/.s.PGSQL.{given.get('port', 5432)}"
     async with _tcp_to(unix_socket) as port:
@@ -182,3 +189,4 @@ async def test_a_pooled_tcp_connection_finds_a_vanished_server_in_seconds_not_ho
                     assert await (await conn.execute("SELECT 1 AS one")).fetchone() == {"one": 1}
             finally:
                 await database.close()
+        assert await asyncio.to_thread(_schema_connection_idle, tcp_url) == 10
