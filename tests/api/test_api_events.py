@@ -11,7 +11,6 @@ import uuid
 from collections.abc import AsyncIterator
 
 import httpx
-import psycopg
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
@@ -24,6 +23,7 @@ from persistence.records import Scope
 from persistence.scopes import hash_key
 from tests.api.conftest import ApiServer, ClientFactory, uvicorn_server
 from tests.api.helpers import ADMIN_TOKEN, client, collect_events, poll, rows, sse_frames, terminal
+from tests.persistence.helpers import tcp_link
 
 EVENT_FIELDS = {"cursor", "kind", "session_id", "tree_id", "turn_id", "run_id", "payload", "created_at"}
 
@@ -382,45 +382,13 @@ async def test_a_stream_whose_client_stopped_reading_keeps_its_place_until_it_cl
         await poll(lambda: _places_below(runtime, key, 1), timeout=10)  # a closed stream frees it
 
 
-@contextlib.asynccontextmanager
-async def _silent_link(database_url: str) -> AsyncIterator[tuple[str, asyncio.Event]]:
-    """A TCP way to the database that can go silent without a word (no RST, no FIN), as a NAT or a
-    load balancer drops a connection, or a failed-over database host vanishes: clear the event."""
-    info = psycopg.conninfo.conninfo_to_dict(database_url)
-    socket_path = f"{info['host']}/.s.PGSQL.{info.get('port') or 5432}"
-    passing = asyncio.Event()
-    passing.set()
-    pumps: set[asyncio.Task[None]] = set()
-
-    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(Exception):
-            while data := await reader.read(65536):
-                await passing.wait()
-                writer.write(data)
-                await writer.drain()
-
-    async def link(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        server_reader, server_writer = await asyncio.open_unix_connection(socket_path)
-        pumps.update({asyncio.create_task(pump(client_reader, server_writer)),
-                      asyncio.create_task(pump(server_reader, client_writer))})
-
-    server = await asyncio.start_server(link, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield psycopg.conninfo.make_conninfo(database_url, host="127.0.0.1", port=port), passing
-    finally:
-        server.close()
-        for task in pumps:
-            task.cancel()
-
-
 async def test_a_listener_whose_connection_goes_silent_notices_and_listens_again(
         runtime: Runtime, scope: Scope) -> None:
     """A listening connection dropped without a word looked alive until the OS's keepalive gave up
     (two hours): live text stopped, events waited for the safety poll, and a revoked key stayed
     accepted from the cache. The hub asks the connection to answer, and listens again."""
     told: list[str | None] = []
-    async with _silent_link(runtime.database_url) as (url, passing):
+    async with tcp_link(runtime.database_url) as (url, passing):
         hub = EventHub(url, reconnect_seconds=0.2, liveness_seconds=1.0, on_keys_changed=told.append)
         await hub.start()
         try:

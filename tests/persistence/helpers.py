@@ -8,11 +8,15 @@ gives it an owner and a lease.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import tempfile
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, LiteralString
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from persistence import cooperation, messages, projects, runs, sessions, turns, waits
 from persistence.db import Connection, Database
@@ -270,3 +274,36 @@ async def _seed_claim(conn: Connection, tree_id: uuid.UUID, session_id: uuid.UUI
     run = await runs.acquire_run(conn, run_id, new_owner(), LEASE_SECONDS)
     assert run is not None
     return run
+
+
+@contextlib.asynccontextmanager
+async def tcp_link(database_url: str) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A TCP way to the database (the embedded server listens on a Unix socket only, where libpq's
+    TCP settings do nothing) that can go silent without a word (no RST, no FIN), as a NAT or a load
+    balancer drops a connection, or a failed-over database host vanishes: clear the event."""
+    info = conninfo_to_dict(database_url)
+    socket_path = f"{info['host']}/.s.PGSQL.{info.get('port') or 5432}"
+    passing = asyncio.Event()
+    passing.set()
+    pumps: set[asyncio.Task[None]] = set()
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while data := await reader.read(65536):
+                await passing.wait()
+                writer.write(data)
+                await writer.drain()
+
+    async def link(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_unix_connection(socket_path)
+        pumps.update({asyncio.create_task(pump(client_reader, server_writer)),
+                      asyncio.create_task(pump(server_reader, client_writer))})
+
+    server = await asyncio.start_server(link, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield make_conninfo(database_url, host="127.0.0.1", port=port), passing
+    finally:
+        server.close()
+        for task in pumps:
+            task.cancel()

@@ -18,14 +18,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from persistence import db as db_module
 from persistence import migrations
 from persistence.db import Database, LazyDatabase
 from persistence.embedded import embedded_url, running_postmaster, stop_embedded
 from persistence.settings import Settings
-from tests.ports import free_port
+from tests.persistence.helpers import tcp_link
 
 BOUNDS = Settings(db_statement_timeout_seconds=0.5, db_lock_timeout_seconds=0.3, db_idle_in_transaction_seconds=0.5)
 
@@ -136,26 +136,6 @@ async def test_a_transaction_waiting_for_a_connection_gets_one_once_the_server_i
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-@contextlib.asynccontextmanager
-async def _tcp_to(unix_socket: str) -> AsyncIterator[int]:
-    """A loopback TCP port that forwards each connection to ``unix_socket`` (the embedded server
-    listens on a Unix socket only, where libpq's TCP settings do nothing)."""
-    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    async def serve(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        server_reader, server_writer = await asyncio.open_unix_connection(unix_socket)
-        await asyncio.gather(forward(client_reader, server_writer), forward(server_reader, client_writer),
-                             return_exceptions=True)
-
-    server = await asyncio.start_server(serve, "127.0.0.1", free_port())
-    async with server:
-        yield server.sockets[0].getsockname()[1]
-
-
 def _tcp_options(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> dict[str, int]:
     """The kernel's TCP keepalive and user-timeout settings of a connection's socket."""
     with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
@@ -176,10 +156,7 @@ async def test_a_pooled_tcp_connection_finds_a_vanished_server_in_seconds_not_ho
     """A server gone without a reset (its machine lost) left a statement, and the process's lease
     renewals behind it, waiting until the kernel's first keepalive two hours on: each pooled TCP
     connection probes after 10 s of silence, as does the start's own. A URL's own settings win."""
-    given = conninfo_to_dict(database_url)
-    unix_socket = f"{given['host']}/.s.PGSQL.{given.get('port', 5432)}"
-    async with _tcp_to(unix_socket) as port:
-        tcp_url = make_conninfo(database_url, host="127.0.0.1", port=str(port))
+    async with tcp_link(database_url) as (tcp_url, _):
         for url, idle in ((tcp_url, 10), (make_conninfo(tcp_url, keepalives_idle="60"), 60)):
             database = await Database.connect(url, max_size=1)
             try:
