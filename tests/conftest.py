@@ -155,13 +155,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every actor test that uses ``runtime`` runs against both placements, like a conformance
     suite; every other test that uses it runs on the default shape's runtime — the same Ray as
     the actor tests of that shape, not a third one. So does an actor test marked ``default_shape``:
-    one at a scale that costs minutes, whose behaviour the shapes do not decide (where a session
-    runs is the shapes' difference, and tests of their own check it at a smaller scale)."""
-    if "runtime" in metafunc.fixturenames:
-        actors = Path(__file__).parent / "actors"
-        both = metafunc.definition.path.is_relative_to(actors) and not metafunc.definition.get_closest_marker(
-            "default_shape")
-        shapes = list(SHAPES) if both else [DEFAULT_SHAPE]
+    one whose behaviour the shapes do not decide (where a session runs is the shapes' difference).
+
+    A test marked ``session_kills`` kills a session's process (its ``how``): the default shape's by
+    ``ray.kill`` and by ``kill -9``, the other's by ``kill -9`` alone. The two kills reach Ray
+    differently (the actor is marked dead at once, or once its raylet sees the process gone); either
+    way the process is gone and its Run's lease runs out, whichever shape's process it was."""
+    if "runtime" not in metafunc.fixturenames:
+        return
+    actors = Path(__file__).parent / "actors"
+    both = metafunc.definition.path.is_relative_to(actors) and not metafunc.definition.get_closest_marker(
+        "default_shape")
+    shapes = list(SHAPES) if both else [DEFAULT_SHAPE]
+    if metafunc.definition.get_closest_marker("session_kills"):
+        kills = [(shape, how) for shape in shapes
+                 for how in (("ray.kill", "kill -9") if shape == DEFAULT_SHAPE else ("kill -9",))]
+        metafunc.parametrize(("runtime", "how"), kills, indirect=["runtime"], scope="session")
+    else:
         metafunc.parametrize("runtime", shapes, indirect=True, scope="session")
 
 

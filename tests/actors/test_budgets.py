@@ -81,6 +81,7 @@ async def assistant_replies(runtime: Runtime, tree_id: uuid.UUID) -> int:
     return found[0]["n"]
 
 
+@pytest.mark.default_shape  # the rollup sums committed rows, wherever the sessions made them
 async def test_the_rollup_equals_the_runs_after_a_fan_out(runtime: Runtime, scope: Scope) -> None:
     created = await runtime.create_root(scope, input_text=fan_out())
     tree_id = created["session"]["session_id"]

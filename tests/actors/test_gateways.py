@@ -44,6 +44,7 @@ async def _alive_gateway(node_id: str, not_pid: int | None = None) -> Any:
 KILLS = {"ray.kill": 1, "kill -9": 3}
 
 
+@pytest.mark.default_shape  # the node's gateway dies, not a session's process: its callers' retry is one code
 @pytest.mark.parametrize("how", list(KILLS))
 async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime: Runtime, scope: Scope,
                                                                           how: str) -> None:

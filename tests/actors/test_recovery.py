@@ -107,7 +107,7 @@ async def _member(runtime: Runtime, tree_id: uuid.UUID, path: str = "/root/fp-me
     return found[0]["session_id"] if found else None
 
 
-@pytest.mark.parametrize("how", ["ray.kill", "kill -9"])
+@pytest.mark.session_kills
 async def test_kill_root_during_wait(runtime: Runtime, scope: Scope, how: str) -> None:
     text = script(call(create("a", script(say("a done", delay_ms=2000)))),
                   call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("root saw ${1.results.0.output}"))

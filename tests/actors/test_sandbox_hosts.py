@@ -32,6 +32,7 @@ from tests.actors.helpers import alive_sandbox_hosts, eventually, rows, scenario
 from tests.conftest import RUNTIME_ENV
 
 
+@pytest.mark.default_shape  # where the sandbox is, not where the session runs
 async def test_the_sweeper_releases_an_idle_sandbox_in_its_nodes_host(runtime: Runtime, scope: Scope) -> None:
     """Commands run in the node's sandbox host, and the sweeper's idle release goes through it
     (CANOPY_SANDBOX_IDLE_SECONDS is 20 in the tests' runtime)."""
@@ -58,6 +59,7 @@ async def test_the_sweeper_releases_an_idle_sandbox_in_its_nodes_host(runtime: R
     assert not await choose_backend().exists(lease["handle"])
 
 
+@pytest.mark.default_shape  # the sandbox host dies, not the session's process
 async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Scope) -> None:
     """A ``docker exec`` outlives the host that started it, and its timeout died with the host: the
     command must be killed through the host's successor, not left running (the model, told its

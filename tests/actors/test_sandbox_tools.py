@@ -148,7 +148,7 @@ async def test_approval_flow(runtime: Runtime, scope: Scope, decision: str) -> N
         assert not (workdir / "ran.txt").exists()
 
 
-@pytest.mark.parametrize("how", ["ray.kill", "kill -9"])
+@pytest.mark.session_kills
 async def test_finished_command_is_not_rerun_after_a_crash(runtime: Runtime, scope: Scope, how: str) -> None:
     member = script(call(("run_command", {"command": "echo once >> count.txt"})), say("$${0.exit_code}"))
     text = script(call(create("fp-runner", member)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),

@@ -87,14 +87,23 @@ def _eventually_nothing_under(path: Path, timeout: float = 30.0) -> list[str]:
 
 
 def test_doctor_says_all_ok_on_what_ci_provides_and_leaves_nothing_running(root: Path, docker_engine: None) -> None:
-    code, found, printed = doctor(root)
+    """Also: the doctor started Ray directly, which wrote ``~/.ray/auth_token`` with the umask (0644:
+    every local user's, and whoever reads it may run code on the cluster), and canopy up went on
+    using it; the doctor's Ray writes a missing token its owner's only. And ``CANOPY_RAY_ADDRESS=``
+    was an address "" to the database check (which then could not read the cluster "" and refused
+    the embedded database) and none to the Ray check: empty variables are unset ones."""
+    token = root / "home" / ".ray" / "auth_token"
+    code, found, printed = doctor(root, umask=0o022, HOME=str(root / "home"), CANOPY_RAY_ADDRESS="",
+                                  CANOPY_DATABASE_URL="", DATABASE_URL="")
     assert code == 0, printed
     assert list(found) == CHECKS, printed
     assert {status for status, _ in found.values()} == {"OK"}, printed
     assert printed.rstrip().endswith("all OK"), printed
+    assert "the embedded PostgreSQL" in found["database"][1], printed
     assert "started for this check, then stopped" in found["database"][1]
     assert found["schema"][1] == f"none yet: canopy up creates it (version {latest_version()})"
-    assert re.search(r"token in \S*auth_token", found["Ray"][1]), found["Ray"]
+    assert f"token in {token}" in found["Ray"][1] and "a local Ray starts" in found["Ray"][1], found["Ray"]
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and re.fullmatch("[0-9a-f]{64}", token.read_text())
     assert "canopy-sandbox:latest present" in found["sandbox image"][1]
     assert found["workdir disk"][1].startswith("10240 MiB per project workdir"), found["workdir disk"]
     assert "built in" in found["model"][1]
@@ -182,24 +191,12 @@ def test_doctor_refuses_the_embedded_database_for_a_cluster_as_canopy_up_does(ro
     assert not (root / "data" / "pg").exists()
 
 
-def test_doctors_ray_makes_its_token_its_owners_only_and_reports_one_others_could_read(root: Path) -> None:
-    """The doctor started Ray directly, which wrote ~/.ray/auth_token with the umask (0644: every local
-    user's, and whoever reads it may run code on the cluster), and canopy up went on using it. The
-    doctor's Ray writes a missing token its owner's only; one others could read is reported (canopy
-    up replaces it), not replaced: a diagnosis must not cut a running cluster's clients off.
-    Its first run has ``CANOPY_RAY_ADDRESS=`` set, which was an address "" to the database check (which
-    then could not read the cluster "" and refused the embedded database) and none to the Ray check:
-    empty variables are unset ones."""
+def test_doctor_reports_a_ray_token_others_could_read_and_leaves_it(root: Path) -> None:
+    """A token others could read is reported (canopy up replaces it), not replaced: a diagnosis must
+    not cut a running cluster's clients off. (A missing one it writes its owner's only: above.)"""
     home = root / "home"
     token = home / ".ray" / "auth_token"
-    code, found, printed = doctor(root, umask=0o022, HOME=str(home), CANOPY_SANDBOX_BACKEND="local",
-                                  CANOPY_SANDBOX_WORKDIR_MB="0", CANOPY_RAY_ADDRESS="", CANOPY_DATABASE_URL="",
-                                  DATABASE_URL="")
-    assert code == 0 and found["Ray"][0] == "OK" and str(token) in found["Ray"][1], printed
-    assert "a local Ray starts" in found["Ray"][1], printed
-    assert found["database"][0] == "OK" and "the embedded PostgreSQL" in found["database"][1], printed
-    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and re.fullmatch("[0-9a-f]{64}", token.read_text())
-
+    token.parent.mkdir(parents=True)
     token.write_text("0" * 64)
     token.chmod(0o644)
     code, found, printed = doctor(root, umask=0o022, HOME=str(home), CANOPY_SANDBOX_BACKEND="local",
