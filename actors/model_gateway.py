@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any, overload
 
 import yaml
 
-from actors import bounded_http
 from persistence.agents import API_KEY_REF_PATTERN
 from persistence.text import storable, why_unstorable
 
 if TYPE_CHECKING:
+    from actors import bounded_http
     from actors.scripted.server import ScriptedModelServer
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,9 @@ def _litellm() -> ModuleType:
     import litellm
     from litellm.integrations.custom_logger import CustomLogger
 
+    # Imported with litellm: every Canopy worker loads this module (a session's process to reach the
+    # gateway, whose class Ray loads for its handle) and none but the gateway's needs httpx.
+    from actors import bounded_http
     from actors.scripted import MODEL_ID
 
     litellm.suppress_debug_info = True
@@ -870,6 +873,8 @@ class ModelGateway:
         call) aborts the HTTP request.
         """
         litellm = _litellm()
+        from actors import bounded_http  # loaded by _litellm()
+
         routes = self._current_routes()
         self._check_endpoint(routes, model, api_base, api_key_ref)
         call_id = uuid.uuid4().hex

