@@ -40,6 +40,12 @@ from tests.ports import free_port
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Ray's log monitor lists each node's log directory every 0.1 s until it holds 1,000 files: the
+# suite's Rays start hundreds of worker processes (two log files each), and their monitors took ~5 %
+# of CI's CPU. Listed every 2 s, a new worker's first lines reach its driver up to 2 s later, which
+# no test reads (every Ray the suite starts, in this process or a subprocess, inherits these).
+os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
+os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", "2")
 # The offline busybox image .ci/docker-up.sh builds; canopy up's default (sandbox/images.py) is not built in CI.
 os.environ.setdefault("CANOPY_SANDBOX_IMAGE", "canopy-sandbox:latest")
 # A workdir's disk quota is a loop mount per workdir, which outlives the test that made it: the tests
