@@ -164,9 +164,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     one whose behaviour the shapes do not decide (where a session runs is the shapes' difference).
 
     A test marked ``session_kills`` kills a session's process (its ``how``): the default shape's by
-    ``ray.kill`` and by ``kill -9``, the other's by ``kill -9`` alone. The two kills reach Ray
-    differently (the actor is marked dead at once, or once its raylet sees the process gone); either
-    way the process is gone and its Run's lease runs out, whichever shape's process it was."""
+    ``ray.kill`` and by ``kill -9``, the other's by ``kill -9`` alone. ``ray.kill`` ends the actor
+    for good (the next hint makes a new one), ``kill -9`` has Ray restart it in place; either way
+    the Run's process is gone and its lease runs out, whichever shape's process it was, and a
+    dedicated actor is ended by ``ray.kill`` every time it passivates (and in
+    test_kill_member_mid_turn)."""
     if "runtime" not in metafunc.fixturenames:
         return
     actors = Path(__file__).parent / "actors"

@@ -1,6 +1,9 @@
-"""PostgreSQL crashes and is started again while a tree works, in both session shapes: the tree
-finishes with the same result, every side effect once, and the API meanwhile answers 503 with
-Retry-After, soon (database_restart_scenario.py, in a process and on a database server of its own)."""
+"""PostgreSQL crashes and is started again while a tree works: the tree finishes with the same
+result, every side effect once, and the API meanwhile answers 503 with Retry-After, soon
+(database_restart_scenario.py, in a process and on a database server of its own). In the default
+session shape: every process's pools reconnect by the same code wherever its sessions run, and what
+a dedicated session's own process does once its connections died is test_recovery.py's
+(test_an_idle_session_and_supervisor_passivate_after_their_database_connections_died)."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from persistence.db import WAIT_SECONDS
 from persistence.embedded import stop_embedded
 from tests.actors.database_restart_scenario import MEMBERS, OUTAGE_SECONDS
 from tests.actors.helpers import scenario_findings
-from tests.conftest import RUNTIME_ENV, SHAPES
+from tests.conftest import DEFAULT_SHAPE, RUNTIME_ENV, SHAPES
 
 
 @pytest.fixture
@@ -30,11 +33,11 @@ def short_data_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-async def test_a_tree_finishes_once_through_a_database_crash(shape: str, short_data_dir: Path) -> None:
+async def test_a_tree_finishes_once_through_a_database_crash(short_data_dir: Path) -> None:
     findings = await scenario_findings("tests.actors.database_restart_scenario", {
         # Each API request waits 2 s for a connection (5 s by default): both fall inside the outage.
-        **RUNTIME_ENV, **SHAPES[shape], "CANOPY_DATA_DIR": str(short_data_dir), "CANOPY_API_DB_WAIT_SECONDS": "2"},
+        **RUNTIME_ENV, **SHAPES[DEFAULT_SHAPE], "CANOPY_DATA_DIR": str(short_data_dir),
+        "CANOPY_API_DB_WAIT_SECONDS": "2"},
         timeout=600)
 
     assert findings["down_seconds"] >= OUTAGE_SECONDS, findings
