@@ -123,8 +123,6 @@ RUNTIME_ENV = {
     "CANOPY_FAILPOINTS": "before_model_call=3,after_model_commit=3,after_command_receipt=3,during_compaction=3",
     # The multi-node scenarios (a node lost, a node joined) need not wait 10 s for the sweeper to look.
     "CANOPY_NODE_WATCH_SECONDS": "2",
-    # Ray's metrics agent exports every 10 s by default; the metrics test need not wait that long.
-    "RAY_metrics_report_interval_ms": "2000",
     # Many trees run commands in one session: idle sandboxes go soon, and the engine-wide container
     # limit leaves room for the other suites sharing the engine (tests/hostile tests the limit itself).
     "CANOPY_SANDBOX_IDLE_SECONDS": "20",
@@ -150,6 +148,12 @@ async def _remove_sandboxes(database_url: str) -> None:
     finally:
         manager.close()
         await db.close()
+
+
+# Ray's metrics agent exports every 10 s by default; the metrics tests, which read a runtime's export,
+# need not wait that long. Set while a runtime's Ray starts only: its processes keep it, and the Rays
+# of the scenarios and canopy runs (which inherit the suite's environment) export at Ray's default.
+RUNTIME_RAY_ENV = {"RAY_metrics_report_interval_ms": "2000"}
 
 
 # The two placements of actors/placement.py, as the environment of a runtime (and its Ray) sets them.
@@ -204,7 +208,12 @@ async def runtime(request: pytest.FixtureRequest, database_url: str, data_dir: P
     (data_dir / "models.yaml").write_text("model_list: []\n")
     os.environ["CANOPY_MODELS_FILE"] = str(data_dir / "models.yaml")
     get_settings.cache_clear()  # this process's settings follow the shape too
-    rt = await Runtime.start(Settings(), num_cpus=2, include_dashboard=True)
+    os.environ.update(RUNTIME_RAY_ENV)
+    try:
+        rt = await Runtime.start(Settings(), num_cpus=2, include_dashboard=True)
+    finally:
+        for name in RUNTIME_RAY_ENV:
+            del os.environ[name]
     yield rt
     await rt.close()
     ray.shutdown()

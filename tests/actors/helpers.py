@@ -109,9 +109,6 @@ async def scenario_findings(module: str, env: dict[str, str], timeout: float) ->
     session's, and return the findings it prints as its last ``FINDINGS {json}`` line."""
     env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
-    # Ray's default metrics export (10 s): no scenario reads it, and the runtime's 2 s (for the tests
-    # that do) would have each node's agent export five times as often.
-    env.pop("RAY_metrics_report_interval_ms", None)
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, env=env, cwd=REPO,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:

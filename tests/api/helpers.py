@@ -98,11 +98,9 @@ async def poll(check: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> An
 def clean_env(data_dir: Path, ray_dir: Path) -> dict[str, str]:
     """The environment of a ``canopy`` command run as a user would: no test settings and no pointer
     to the test's own Ray cluster (``canopy up`` starts its own, with its Ray session under
-    ``ray_dir``), nor the variable that keeps Ray quiet about its token, nor the test runtime's
-    metrics export interval (Ray's default: no ``canopy`` run here reads Ray's export)."""
+    ``ray_dir``), nor the variable that keeps Ray quiet about its token."""
     env = {key: value for key, value in os.environ.items()
-           if not key.startswith("CANOPY_")
-           and key not in ("RAY_ADDRESS", "RAY_NAMESPACE", "RAY_AUTH_MODE", "RAY_metrics_report_interval_ms")}
+           if not key.startswith("CANOPY_") and key not in ("RAY_ADDRESS", "RAY_NAMESPACE", "RAY_AUTH_MODE")}
     env.update({"CANOPY_DATA_DIR": str(data_dir), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": str(ray_dir),
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONUNBUFFERED": "1"})
     return env
