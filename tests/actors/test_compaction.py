@@ -73,6 +73,7 @@ async def test_a_database_error_committing_a_summary_is_recovered_not_failed(run
     assert len(runs) == 2 and "lease expired" in runs[0]["error"]  # the first Run crashed and was recovered
 
 
+@pytest.mark.default_shape  # a lost Run's lease runs out whichever process it was in (test_recovery.py)
 async def test_a_kill_during_compaction_leaves_exactly_one_summary(runtime: Runtime, scope: Scope) -> None:
     text = script(call(create("fp-c", script(say("first")))), say("made"))
     created = await runtime.create_root(scope, input_text=text)

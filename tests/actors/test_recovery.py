@@ -80,6 +80,7 @@ async def test_kill_member_mid_turn(runtime: Runtime, scope: Scope, how: str, po
     assert recovered[0]["n"] >= 1
 
 
+@pytest.mark.default_shape  # the gateway aborts it once the Run is over, whichever process it was in
 async def test_the_model_call_of_a_killed_run_is_aborted_at_the_provider(runtime: Runtime, scope: Scope) -> None:
     """Ray does not cancel the call of a caller that died: the provider would answer it to its
     end (and bill it) while the resumed Run asks again. The gateway aborts it once the Run is over."""
