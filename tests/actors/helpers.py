@@ -170,3 +170,19 @@ async def a_root_in_host(runtime: Runtime, scope: Scope, index: int, text: str) 
         created = await runtime.create_root(scope, input_text=text)
         if runtime.placement.host_index(created["session"]["session_id"]) == index:
             return created
+
+
+# A command that writes running.txt at once, beats once a second for a minute, then writes late.txt:
+# still beating is still running.
+BEATING = ("echo running > running.txt; i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i > beat.txt; sleep 1; done; "
+           "echo late > late.txt")
+
+
+async def assert_stopped(workdir: Path) -> None:
+    """The BEATING command in ``workdir`` no longer runs. Called once what stops it has answered (a
+    Turn's result that comes only after the stop): however long the stop took on a busy machine, a
+    command left running still beats, where a fixed sleep in the command raced the stop."""
+    before = await asyncio.to_thread((workdir / "beat.txt").read_text)
+    await asyncio.sleep(2.5)
+    assert await asyncio.to_thread((workdir / "beat.txt").read_text) == before
+    assert not (workdir / "late.txt").exists()

@@ -28,21 +28,8 @@ from sandbox import workdirs
 from sandbox.base import SandboxFull, SandboxMoved
 from sandbox.manager import choose_backend
 from tests.actors.gateways_scenario import PINNED_ENV
-from tests.actors.helpers import alive_sandbox_hosts, eventually, rows, scenario_findings
+from tests.actors.helpers import BEATING, alive_sandbox_hosts, assert_stopped, eventually, rows, scenario_findings
 from tests.conftest import RUNTIME_ENV
-
-# Beats once a second for a minute, then writes late.txt: still beating is still running.
-BEATING = ("echo running > running.txt; i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i > beat.txt; sleep 1; done; "
-           "echo late > late.txt")
-
-
-async def assert_stopped(workdir: Path) -> None:
-    """The BEATING command in ``workdir`` no longer runs: it was stopped before its Turn went on (the
-    tool's result says it was), however long the stop took on a busy machine."""
-    before = await asyncio.to_thread((workdir / "beat.txt").read_text)
-    await asyncio.sleep(2.5)
-    assert await asyncio.to_thread((workdir / "beat.txt").read_text) == before
-    assert not (workdir / "late.txt").exists()
 
 
 @pytest.mark.default_shape  # where the sandbox is, not where the session runs

@@ -20,7 +20,14 @@ from actors.scripted import call, create, say, script
 from persistence import turns
 from persistence.databases import rows
 from persistence.records import Row, Scope
-from tests.actors.helpers import alive_sandbox_hosts, eventually, failing_once, kill_session_process
+from tests.actors.helpers import (
+    BEATING,
+    alive_sandbox_hosts,
+    assert_stopped,
+    eventually,
+    failing_once,
+    kill_session_process,
+)
 from tests.hostile.helpers import workdir_of
 
 
@@ -67,8 +74,6 @@ async def test_a_cancelled_turn_runs_none_of_its_committed_calls(runtime: Runtim
     assert (result["status"], result["output"]) == ("completed", "after")
 
 
-# A command that writes "start" at once and would write "end" 8 s later.
-_SLOW_COMMAND = "echo start >> log.txt; sleep 8; echo end >> log.txt"
 # What a member that ran a command says, and what its root then says: the command's outcome.
 _SAYS_OUTCOME = "$${0.outcome}: $${0.error}"
 _SAYS_RESULT = "${1.results.0.output}"
@@ -87,11 +92,6 @@ async def _run_in_member(runtime: Runtime, scope: Scope, command: str, member_sa
     return created, workdir, await eventually(lambda: _member(runtime, tree_id, "/root/runner"))
 
 
-async def _stopped_before_its_end(workdir: Path) -> bool:
-    await asyncio.sleep(9)  # past the moment _SLOW_COMMAND would have written "end"
-    return (workdir / "log.txt").read_text() == "start\n"
-
-
 async def _outcomes(runtime: Runtime, member: uuid.UUID) -> list[tuple[str, str]]:
     """The state and recorded outcome of each command receipt of the member."""
     receipts = await rows(runtime.db, "SELECT state, result FROM tool_receipts r JOIN turns t USING (turn_id) "
@@ -103,15 +103,14 @@ async def test_a_cancel_whose_signal_is_lost_stops_a_running_command(runtime: Ru
     # The cancel is committed while the member's command runs, and its hint to the actor is lost:
     # the Run's next heartbeat reads the Turn being cancelled and stops the command, instead of
     # letting it run to its end (Stop all promises the commands of its Turns are interrupted).
-    created, workdir, runner = await _run_in_member(runtime, scope, _SLOW_COMMAND, "finished",
-                                                    "${1.results.0.status}")
+    created, workdir, runner = await _run_in_member(runtime, scope, BEATING, "finished", "${1.results.0.status}")
     turn_id = await eventually(lambda: _open_turn(runtime, runner))
-    await eventually(lambda: _started(workdir / "log.txt"), every=0.05)
+    await eventually(lambda: _started(workdir / "running.txt"), every=0.05)
     async with runtime.db.tx() as conn:
         assert await turns.cancel_turn(conn, scope, runner, turn_id, reason="cancelled by the test")
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     assert result["output"] == "cancelled"
-    assert await _stopped_before_its_end(workdir)
+    await assert_stopped(workdir)
     assert [r["status"] for r in await rows(runtime.db, "SELECT status FROM turns WHERE turn_id = %s",
                                             turn_id)] == ["cancelled"]
 
@@ -120,12 +119,12 @@ async def test_a_command_of_a_lost_run_is_stopped_and_reported_unknown(runtime: 
     # The member's command starts, writes "start", and would write "end" 8 s later; its actor dies
     # at once. The sweeper stops the command before resuming the Turn, which is told the outcome is
     # unknown instead of running the command again.
-    created, workdir, runner = await _run_in_member(runtime, scope, _SLOW_COMMAND, _SAYS_OUTCOME, _SAYS_RESULT)
-    await eventually(lambda: _started(workdir / "log.txt"), every=0.05)
+    created, workdir, runner = await _run_in_member(runtime, scope, BEATING, _SAYS_OUTCOME, _SAYS_RESULT)
+    await eventually(lambda: _started(workdir / "running.txt"), every=0.05)
     await kill_session_process(runtime, runner, "kill -9")
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"].startswith("unknown: an earlier run of this turn started this command")
-    assert await _stopped_before_its_end(workdir)
+    await assert_stopped(workdir)
     assert await _outcomes(runtime, runner) == [("done", "unknown")]
 
 
