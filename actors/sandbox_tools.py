@@ -13,7 +13,9 @@ Turn began the command and died or lost its lease before recording how it ended:
 is stopped if it still runs, and the model is told its outcome is unknown — never run again
 silently. (The sweeper also stops such commands before it resumes the Turn in a new Run.)
 A command whose sandbox host died while it ran is stopped too, through the host's successor: its
-``docker exec`` outlives the host, and its timeout died with it.
+``docker exec`` outlives the host, and its timeout died with it. A Run cancelled while its command
+runs (its Turn cancelled, a Stop all) kills the command itself before it ends: Ray's cancel of the
+host's call is a request that may arrive after the Turn's end is committed, or never.
 
 Every call runs in the sandbox host of the node holding the tree's sandbox and workdir
 (actors/sandbox_hosts.py ``host_for``). Once that node is gone, each member's next call says so in
@@ -24,7 +26,9 @@ caller's node; the commit of that result records the member told (``record_told`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import logging
 import uuid
 
 from pydantic import Field
@@ -38,6 +42,8 @@ from persistence.errors import CanopyError, LeaseLost
 from persistence.records import Row, RunRef
 from sandbox.base import SandboxError
 
+log = logging.getLogger(__name__)
+
 DENIED = "the human denied this call; it did not run"
 UNKNOWN_OUTCOME = (
     "an earlier run of this turn started this command and stopped (it lost its lease or its process died) "
@@ -50,6 +56,9 @@ HOST_LOST_STOPPED = (
 # How long a command whose host died is tried to be killed through the host's successor before the
 # Run hands it to recovery: a restart takes seconds, and the Run's heartbeat goes on meanwhile.
 _KILL_AFTER_HOST_LOST_SECONDS = 30.0
+# How long a cancelled Run waits for its command's kill: a host that does not answer holds up the
+# cancel (a Stop all, the Turn's end) no longer than this.
+_KILL_AFTER_CANCEL_SECONDS = 10.0
 
 
 class CommandNotStopped(LeaseLost):
@@ -193,12 +202,29 @@ async def run_command(ctx: ToolContext, call_id: str, args: RunCommandArgs) -> T
         outcome = await _in_sandbox(ctx, "run_command", ctx.run.tree_id, workdir, args.command,
                                     args.timeout_seconds, command, command=command)
         outcome = await _record_outcome(ctx, call_id, outcome)
-    except (CanopyError, asyncio.CancelledError):
+    except asyncio.CancelledError:
+        kill = asyncio.create_task(_kill_after_cancel(ctx, command))
+        while not kill.done():  # told again meanwhile (a beat, a hint), the Run still waits for the kill
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(kill)
+        raise
+    except CanopyError:
         raise
     except Exception as error:  # a database error recording the outcome, an error no layer below names
         raise CommandNotStopped(f"command {command}: its outcome is not recorded ({error})") from error
     await failpoints.pause("after_command_receipt", ctx.session["name"])
     return outcome
+
+
+async def _kill_after_cancel(ctx: ToolContext, command: str) -> None:
+    """Kill ``command``, whose Run was cancelled while it ran, before the Run ends (and its Turn's end
+    is committed). Best effort, bounded: a kill that fails (its host lost, or not answering) is
+    logged, and the command is left to Ray's cancel of the host's call, as before this kill."""
+    try:
+        await asyncio.wait_for(sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command),
+                               _KILL_AFTER_CANCEL_SECONDS)
+    except Exception:
+        log.warning("command %s: its Run was cancelled and killing it failed", command, exc_info=True)
 
 
 async def _record_outcome(ctx: ToolContext, call_id: str, outcome: ToolResult) -> ToolResult:

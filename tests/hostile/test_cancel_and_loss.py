@@ -115,6 +115,28 @@ async def test_a_cancel_whose_signal_is_lost_stops_a_running_command(runtime: Ru
                                             turn_id)] == ["cancelled"]
 
 
+async def test_a_cancelled_turn_ends_only_once_its_running_command_is_killed(runtime: Runtime, scope: Scope) -> None:
+    # Ray's cancel of the sandbox host's call is a request the host acts on when it can: the Run
+    # ended and its Turn was committed cancelled while the command still ran (and for good, had the
+    # request been lost). The Run kills the command itself now, and its Turn ends after that kill:
+    # with the host stopped (SIGSTOP: alive, answering nothing), the Turn stays cancelling.
+    created, workdir, runner = await _run_in_member(runtime, scope, BEATING, "finished", "${1.results.0.status}")
+    turn_id = await eventually(lambda: _open_turn(runtime, runner))
+    await eventually(lambda: _started(workdir / "running.txt"), every=0.05)
+    host = int((await alive_sandbox_hosts())[0].pid)
+    os.kill(host, signal.SIGSTOP)
+    try:
+        await runtime.cancel_turn(scope, runner, turn_id)
+        await asyncio.sleep(3)  # the Run has been told long since (it would have ended in ~0.1 s)
+        status = await rows(runtime.db, "SELECT status FROM turns WHERE turn_id = %s", turn_id)
+        assert status == [{"status": "cancelling"}]
+    finally:
+        os.kill(host, signal.SIGCONT)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["output"] == "cancelled"
+    await assert_stopped(workdir)
+
+
 async def test_a_command_of_a_lost_run_is_stopped_and_reported_unknown(runtime: Runtime, scope: Scope) -> None:
     # The member's command starts, writes "start", and would write "end" 8 s later; its actor dies
     # at once. The sweeper stops the command before resuming the Turn, which is told the outcome is
