@@ -19,6 +19,7 @@ the shape the environment asks for (``CANOPY_SESSION_HOSTS``). Run by test_clust
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -96,18 +97,29 @@ async def running_members(runtime: Runtime, tree_id: uuid.UUID) -> list[uuid.UUI
     return [row["session_id"] for row in found]
 
 
+async def call_nodes(runtime: Runtime, session_id: uuid.UUID) -> set[str]:
+    """The nodes whose gateways the session's model calls went through: where it ran (each node's
+    sessions call their own node's gateway)."""
+    found = await rows(runtime.db, "SELECT DISTINCT c.node_id FROM model_calls c JOIN runs r USING (run_id) "
+                       "WHERE r.session_id = %s AND c.node_id IS NOT NULL", session_id)
+    return {row["node_id"] for row in found}
+
+
 async def remove_a_worker_node(cluster: Cluster, runtime: Runtime, tree_id: uuid.UUID,
                                watch: ActorWatch) -> dict[str, Any]:
-    """Remove a worker node whose actors run some of the children right now (not the sweeper's)."""
+    """Remove a worker node whose actors run some of the children right now (not the sweeper's):
+    seen there by Ray's actor table, or by the nodes of their model calls (on a loaded machine the
+    state API may answer too late to see a Turn of a few seconds)."""
     workers = {node.node_id: node for node in cluster.worker_nodes}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        await watch.poll()
+        with contextlib.suppress(Exception):  # the watch's own loop records the state API's errors
+            await asyncio.wait_for(watch.poll(), 5)
         running = await running_members(runtime, tree_id)
         spared = watch.nodes[SWEEPER_NAME]
         on_node: dict[str, list[str]] = defaultdict(list)
         for member in running:
-            for node_id in watch.nodes[runtime.placement.actor_name(member)]:
+            for node_id in {*watch.nodes[runtime.placement.actor_name(member)], *await call_nodes(runtime, member)}:
                 if node_id in workers and node_id not in spared:
                     on_node[node_id].append(str(member))
         if on_node:
