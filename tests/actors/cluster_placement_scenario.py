@@ -97,12 +97,15 @@ async def running_members(runtime: Runtime, tree_id: uuid.UUID) -> list[uuid.UUI
     return [row["session_id"] for row in found]
 
 
-async def call_nodes(runtime: Runtime, session_id: uuid.UUID) -> set[str]:
-    """The nodes whose gateways the session's model calls went through: where it ran (each node's
+async def call_nodes(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, list[str]]:
+    """By member, the nodes whose gateways its model calls went through: where it ran (each node's
     sessions call their own node's gateway)."""
-    found = await rows(runtime.db, "SELECT DISTINCT c.node_id FROM model_calls c JOIN runs r USING (run_id) "
-                       "WHERE r.session_id = %s AND c.node_id IS NOT NULL", session_id)
-    return {row["node_id"] for row in found}
+    calls = await rows(runtime.db, "SELECT DISTINCT r.session_id, c.node_id FROM model_calls c JOIN runs r "
+                       "USING (run_id) WHERE r.tree_id = %s AND c.node_id IS NOT NULL", tree_id)
+    nodes: dict[str, list[str]] = defaultdict(list)
+    for call_row in calls:
+        nodes[str(call_row["session_id"])].append(call_row["node_id"])
+    return nodes
 
 
 async def remove_a_worker_node(cluster: Cluster, runtime: Runtime, tree_id: uuid.UUID,
@@ -116,10 +119,11 @@ async def remove_a_worker_node(cluster: Cluster, runtime: Runtime, tree_id: uuid
         with contextlib.suppress(Exception):  # the watch's own loop records the state API's errors
             await asyncio.wait_for(watch.poll(), 5)
         running = await running_members(runtime, tree_id)
+        called_from = await call_nodes(runtime, tree_id)
         spared = watch.nodes[SWEEPER_NAME]
         on_node: dict[str, list[str]] = defaultdict(list)
         for member in running:
-            for node_id in {*watch.nodes[runtime.placement.actor_name(member)], *await call_nodes(runtime, member)}:
+            for node_id in {*watch.nodes[runtime.placement.actor_name(member)], *called_from[str(member)]}:
                 if node_id in workers and node_id not in spared:
                     on_node[node_id].append(str(member))
         if on_node:
@@ -138,11 +142,6 @@ async def tree_facts(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
                       "FROM runs r JOIN sessions s USING (session_id) WHERE r.tree_id = %s", tree_id)
     messages = await rows(runtime.db, "SELECT s.name, m.role, m.content, m.tool_calls IS NOT NULL AS calls "
                           "FROM thread_messages m JOIN sessions s USING (session_id) WHERE s.tree_id = %s", tree_id)
-    calls = await rows(runtime.db, "SELECT DISTINCT r.session_id, c.node_id FROM model_calls c JOIN runs r "
-                       "USING (run_id) WHERE r.tree_id = %s AND c.node_id IS NOT NULL", tree_id)
-    call_nodes: dict[str, list[str]] = defaultdict(list)
-    for call_row in calls:  # a member's model calls go through its own node's gateway
-        call_nodes[str(call_row["session_id"])].append(call_row["node_id"])
     replies: dict[str, list[str]] = defaultdict(list)
     tool_replies: dict[str, int] = defaultdict(int)
     tool_results: dict[str, int] = defaultdict(int)
@@ -160,7 +159,8 @@ async def tree_facts(runtime: Runtime, tree_id: uuid.UUID) -> dict[str, Any]:
             # whose activation waited for Ray to declare the lost node's actors dead), recovered too.
             "lost_runs": sorted(r["name"] for r in runs if r["error"] == LEASE_EXPIRED and r["taken"]),
             "expired_grants": sorted(r["name"] for r in runs if r["error"] == LEASE_EXPIRED and not r["taken"]),
-            "call_nodes": call_nodes, "replies": replies, "tool_replies": tool_replies, "tool_results": tool_results}
+            "call_nodes": await call_nodes(runtime, tree_id), "replies": replies, "tool_replies": tool_replies,
+            "tool_results": tool_results}
 
 
 async def run_case(case: str, cluster: Cluster, runtime: Runtime, findings: dict[str, Any]) -> None:
