@@ -34,6 +34,7 @@ from persistence.records import Row, RunRef
 from persistence.sessions import TurnInput, session_and_turn_input
 from persistence.settings import Settings
 from persistence.statuses import RunKind, TurnStatus, WaitKind
+from persistence.text import storable
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,14 @@ def identity_block(session: Row, run: RunRef, input_id: uuid.UUID) -> str:
 # What a model reads for a call of an ended Turn that was never answered (the Turn was cancelled
 # or stopped, or gave up, between its reply and the call's result).
 UNANSWERED_CALL = json.dumps({"error": "not run: its turn ended before this call ran"})
+
+
+def _tool_result_text(outcome: Any) -> str:
+    """A tool's outcome as the text stored and sent back to the model: not ASCII-escaped, which
+    made each character of most scripts 6 (U+FFFD of a binary file's bytes too) and put a capped
+    read or output at several times its cap; with U+FFFD for a lone surrogate, which PostgreSQL
+    cannot store (a NUL stays escaped, ``\u0000``, as JSON writes it)."""
+    return storable(json.dumps(outcome, default=str, ensure_ascii=False))
 
 
 def model_messages(history: list[Row], turn_id: uuid.UUID) -> list[dict[str, Any]]:
@@ -634,7 +643,7 @@ class RunExecutor:
                 if isinstance(outcome, Park):
                     park = item.call["id"], outcome
                     break
-                results.append((item.call["id"], json.dumps(outcome, default=str)))
+                results.append((item.call["id"], _tool_result_text(outcome)))
             self._history.extend(await messages.append_tool_results(conn, self.run, results))
             if isinstance(sandbox, SandboxTool):
                 await sandbox_tools.record_told(conn, self.run, outcome)
@@ -688,7 +697,7 @@ class RunExecutor:
         if wait["kind"] == WaitKind.APPROVAL:
             return  # the call runs again and reads the decision (sandbox_tools.run_command)
         outcome = await waits.wait_outcome(conn, self.run.scope, wait, self.run.session_id, self.run.turn_id)
-        await messages.append_tool_results(conn, self.run, [(wait["tool_call_id"], json.dumps(outcome, default=str))])
+        await messages.append_tool_results(conn, self.run, [(wait["tool_call_id"], _tool_result_text(outcome))])
 
     async def _finish(self, status: str, *, output: str | None = None, error: str | None = None,
                       charged: dict[str, Any] | None = None) -> None:

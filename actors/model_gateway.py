@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import decimal
 import fnmatch
 import functools
 import hashlib
@@ -75,9 +76,13 @@ _ERROR_CHARS = 1000
 # A NUL character or a lone surrogate (persistence/text.py) fails the commit of the reply: arguments
 # holding one are refused (what a tool would get in its place is not what the model asked for), the
 # reply's other text gets U+FFFD instead. So do NaN, Infinity and a number past a double (inf),
-# which Python's JSON parser takes and jsonb refuses.
+# which Python's JSON parser takes and jsonb refuses. And numbers that jsonb writes out in full:
+# it keeps numbers as numeric and prints them in plain decimal, so "1e308" (5 characters) comes back
+# as 309, and a million characters of them as fifty million in every later model call.
 INVALID_ARGUMENTS = "_invalid_arguments"
 MAX_ARGUMENT_DEPTH = 32
+# How many characters all of one call's numbers may grow by, written out as jsonb gives them back.
+NUMBER_GROWTH_CHARS = 10_000
 # What OpenAI and Anthropic accept as a tool's name (and Anthropic as a call's id) in a request's
 # history: a model's "functions.run_command" or a server's "call:1" kept as they came would fail
 # every later request of the session. A name outside it is stored as invalid_name_<the name with
@@ -252,9 +257,35 @@ def _acceptable(value: Any, limit: int) -> bool:
     return True
 
 
+def _plain_decimal_chars(value: float) -> int:
+    """How long jsonb writes ``value`` (finite) out: plain decimal, as many digits as its repr."""
+    sign, digits, exponent = decimal.Decimal(repr(value)).as_tuple()
+    assert isinstance(exponent, int)
+    if exponent >= 0:
+        return sign + len(digits) + exponent
+    return sign + (len(digits) + 1 if len(digits) > -exponent else 2 - exponent)  # "0." and zeros first
+
+
+def _float_parser() -> Callable[[str], float]:
+    """A ``parse_float`` for one call's arguments that refuses them (ValueError) once its numbers
+    grow by more than NUMBER_GROWTH_CHARS written out in full."""
+    grown = 0
+
+    def parse(literal: str) -> float:
+        nonlocal grown
+        value = float(literal)
+        if math.isfinite(value):  # not finite: refused by _acceptable
+            grown += max(_plain_decimal_chars(value) - len(literal), 0)
+            if grown > NUMBER_GROWTH_CHARS:
+                raise ValueError("numbers too long written out")
+        return value
+
+    return parse
+
+
 def _arguments(raw: str | None) -> dict[str, Any]:
     try:
-        value = json.loads(raw or "{}")
+        value = json.loads(raw or "{}", parse_float=_float_parser())
     except (ValueError, RecursionError):  # nested deeper than the parser recurses: broken or hostile
         value = None
     if isinstance(value, dict) and _acceptable(value, MAX_ARGUMENT_DEPTH):

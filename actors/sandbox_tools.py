@@ -31,7 +31,7 @@ import hashlib
 import logging
 import uuid
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from actors import failpoints, sandbox_hosts
 from actors.tools import Park, SandboxTool, ToolArgs, ToolContext, ToolResult
@@ -89,9 +89,23 @@ async def stop_commands(db: Database, started: list[Row]) -> None:
 MAX_APPROVED_CHARS = 100_000
 
 
+# Linux's limit on one argument of a process (MAX_ARG_STRLEN, its NUL included): the command is one
+# (``sh -c``), and past it no process starts; 100,000 characters of most scripts are more bytes.
+MAX_COMMAND_BYTES = 131_071
+
+
 class RunCommandArgs(ToolArgs):
     command: str = Field(min_length=1, max_length=MAX_APPROVED_CHARS)
     timeout_seconds: int = Field(default=120, ge=1, le=3600)
+
+    @field_validator("command")
+    @classmethod
+    def _one_argument(cls, command: str) -> str:
+        size = len(command.encode(errors="surrogatepass"))
+        if size > MAX_COMMAND_BYTES:
+            raise ValueError(f"the command is {size:,} bytes in UTF-8; a process takes one of at most "
+                             f"{MAX_COMMAND_BYTES:,}")
+        return command
 
 
 class ReadFileArgs(ToolArgs):

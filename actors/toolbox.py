@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from actors.model_gateway import INVALID_ARGUMENTS, MAX_ARGUMENT_DEPTH
+from actors.model_gateway import INVALID_ARGUMENTS, MAX_ARGUMENT_DEPTH, NUMBER_GROWTH_CHARS
 from actors.sandbox_tools import SANDBOX_TOOLS
 from actors.tools import COOPERATION_TOOLS, SandboxTool, Tool, ToolArgs
 from persistence.errors import InvalidArgument, shown
@@ -15,6 +15,8 @@ from persistence.errors import InvalidArgument, shown
 TOOLS: dict[str, Tool | SandboxTool] = {tool.name: tool for tool in [*COOPERATION_TOOLS, *SANDBOX_TOOLS]}
 # How much of arguments that are not a JSON object the model is shown back.
 _EXCERPT_CHARS = 200
+# How many of a call's invalid arguments the model is told of (then how many more there are).
+_PROBLEMS_SHOWN = 5
 
 
 def effective_tools(configured: list[str] | None) -> frozenset[str]:
@@ -54,11 +56,23 @@ def parse_args(name: str, raw: dict[str, Any], allowed: frozenset[str]) -> tuple
     if INVALID_ARGUMENTS in raw:
         excerpt = shown(str(raw[INVALID_ARGUMENTS]), limit=_EXCERPT_CHARS, keep=_EXCERPT_CHARS)
         raise InvalidArgument(f"the arguments of {name} are not a JSON object nested at most {MAX_ARGUMENT_DEPTH} "
-                              f"levels deep with no NUL character (U+0000) or lone surrogate in its strings: "
+                              f"levels deep with no NUL character (U+0000) or lone surrogate in its strings, "
+                              f"whose numbers written out in full add at most {NUMBER_GROWTH_CHARS:,} characters: "
                               f"{excerpt}; call it again with its arguments as one JSON object")
     try:
         return tool, tool.args.model_validate(raw)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
-                             for e in error.errors())
-        raise InvalidArgument(f"invalid arguments for {name}: {problems}") from None
+        raise InvalidArgument(f"invalid arguments for {name}: {_problems(error)}") from None
+
+
+def _problems(error: ValidationError) -> str:
+    """The first few problems, each key named at most ~100 characters long: a model's arguments may
+    hold a hundred thousand extra keys, or one of a megabyte, and the sentence goes back into every
+    later model call of its Turn."""
+    found = error.errors()
+    named = []
+    for problem in found[:_PROBLEMS_SHOWN]:
+        where = ".".join(str(part) for part in problem["loc"]) or "arguments"
+        named.append(f"{where if len(where) <= _EXCERPT_CHARS else shown(where, _EXCERPT_CHARS)}: {problem['msg']}")
+    more = f"; and {len(found) - _PROBLEMS_SHOWN} more" if len(found) > _PROBLEMS_SHOWN else ""
+    return "; ".join(named) + more

@@ -80,6 +80,9 @@ class WaitSessionsArgs(ToolArgs):
 class GetResultArgs(ToolArgs):
     input_id: str | None = None
     turn_id: str | None = None
+    # An int4 in the statement that reads the output; no output is near that long.
+    offset: int = Field(default=0, ge=0, le=2**31 - 2**20, description=(
+        "Characters of the output to skip: a result whose output was cut gives its output_next_offset."))
 
 
 class ListSessionsArgs(ToolArgs):
@@ -180,7 +183,7 @@ async def wait_inputs(ctx: ToolContext, conn: Connection, call_id: str, args: Wa
     ids = list(dict.fromkeys(_uuid(value, "input_id") for value in args.input_ids))
     if ctx.input_id in ids:
         raise InvalidArgument("a turn cannot wait for its own input")
-    results = await turns.results_of_inputs(conn, ctx.run.scope, ids)
+    results = await turns.results_of_inputs(conn, ctx.run.scope, ids, output_chars=turns.TOOL_RESULT_OUTPUT_CHARS)
     found = {result["input_id"] for result in results}
     missing = [str(i) for i in ids if i not in found]
     if missing:
@@ -212,10 +215,11 @@ async def wait_sessions(ctx: ToolContext, conn: Connection, call_id: str, args: 
 async def get_result(ctx: ToolContext, conn: Connection, call_id: str, args: GetResultArgs) -> ToolResult:
     if (args.input_id is None) == (args.turn_id is None):
         raise InvalidArgument("give exactly one of input_id and turn_id")
+    window = {"output_chars": turns.TOOL_RESULT_OUTPUT_CHARS, "offset": args.offset}
     if args.input_id is not None:
-        result = await turns.get_result(conn, ctx.run.scope, input_id=_uuid(args.input_id, "input_id"))
+        result = await turns.get_result(conn, ctx.run.scope, input_id=_uuid(args.input_id, "input_id"), **window)
     else:
-        result = await turns.get_result(conn, ctx.run.scope, turn_id=_uuid(str(args.turn_id), "turn_id"))
+        result = await turns.get_result(conn, ctx.run.scope, turn_id=_uuid(str(args.turn_id), "turn_id"), **window)
     await turns.take_in(conn, ctx.run.turn_id, [result["turn_id"]])
     return _jsonable(result)
 
@@ -287,11 +291,14 @@ COOPERATION_TOOLS: list[Tool] = [
          SendMessageArgs, send_message, acts=True),
     Tool("cancel_turn", "Cancel exactly one turn of a session; status already_ended when it had ended (its result "
                         "stays as it was: get_result reads it).", CancelTurnArgs, cancel_turn, acts=True),
-    Tool("wait_inputs", "Wait until all these inputs are finished; returns their exact results.",
-         WaitInputsArgs, wait_inputs),
+    Tool("wait_inputs", "Wait until all these inputs are finished; returns their exact results (outputs "
+         f"of {turns.TOOL_RESULT_OUTPUT_CHARS:,} characters in all at most: a cut one gives its output_next_offset, "
+         "from which get_result reads on).", WaitInputsArgs, wait_inputs),
     Tool("wait_sessions", "Wait until any of these sessions has an update after the cursor.",
          WaitSessionsArgs, wait_sessions),
-    Tool("get_result", "The exact result of one input or turn.", GetResultArgs, get_result),
+    Tool("get_result", f"The exact result of one input or turn (at most {turns.TOOL_RESULT_OUTPUT_CHARS:,} "
+         "characters of its output from offset on: a cut one gives its output_next_offset).", GetResultArgs,
+         get_result),
     Tool("list_sessions", f"Sessions of this project ({PROJECT_PAGE} a page), or your whole history "
          f"(scope='all', {LIST_PAGE} a page, newest first); archived trees only with include_archived.",
          ListSessionsArgs, list_sessions),

@@ -42,9 +42,18 @@ _NEXT_PENDING_INPUT = """
 SELECT input_id, text, origin FROM inputs WHERE session_id = %s AND status = 'pending'
 ORDER BY seq LIMIT 1 FOR UPDATE
 """
+# A tool result carries at most this many characters of Turn outputs: a final reply may hold a
+# million, and one wait_inputs result a hundred of them, each then sent again with every later model
+# call of the waiting Turn. Each of n outputs gets up to 1/n of it; get_result's offset reads on.
+TOOL_RESULT_OUTPUT_CHARS = 262_144
+# output_keep NULL: the whole output (the API's results); else output_offset's next characters, and
+# the whole output's length (0: neither, for a check that reads only whether results are terminal).
 _RESULTS = """
 SELECT i.session_id, i.input_id, i.status AS input_status, t.turn_id, t.status AS turn_status,
-       t.result_run_id, r.output, coalesce(t.error, r.error) AS error
+       t.result_run_id, coalesce(t.error, r.error) AS error,
+       CASE WHEN %(output_keep)s::int IS NULL THEN r.output
+            ELSE substr(r.output, %(output_offset)s::int + 1, %(output_keep)s::int) END AS output,
+       CASE WHEN %(output_keep)s::int > 0 THEN length(r.output) END AS output_chars
 FROM inputs i
 LEFT JOIN turns t ON t.input_id = i.input_id
 LEFT JOIN runs r ON r.run_id = t.result_run_id
@@ -379,10 +388,10 @@ async def cancel_input(conn: Connection, scope: Scope, input_id: uuid.UUID) -> R
     return {"input_id": input_id, "session_id": session["session_id"], "status": InputStatus.CANCELLED}
 
 
-def _result(row: Row) -> Row:
+def _result(row: Row, offset: int = 0) -> Row:
     status = row["turn_status"] or row["input_status"]
     terminal = row["turn_status"] in TERMINAL_TURN_STATUSES or row["input_status"] == InputStatus.CANCELLED
-    return {
+    result = {
         "session_id": row["session_id"],
         "input_id": row["input_id"],
         "input_status": row["input_status"],
@@ -393,25 +402,39 @@ def _result(row: Row) -> Row:
         "output": row["output"],
         "error": row["error"] if row["turn_status"] != TurnStatus.COMPLETED else None,
     }
+    read_to = offset + len(row["output"] or "")
+    if row["output_chars"] is not None and read_to < row["output_chars"]:  # cut for a tool result
+        result.update(output_chars=row["output_chars"], output_next_offset=read_to)
+    return result
+
+
+def _output_window(output_chars: int | None, offset: int = 0) -> dict[str, int | None]:
+    return {"output_keep": output_chars, "output_offset": offset}
 
 
 async def get_result(conn: Connection, scope: Scope, *, input_id: uuid.UUID | None = None,
-                     turn_id: uuid.UUID | None = None) -> Row:
-    """The exact result of one Input or Turn: the output of its ``result_run_id``."""
+                     turn_id: uuid.UUID | None = None, output_chars: int | None = None, offset: int = 0) -> Row:
+    """The exact result of one Input or Turn: the output of its ``result_run_id``; with
+    ``output_chars``, at most that many of its characters from ``offset`` on (a tool result's)."""
     if (input_id is None) == (turn_id is None):
         raise InvalidArgument("give exactly one of input_id and turn_id")
     cur = await conn.execute(_RESULT_BY_ID, {"user_id": scope.user_id, "app_id": scope.app_id,
-                                       "input_id": input_id, "turn_id": turn_id})
+                                             "input_id": input_id, "turn_id": turn_id,
+                                             **_output_window(output_chars, offset)})
     row = await cur.fetchone()
     if row is None:
         raise NotFound(f"no {'input' if input_id else 'turn'} {input_id or turn_id}")
-    return _result(row)
+    return _result(row, offset)
 
 
-async def results_of_inputs(conn: Connection, scope: Scope, input_ids: list[uuid.UUID]) -> list[Row]:
+async def results_of_inputs(conn: Connection, scope: Scope, input_ids: list[uuid.UUID], *,
+                            output_chars: int | None = None) -> list[Row]:
+    """The results of these Inputs, in their order; with ``output_chars``, at most that many
+    characters of their outputs in all, an equal share each (0: none)."""
+    share = None if output_chars is None else output_chars // max(len(input_ids), 1)
     cur = await conn.execute(
         _RESULTS_OF_INPUTS,
-        {"user_id": scope.user_id, "app_id": scope.app_id, "ids": input_ids},
+        {"user_id": scope.user_id, "app_id": scope.app_id, "ids": input_ids, **_output_window(share)},
     )
     by_id = {row["input_id"]: _result(row) for row in await cur.fetchall()}
     return [by_id[input_id] for input_id in input_ids if input_id in by_id]

@@ -25,7 +25,7 @@ from persistence.statuses import (
     WaitKind,
     WaitStatus,
 )
-from persistence.turns import results_of_inputs, take_in
+from persistence.turns import TOOL_RESULT_OUTPUT_CHARS, results_of_inputs, take_in
 
 WAITING_FOR = {WaitKind.INPUTS: WaitingFor.COOPERATION, WaitKind.SESSIONS: WaitingFor.COOPERATION,
                WaitKind.APPROVAL: WaitingFor.APPROVAL, WaitKind.ANSWER: WaitingFor.ANSWER}
@@ -104,7 +104,7 @@ async def _condition_met(conn: Connection, wait: Row) -> bool:
     condition = wait["condition"]
     if wait["kind"] == WaitKind.INPUTS:
         ids = [uuid.UUID(i) for i in condition["input_ids"]]
-        results = await results_of_inputs(conn, scope, ids)
+        results = await results_of_inputs(conn, scope, ids, output_chars=0)
         return all(result["terminal"] for result in results)
     if wait["kind"] == WaitKind.SESSIONS:
         targets = [uuid.UUID(t) for t in condition["targets"]]
@@ -210,7 +210,8 @@ async def wait_outcome(conn: Connection, scope: Scope, wait: Row, waiter: uuid.U
     resumed Turn, asks from now on if what it takes in came from a Turn that asks (turns.take_in)."""
     condition = wait["condition"]
     if wait["kind"] == WaitKind.INPUTS:
-        results = await results_of_inputs(conn, scope, [uuid.UUID(i) for i in condition["input_ids"]])
+        results = await results_of_inputs(conn, scope, [uuid.UUID(i) for i in condition["input_ids"]],
+                                          output_chars=TOOL_RESULT_OUTPUT_CHARS)
         await take_in(conn, reader, (result["turn_id"] for result in results))
         return {"results": results, "timed_out": not all(r["terminal"] for r in results)}
     if wait["kind"] == WaitKind.SESSIONS:

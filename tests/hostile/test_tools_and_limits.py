@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 from actors.runtime import Runtime
-from actors.scripted import call, create, say, script
+from actors.scripted import SCRIPT_MARKER, call, create, say, script
 from actors.tools import LIST_PAGE, PROJECT_PAGE
 from persistence import agents
 from persistence.databases import rows
 from persistence.errors import InvalidArgument
 from persistence.records import Scope
+from persistence.turns import TOOL_RESULT_OUTPUT_CHARS
 from tests.actors.helpers import eventually
 from tests.actors.replay_server import ReplayServer, calls
 from tests.actors.replay_server import say as replay_say
@@ -243,7 +244,8 @@ async def test_tool_calls_whose_arguments_are_not_a_json_object_run_nothing_and_
     _, second = replay.requests_for(model)
     answers = [json.loads(m["content"])["error"] for m in second.body["messages"] if m["role"] == "tool"]
     expected = "the arguments of {} are not a JSON object nested at most 32 levels deep with no NUL character " \
-               "(U+0000) or lone surrogate in its strings: {}; call it again with its arguments as one JSON object"
+               "(U+0000) or lone surrogate in its strings, whose numbers written out in full add at most 10,000 " \
+               "characters: {}; call it again with its arguments as one JSON object"
     assert answers == [expected.format("list_agents", repr('{"agent_id": "a", oops')),
                        expected.format("list_agents", repr("[1, 2]")),
                        expected.format("create_session", repr(deep[:200]) + f"... ({len(deep)} characters)")]
@@ -274,7 +276,8 @@ async def test_text_postgresql_cannot_store_from_a_model_or_a_command_never_reac
     ran, *answers, unknown = [json.loads(m["content"]) for m in second.body["messages"] if m["role"] == "tool"]
     assert ran == {"exit_code": 0, "stdout": "a\ufffdb", "stderr": "c\ufffdd"}
     assert answers == [{"error": "the arguments of write_file are not a JSON object nested at most 32 levels deep "
-                                 "with no NUL character (U+0000) or lone surrogate in its strings: "
+                                 "with no NUL character (U+0000) or lone surrogate in its strings, whose numbers "
+                                 "written out in full add at most 10,000 characters: "
                                  f"{json.dumps(args)!r}; call it again with its arguments as one JSON object"}
                        for args in refused]
     assert unknown["error"].startswith("unknown tool 'invalid_name_list_agents'"), unknown
@@ -380,3 +383,71 @@ async def test_tool_names_and_call_ids_no_provider_would_take_back_are_answered_
     assert "agents" in answers["call_1_3"]
     tree = await footprint(runtime, created["session"]["session_id"])
     assert (tree["receipts"], tree["files"]) == ([], [])
+
+
+def _unescaped_script(*steps: dict[str, Any]) -> str:
+    """``script`` with its text as written, not ASCII-escaped: an input holds at most 100,000
+    characters, and an escaped CJK character takes 6."""
+    return f"task\n{SCRIPT_MARKER}\n" + json.dumps(list(steps), ensure_ascii=False)
+
+
+async def test_outputs_a_tool_result_carries_are_cut_to_a_share_and_read_on_from_an_offset(
+        runtime: Runtime, scope: Scope) -> None:
+    """A final reply may hold a million characters, and one wait_inputs result a hundred of them, each
+    stored whole and sent again with every later model call of the waiting Turn (a reply of 32 such
+    calls made gigabytes). A tool result now carries TOOL_RESULT_OUTPUT_CHARS of outputs, an equal
+    share each, and says where get_result reads on; the text is stored as written, not escaped
+    (a CJK character took 6). The waiting call resumes here, the reads answer at once; a human's
+    result (the API's) stays whole."""
+    long = "界" * 95_000
+    sources = [await runtime.create_root(scope, input_text=_unescaped_script(say(long, delay_ms=3000)))
+               for _ in range(3)]
+    ids = [str(source["input"]["input_id"]) for source in sources]
+    share = TOOL_RESULT_OUTPUT_CHARS // 3
+    text = script(call(("wait_inputs", {"input_ids": ids, "timeout_seconds": 120})),
+                  call(("get_result", {"input_id": ids[0], "offset": share})),
+                  call(("get_result", {"input_id": ids[1]})), say("read"))
+    reader = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, reader["input"]["input_id"], timeout=120)
+    assert result["status"] == "completed", result
+
+    stored = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool' "
+                        "ORDER BY id", reader["session"]["session_id"])
+    waited, rest, whole = (json.loads(row["content"]) for row in stored)
+    assert [(r["output"], r["output_chars"], r["output_next_offset"]) for r in waited["results"]] == \
+        [("界" * share, 95_000, share)] * 3
+    assert len(stored[0]["content"]) < TOOL_RESULT_OUTPUT_CHARS + 3_000  # as written: 6 x that escaped
+    assert rest["output"] == "界" * (95_000 - share) and "output_next_offset" not in rest, rest.keys()
+    assert whole["output"] == long and "output_chars" not in whole
+    assert (await runtime.wait_result(scope, ids[0], timeout=10))["output"] == long
+    runs = await rows(runtime.db, "SELECT kind, status FROM runs WHERE session_id = %s ORDER BY queued_at",
+                      reader["session"]["session_id"])
+    assert [(r["kind"], r["status"]) for r in runs] == [("start", "interrupted"), ("resume", "completed")], runs
+
+
+async def test_arguments_that_grow_what_is_stored_or_sent_are_refused_in_a_few_words(
+        runtime: Runtime, scope: Scope) -> None:
+    """Three arguments a model's reply of a few kilobytes turned into megabytes, or into a command no
+    process could start: thousands of extra keys, each repeated in the error the model got back;
+    numbers that jsonb writes out in full (1e308 comes back as 309 characters); and a command of
+    100,000 characters that is more bytes than one argument of a process may hold (after a human
+    might have been asked to approve it). Each is refused, in a few words, and nothing is made."""
+    keys = {f"k{i}": 0 for i in range(3000)}
+    text = _unescaped_script(call(("list_agents", keys), ("list_agents", {"offset": [1e308] * 1000}),
+                                  ("run_command", {"command": "echo " + "界" * 44_000})),
+                             say("${0.error}|${1.error}|${2.error}"))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["status"] == "completed", result
+    extra, numbers, command = result["output"].split("|")
+    assert extra.startswith("invalid arguments for list_agents: k0: Extra inputs are not permitted; k1: ")
+    assert extra.endswith("; and 2995 more") and len(extra) < 400, extra
+    assert numbers.startswith("the arguments of list_agents are not a JSON object") and "10,000" in numbers
+    assert len(numbers) < 600, numbers
+    assert "the command is 132,005 bytes in UTF-8; a process takes one of at most 131,071" in command, command
+    sizes = await rows(runtime.db, "SELECT max(octet_length(content)) AS tool, (SELECT octet_length(tool_calls::text) "
+                       "FROM thread_messages WHERE session_id = %s AND tool_calls IS NOT NULL) AS calls "
+                       "FROM thread_messages WHERE session_id = %s AND role = 'tool'", tree_id, tree_id)
+    assert sizes[0]["tool"] < 1_000 and sizes[0]["calls"] < 250_000, sizes
+    assert await footprint(runtime, tree_id) == {"sessions": ["/root"], "spawned_trees": 0, **_NOTHING_ELSE}
