@@ -11,6 +11,7 @@ that dies in between loses its last records.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -71,6 +72,10 @@ _RECORD_DELAY_SECONDS = 0.05
 # How long a call's reply is kept for a retry of it: longer than a caller waits for its gateway to
 # come back (actors/gateways.py RESTART_WAIT_SECONDS) and its last pause before asking again.
 REPLY_KEPT_SECONDS = 90.0
+# And at most this many characters of them, the oldest forgotten first: a reply may hold a million,
+# and a busy node's calls could otherwise keep gigabytes for their 90 s (a retry of a forgotten
+# call asks the model again, billed again, as a call would without the keeping).
+REPLIES_KEPT_CHARS = 64_000_000
 # The error of a call aborted before its reply (model_calls.error).
 CALL_ABORTED = ("aborted: the call was cancelled before its reply (its Turn was cancelled, its tree stopped, or "
                 "its Run ended)")
@@ -83,7 +88,7 @@ class AccountedGateway(ModelGateway):
         self._db = LazyDatabase(max_size=4)
         self._recorder = _CallRecorder(self._database, node_id, self.file_model_names)
         self._in_flight = _CallsInFlight(self._database, get_settings().sweep_seconds)
-        self._shared = _SharedCalls(REPLY_KEPT_SECONDS)
+        self._shared = _SharedCalls(REPLY_KEPT_SECONDS, REPLIES_KEPT_CHARS, _reply_chars)
 
     async def _database(self) -> Database:
         return await self._db.get()
@@ -141,23 +146,33 @@ class AccountedGateway(ModelGateway):
         return reply
 
 
+def _reply_chars(reply: dict[str, Any]) -> int:
+    """About how many characters a reply :meth:`AccountedGateway.complete_for_run` returned holds."""
+    message = reply["message"]
+    return len(message.get("content") or "") + len(json.dumps(message.get("tool_calls") or []))
+
+
 class _SharedCalls:
     """Calls by the key their callers name them by, each run once however often it is asked for.
 
     A call runs in a task of its own, so a caller that goes does not end it while another waits
     for it; the last waiter to be cancelled cancels it (the provider request is aborted). Its
-    outcome stays ``keep_seconds`` after it ends, for a caller whose first answer was lost."""
+    outcome stays ``keep_seconds`` after it ends, for a caller whose first answer was lost, while
+    the outcomes kept hold at most ``max_kept_chars`` (by ``size``), the oldest forgotten first."""
 
-    def __init__(self, keep_seconds: float) -> None:
+    def __init__(self, keep_seconds: float, max_kept_chars: int, size: Callable[[Any], int]) -> None:
         self._keep_seconds = keep_seconds
+        self._max_kept_chars = max_kept_chars
+        self._size = size
         self._calls: dict[str, _SharedCall] = {}
+        self._ended: collections.OrderedDict[str, int] = collections.OrderedDict()  # key: its outcome's size
+        self._kept_chars = 0
 
     async def run(self, key: str, start: Callable[[], Awaitable[Any]]) -> Any:
         call = self._calls.get(key)
         if call is None:
             call = self._calls[key] = _SharedCall(asyncio.create_task(start()))
-            call.task.add_done_callback(lambda _: asyncio.get_running_loop().call_later(
-                self._keep_seconds, self._forget, key, call))
+            call.task.add_done_callback(lambda _: self._ended_call(key, call))
         call.waiters += 1
         try:
             return await asyncio.shield(call.task)
@@ -168,15 +183,31 @@ class _SharedCalls:
         finally:
             call.waiters -= 1
 
-    def _forget(self, key: str, call: _SharedCall) -> None:
-        if self._calls.get(key) is call:
-            del self._calls[key]
+    def _ended_call(self, key: str, call: _SharedCall) -> None:
+        task = call.task
+        size = 0 if task.cancelled() or task.exception() is not None else self._size(task.result())
+        self._ended[key] = size
+        self._kept_chars += size
+        call.expiry = asyncio.get_running_loop().call_later(self._keep_seconds, self._forget, key, call)
+        while self._kept_chars > self._max_kept_chars and self._ended:
+            self._forget(next(iter(self._ended)))
+
+    def _forget(self, key: str, call: _SharedCall | None = None) -> None:
+        """Forget the call of ``key`` (only ``call``, if given: a later call may have the key now)."""
+        found = self._calls.get(key)
+        if found is None or (call is not None and found is not call):
+            return
+        del self._calls[key]
+        self._kept_chars -= self._ended.pop(key, 0)
+        if found.expiry is not None:
+            found.expiry.cancel()  # a cancelled timer lets go of the call, and so of its reply
 
 
 @dataclasses.dataclass
 class _SharedCall:
     task: asyncio.Task[Any]
     waiters: int = 0
+    expiry: asyncio.TimerHandle | None = None  # when its outcome is forgotten
 
 
 class _CallsInFlight:

@@ -110,7 +110,8 @@ def create_app(
     """The HTTP API.
 
     ``runtime``: a started Runtime to use (and leave running); None starts one at startup
-    with ``settings`` and closes it at shutdown (a Serve replica). ``admin_token`` and
+    with ``settings`` and closes it at shutdown (a Serve replica). The app's own settings (the
+    body's deadline) are ``settings``, else the runtime's, else the environment's. ``admin_token`` and
     ``metrics_token``: default to the settings' ``CANOPY_ADMIN_TOKEN`` and
     ``CANOPY_METRICS_TOKEN``; without them the routes they guard always answer 401.
     """
@@ -146,7 +147,8 @@ def create_app(
                   generate_unique_id_function=lambda route: route.name,
                   docs_url=None, redoc_url=None)  # api/reference.py: the same pages, scripts pinned
     errors.install(app)
-    app.add_middleware(BodyLimit)
+    chosen = settings or (runtime.settings if runtime is not None else get_settings())
+    app.add_middleware(BodyLimit, body_seconds=chosen.api_body_seconds)
     app.add_middleware(SecurityHeaders)
     app.include_router(_api_router())
     app.include_router(health.build_router())

@@ -140,9 +140,9 @@ async def _idle(conn: Connection, idle_seconds: float, now: datetime.datetime | 
     return await cur.fetchall()
 
 
-async def stale_releases(conn: Connection, limit: int = 100, node_id: str | None = None) -> list[uuid.UUID]:
-    """Trees whose release was announced more than ``TRANSITION_STALE_SECONDS`` ago and never settled,
-    on ``node_id`` or no node in particular (``node_id`` None: on any node)."""
+async def stale_transitions(conn: Connection, limit: int = 100, node_id: str | None = None) -> list[uuid.UUID]:
+    """Trees whose release or creation was announced more than ``TRANSITION_STALE_SECONDS`` ago and
+    never settled, on ``node_id`` or no node in particular (``node_id`` None: on any node)."""
     params = {"stale_seconds": TRANSITION_STALE_SECONDS, "limit": limit, "node_id": node_id}
     cur = await conn.execute(query("sandbox_lease_stale"), params)
     return [row["tree_id"] for row in await cur.fetchall()]

@@ -278,6 +278,11 @@ class Settings(BaseSettings):
         default=5.0, gt=0, le=PG_TIMEOUT_MAX_SECONDS,
         description="How long an API request waits for a database connection (the database down or restarting, "
                     "or every connection of the replica busy) before it is answered 503 with Retry-After.")
+    api_body_seconds: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="How long an API request's body may take to arrive, whole (it is read before the key is "
+                    "checked): a slower one is answered 408 and its connection closed, so that clients trickling "
+                    "bodies cannot hold a replica's request slots.")
     # No transaction of the runtime waits on Docker or a model, so these bound only database work:
     # a runaway statement, a lock held by a stuck transaction, a transaction left open.
     db_statement_timeout_seconds: float = Field(

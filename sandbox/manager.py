@@ -38,8 +38,9 @@ settled by a compare-and-set (see ``persistence.sandbox_leases``). On that:
   ending never releases anything; only the sweep (or an explicit ``release``) does.
 - A process that dies mid-work leaves ``creating`` or ``releasing`` behind. Once older than
   ``TRANSITION_STALE_SECONDS`` the next claim takes it over: it removes the named sandbox
-  (idempotently) or builds the sandbox itself. The sweep also finishes stale releases, so
-  a tree nobody claims does not stay ``releasing`` (which holds up archiving it).
+  (idempotently) or builds the sandbox itself. The sweep also finishes stale releases and
+  creations, so a tree nobody claims does not stay ``releasing`` (which holds up archiving it)
+  or ``creating`` (which holds one of its scope's places, ``SANDBOX_MAX_PER_SCOPE``, for good).
 - ``reap_orphans`` removes sandboxes no lease names: made by a claim that died before its
   lease said ``active``, for a tree that never claimed again. A sandbox being born (a fresh
   ``creating``) is never taken for an orphan. Only trees of this database are touched: an
@@ -375,7 +376,7 @@ class SandboxManager:
         """
         async with self.db.tx() as conn:
             candidates = await leases.idle_trees(conn, self.idle_seconds, now, node_id=self.node_id)
-            stalled = await leases.stale_releases(conn, node_id=self.node_id)
+            stalled = await leases.stale_transitions(conn, node_id=self.node_id)
         released = []
         for tree_id in candidates:
             if self._in_flight[tree_id]:
@@ -386,10 +387,12 @@ class SandboxManager:
             except Exception:
                 log.exception("idle release of the sandbox of tree %s failed; skipped", tree_id)
         for tree_id in stalled:
+            if self._in_flight.get(tree_id):  # a claim of this process's own is still at work on it
+                continue
             try:
-                await self._finish_stalled_release(tree_id)
+                await self._finish_stalled(tree_id)
             except Exception:
-                log.exception("finishing the stalled release of tree %s failed; skipped", tree_id)
+                log.exception("finishing the stalled release or creation of tree %s failed; skipped", tree_id)
         return released
 
     async def _release_if_idle(self, tree_id: uuid.UUID, idle_seconds: float,
@@ -412,14 +415,17 @@ class SandboxManager:
         await self._remove(tree_id, lease.backend, lease.handle, restore=("active", lease.handle))
         return True
 
-    async def _finish_stalled_release(self, tree_id: uuid.UUID) -> None:
+    async def _finish_stalled(self, tree_id: uuid.UUID) -> None:
+        """Release what a stalled release or creation names: a creation's sandbox, built but never
+        named by its lease, is an orphan that ``reap_orphans`` removes."""
         async with self.db.tx() as conn:
             lease, _ = await leases.lock(conn, tree_id, self.backend.name)
-            if lease.state != "releasing" or not lease.stale:
+            if lease.state not in ("releasing", "creating") or not lease.stale:
                 return  # someone finished or took it over meanwhile
             await leases.begin(conn, tree_id, "releasing", lease.backend, lease.handle)
-        log.warning("tree %s: a release stalled; finishing it", tree_id)
-        await self._remove(tree_id, lease.backend, lease.handle, restore=("releasing", lease.handle))
+        log.warning("tree %s: a %s stalled; releasing it", tree_id,
+                    "release" if lease.state == "releasing" else "creation")
+        await self._remove(tree_id, lease.backend, lease.handle, restore=(lease.state, lease.handle))
 
     async def _remove(
         self, tree_id: uuid.UUID, backend: str, handle: str | None, restore: tuple[str, str | None]

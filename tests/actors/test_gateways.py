@@ -5,9 +5,11 @@ charged once. Several nodes: see gateways_scenario.py (a cluster of its own)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 import ray
 from ray.util.state import list_actors
 
-from actors.gateway_actor import CALL_ABORTED
+from actors.gateway_actor import CALL_ABORTED, _reply_chars, _SharedCalls
 from actors.gateways import gateway_on
 from actors.naming import gateway_actor_name
 from actors.runtime import MALLOC_ARENA_MAX, Runtime
@@ -183,3 +185,33 @@ async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(own_
     assert findings["killed_gateway_replaced"] is True
     assert findings["head_requests"] == 2
     assert findings["charged"] == {"on_head": 1, "on_other": 1}
+
+
+class Reply(dict[str, Any]):
+    """A reply as a gateway returns it, which a weak reference can follow (a dict cannot be one's)."""
+
+
+async def test_replies_kept_for_retries_hold_at_most_their_budget_the_oldest_forgotten_first() -> None:
+    """A gateway keeps each call's reply 90 s for a retry whose first answer was lost; a reply may hold
+    a million characters, and nothing bounded what a busy node's gateway kept meanwhile. Past the
+    budget the oldest replies are forgotten: a retry of one asks the model again, of a newer one not."""
+    shared = _SharedCalls(keep_seconds=90, max_kept_chars=1_000, size=_reply_chars)
+    asked: list[str] = []
+    replies: list[weakref.ref[Reply]] = []
+
+    def call(key: str, chars: int) -> Any:
+        async def start() -> Reply:
+            asked.append(key)
+            reply = Reply(message={"content": "x" * chars, "tool_calls": []}, model="m")
+            replies.append(weakref.ref(reply))
+            return reply
+        return shared.run(key, start)
+
+    for index in range(10):
+        await call(f"c{index}", 298)  # 300 characters a reply, its empty tool calls included
+    gc.collect()
+    assert [ref() is not None for ref in replies] == [False] * 7 + [True] * 3  # the forgotten ones are freed
+    asked.clear()
+    for index in reversed(range(10)):  # newest first: a retry asked again ends, and is kept, in its turn
+        await call(f"c{index}", 298)
+    assert asked == [f"c{index}" for index in reversed(range(7))], asked  # the last three (900) were kept

@@ -20,7 +20,7 @@ from persistence import quotas
 from persistence.db import lock_name
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.api.conftest import ApiServer, ClientFactory
+from tests.api.conftest import ApiServer, ClientFactory, uvicorn_server
 from tests.api.helpers import ADMIN_TOKEN, METRICS_TOKEN, client, poll, rows, terminal
 
 
@@ -495,3 +495,34 @@ async def test_an_api_replicas_pool_is_sized_by_a_setting_its_actors_do_not_inhe
     app = create_app(settings=Settings(api_db_pool_max=3))
     async with app.router.lifespan_context(app):
         assert app.state.runtime.db.pool.max_size == 3
+
+
+async def test_a_body_that_trickles_in_is_answered_408_and_its_connection_closed(runtime: Runtime,
+                                                                                scope: Scope) -> None:
+    """A body is read before the key is checked, and the read had no deadline: a client sending a
+    byte now and then held one of the replica's request slots (Serve's proxy streams the body on)
+    for as long as it liked, a thousand such clients every slot. Past ``api_body_seconds`` it is
+    answered 408, its connection closed, and nothing is made; a body that comes whole still works."""
+    settings = runtime.settings.model_copy(update={"api_body_seconds": 1.5})
+    key = await runtime.create_api_key(scope)
+    async with uvicorn_server(create_app(runtime, settings=settings, admin_token=ADMIN_TOKEN)) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = b'{"title": "trickled"}'
+        writer.write(b"POST /api/v1/sessions HTTP/1.1\r\nHost: canopy\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + key.encode() + b"\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        for byte in body[:5]:  # a byte every 0.2 s until just before the deadline, never the whole body
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.2)
+        answer = await asyncio.wait_for(reader.read(), timeout=10)  # to the end: the server closes
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b"request body not received whole within 1.5 s" in answer
+        async with client(server.url, key) as http:
+            made = await http.post("/api/v1/sessions", json={"title": "whole"})
+        assert made.status_code == 201, made.text
+    titles = await rows(runtime.db, "SELECT title FROM sessions WHERE user_id = %s AND app_id = %s",
+                        scope.user_id, scope.app_id)
+    assert titles == [{"title": "whole"}]

@@ -341,3 +341,29 @@ async def test_two_claims_of_a_scope_never_both_take_its_last_place(sandbox: San
     assert len(won) == 1 and len(lost) == 1 and isinstance(lost[0], SandboxError), outcomes
     loser = rivals[outcomes.index(lost[0])][0]
     assert await _lease(sandbox, loser) is None and await _sandboxes_of(sandbox, loser) == []
+
+
+async def test_the_sweep_finishes_a_stalled_creation_and_its_sandbox_is_then_an_orphan(sandbox: SandboxKit) -> None:
+    """A process that died while it built a tree's sandbox left the lease ``creating``, which counts
+    as one of the scope's sandboxes: only the same tree's next claim took it over, so a tree never
+    claimed again held that place for good. The sweep releases it; the sandbox it built, never
+    named by the lease, goes as an orphan."""
+    manager = sandbox.manager()
+    tree, workdir = await sandbox.new_tree()
+    built = await manager.claim(tree, workdir)  # what the dead process built before its lease said so
+    await _leave_lease(sandbox, tree, "creating", None, TRANSITION_STALE_SECONDS + 60)
+    sibling, _ = await sandbox.new_tree(scope_of=tree)
+
+    async def places_held() -> int:
+        async with sandbox.db.tx() as conn:
+            return await leases.scope_held(conn, sibling)
+
+    assert await places_held() == 1
+    released = await manager.release_idle()
+
+    assert tree not in released  # not idle: its creation had stalled
+    lease = await _lease(sandbox, tree)
+    assert lease is not None and (lease.state, lease.handle) == ("released", None)
+    assert await places_held() == 0
+    assert built in await manager.reap_orphans()
+    assert not await sandbox.backend.exists(built)
