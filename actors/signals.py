@@ -8,6 +8,7 @@ which knows where they live.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import uuid
@@ -77,12 +78,31 @@ async def change_hints(conn: Connection, session_ids: Iterable[uuid.UUID], *,
                        [row["session_id"] for row in granted])
 
 
+async def activate_granted(placement: Placement, db: Database, session_id: uuid.UUID) -> None:
+    """Activate a session a commit just granted a Run, holding its granted Runs nobody owns yet
+    while the activation is under way: a dedicated session's activation is a Ray worker start,
+    which on a loaded node can outlast a lease, and a grant whose lease ran out untaken is
+    recovered as a death of its Turn (five in a row fail it). An activation that fails or gives
+    up ends the holding: a session that cannot start still fails its Turn."""
+    lease = get_settings().lease_seconds
+    activation = spawn(placement.activate(session_id))
+    while not activation.done():
+        await asyncio.wait({activation}, timeout=lease / 2)
+        if activation.done():
+            break
+        try:
+            async with db.tx() as conn:
+                await run_repo.hold_unowned(conn, session_id, lease)
+        except Exception:  # a hint's helper: the lease's own expiry decides as before
+            log.warning("could not hold the grants of session %s while it starts", session_id, exc_info=True)
+
+
 async def send_hints(placement: Placement, db: Database, hints: ChangeHints) -> None:
     """After the commit: sessions granted by the commit are activated and the trees poked first
     (a slot the commit freed is granted while the waiters are evaluated), then the due waits
     are resumed."""
     for session_id in hints.granted_sessions:
-        spawn(placement.activate(session_id))
+        spawn(activate_granted(placement, db, session_id))
     for tree_id in dict.fromkeys(hints.tree_ids):
         placement.poke_tree(tree_id)
     await _resume_each(placement, db, hints.wait_ids)

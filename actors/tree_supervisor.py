@@ -23,6 +23,7 @@ import asyncio
 import logging
 import uuid
 
+from actors import signals
 from actors.placement import Placement, spawn
 from persistence import runs as run_repo
 from persistence.db import Database
@@ -77,7 +78,7 @@ class SupervisorCore:
             async with db.tx() as conn:
                 granted = await run_repo.grant_slots(conn, self.tree_id, self.settings.lease_seconds)
         for row in granted:
-            spawn(self.placement.activate(row["session_id"]))
+            spawn(signals.activate_granted(self.placement, db, row["session_id"]))
         return [str(row["run_id"]) for row in granted]
 
     async def _passivate_when_idle(self) -> None:
