@@ -86,10 +86,7 @@ async def activate_granted(placement: Placement, db: Database, session_id: uuid.
     up ends the holding: a session that cannot start still fails its Turn."""
     lease = get_settings().lease_seconds
     activation = spawn(placement.activate(session_id))
-    while not activation.done():
-        await asyncio.wait({activation}, timeout=lease / 2)
-        if activation.done():
-            break
+    while not (await asyncio.wait({activation}, timeout=lease / 2))[0]:
         try:
             async with db.tx() as conn:
                 await run_repo.hold_unowned(conn, session_id, lease)

@@ -66,7 +66,7 @@ def parse_args(name: str, raw: dict[str, Any], allowed: frozenset[str]) -> tuple
 
 
 def _problems(error: ValidationError) -> str:
-    """The first few problems, each key named at most ~100 characters long: a model's arguments may
+    """The first few problems, a key past _EXCERPT_CHARS named by its start: a model's arguments may
     hold a hundred thousand extra keys, or one of a megabyte, and the sentence goes back into every
     later model call of its Turn."""
     found = error.errors()
