@@ -15,8 +15,8 @@ replayed Run gets the same answers:
   optional ``delay_ms``: the latency from the request's arrival to the reply's start, this
   model's own work included (as in a real provider's latency). A streamed reply may also take
   ``stream_ms``, spread evenly between its chunks, as a real model's text arrives over time
-  (an extension of SPEC §13, which leaves streaming pace open). Past the end of the list the
-  model says :data:`FINAL_TEXT`.
+  (an extension of SPEC §13, which leaves streaming pace open); each at most 600,000 ms. Past
+  the end of the list the model says :data:`FINAL_TEXT`.
 * Strings inside ``args``/``say`` may reference tool results of this Turn as
   ``${N.dotted.path}``; ``${N}`` is the whole result as JSON text. A string that is exactly
   one reference takes the referenced value's type. ``$${...}`` stands for a literal ``${...}``

@@ -16,6 +16,9 @@ from typing import Any, Protocol
 SCRIPT_MARKER = "#!script"
 # Error messages quote hostile text; this much of it identifies it.
 _QUOTE_CHARS = 80
+# A step's delay_ms and stream_ms, each at most: ten minutes, past a call's deadline at the gateway's
+# default settings (120 s for each of its 3 attempts).
+MAX_STEP_MS = 600_000
 
 
 class ScriptError(Exception):
@@ -91,8 +94,10 @@ def _validate_step(index: int, step: Any) -> None:
         raise ScriptError(f"{where}: needs exactly one of 'call', 'say', 'fail'")
     for key in ("delay_ms", "stream_ms"):
         value = step.get(key, 0)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise ScriptError(f"{where}: '{key}' must be a non-negative number")
+        # The server's timers are its model gateway's: a NaN in that loop's timer heap breaks the order of
+        # every model call's timers on the node (JSON as Python reads it spells NaN and Infinity).
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_STEP_MS:
+            raise ScriptError(f"{where}: '{key}' must be a number of milliseconds from 0 to {MAX_STEP_MS:,}")
     if kinds[0] == "call":
         calls = step["call"]
         if not isinstance(calls, list) or not calls:

@@ -195,9 +195,23 @@ async def test_stream_ms_spreads_the_text_over_time(server: ScriptedModelServer)
     assert arrivals[-1][0] - arrivals[0][0] >= 0.6, arrivals
     plain = await complete(server, messages)
     assert plain.choices[0].message.content == text
-    messages = [{"role": "user", "content": scripted([{"say": "x", "stream_ms": -1}])}]
-    with pytest.raises(litellm.BadRequestError, match="'stream_ms' must be a non-negative number"):
-        await complete(server, messages)
+
+
+async def test_a_steps_timing_is_a_finite_bounded_number(server: ScriptedModelServer) -> None:
+    """A script is the user's text, and this server runs in the model gateway's event loop, which
+    serves every model call of its node: a NaN handed to that loop's timers (a NaN ``stream_ms``
+    reaches ``asyncio.sleep``) breaks the order of all of them, and other calls' timers stop firing."""
+    for key in ("delay_ms", "stream_ms"):
+        for value in ("NaN", "Infinity", "-1", "600001", "true"):
+            content = f'Do the thing.\n#!script\n[{{"say": "x", "{key}": {value}}}]'
+            with pytest.raises(litellm.BadRequestError,
+                               match=f"'{key}' must be a number of milliseconds from 0 to 600,000"):
+                await complete(server, [{"role": "user", "content": content}], stream=True)
+    # The loop still keeps time: a delayed reply comes, and after its delay.
+    started = time.monotonic()
+    response = await complete(server, [{"role": "user", "content": scripted([{"say": "on time", "delay_ms": 100}])}])
+    assert response.choices[0].message.content == "on time"
+    assert time.monotonic() - started >= 0.1
 
 
 async def test_step_counts_assistant_messages_after_the_last_real_input(server: ScriptedModelServer) -> None:
