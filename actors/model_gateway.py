@@ -24,7 +24,9 @@ gateway process should pay that, not every module that imports this one.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import decimal
 import fnmatch
 import functools
@@ -37,7 +39,7 @@ import re
 import time
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, overload
@@ -100,6 +102,12 @@ _MAX_COST_PER_CALL = 1000.0
 # more), so a stream that never ends is cut before its chunks fill the gateway's memory.
 _MAX_STREAM_CHUNKS = 200_000
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# Agents' own endpoints a gateway's Router keeps as deployments. Every call of the node, of every scope,
+# is routed through that Router at a cost that grows with its deployments (here ~2.6 ms more per call
+# at 1,000 of them, and ~10 ms more per one added at 5,000), and whoever may create agents names a
+# model string per agent. Past this the least recently used idle ones are forgotten: added again when
+# called, at ~5 ms.
+ENDPOINTS_KEPT = 256
 _INVALID_NAME_PREFIX = "invalid_name_"
 
 
@@ -583,6 +591,16 @@ def _environment_problem(litellm: ModuleType, params: dict[str, Any]) -> str | N
     return None
 
 
+@dataclasses.dataclass
+class _Endpoint:
+    """An agent's own endpoint in a Router: its model string, the name its calls are accounted
+    under, and how many calls hold it."""
+
+    model: str
+    accounted: str
+    calls: int = 0
+
+
 class _Routes:
     """One Router over the models file, the scripted model, the pass-through route and the
     agents' own endpoints (added as they are first used)."""
@@ -608,8 +626,8 @@ class _Routes:
             self.router = litellm.Router(model_list=model_list, **settings)
         except Exception as error:
             raise ModelError(f"models file {path}: litellm's Router refused it: {_first_line(error)}") from None
-        # model group -> the agent's model string, and the name its calls are accounted under
-        self._endpoints: dict[str, tuple[str, str]] = {}
+        # model group -> the agent's endpoint, least recently used first
+        self._endpoints: collections.OrderedDict[str, _Endpoint] = collections.OrderedDict()
 
     def _resolved(self, deployment: dict[str, Any]) -> dict[str, Any]:
         """``os.environ/NAME`` values read from the environment or the secrets directory."""
@@ -624,15 +642,16 @@ class _Routes:
         return next((d["litellm_params"]["model"] for d in self.file_models if d["model_name"] == model), model)
 
     def answering_model(self, group: str | None, model: str) -> str:
-        """The provider's model string that answered a call of ``model`` routed to ``group``."""
+        """The provider's model string that answered a call of ``model`` routed to ``group`` (while
+        the call holds its route)."""
         own = self._endpoints.get(group or "")
-        return own[0] if own else self.provider_model(group or model)
+        return own.model if own else self.provider_model(group or model)
 
     def display(self, group: str | None, model: str) -> str:
         """The name a call is accounted under: the model group, the agent's model string, or for an
-        agent's own endpoint ``model @ api_base``."""
+        agent's own endpoint ``model @ api_base`` (while the call holds its route)."""
         own = self._endpoints.get(group or "")
-        return own[1] if own else group or model
+        return own.accounted if own else group or model
 
     def _own_endpoint(self, model: str, api_base: str | None, api_key_ref: str | None) -> dict[str, Any] | None:
         """The deployment of an agent's own endpoint, or None when the call takes a shared route."""
@@ -644,19 +663,39 @@ class _Routes:
         key = self._keys.agent_key(api_key_ref) if api_key_ref else NO_KEY
         return {"model": model, "api_key": key, **({"api_base": api_base} if api_base else {})}
 
-    def target(self, model: str, api_base: str | None, api_key_ref: str | None) -> str:
-        """The model group a call goes to (an agent's own endpoint is added on its first call)."""
+    @contextlib.contextmanager
+    def route(self, model: str, api_base: str | None, api_key_ref: str | None) -> Iterator[str]:
+        """The model group a call goes to, held while the call lasts: an agent's own endpoint is
+        added to the Router as its call begins, and forgotten only when no call holds it and
+        ENDPOINTS_KEPT more recently used ones are kept."""
         params = self._own_endpoint(model, api_base, api_key_ref)
         if params is None:
-            return model
+            yield model
+            return
         identity = json.dumps([model, api_base, api_key_ref]).encode()
         group = "canopy-endpoint-" + hashlib.sha256(identity).hexdigest()[:16]
-        if group not in self._endpoints:
+        endpoint = self._endpoints.get(group)
+        if endpoint is None:
             from litellm.types.router import Deployment, LiteLLM_Params
 
-            self.router.add_deployment(Deployment(model_name=group, litellm_params=LiteLLM_Params(**params)))
-            self._endpoints[group] = (model, accounted_name(model, api_base))
-        return group
+            self.router.add_deployment(Deployment(model_name=group, litellm_params=LiteLLM_Params(**params),
+                                                  model_info={"id": group}))
+            endpoint = self._endpoints[group] = _Endpoint(model, accounted_name(model, api_base))
+        self._endpoints.move_to_end(group)
+        endpoint.calls += 1
+        try:
+            yield group
+        finally:
+            endpoint.calls -= 1
+            self._forget_idle_endpoints()
+
+    def _forget_idle_endpoints(self) -> None:
+        from litellm.router_api import ChangeSet
+
+        idle = [group for group, endpoint in self._endpoints.items() if not endpoint.calls]
+        for group in idle[:max(len(self._endpoints) - ENDPOINTS_KEPT, 0)]:
+            del self._endpoints[group]
+            self.router.apply(ChangeSet(delete=[group]))
 
     def _deployments_of(self, model: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The models file's deployments named ``model``, and those whose name pattern matches it."""
@@ -903,14 +942,20 @@ class ModelGateway:
         message is durable). Cancelling the awaiting task (``ray.cancel`` on the actor
         call) aborts the HTTP request.
         """
+        routes = self._current_routes()
+        self._check_endpoint(routes, model, api_base, api_key_ref)
+        with routes.route(model, api_base, api_key_ref) as target:
+            return await self._complete(routes, target, model, messages, tools, on_delta)
+
+    async def _complete(self, routes: _Routes, target: str, model: str, messages: list[dict[str, Any]],
+                        tools: list[dict[str, Any]] | None,
+                        on_delta: Callable[[str], Awaitable[None]] | None) -> dict[str, Any]:
         litellm = _litellm()
         from actors import bounded_http  # loaded by _litellm()
 
-        routes = self._current_routes()
-        self._check_endpoint(routes, model, api_base, api_key_ref)
         call_id = uuid.uuid4().hex
-        request: dict[str, Any] = {"model": routes.target(model, api_base, api_key_ref),
-                                   "messages": to_openai_messages(messages), "metadata": {_CALL_KEY: call_id}}
+        request: dict[str, Any] = {"model": target, "messages": to_openai_messages(messages),
+                                   "metadata": {_CALL_KEY: call_id}}
         if model.startswith(SCRIPTED_PREFIX):
             request["api_base"] = await self.scripted_base_url()
         if tools:

@@ -17,6 +17,7 @@ import pytest_asyncio
 import ray
 import yaml
 
+from actors import model_gateway
 from actors.model_gateway import INVALID_ARGUMENTS, ModelError, ModelGateway
 from actors.scripted import builders
 from actors.scripted.server import ScriptedModelServer, serve_scripted_model
@@ -539,6 +540,38 @@ async def test_an_allowed_api_base_is_matched_by_its_endpoint_not_as_a_text_pref
     for api_base in [replay.base_url, f"{origin}/", "https://API.example.com/v1/", "https://api.example.com:443/v1/x",
                      "http://gpu-box:80/v1"]:
         assert "CANOPY_AGENT_API_BASES" not in (await gw.check_model("openai/endpoint", api_base, None) or ""), api_base
+
+
+async def test_a_gateway_keeps_a_bounded_number_of_agents_endpoints(replay: ReplayServer,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each agent's own endpoint is a deployment of the gateway's Router, which every call of the node,
+    of every scope, routes through, at a cost that grows with its deployments (~2.6 ms more per call at
+    1,000 of them, ~10 ms more per added one at 5,000). Whoever may create agents names a model string
+    per agent: the Router keeps ENDPOINTS_KEPT of them, the least recently used idle ones forgotten
+    (and added again when called), never one a call is still using."""
+    kept = 8  # of ENDPOINTS_KEPT's 256: a call to a new endpoint takes ~30 ms here
+    monkeypatch.setattr(model_gateway, "ENDPOINTS_KEPT", kept)
+    gw = ModelGateway(agent_api_bases=(replay.base_url,), timeout_seconds=30, retries=0)
+    models = [f"kept-{n}" for n in range(kept + 8)]
+    for model in ["held", *models]:
+        replay.script(model, then=say(f"from {model}"))
+    routes = gw._current_routes()
+
+    def endpoints() -> set[str]:  # the provider models of the Router's deployments but its two routes
+        return {d["litellm_params"]["model"] for d in routes.router.registry().all()} - {"*", "openai/*"}
+
+    with routes.route("openai/held", replay.base_url, None):
+        for model in models:
+            reply = await gw.complete(model=f"openai/{model}", messages=scripted([{"say": "x"}]), tools=None,
+                                      api_base=replay.base_url)
+            assert reply["message"]["content"] == f"from {model}"
+        # In use, the least recently used is kept; idle ones went in its place.
+        assert endpoints() == {"openai/held", *(f"openai/{model}" for model in models[-kept + 1:])}
+    # A forgotten endpoint is added again, and its call counted under its own name.
+    reply = await gw.complete(model="openai/kept-0", messages=scripted([{"say": "x"}]), tools=None,
+                              api_base=replay.base_url)
+    assert (reply["message"]["content"], reply["model"]) == ("from kept-0", f"openai/kept-0 @ {replay.base_url}")
+    assert len(replay.requests_for("kept-0")) == 2
 
 
 def _write(path: Path, config: dict[str, Any]) -> None:
