@@ -4,11 +4,12 @@ line ``OK`` with what was found, or ``FAIL`` with what to do. Exit code 0 only w
 Checks, in order: the database answers; its schema version against this Canopy's (a missing
 or older schema is fine: ``canopy up`` creates or migrates it); Ray starts (or the cluster of
 ``CANOPY_RAY_ADDRESS`` accepts a driver) and runs a task, and where its token is; the Docker
-engine answers; the sandbox image is there; a workdir's disk quota can be made (a probe workdir
-mounted and unmounted under the data dir's projects); the default model (its route and key, without a
+engine answers; the sandbox image is there; the sandboxes' memory limits, all of them together,
+against the engine's memory; a workdir's disk quota can be made (a probe workdir mounted and
+unmounted under the data dir's projects); the default model (its route and key, without a
 request). A check that needs a failed one is ``SKIP``ped rather than failed twice; what the
-doctor cannot verify is a ``NOTE``. Whatever the doctor starts (the embedded PostgreSQL when
-it was not running, a local Ray) it stops again.
+doctor cannot verify, or a risk that is the operator's to take, is a ``NOTE``. Whatever the
+doctor starts (the embedded PostgreSQL when it was not running, a local Ray) it stops again.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import docker.utils
 
 from actors.runtime import private_ray_token
 from api.up import ray_token_location
@@ -33,6 +35,7 @@ from persistence.errors import CanopyError
 from persistence.migrations import connect, current_version, latest_version, server_version
 from persistence.settings import WORKDIR_MIN_MB, Settings, get_settings
 from sandbox import workdirs
+from sandbox.base import OOM_SCORE_ADJ
 from sandbox.images import build_hint
 
 SCRIPTED_MODEL = "canopy/scripted"
@@ -61,6 +64,14 @@ def _ping() -> int:
     return os.getpid()
 
 
+def _size(count: int) -> str:
+    """Bytes as whole GiB or MiB where they are whole, else GiB to a tenth."""
+    for unit, name in ((2**30, "GiB"), (2**20, "MiB")):
+        if count % unit == 0:
+            return f"{count // unit} {name}"
+    return f"{count / 2**30:.1f} GiB"
+
+
 class Doctor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -71,7 +82,7 @@ class Doctor:
     def checks(self) -> list[tuple[str, Callable[[], str]]]:
         return [("database", self.database), ("schema", self.schema), ("Ray", self.ray),
                 ("Docker", self.docker_engine), ("sandbox image", self.sandbox_image),
-                ("workdir disk", self.workdir_disk), ("model", self.model)]
+                ("sandbox memory", self.sandbox_memory), ("workdir disk", self.workdir_disk), ("model", self.model)]
 
     def run(self) -> list[Outcome]:
         outcomes = []
@@ -194,6 +205,23 @@ class Doctor:
         except docker.errors.ImageNotFound:
             raise Problem(f"{image} (CANOPY_SANDBOX_IMAGE) is not on the engine: {build_hint(image)}") from None
         return f"{image} present ({found.attrs.get('Size', 0) / 1e6:.0f} MB)"
+
+    def sandbox_memory(self) -> str:
+        if self.settings.sandbox_backend == "local":
+            return "not limited (CANOPY_SANDBOX_BACKEND=local)"
+        if self.docker is None:
+            raise Skipped("needs the Docker engine")
+        count, each = self.settings.sandbox_max_containers, docker.utils.parse_bytes(self.settings.sandbox_memory)
+        memory = self.docker.info()["MemTotal"]
+        sandboxes = f"{count} sandboxes of {_size(each)}"
+        named = "(CANOPY_SANDBOX_MAX_CONTAINERS × CANOPY_SANDBOX_MEMORY)"
+        engine = f"the engine's {memory / 2**30:.1f} GiB"
+        if count * each <= memory:
+            return f"{sandboxes} fit in {engine} {named}"
+        # Limits are ceilings, and often overcommitted on purpose: a risk to know, not a failure.
+        raise Unverified(f"{sandboxes} {named} may take {_size(count * each)}, more than {engine}: when the "
+                         f"node runs out of memory the kernel kills a sandbox's processes first (their OOM score "
+                         f"adjustment is {OOM_SCORE_ADJ}); lower either setting to keep them within it")
 
     def workdir_disk(self) -> str:
         size, projects = self.settings.sandbox_workdir_mb, self.settings.data_dir / "projects"

@@ -43,6 +43,10 @@ DEFAULT_TIMEOUT_SECONDS = 120.0
 # Exit code reported for a command killed by a signal, as a shell reports it (128 + signo).
 SIGNAL_EXIT_BASE = 128
 KILLED_EXIT_CODE = SIGNAL_EXIT_BASE + 9  # SIGKILL: a killed command, or one refused by its tombstone
+# Every command's processes carry the highest OOM score adjustment: limits bound each sandbox, not all
+# of them together, and when the node runs out of memory the kernel kills what it scores highest,
+# which must be a model's command before the database, Ray or Canopy.
+OOM_SCORE_ADJ = 1000
 TRUNCATION_MARKER = "[canopy: output truncated"
 # A command id names a pid file and is matched in /proc environments: no '/', no spaces, no quotes.
 _COMMAND_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")

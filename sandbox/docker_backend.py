@@ -9,6 +9,7 @@
   limits, user, mounts) is recreated, so changed settings and hardening reach old trees.
 - Hardened: every capability dropped, ``no-new-privileges``, a read-only root filesystem,
   a non-root user (``SandboxOptions.user``), memory (no swap beyond it), CPU and pids limits,
+  the highest OOM score adjustment (the kernel's first choice when the node runs out of memory),
   no log kept on the host (the ``none`` driver), and no network unless the options allow
   the host's. ``/tmp`` is a size-limited tmpfs, so it is lost when
   the container stops; the project workdir is bind-mounted read-write at ``/workspace`` (the
@@ -94,6 +95,7 @@ from persistence.settings import get_settings
 from sandbox.base import (
     FLOODED,
     KILLED_EXIT_CODE,
+    OOM_SCORE_ADJ,
     CappedOutput,
     CommandResult,
     SandboxError,
@@ -408,6 +410,7 @@ class DockerBackend:
             "memswap_limit": options.memory,
             "nano_cpus": int(min(options.cpus, self._cpu_ceiling()) * 1e9),
             "pids_limit": options.pids,
+            "oom_score_adj": OOM_SCORE_ADJ,  # inherited by every process exec'd in the container
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
             "read_only": True,

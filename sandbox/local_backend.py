@@ -51,6 +51,7 @@ from pathlib import Path
 from sandbox.base import (
     FLOODED,
     KILLED_EXIT_CODE,
+    OOM_SCORE_ADJ,
     CappedOutput,
     CommandResult,
     SandboxError,
@@ -69,9 +70,11 @@ _PROC = Path("/proc")
 _WORKDIR_FILE = "workdir"
 _KILLED_DIR = "killed"
 # $1 = the command's tombstone, $2 = the command. This shell already carries the command id in its
-# environment (a kill from now on finds it), then looks for a tombstone left before, and only
-# then becomes the command: exec keeps its pid, hence its process group.
-_WRAPPER = f'if [ -e "$1" ]; then exit {KILLED_EXIT_CODE}; fi; exec /bin/sh -c "$2"'
+# environment (a kill from now on finds it), then looks for a tombstone left before, takes the OOM
+# score adjustment its children inherit (a host without /proc goes on without it), and only then
+# becomes the command: exec keeps its pid, hence its process group.
+_WRAPPER = (f'if [ -e "$1" ]; then exit {KILLED_EXIT_CODE}; fi; '
+            f'{{ echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj; }} 2>/dev/null; exec /bin/sh -c "$2"')
 _READ_CHUNK = 65536
 # After a kill, how long to keep reading pipes that an escaped process may still hold open.
 _DRAIN_SECONDS = 2.0

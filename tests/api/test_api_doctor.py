@@ -32,7 +32,7 @@ from tests.api.helpers import clean_env
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKS = ["database", "schema", "Ray", "Docker", "sandbox image", "workdir disk", "model"]
+CHECKS = ["database", "schema", "Ray", "Docker", "sandbox image", "sandbox memory", "workdir disk", "model"]
 
 
 @pytest.fixture
@@ -67,6 +67,14 @@ def doctor(root: Path, umask: int = -1, **settings: str) -> tuple[int, dict[str,
     return done.returncode, found, printed
 
 
+def _engine_memory() -> str:
+    client = connect()
+    try:
+        return f"{client.info()['MemTotal'] / 2**30:.1f} GiB"
+    finally:
+        client.close()
+
+
 def _processes_under(path: Path) -> list[str]:
     alive = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -94,7 +102,8 @@ def test_doctor_says_all_ok_on_what_ci_provides_and_leaves_nothing_running(root:
     the embedded database) and none to the Ray check: empty variables are unset ones."""
     token = root / "home" / ".ray" / "auth_token"
     code, found, printed = doctor(root, umask=0o022, HOME=str(root / "home"), CANOPY_RAY_ADDRESS="",
-                                  CANOPY_DATABASE_URL="", DATABASE_URL="")
+                                  CANOPY_DATABASE_URL="", DATABASE_URL="", CANOPY_SANDBOX_MAX_CONTAINERS="4",
+                                  CANOPY_SANDBOX_MEMORY="512m")
     assert code == 0, printed
     assert list(found) == CHECKS, printed
     assert {status for status, _ in found.values()} == {"OK"}, printed
@@ -105,6 +114,8 @@ def test_doctor_says_all_ok_on_what_ci_provides_and_leaves_nothing_running(root:
     assert f"token in {token}" in found["Ray"][1] and "a local Ray starts" in found["Ray"][1], found["Ray"]
     assert stat.S_IMODE(token.stat().st_mode) == 0o600 and re.fullmatch("[0-9a-f]{64}", token.read_text())
     assert "canopy-sandbox:latest present" in found["sandbox image"][1]
+    assert found["sandbox memory"][1].startswith(f"4 sandboxes of 512 MiB fit in the engine's {_engine_memory()}"), \
+        found["sandbox memory"]
     assert found["workdir disk"][1].startswith("10240 MiB per project workdir"), found["workdir disk"]
     assert "built in" in found["model"][1]
     assert "Traceback" not in printed and "warning" not in printed.lower(), printed
@@ -118,7 +129,7 @@ def test_doctor_names_an_unreachable_database_a_missing_image_and_a_missing_key(
     port = free_port()
     code, found, printed = doctor(root, CANOPY_DATABASE_URL=f"postgresql://canopy:hunter2@127.0.0.1:{port}/canopy",
                                   CANOPY_SANDBOX_IMAGE="canopy-sandbox-absent:latest",
-                                  CANOPY_DEFAULT_MODEL="openai/gpt-4o-mini")
+                                  CANOPY_DEFAULT_MODEL="openai/gpt-4o-mini", CANOPY_SANDBOX_MAX_CONTAINERS="1000")
     assert code == 1, printed
     assert found["database"] == ("FAIL", f"cannot reach the database at postgresql://canopy@127.0.0.1:{port}/canopy "
                                          "(password hidden): connection refused — check CANOPY_DATABASE_URL"), printed
@@ -128,6 +139,12 @@ def test_doctor_names_an_unreachable_database_a_missing_image_and_a_missing_key(
         found["sandbox image"][1]
     assert found["model"][0] == "FAIL" and "OPENAI_API_KEY" in found["model"][1], printed  # a provider's, no key
     assert found["Ray"][0] == found["Docker"][0] == "OK", printed
+    # A note, not a failure: limits are ceilings, and a sandbox's processes go first (oom_score_adj).
+    assert found["sandbox memory"] == ("NOTE", f"1000 sandboxes of 2 GiB (CANOPY_SANDBOX_MAX_CONTAINERS × "
+                                               f"CANOPY_SANDBOX_MEMORY) may take 2000 GiB, more than the engine's "
+                                               f"{_engine_memory()}: when the node runs out of memory the kernel "
+                                               "kills a sandbox's processes first (their OOM score adjustment is "
+                                               "1000); lower either setting to keep them within it"), printed
     assert printed.rstrip().endswith("not OK: database, schema, sandbox image, model"), printed
     assert "hunter2" not in printed and "Traceback" not in printed
     assert _eventually_nothing_under(root) == []
@@ -169,6 +186,7 @@ def test_doctor_probes_a_workdirs_disk_and_leaves_none(root: Path) -> None:
 @pytest.mark.parametrize(("settings", "says"), [
     ({"CANOPY_TREE_SLOTS": "0"}, "CANOPY_TREE_SLOTS: Input should be greater than or equal to 1"),
     ({"CANOPY_PROVIDER_ENV": "not json"}, 'error parsing value for field "provider_env"'),
+    ({"CANOPY_SANDBOX_MEMORY": "2 GiB"}, "CANOPY_SANDBOX_MEMORY: String should match pattern"),
 ])
 def test_a_setting_no_value_can_have_is_named_not_a_traceback(root: Path, settings: dict[str, str],
                                                                says: str) -> None:

@@ -120,6 +120,17 @@ async def test_background_processes_outlive_their_command(sandbox: SandboxKit) -
     assert seen.stdout == "alive\n"
 
 
+async def test_a_commands_processes_are_the_kernels_first_choice_when_memory_runs_out(sandbox: SandboxKit) -> None:
+    """A sandbox's memory limit bounds each sandbox, not all of them together (32 of 2 GiB may run on a
+    node of 16): when the node runs out, the kernel kills the process it scores highest, and a
+    model's command must go before the database, Ray or Canopy."""
+    tree, workdir = await sandbox.new_tree()
+    result = await _run(sandbox.manager(), tree, workdir,
+                        'cat /proc/self/oom_score_adj; sh -c "cat /proc/self/oom_score_adj" & wait')
+    assert result.stdout.split() == ["1000", "1000"], result
+    assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"  # not the runtime's own
+
+
 async def test_cancel_kills_only_that_command(sandbox: SandboxKit) -> None:
     manager = sandbox.manager()
     tree, workdir = await sandbox.new_tree()
