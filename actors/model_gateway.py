@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, overload
 import yaml
 
 from persistence.agents import API_KEY_REF_PATTERN
+from persistence.settings import DURATION_MAX_SECONDS, MODEL_RETRIES_MAX
 from persistence.text import storable, why_unstorable
 
 if TYPE_CHECKING:
@@ -380,8 +381,9 @@ def _estimated(litellm: ModuleType, response: Any, prompt_tokens: int, completio
 
 
 def _plausible_cost(figure: Any) -> bool:
-    return (isinstance(figure, int | float) and not isinstance(figure, bool) and math.isfinite(figure)
-            and 0 <= figure <= _MAX_COST_PER_CALL)
+    # The range first: isfinite of an int past a double's range raises OverflowError.
+    return (isinstance(figure, int | float) and not isinstance(figure, bool) and 0 <= figure <= _MAX_COST_PER_CALL
+            and math.isfinite(figure))
 
 
 def _cost(litellm: ModuleType, response: Any, priced: Any, models: Sequence[str]) -> float | None:
@@ -550,6 +552,17 @@ class _Keys:
         return value
 
 
+def _router_settings_problem(settings: dict[str, Any]) -> str | None:
+    """What is wrong with the settings that make a call's deadline (a NaN there reached the gateway
+    loop's timers, those of every call on the node; a negative one cut every call off at once)."""
+    timeout, retries = settings.get("timeout", 1), settings.get("num_retries", 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= DURATION_MAX_SECONDS:
+        return f"router_settings.timeout must be a number of seconds above 0, at most {DURATION_MAX_SECONDS:,}"
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MODEL_RETRIES_MAX:
+        return f"router_settings.num_retries must be a whole number from 0 to {MODEL_RETRIES_MAX}"
+    return None
+
+
 def _read_models_file(path: Path) -> dict[str, Any]:
     """The models file, checked for the shape litellm's Router takes; ModelError naming the file."""
     try:
@@ -569,6 +582,8 @@ def _read_models_file(path: Path) -> dict[str, Any]:
         problem = "each model_list entry needs a model_name and litellm_params with a model"
     elif not isinstance(config.get("router_settings", {}), dict):
         problem = "router_settings must be a mapping"
+    else:
+        problem = _router_settings_problem(config.get("router_settings", {}))
     if problem:
         raise ModelError(f"models file {path}: {problem}")
     return {"model_list": config.get("model_list", []), "router_settings": config.get("router_settings", {})}
@@ -619,9 +634,7 @@ class _Routes:
         # litellm's timeout bounds each read of a reply, not the reply: a provider that sends a piece
         # more often (a reply drip-fed, a stream that never ends) would hold the call, and its Run's
         # slot, for ever. A call ends within the timeout for each attempt it may make.
-        each = settings["timeout"] if isinstance(settings["timeout"], int | float) else timeout
-        attempts = 1 + (settings["num_retries"] if isinstance(settings["num_retries"], int) else retries)
-        self.deadline = float(each) * attempts
+        self.deadline = float(settings["timeout"]) * (1 + settings["num_retries"])  # both checked
         try:
             self.router = litellm.Router(model_list=model_list, **settings)
         except Exception as error:

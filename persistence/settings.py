@@ -28,6 +28,11 @@ TOKEN_MIN_CHARS = 16  # a bearer anyone could guess is no secret
 GENERATED_ADMIN_TOKEN_PREFIX = "adm_"  # the admin token canopy up makes when it is given none
 # PostgreSQL's timeouts are int milliseconds: a longer one is refused by every pooled connection.
 PG_TIMEOUT_MAX_SECONDS = 2_147_483.647
+# The longest duration a time setting may name (a leap year): PostgreSQL's intervals end at ~9.2e12 s,
+# and a lease or an idle time past them failed every grant or every sweep.
+DURATION_MAX_SECONDS = 366 * 24 * 3600
+# Retries of a model request, at most: each adds a timeout to a call's deadline.
+MODEL_RETRIES_MAX = 100
 WORKDIR_MIN_MB = 16  # ext4 with its smallest journal (4 MiB), and room left for files
 # What providers read from the environment (litellm's names): keys, and the endpoints that go with them.
 PROVIDER_ENV = (
@@ -107,8 +112,9 @@ class Settings(BaseSettings):
         default=8, ge=0, description="Trees made by mode='root' creates from one tree and from the trees it "
         "spawned, counted together so that a chain of spawns cannot escape the limit.")
     actor_idle_seconds: float = Field(
-        default=60.0, gt=0, description="Seconds a session or tree supervisor stays idle before it passivates "
-                                        "(re-activated from the database on its next input).")
+        default=60.0, gt=0, le=DURATION_MAX_SECONDS,
+        description="Seconds a session or tree supervisor stays idle before it passivates "
+                    "(re-activated from the database on its next input).")
     max_live_sessions: int = Field(
         default=32, ge=1, description="Live sessions per node; past it the least recently used idle ones "
                                       "passivate.")
@@ -128,7 +134,7 @@ class Settings(BaseSettings):
         "node's disk, which members on other nodes reach by a cross-node call per sandbox call. Alike on one "
         "machine.")
     host_drain_seconds: float = Field(
-        default=60.0, gt=0,
+        default=60.0, gt=0, le=DURATION_MAX_SECONDS,
         description="spread, N > 0: how long a host that moves to another node (a node joined or left) may drain: "
         "it begins no Run and no model step (a Run in progress is handed back at its next model boundary and goes "
         "on where the host is made next), and its sessions that are not live wait until it has moved. A model step "
@@ -139,22 +145,27 @@ class Settings(BaseSettings):
         description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "
         "name starts with 'fp-' pauses that long at each point. Off when empty.")
     lease_seconds: float = Field(
-        default=30.0, gt=0, description="Seconds a Run's lease lasts unrenewed; once it expires the sweeper "
-                                        "recovers the Run (its owner is presumed dead).")
+        default=30.0, gt=0, le=DURATION_MAX_SECONDS,
+        description="Seconds a Run's lease lasts unrenewed; once it expires the sweeper "
+                    "recovers the Run (its owner is presumed dead).")
     heartbeat_seconds: float = Field(
-        default=5.0, gt=0, description="Seconds between a Run's lease renewals; a granted Run that no actor took "
-                                       "within it gets its session re-activated.")
+        default=5.0, gt=0, le=DURATION_MAX_SECONDS,
+        description="Seconds between a Run's lease renewals; a granted Run that no actor took "
+                    "within it gets its session re-activated.")
     sweep_seconds: float = Field(
-        default=2.0, ge=0.05, description="Seconds between the sweeper's recovery rounds (and tree supervisors' idle "
-                                       "checks, and each gateway's check that the Runs of its model calls in "
-                                       "flight go on: a call of a Run that is over is aborted).")
+        default=2.0, ge=0.05, le=DURATION_MAX_SECONDS,
+        description="Seconds between the sweeper's recovery rounds (and tree supervisors' idle "
+                    "checks, and each gateway's check that the Runs of its model calls in "
+                    "flight go on: a call of a Run that is over is aborted).")
     node_watch_seconds: float = Field(
-        default=10.0, gt=0, description="Seconds between the sweeper's looks at the cluster's nodes: a lost node's "
-                                        "sandboxes are released, and session hosts follow nodes that joined or left "
-                                        "(spread). Ray declares a lost node dead after ~30 s of failed health "
-                                        "checks, so looking more often seldom finds more.")
+        default=10.0, gt=0, le=DURATION_MAX_SECONDS,
+        description="Seconds between the sweeper's looks at the cluster's nodes: a lost node's "
+                    "sandboxes are released, and session hosts follow nodes that joined or left "
+                    "(spread). Ray declares a lost node dead after ~30 s of failed health "
+                    "checks, so looking more often seldom finds more.")
     sandbox_idle_seconds: float = Field(
-        default=300.0, gt=0, description="Seconds a tree's sandbox stays unused before it is released.")
+        default=300.0, gt=0, le=DURATION_MAX_SECONDS,
+        description="Seconds a tree's sandbox stays unused before it is released.")
     sandbox_backend: str = Field(
         default="docker",
         pattern="^(docker|local)$",
@@ -227,13 +238,15 @@ class Settings(BaseSettings):
         description="The largest '#!script' (the UTF-8 text after the marker line) the scripted model parses; "
                     "a larger one gets HTTP 400 unparsed.")
     model_timeout_seconds: float = Field(
-        default=120.0, gt=0, description="Seconds one model request may take (the models file's "
-                                         "router_settings.timeout wins): a call, with its retries, is cut off "
-                                         "after this times the attempts it may make, however steadily the "
-                                         "provider sends its reply.")
+        default=120.0, gt=0, le=DURATION_MAX_SECONDS,
+        description="Seconds one model request may take (the models file's "
+                    "router_settings.timeout wins): a call, with its retries, is cut off "
+                    "after this times the attempts it may make, however steadily the "
+                    "provider sends its reply.")
     model_retries: int = Field(
-        default=2, ge=0, description="Retries of a failed model request, with exponential backoff and jitter, or "
-                                     "after the provider's Retry-After (router_settings.num_retries wins).")
+        default=2, ge=0, le=MODEL_RETRIES_MAX,
+        description="Retries of a failed model request, with exponential backoff and jitter, or "
+                    "after the provider's Retry-After (router_settings.num_retries wins).")
     models_file: Path | None = Field(
         default=None, description="A YAML file of model routes in litellm's own shape: model_list (deployments "
         "with rpm/tpm limits) and router_settings (fallbacks, num_retries, timeout, ...). The gateway reloads it "

@@ -670,6 +670,12 @@ async def test_the_readmes_models_file_is_one_the_gateway_takes(tmp_path: Path,
     ("model_list: []\nlitellm_settings: {}\n", "litellm_settings"),
     ("model_list: [{model_name: x}]\n", "litellm_params"),
     ("router_settings: {no_such_setting: 1}\n", "no_such_setting"),
+    # A NaN timeout reached the gateway loop's timers (every call's deadline on the node); a negative
+    # one, or negative retries, cut every call off at once.
+    *((f"router_settings: {{timeout: {value}}}\n", "router_settings.timeout must be a number of seconds above 0, "
+       "at most 31,622,400") for value in (".nan", ".inf", "-1", "1.0e+400", "'30'")),
+    *((f"router_settings: {{num_retries: {value}}}\n", "router_settings.num_retries must be a whole number from 0 "
+       "to 100") for value in ("-3", "true", "2.5", "101")),
 ])
 async def test_a_broken_models_file_is_a_clear_error(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "models.yaml"

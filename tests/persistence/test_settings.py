@@ -110,12 +110,16 @@ def test_a_token_shorter_than_16_characters_is_refused(clean: Path, monkeypatch:
     ({"CANOPY_SCRIPTED_MODEL_PORT": "-1"}, "greater than or equal to 0"),
     ({"CANOPY_DB_STATEMENT_TIMEOUT_SECONDS": "3000000"}, "less than or equal to 2147483.647"),
     ({"CANOPY_DB_LOCK_TIMEOUT_SECONDS": "3000000"}, "less than or equal to 2147483.647"),
+    *(({f"CANOPY_{name}_SECONDS": "1e13"}, "less than or equal to 31622400") for name in (
+        "ACTOR_IDLE", "HOST_DRAIN", "LEASE", "SWEEP", "NODE_WATCH", "SANDBOX_IDLE", "MODEL_TIMEOUT")),
+    ({"CANOPY_LEASE_SECONDS": "1e13", "CANOPY_HEARTBEAT_SECONDS": "1e13"}, "less than or equal to 31622400"),
 ])
 def test_a_setting_that_cannot_work_is_refused(clean: Path, monkeypatch: pytest.MonkeyPatch,
                                                variables: dict[str, str], says: str) -> None:
     """Each was accepted: a heartbeat as long as the lease (every Run recovered while it runs),
     an infinite lease, a sweep every millisecond, a port no socket has, a timeout PostgreSQL refuses
-    (its milliseconds are an int) on every pooled connection."""
+    (its milliseconds are an int) on every pooled connection, a duration past PostgreSQL's intervals
+    (~9.2e12 s: every grant, or every sweep's idle release, failed)."""
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError, match=re.escape(says)):
