@@ -49,7 +49,7 @@ from api import __version__, errors, reference, ui
 from api.auth import KeyCache, require_scope
 from api.headers import SecurityHeaders
 from api.hub import EventHub
-from api.limits import BodyLimit
+from api.limits import BodyLimit, KeyShare
 from api.routes import (
     admin,
     agents,
@@ -148,6 +148,7 @@ def create_app(
                   docs_url=None, redoc_url=None)  # api/reference.py: the same pages, scripts pinned
     errors.install(app)
     chosen = settings or (runtime.settings if runtime is not None else get_settings())
+    app.add_middleware(KeyShare, concurrency=chosen.api_key_concurrency, wait_seconds=chosen.api_db_wait_seconds)
     app.add_middleware(BodyLimit, body_seconds=chosen.api_body_seconds)
     app.add_middleware(SecurityHeaders)
     app.include_router(_api_router())

@@ -1,7 +1,8 @@
-"""Request body limits: a body over 1 MiB is refused with 413, and one that has not arrived whole
-within ``api_body_seconds`` with 408, before any route sees it (and before the key is checked:
-a client that trickles a body would otherwise hold one of the replica's request slots for as long
-as it likes, and a thousand of them every slot).
+"""Request limits before any route: a body over 1 MiB is refused with 413, and one that has not
+arrived whole within ``api_body_seconds`` with 408 (before the key is checked: a client that
+trickles a body would otherwise hold one of the replica's request slots for as long as it likes,
+and a thousand of them every slot); and one bearer's requests are served ``api_key_concurrency``
+at a time, the rest waiting their turn (``KeyShare``).
 
 Pure ASGI (no BaseHTTPMiddleware), so streamed responses and disconnects pass through
 untouched. A declared Content-Length over the limit is refused at once; a chunked body is
@@ -11,18 +12,22 @@ read up to the limit and then replayed to the app.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY_BYTES = 1024 * 1024
+# A body refused unread leaves the rest of it on the connection: the connection goes.
+_CLOSE = (b"connection", b"close")
 
 
-async def _refuse(send: Send, status: int, detail: str) -> None:
+async def _refuse(send: Send, status: int, detail: str, *headers: tuple[bytes, bytes]) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -43,16 +48,16 @@ class BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length")
         too_large = f"request body exceeds {self.max_bytes} bytes"
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await _refuse(send, 413, too_large)
+            await _refuse(send, 413, too_large, _CLOSE)
             return
         try:
             async with asyncio.timeout(self.body_seconds):
                 chunks = await self._read(receive)
         except TimeoutError:
-            await _refuse(send, 408, f"request body not received whole within {self.body_seconds:g} s")
+            await _refuse(send, 408, f"request body not received whole within {self.body_seconds:g} s", _CLOSE)
             return
         except _TooLarge:
-            await _refuse(send, 413, too_large)
+            await _refuse(send, 413, too_large, _CLOSE)
             return
         if chunks is None:  # the client went
             return
@@ -82,3 +87,52 @@ class BodyLimit:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks
+
+
+@dataclasses.dataclass
+class _Share:
+    turns: asyncio.Semaphore
+    users: int = 0  # requests holding or awaiting a turn: the share is dropped when none does
+
+
+class KeyShare:
+    """One bearer's requests, served ``concurrency`` at a time in this replica; the others wait for a
+    turn up to ``wait_seconds``, then are answered 429. A replica's database connections are few
+    (``api_db_pool_max``), and without it one key's parallel reads took every one of them: every
+    other key's requests waited, then were answered 503. Event streams hold no turn (they hold no
+    connection between their reads, and ``max_streams_per_key`` counts them). The bearer is held as
+    its hash only, and a share only while a request holds or awaits it, whatever the bearer is
+    (an invalid one is refused 401 in its turn)."""
+
+    def __init__(self, app: ASGIApp, concurrency: int, wait_seconds: float) -> None:
+        self.app = app
+        self.concurrency = concurrency
+        self.wait_seconds = wait_seconds
+        self._shares: dict[bytes, _Share] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        bearer = dict(scope.get("headers", ())).get(b"authorization") if scope["type"] == "http" else None
+        if bearer is None or scope["path"].endswith("/events"):
+            await self.app(scope, receive, send)
+            return
+        holder = hashlib.sha256(bearer).digest()
+        share = self._shares.setdefault(holder, _Share(asyncio.Semaphore(self.concurrency)))
+        share.users += 1
+        try:
+            try:
+                async with asyncio.timeout(self.wait_seconds):
+                    await share.turns.acquire()
+            except TimeoutError:
+                await _refuse(send, 429, f"this API key has {self.concurrency} requests being served by this "
+                                         f"server (CANOPY_API_KEY_CONCURRENCY), and this one waited "
+                                         f"{self.wait_seconds:g} s for a turn: send it again once fewer are under way",
+                              (b"retry-after", b"1"))
+                return
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                share.turns.release()
+        finally:
+            share.users -= 1
+            if not share.users:
+                del self._shares[holder]

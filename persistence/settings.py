@@ -141,7 +141,7 @@ class Settings(BaseSettings):
         "or tool call still in progress after this long keeps the host where it is; it tries again after ten "
         "times as long.")
     failpoints: str = Field(
-        default="",
+        default="", pattern=r"^\s*([a-z_]+\s*=\s*[0-9]+(\.[0-9]+)?\s*(,\s*|$))*$",  # no NaN for a loop's timers
         description="Crash-test pauses, 'point=seconds,...' (actors/failpoints.py): a Run of a session whose "
         "name starts with 'fp-' pauses that long at each point. Off when empty.")
     lease_seconds: float = Field(
@@ -288,6 +288,12 @@ class Settings(BaseSettings):
     api_db_pool_max: int = Field(
         default=16, ge=1, description="PostgreSQL connections an API replica's pool may open: it serves many "
                                       "concurrent short requests.")
+    api_key_concurrency: int = Field(
+        default=8, ge=1,
+        description="Requests of one API key an API replica serves at once (event streams aside: "
+                    "CANOPY_MAX_STREAMS_PER_KEY counts them); more wait their turn, up to CANOPY_API_DB_WAIT_SECONDS, "
+                    "then are answered 429. So one key's parallel requests cannot take every database connection of "
+                    "the replica (CANOPY_API_DB_POOL_MAX) while other keys' requests wait.")
     api_db_wait_seconds: float = Field(
         default=5.0, gt=0, le=PG_TIMEOUT_MAX_SECONDS,
         description="How long an API request waits for a database connection (the database down or restarting, "

@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -526,3 +527,41 @@ async def test_a_body_that_trickles_in_is_answered_408_and_its_connection_closed
     titles = await rows(runtime.db, "SELECT title FROM sessions WHERE user_id = %s AND app_id = %s",
                         scope.user_id, scope.app_id)
     assert titles == [{"title": "whole"}]
+
+
+async def test_one_keys_requests_are_served_a_few_at_a_time(runtime: Runtime, scope: Scope) -> None:
+    """A replica has a few database connections (CANOPY_API_DB_POOL_MAX) for every key's requests,
+    and one key's parallel reads took every one of them: every other key's requests waited, then
+    were answered 503. A key's requests are served ``api_key_concurrency`` at a time: the others
+    wait for a turn, then are answered 429; another key's go on. Seen here from the database: the
+    requests waiting on a table's lock are those that got a connection."""
+    settings = runtime.settings.model_copy(update={"api_key_concurrency": 2, "api_db_wait_seconds": 2.0})
+    busy, other = await runtime.create_api_key(scope), await runtime.create_api_key(
+        Scope(user_id=f"other-{uuid.uuid4().hex[:8]}", app_id=scope.app_id))
+    async with uvicorn_server(create_app(runtime, settings=settings, admin_token=ADMIN_TOKEN)) as server, \
+            client(server.url, busy) as busy_http, client(server.url, other) as other_http:
+        for http in (busy_http, other_http):  # each key checked and cached before the table is locked
+            assert (await http.get("/api/v1/projects")).status_code == 200
+        async with await psycopg.AsyncConnection.connect(runtime.database_url) as locker:
+            await locker.execute("LOCK TABLE projects IN ACCESS EXCLUSIVE MODE")
+            calls = [asyncio.create_task(http.get("/api/v1/projects")) for http in (busy_http,) * 3 + (other_http,)]
+
+            async def waiting() -> int:  # requests with a connection, waiting for the lock (pg_locks is
+                # read live; pg_stat_activity would be the snapshot this transaction took first)
+                found = await (await locker.execute(
+                    "SELECT count(*) FROM pg_locks WHERE relation = 'projects'::regclass AND NOT granted")).fetchone()
+                return int(found[0]) if found else 0
+
+            deadline = time.monotonic() + 30
+            while await waiting() < 3:
+                assert time.monotonic() < deadline, "the requests never reached the database"
+                await asyncio.sleep(0.05)
+            done, _ = await asyncio.wait(calls, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+            [refused] = done  # the busy key's third, after its wait for a turn
+            assert refused.result().status_code == 429, refused.result().text
+            assert "CANOPY_API_KEY_CONCURRENCY" in refused.result().json()["detail"]
+            assert refused.result().headers["retry-after"] == "1"
+            assert await waiting() == 3  # two of the busy key's, one of the other's
+            await locker.rollback()
+        statuses = [answer.status_code for answer in await asyncio.gather(*calls)]
+    assert sorted(statuses) == [200, 200, 200, 429] and statuses[3] == 200, statuses

@@ -113,6 +113,8 @@ def test_a_token_shorter_than_16_characters_is_refused(clean: Path, monkeypatch:
     *(({f"CANOPY_{name}_SECONDS": "1e13"}, "less than or equal to 31622400") for name in (
         "ACTOR_IDLE", "HOST_DRAIN", "LEASE", "SWEEP", "NODE_WATCH", "SANDBOX_IDLE", "MODEL_TIMEOUT")),
     ({"CANOPY_LEASE_SECONDS": "1e13", "CANOPY_HEARTBEAT_SECONDS": "1e13"}, "less than or equal to 31622400"),
+    *(({"CANOPY_FAILPOINTS": spec}, "String should match pattern") for spec in (
+        "after_model_commit=nan", "after_model_commit=inf", "after_model_commit=-1", "after_model_commit=soon")),
 ])
 def test_a_setting_that_cannot_work_is_refused(clean: Path, monkeypatch: pytest.MonkeyPatch,
                                                variables: dict[str, str], says: str) -> None:
