@@ -552,13 +552,19 @@ class _Keys:
         return value
 
 
+# The router_settings a call's deadline is made of (null or unset: Canopy's settings).
+_DEADLINE_SETTINGS = ("timeout", "num_retries")
+
+
 def _router_settings_problem(settings: dict[str, Any]) -> str | None:
     """What is wrong with the settings that make a call's deadline (a NaN there reached the gateway
     loop's timers, those of every call on the node; a negative one cut every call off at once)."""
-    timeout, retries = settings.get("timeout", 1), settings.get("num_retries", 0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= DURATION_MAX_SECONDS:
+    timeout, retries = settings.get("timeout"), settings.get("num_retries")  # None: Canopy's setting
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not 0 < timeout <= DURATION_MAX_SECONDS):
         return f"router_settings.timeout must be a number of seconds above 0, at most {DURATION_MAX_SECONDS:,}"
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MODEL_RETRIES_MAX:
+    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
+                                or not 0 <= retries <= MODEL_RETRIES_MAX):
         return f"router_settings.num_retries must be a whole number from 0 to {MODEL_RETRIES_MAX}"
     return None
 
@@ -630,7 +636,9 @@ class _Routes:
         model_list = [*self.file_models, _SCRIPTED_ROUTE, *([] if "*" in names else [_PASS_THROUGH])]
         # Canopy's defaults; the file's router_settings win (rpm/tpm of a deployment are enforced).
         settings = {"num_retries": retries, "timeout": timeout,
-                    "optional_pre_call_checks": ["enforce_model_rate_limits"], **config["router_settings"]}
+                    "optional_pre_call_checks": ["enforce_model_rate_limits"],
+                    **{key: value for key, value in config["router_settings"].items()
+                       if value is not None or key not in _DEADLINE_SETTINGS}}
         # litellm's timeout bounds each read of a reply, not the reply: a provider that sends a piece
         # more often (a reply drip-fed, a stream that never ends) would hold the call, and its Run's
         # slot, for ever. A call ends within the timeout for each attempt it may make.

@@ -4,9 +4,10 @@ Checked against Ray 2.60.0 (pyproject.toml pins ``ray>=2.60,<2.61``); a new Ray 
 be checked here first (tests/actors/test_runtime.py checks the preload,
 tests/hostile/test_api_exposure.py checks the Serve rebinding):
 
-- ``preload_options``: ``ray.init``'s private ``_system_config`` with ``preload_python_modules``,
+- ``system_config_options``: ``ray.init``'s private ``_system_config`` with ``preload_python_modules``,
   so every worker process a Ray started by Canopy spawns imports Canopy's actor modules before
-  an actor is placed on it (actors/runtime.py; tests/actors/test_runtime.py checks it).
+  an actor is placed on it, and ``worker_oom_score_adjustment`` (actors/runtime.py;
+  tests/actors/test_runtime.py checks both).
 - ``rewrite_replica_grpc_address``: Serve starts each replica's inter-deployment gRPC
   server through ``ray.serve._private.replica.add_port_to_grpc_server`` with ``[::]:0``,
   and has no option for the address (api/serve_app.py).
@@ -32,9 +33,11 @@ from typing import Any
 import ray
 
 
-def preload_options(modules: Sequence[str]) -> dict[str, Any]:
-    """``ray.init`` options that make every worker process import ``modules`` as it starts."""
-    return {"_system_config": {"preload_python_modules": list(modules)}}
+def system_config_options(preload: Sequence[str], worker_oom_score_adj: int) -> dict[str, Any]:
+    """``ray.init`` options that make every worker process import ``preload`` as it starts and
+    carry ``worker_oom_score_adj`` (Ray's own default: 1000)."""
+    return {"_system_config": {"preload_python_modules": list(preload),
+                               "worker_oom_score_adjustment": worker_oom_score_adj}}
 
 
 def rewrite_replica_grpc_address(rewrite: Callable[[str], str]) -> None:

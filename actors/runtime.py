@@ -28,7 +28,7 @@ from actors import gateways, hosting, signals
 from actors.agent_loop import DEFAULT_INSTRUCTIONS
 from actors.gateways import secrets_path
 from actors.naming import NAMESPACE, SWEEPER_NAME, named_options
-from actors.ray_compat import preload_options
+from actors.ray_compat import system_config_options
 from actors.sweeper import Sweeper
 from actors.toolbox import check_tool_names
 from persistence import (
@@ -352,6 +352,10 @@ def worker_env(settings: Settings, database_url: str) -> dict[str, str]:
 # on it: an actor that lands on a warm worker starts without paying it (a new tree's
 # supervisor: ~160 -> ~45 ms from queued to granted, bench/fanout.py --profile).
 WORKER_PRELOAD_MODULES = ("actors.hosting",)
+# Ray gives its workers OOM score adjustment 1000 (the kernel's first choice when memory runs out,
+# before the raylet), the score of a sandbox's commands too (sandbox/base.py): Canopy's workers (the
+# gateway, the hosts, the sweeper, the API's replicas) take less, so a model's command goes first.
+RAY_WORKER_OOM_SCORE_ADJ = 500
 
 
 def logging_config() -> ray.LoggingConfig:
@@ -388,8 +392,8 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
     runtime_env makes every worker start through ``setup_worker.py``, a second interpreter
     start that cost ~30% of a session actor's start here (bench/fanout.py:
     4.07x -> 3.04x of the ideal, 16.3 -> 11.5 s of CPU). A Ray started here also preloads
-    :data:`WORKER_PRELOAD_MODULES` in its workers (a cluster's nodes set it with
-    ``ray start --system-config``, see cluster.yaml).
+    :data:`WORKER_PRELOAD_MODULES` in its workers, which take :data:`RAY_WORKER_OOM_SCORE_ADJ`
+    (a cluster's head sets both with ``ray start --system-config``, see cluster.yaml).
     """
     _move_provider_env(settings)
     env = _worker_env(settings, database_url)
@@ -404,8 +408,8 @@ def init_ray(settings: Settings, database_url: str, **options: Any) -> Any:
             del os.environ[key]
         os.environ.update(env)
         private_ray_token()
-        context = ray.init(address="local", namespace=NAMESPACE, **preload_options(WORKER_PRELOAD_MODULES),
-                           **options)
+        context = ray.init(address="local", namespace=NAMESPACE,
+                           **system_config_options(WORKER_PRELOAD_MODULES, RAY_WORKER_OOM_SCORE_ADJ), **options)
     # The logging config set this process's loggers to INFO too: the driver keeps its own levels
     # (other libraries' INFO lines stay out of a CLI's output) except for Canopy's state changes.
     logging.getLogger().setLevel(root_level)

@@ -212,7 +212,11 @@ class Doctor:
         if self.docker is None:
             raise Skipped("needs the Docker engine")
         count, each = self.settings.sandbox_max_containers, docker.utils.parse_bytes(self.settings.sandbox_memory)
-        memory = self.docker.info()["MemTotal"]
+        try:
+            memory = int(self.docker.info()["MemTotal"])
+        except (docker.errors.DockerException, KeyError, TypeError, ValueError) as error:
+            raise Unverified(f"the engine does not say its memory ({error!r}): check that {count} sandboxes of "
+                             f"{_size(each)} fit in the node's") from None
         sandboxes = f"{count} sandboxes of {_size(each)}"
         named = "(CANOPY_SANDBOX_MAX_CONTAINERS × CANOPY_SANDBOX_MEMORY)"
         engine = f"the engine's {memory / 2**30:.1f} GiB"

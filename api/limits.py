@@ -2,7 +2,7 @@
 arrived whole within ``api_body_seconds`` with 408 (before the key is checked: a client that
 trickles a body would otherwise hold one of the replica's request slots for as long as it likes,
 and a thousand of them every slot); and one bearer's requests are served ``api_key_concurrency``
-at a time, the rest waiting their turn (``KeyShare``).
+at a time until their responses start, the rest waiting their turn (``KeyShare``).
 
 Pure ASGI (no BaseHTTPMiddleware), so streamed responses and disconnects pass through
 untouched. A declared Content-Length over the limit is refused at once; a chunked body is
@@ -16,6 +16,8 @@ import dataclasses
 import hashlib
 import json
 
+from fastapi.security.utils import get_authorization_scheme_param
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -89,20 +91,34 @@ class BodyLimit:
                 return chunks
 
 
+# Requests of one bearer that may wait for a turn, per turn: past them a request is answered 429 at
+# once, so one client's flood holds few of the replica's request slots (Serve's 1,000) while it waits.
+_WAITING_PER_TURN = 8
+
+
 @dataclasses.dataclass
 class _Share:
     turns: asyncio.Semaphore
     users: int = 0  # requests holding or awaiting a turn: the share is dropped when none does
 
 
+def _bearer(scope: Scope) -> str | None:
+    """The bearer credential as the route's key check reads it (the first Authorization header,
+    its scheme in any case, the credential stripped): any other reading would let one key pass as
+    many, each spelling with a share of its own."""
+    scheme, credentials = get_authorization_scheme_param(Headers(scope=scope).get("authorization"))
+    return credentials if scheme.lower() == "bearer" and credentials else None
+
+
 class KeyShare:
     """One bearer's requests, served ``concurrency`` at a time in this replica; the others wait for a
-    turn up to ``wait_seconds``, then are answered 429. A replica's database connections are few
-    (``api_db_pool_max``), and without it one key's parallel reads took every one of them: every
-    other key's requests waited, then were answered 503. Event streams hold no turn (they hold no
-    connection between their reads, and ``max_streams_per_key`` counts them). The bearer is held as
-    its hash only, and a share only while a request holds or awaits it, whatever the bearer is
-    (an invalid one is refused 401 in its turn)."""
+    turn up to ``wait_seconds`` (at most ``_WAITING_PER_TURN`` per turn), then are answered 429. A
+    replica's database connections are few (``api_db_pool_max``), and without it one key's parallel
+    reads took every one of them: every other key's requests waited, then were answered 503. A turn
+    lasts until the response starts: an event stream's opening holds one (its statements), its
+    stream does not (``max_streams_per_key`` counts those), nor does a slow reader of a body. The
+    bearer is held as its hash only, and a share only while a request holds or awaits it, whatever
+    the bearer is (an invalid one is refused 401 in its turn)."""
 
     def __init__(self, app: ASGIApp, concurrency: int, wait_seconds: float) -> None:
         self.app = app
@@ -111,28 +127,45 @@ class KeyShare:
         self._shares: dict[bytes, _Share] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        bearer = dict(scope.get("headers", ())).get(b"authorization") if scope["type"] == "http" else None
-        if bearer is None or scope["path"].endswith("/events"):
+        bearer = _bearer(scope) if scope["type"] == "http" else None
+        if bearer is None:
             await self.app(scope, receive, send)
             return
-        holder = hashlib.sha256(bearer).digest()
+        holder = hashlib.sha256(bearer.encode()).digest()
         share = self._shares.setdefault(holder, _Share(asyncio.Semaphore(self.concurrency)))
         share.users += 1
         try:
-            try:
-                async with asyncio.timeout(self.wait_seconds):
-                    await share.turns.acquire()
-            except TimeoutError:
-                await _refuse(send, 429, f"this API key has {self.concurrency} requests being served by this "
-                                         f"server (CANOPY_API_KEY_CONCURRENCY), and this one waited "
-                                         f"{self.wait_seconds:g} s for a turn: send it again once fewer are under way",
-                              (b"retry-after", b"1"))
-                return
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                share.turns.release()
+            await self._in_turn(share, scope, receive, send)
         finally:
             share.users -= 1
             if not share.users:
                 del self._shares[holder]
+
+    async def _in_turn(self, share: _Share, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            if share.users > self.concurrency * (1 + _WAITING_PER_TURN):
+                raise TimeoutError
+            async with asyncio.timeout(self.wait_seconds):
+                await share.turns.acquire()
+        except TimeoutError:
+            await _refuse(send, 429, f"this API key has {self.concurrency} requests being served by this server "
+                                     f"(CANOPY_API_KEY_CONCURRENCY) and others waiting: send this one again once "
+                                     "fewer are under way", (b"retry-after", b"1"))
+            return
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                share.turns.release()
+
+        async def send_releasing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_releasing)
+        finally:
+            release()

@@ -290,10 +290,11 @@ class Settings(BaseSettings):
                                       "concurrent short requests.")
     api_key_concurrency: int = Field(
         default=8, ge=1,
-        description="Requests of one API key an API replica serves at once (event streams aside: "
-                    "CANOPY_MAX_STREAMS_PER_KEY counts them); more wait their turn, up to CANOPY_API_DB_WAIT_SECONDS, "
-                    "then are answered 429. So one key's parallel requests cannot take every database connection of "
-                    "the replica (CANOPY_API_DB_POOL_MAX) while other keys' requests wait.")
+        description="Requests of one API key an API replica serves at once, each until its response starts (an "
+                    "event stream's opening, not its stream: CANOPY_MAX_STREAMS_PER_KEY counts those); more wait their "
+                    "turn, up to CANOPY_API_DB_WAIT_SECONDS, then are answered 429. So one key's parallel requests "
+                    "cannot take every database connection of the replica (CANOPY_API_DB_POOL_MAX) while other keys' "
+                    "requests wait.")
     api_db_wait_seconds: float = Field(
         default=5.0, gt=0, le=PG_TIMEOUT_MAX_SECONDS,
         description="How long an API request waits for a database connection (the database down or restarting, "

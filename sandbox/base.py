@@ -45,7 +45,8 @@ SIGNAL_EXIT_BASE = 128
 KILLED_EXIT_CODE = SIGNAL_EXIT_BASE + 9  # SIGKILL: a killed command, or one refused by its tombstone
 # Every command's processes carry the highest OOM score adjustment: limits bound each sandbox, not all
 # of them together, and when the node runs out of memory the kernel kills what it scores highest,
-# which must be a model's command before the database, Ray or Canopy.
+# which must be a model's command before the database, Ray or Canopy (whose Ray workers take
+# actors/runtime.py's RAY_WORKER_OOM_SCORE_ADJ, below this).
 OOM_SCORE_ADJ = 1000
 TRUNCATION_MARKER = "[canopy: output truncated"
 # A command id names a pid file and is matched in /proc environments: no '/', no spaces, no quotes.

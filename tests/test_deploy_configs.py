@@ -28,7 +28,7 @@ import ray
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from actors.runtime import MALLOC_ARENA_MAX, WORKER_PRELOAD_MODULES
+from actors.runtime import MALLOC_ARENA_MAX, RAY_WORKER_OOM_SCORE_ADJ, WORKER_PRELOAD_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_SCHEMA = ROOT / "tests" / "data" / "kuberay-v1.7.0-rayservice-schema.json"
@@ -227,7 +227,8 @@ def test_every_deploy_file_preloads_what_the_runtime_preloads() -> None:
     assert found is not None
     head = load_yaml("kuberay.yaml")["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
     for config in (found.group(1), head["system-config"].strip().strip("'")):
-        assert json.loads(config)["preload_python_modules"] == list(WORKER_PRELOAD_MODULES)
+        assert json.loads(config) == {"preload_python_modules": list(WORKER_PRELOAD_MODULES),
+                                      "worker_oom_score_adjustment": RAY_WORKER_OOM_SCORE_ADJ}
 
 
 def _head_ports(m: Manifest) -> list[dict[str, Any]]:

@@ -673,7 +673,7 @@ async def test_the_readmes_models_file_is_one_the_gateway_takes(tmp_path: Path,
     # A NaN timeout reached the gateway loop's timers (every call's deadline on the node); a negative
     # one, or negative retries, cut every call off at once.
     *((f"router_settings: {{timeout: {value}}}\n", "router_settings.timeout must be a number of seconds above 0, "
-       "at most 31,622,400") for value in (".nan", ".inf", "-1", "1.0e+400", "'30'")),
+       "at most 31,622,400") for value in (".nan", ".inf", "-1", "0", "1.0e+400", "'30'")),
     *((f"router_settings: {{num_retries: {value}}}\n", "router_settings.num_retries must be a whole number from 0 "
        "to 100") for value in ("-3", "true", "2.5", "101")),
 ])
@@ -685,6 +685,16 @@ async def test_a_broken_models_file_is_a_clear_error(tmp_path: Path, text: str, 
     assert problem is not None and str(path) in problem and says in problem, problem
     with pytest.raises(ModelError, match=says):
         await gw.complete(model="canopy/scripted", messages=scripted([{"say": "x"}]), tools=None)
+
+
+async def test_a_models_files_null_timeout_and_retries_are_canopys(tmp_path: Path) -> None:
+    path = tmp_path / "models.yaml"
+    path.write_text("router_settings: {timeout: null, num_retries: null}\n")
+    gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path))
+    assert await gw.check_model("canopy/scripted", None, None) is None
+    reply = await gw.complete(model="canopy/scripted", messages=scripted([{"say": "fine"}]), tools=None)
+    assert reply["message"]["content"] == "fine"
+    await gw.close()
 
 
 async def test_cancellation_aborts_the_http_call(own_server: ScriptedModelServer) -> None:

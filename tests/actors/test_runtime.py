@@ -25,6 +25,7 @@ from actors.gateways import scripted_log_path
 from actors.placement import Dedicated
 from actors.runtime import (
     MALLOC_ARENA_MAX,
+    RAY_WORKER_OOM_SCORE_ADJ,
     WORKER_PRELOAD_MODULES,
     Runtime,
     _move_provider_env,
@@ -37,6 +38,7 @@ from persistence import turns
 from persistence.errors import Conflict, NotFound
 from persistence.records import Row, Scope
 from persistence.settings import Settings
+from sandbox.base import OOM_SCORE_ADJ
 from tests.actors.helpers import (
     eventually,
     failing_once,
@@ -416,6 +418,16 @@ async def test_ray_workers_preload_canopys_actor_modules(runtime: Runtime) -> No
 
     command = await worker_command_line.remote()
     assert f"--worker-preload-modules={','.join(WORKER_PRELOAD_MODULES)}" in command
+
+
+async def test_ray_workers_rank_below_a_sandboxs_commands_for_the_oom_killer(runtime: Runtime) -> None:
+    """Ray gives its workers OOM score adjustment 1000, a sandbox command's too: the kernel then
+    chose between the model's command and Canopy's gateway or session host by size alone."""
+    @ray.remote(num_cpus=0)
+    def oom_score_adj() -> int:
+        return int(Path("/proc/self/oom_score_adj").read_text())
+
+    assert await oom_score_adj.remote() == RAY_WORKER_OOM_SCORE_ADJ < OOM_SCORE_ADJ
 
 
 # A process with a Canopy worker's preload that calls its node's model gateway and sandbox host, as a

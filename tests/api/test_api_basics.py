@@ -534,7 +534,8 @@ async def test_one_keys_requests_are_served_a_few_at_a_time(runtime: Runtime, sc
     and one key's parallel reads took every one of them: every other key's requests waited, then
     were answered 503. A key's requests are served ``api_key_concurrency`` at a time: the others
     wait for a turn, then are answered 429; another key's go on. Seen here from the database: the
-    requests waiting on a table's lock are those that got a connection."""
+    requests waiting on a table's lock are those that got a connection. (A turn lasts until the
+    response starts: the event stream tests keep streams working under it.)"""
     settings = runtime.settings.model_copy(update={"api_key_concurrency": 2, "api_db_wait_seconds": 2.0})
     busy, other = await runtime.create_api_key(scope), await runtime.create_api_key(
         Scope(user_id=f"other-{uuid.uuid4().hex[:8]}", app_id=scope.app_id))
@@ -544,7 +545,10 @@ async def test_one_keys_requests_are_served_a_few_at_a_time(runtime: Runtime, sc
             assert (await http.get("/api/v1/projects")).status_code == 200
         async with await psycopg.AsyncConnection.connect(runtime.database_url) as locker:
             await locker.execute("LOCK TABLE projects IN ACCESS EXCLUSIVE MODE")
-            calls = [asyncio.create_task(http.get("/api/v1/projects")) for http in (busy_http,) * 3 + (other_http,)]
+            # However the bearer is spelled, it is the key the route checks, and so its share.
+            spellings = [f"Bearer {busy}", f"bearer   {busy}", f"BEARER {busy}"]
+            calls = [asyncio.create_task(busy_http.get("/api/v1/projects", headers={"Authorization": spelling}))
+                     for spelling in spellings] + [asyncio.create_task(other_http.get("/api/v1/projects"))]
 
             async def waiting() -> int:  # requests with a connection, waiting for the lock (pg_locks is
                 # read live; pg_stat_activity would be the snapshot this transaction took first)
