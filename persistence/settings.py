@@ -16,6 +16,7 @@ Ray's runtime_env.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,7 @@ PG_TIMEOUT_MAX_SECONDS = 2_147_483.647
 DURATION_MAX_SECONDS = 366 * 24 * 3600
 # Retries of a model request, at most: each adds a timeout to a call's deadline.
 MODEL_RETRIES_MAX = 100
+SANDBOX_MEMORY_MIN_BYTES = 6 * 2**20  # Docker refuses a container a smaller memory limit
 WORKDIR_MIN_MB = 16  # ext4 with its smallest journal (4 MiB), and room left for files
 # What providers read from the environment (litellm's names): keys, and the endpoints that go with them.
 PROVIDER_ENV = (
@@ -354,6 +356,17 @@ class Settings(BaseSettings):
         if 0 < value < WORKDIR_MIN_MB:
             raise ValueError(f"a workdir's disk needs at least {WORKDIR_MIN_MB} MiB (ext4 and its journal); "
                              "0 turns the quota off")
+        return value
+
+    @field_validator("sandbox_memory")
+    @classmethod
+    def _memory_docker_takes(cls, value: str) -> str:
+        """0 is no limit to Docker, and less than its minimum fails every sandbox's creation."""
+        size = re.fullmatch(r"([0-9.]+)([bkmgBKMG]?)[bB]?", value)  # the field's pattern has held
+        number, unit = size.groups() if size else ("0", "")
+        if float(number) * 1024 ** "bkmg".index((unit or "b").lower()) < SANDBOX_MEMORY_MIN_BYTES:
+            raise ValueError(f"a sandbox needs at least {SANDBOX_MEMORY_MIN_BYTES // 2**20} MiB of memory (Docker's "
+                             "minimum; 0 is no limit to Docker)")
         return value
 
     @property

@@ -113,6 +113,7 @@ def test_a_token_shorter_than_16_characters_is_refused(clean: Path, monkeypatch:
     *(({f"CANOPY_{name}_SECONDS": "1e13"}, "less than or equal to 31622400") for name in (
         "ACTOR_IDLE", "HOST_DRAIN", "LEASE", "SWEEP", "NODE_WATCH", "SANDBOX_IDLE", "MODEL_TIMEOUT")),
     ({"CANOPY_LEASE_SECONDS": "1e13", "CANOPY_HEARTBEAT_SECONDS": "1e13"}, "less than or equal to 31622400"),
+    *(({"CANOPY_SANDBOX_MEMORY": size}, "a sandbox needs at least 6 MiB of memory") for size in ("0", "0g", "5m")),
     *(({"CANOPY_FAILPOINTS": spec}, "String should match pattern") for spec in (
         "after_model_commit=nan", "after_model_commit=inf", "after_model_commit=-1", "after_model_commit=soon")),
 ])
