@@ -185,7 +185,8 @@ class Settings(BaseSettings):
         "non-root Canopy runs them as its own uid:gid, so project files stay its own.",
     )
     sandbox_memory: str = Field(default="2g", pattern=r"^[0-9]+(\.[0-9]+)?([bkmgBKMG][bB]?)?$",
-                                description="Memory limit of a sandbox container (Docker syntax: 2g, 512m).")
+                                description="Memory limit of a sandbox container (Docker syntax: 2g, 512m; at least "
+                                            "6m).")
     sandbox_cpus: float = Field(
         default=2.0, gt=0, description="CPU limit of a sandbox container, in CPUs (fractions allowed).")
     sandbox_pids: int = Field(default=1024, ge=16, description="Process limit of a sandbox container.")
