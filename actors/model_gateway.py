@@ -711,10 +711,12 @@ class _Routes:
             self._forget_idle_endpoints()
 
     def _forget_idle_endpoints(self) -> None:
+        if len(self._endpoints) <= ENDPOINTS_KEPT:  # every call's end comes here: no list to build
+            return
         from litellm.router_api import ChangeSet
 
         idle = [group for group, endpoint in self._endpoints.items() if not endpoint.calls]
-        for group in idle[:max(len(self._endpoints) - ENDPOINTS_KEPT, 0)]:
+        for group in idle[:len(self._endpoints) - ENDPOINTS_KEPT]:
             del self._endpoints[group]
             self.router.apply(ChangeSet(delete=[group]))
 

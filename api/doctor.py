@@ -25,7 +25,6 @@ from pathlib import Path
 
 import docker
 import docker.errors
-import docker.utils
 
 from actors.runtime import private_ray_token
 from api.up import ray_token_location
@@ -211,7 +210,7 @@ class Doctor:
             return "not limited (CANOPY_SANDBOX_BACKEND=local)"
         if self.docker is None:
             raise Skipped("needs the Docker engine")
-        count, each = self.settings.sandbox_max_containers, docker.utils.parse_bytes(self.settings.sandbox_memory)
+        count, each = self.settings.sandbox_max_containers, self.settings.sandbox_memory_bytes
         try:
             memory = int(self.docker.info()["MemTotal"])
         except (docker.errors.DockerException, KeyError, TypeError, ValueError) as error:

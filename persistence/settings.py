@@ -53,6 +53,13 @@ def _default_data_dir() -> Path:
     return Path(os.path.expanduser("~/.canopy"))
 
 
+def _docker_size_bytes(size: str) -> int:
+    """A size in Docker's syntax (``sandbox_memory``'s pattern holds), in bytes; parsed here, not by
+    docker-py's ``parse_bytes``, whose import every process reading the settings would pay."""
+    number, unit = re.fullmatch(r"([0-9.]+)([bkmgBKMG]?)[bB]?", size).groups()  # type: ignore[union-attr]
+    return int(float(number) * 1024 ** "bkmg".index((unit or "b").lower()))
+
+
 class Settings(BaseSettings):
     # An empty variable is an unset one (``CANOPY_RAY_ADDRESS=`` hides no secret file nor default),
     # a value refused is never shown in the error (it may be a token or a password), and no
@@ -363,12 +370,15 @@ class Settings(BaseSettings):
     @classmethod
     def _memory_docker_takes(cls, value: str) -> str:
         """0 is no limit to Docker, and less than its minimum fails every sandbox's creation."""
-        size = re.fullmatch(r"([0-9.]+)([bkmgBKMG]?)[bB]?", value)  # the field's pattern has held
-        number, unit = size.groups() if size else ("0", "")
-        if float(number) * 1024 ** "bkmg".index((unit or "b").lower()) < SANDBOX_MEMORY_MIN_BYTES:
+        if _docker_size_bytes(value) < SANDBOX_MEMORY_MIN_BYTES:
             raise ValueError(f"a sandbox needs at least {SANDBOX_MEMORY_MIN_BYTES // 2**20} MiB of memory (Docker's "
                              "minimum; 0 is no limit to Docker)")
         return value
+
+    @property
+    def sandbox_memory_bytes(self) -> int:
+        """``sandbox_memory`` in bytes, as Docker reads it."""
+        return _docker_size_bytes(self.sandbox_memory)
 
     @property
     def drain_hold_seconds(self) -> float:
