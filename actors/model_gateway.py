@@ -554,19 +554,46 @@ class _Keys:
 
 # The router_settings a call's deadline is made of (null or unset: Canopy's settings).
 _DEADLINE_SETTINGS = ("timeout", "num_retries")
+# The numbers of a models file that become timers of the gateway's loop, or a count of attempts, in
+# router_settings and in a deployment's litellm_params: a NaN there broke the loop's timers, those of
+# every call on the node, and a negative one cut every call off at once (null or unset: the default).
+_SECONDS_ABOVE_0 = ("timeout", "stream_timeout")
+_SECONDS_FROM_0 = ("retry_after", "cooldown_time")
+_ATTEMPTS = ("num_retries", "max_retries")
 
 
-def _router_settings_problem(settings: dict[str, Any]) -> str | None:
-    """What is wrong with the settings that make a call's deadline (a NaN there reached the gateway
-    loop's timers, those of every call on the node; a negative one cut every call off at once)."""
-    timeout, retries = settings.get("timeout"), settings.get("num_retries")  # None: Canopy's setting
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                or not 0 < timeout <= DURATION_MAX_SECONDS):
-        return f"router_settings.timeout must be a number of seconds above 0, at most {DURATION_MAX_SECONDS:,}"
-    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
-                                or not 0 <= retries <= MODEL_RETRIES_MAX):
-        return f"router_settings.num_retries must be a whole number from 0 to {MODEL_RETRIES_MAX}"
+def _numbers_problem(where: str, settings: dict[str, Any]) -> str | None:
+    """What is wrong with the timers and attempts of ``settings`` (``where`` in the file)."""
+    for key in (*_SECONDS_ABOVE_0, *_SECONDS_FROM_0, *_ATTEMPTS):
+        value = settings.get(key)
+        if value is None:
+            continue
+        if key in _ATTEMPTS:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MODEL_RETRIES_MAX:
+                return f"{where}.{key} must be a whole number from 0 to {MODEL_RETRIES_MAX}"
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not (
+                0 <= value <= DURATION_MAX_SECONDS and (value > 0 or key in _SECONDS_FROM_0)):
+            bounds = "from 0 to" if key in _SECONDS_FROM_0 else "above 0, at most"
+            return f"{where}.{key} must be a number of seconds {bounds} {DURATION_MAX_SECONDS:,}"
     return None
+
+
+def _models_file_problem(config: Any) -> str | None:
+    """What is wrong with a models file's contents for litellm's Router and the gateway's loop."""
+    if not isinstance(config, dict):
+        return "it must be a mapping with model_list and router_settings"
+    if unknown := sorted(set(config) - set(_MODELS_FILE_KEYS)):
+        return f"unknown key(s) {', '.join(map(str, unknown))}: it takes {' and '.join(_MODELS_FILE_KEYS)}"
+    model_list, router_settings = config.get("model_list", []), config.get("router_settings", {})
+    if not isinstance(model_list, list) or not all(
+            isinstance(d, dict) and isinstance(d.get("model_name"), str) and isinstance(d.get("litellm_params"), dict)
+            and isinstance(d["litellm_params"].get("model"), str) for d in model_list):
+        return "each model_list entry needs a model_name and litellm_params with a model"
+    if not isinstance(router_settings, dict):
+        return "router_settings must be a mapping"
+    deployments = (_numbers_problem(f"model_list[{index}].litellm_params", deployment["litellm_params"])
+                   for index, deployment in enumerate(model_list))
+    return _numbers_problem("router_settings", router_settings) or next(filter(None, deployments), None)
 
 
 def _read_models_file(path: Path) -> dict[str, Any]:
@@ -577,20 +604,7 @@ def _read_models_file(path: Path) -> dict[str, Any]:
         raise ModelError(f"models file {path} (CANOPY_MODELS_FILE) does not exist") from None
     except (OSError, yaml.YAMLError) as error:
         raise ModelError(f"models file {path} is not readable YAML: {_first_line(error)}") from None
-    problem = None
-    if not isinstance(config, dict):
-        problem = "it must be a mapping with model_list and router_settings"
-    elif unknown := sorted(set(config) - set(_MODELS_FILE_KEYS)):
-        problem = f"unknown key(s) {', '.join(map(str, unknown))}: it takes {' and '.join(_MODELS_FILE_KEYS)}"
-    elif not isinstance(config.get("model_list", []), list) or not all(
-            isinstance(d, dict) and isinstance(d.get("model_name"), str) and isinstance(d.get("litellm_params"), dict)
-            and isinstance(d["litellm_params"].get("model"), str) for d in config.get("model_list", [])):
-        problem = "each model_list entry needs a model_name and litellm_params with a model"
-    elif not isinstance(config.get("router_settings", {}), dict):
-        problem = "router_settings must be a mapping"
-    else:
-        problem = _router_settings_problem(config.get("router_settings", {}))
-    if problem:
+    if problem := _models_file_problem(config):
         raise ModelError(f"models file {path}: {problem}")
     return {"model_list": config.get("model_list", []), "router_settings": config.get("router_settings", {})}
 
@@ -619,6 +633,7 @@ class _Endpoint:
 
     model: str
     accounted: str
+    priced: frozenset[str]  # the entries adding it made in litellm.model_cost
     calls: int = 0
 
 
@@ -699,9 +714,11 @@ class _Routes:
         if endpoint is None:
             from litellm.types.router import Deployment, LiteLLM_Params
 
+            priced = set(self._litellm.model_cost)
             self.router.add_deployment(Deployment(model_name=group, litellm_params=LiteLLM_Params(**params),
                                                   model_info={"id": group}))
-            endpoint = self._endpoints[group] = _Endpoint(model, accounted_name(model, api_base))
+            endpoint = self._endpoints[group] = _Endpoint(model, accounted_name(model, api_base),
+                                                          frozenset(self._litellm.model_cost.keys() - priced))
         self._endpoints.move_to_end(group)
         endpoint.calls += 1
         try:
@@ -717,8 +734,13 @@ class _Routes:
 
         idle = [group for group, endpoint in self._endpoints.items() if not endpoint.calls]
         for group in idle[:len(self._endpoints) - ENDPOINTS_KEPT]:
-            del self._endpoints[group]
+            forgotten = self._endpoints.pop(group)
             self.router.apply(ChangeSet(delete=[group]))
+            # Deleting a deployment leaves the price entries litellm made for it (its id's, and its
+            # model string's when new), which an agent's model string per endpoint would grow for ever.
+            shared = {key for endpoint in self._endpoints.values() for key in (*endpoint.priced, endpoint.model)}
+            for key in forgotten.priced - shared:
+                self._litellm.model_cost.pop(key, None)
 
     def _deployments_of(self, model: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The models file's deployments named ``model``, and those whose name pattern matches it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import time
 import uuid
@@ -549,6 +550,8 @@ async def test_a_gateway_keeps_a_bounded_number_of_agents_endpoints(replay: Repl
     1,000 of them, ~10 ms more per added one at 5,000). Whoever may create agents names a model string
     per agent: the Router keeps ENDPOINTS_KEPT of them, the least recently used idle ones forgotten
     (and added again when called), never one a call is still using."""
+    import litellm  # here: the gateway imports it on its first use, not at the tests' collection
+
     kept = 8  # of ENDPOINTS_KEPT's 256: a call to a new endpoint takes ~30 ms here
     monkeypatch.setattr(model_gateway, "ENDPOINTS_KEPT", kept)
     gw = ModelGateway(agent_api_bases=(replay.base_url,), timeout_seconds=30, retries=0)
@@ -556,6 +559,7 @@ async def test_a_gateway_keeps_a_bounded_number_of_agents_endpoints(replay: Repl
     for model in ["held", *models]:
         replay.script(model, then=say(f"from {model}"))
     routes = gw._current_routes()
+    priced_before = set(litellm.model_cost)  # litellm's price entries, one or two per deployment added
 
     def endpoints() -> set[str]:  # the provider models of the Router's deployments but its two routes
         return {d["litellm_params"]["model"] for d in routes.router.registry().all()} - {"*", "openai/*"}
@@ -567,6 +571,9 @@ async def test_a_gateway_keeps_a_bounded_number_of_agents_endpoints(replay: Repl
             assert reply["message"]["content"] == f"from {model}"
         # In use, the least recently used is kept; idle ones went in its place.
         assert endpoints() == {"openai/held", *(f"openai/{model}" for model in models[-kept + 1:])}
+        # A forgotten endpoint leaves no price entry behind (the process's litellm would grow for ever).
+        kept_models = {endpoint.model for endpoint in routes._endpoints.values()}
+        assert set(litellm.model_cost) - priced_before == {*routes._endpoints, *kept_models}
     # A forgotten endpoint is added again, and its call counted under its own name.
     reply = await gw.complete(model="openai/kept-0", messages=scripted([{"say": "x"}]), tools=None,
                               api_base=replay.base_url)
@@ -676,6 +683,17 @@ async def test_the_readmes_models_file_is_one_the_gateway_takes(tmp_path: Path,
        "at most 31,622,400") for value in (".nan", ".inf", "-1", "0", "1.0e+400", "'30'")),
     *((f"router_settings: {{num_retries: {value}}}\n", "router_settings.num_retries must be a whole number from 0 "
        "to 100") for value in ("-3", "true", "2.5", "101")),
+    # The other timers of a call, there and in a deployment of its own (litellm hands them to the loop).
+    ("router_settings: {cooldown_time: .nan}\n", "router_settings.cooldown_time must be a number of seconds from 0 to"),
+    ("router_settings: {retry_after: -1}\n", "router_settings.retry_after must be a number of seconds from 0 to"),
+    ("router_settings: {stream_timeout: 0}\n", "router_settings.stream_timeout must be a number of seconds above 0"),
+    *((f"model_list: [{{model_name: m, litellm_params: {{model: openai/m}}}}, "
+       f"{{model_name: m, litellm_params: {{model: openai/m, {key}: {value}}}}}]\n",
+       f"model_list[1].litellm_params.{key} must be a {says}")
+      for key, value, says in [("timeout", ".nan", "number of seconds above 0"),
+                               ("stream_timeout", "-.inf", "number of seconds above 0"),
+                               ("timeout", "os.environ/TIMEOUT", "number of seconds above 0"),
+                               ("max_retries", "1000", "whole number from 0 to 100")]),
 ])
 async def test_a_broken_models_file_is_a_clear_error(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "models.yaml"
@@ -683,7 +701,7 @@ async def test_a_broken_models_file_is_a_clear_error(tmp_path: Path, text: str, 
     gw = ModelGateway(agent_api_bases=AGENT_API_BASES, timeout_seconds=30, retries=0, models_file=str(path))
     problem = await gw.check_model("canopy/scripted", None, None)
     assert problem is not None and str(path) in problem and says in problem, problem
-    with pytest.raises(ModelError, match=says):
+    with pytest.raises(ModelError, match=re.escape(says)):
         await gw.complete(model="canopy/scripted", messages=scripted([{"say": "x"}]), tools=None)
 
 
