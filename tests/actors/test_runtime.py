@@ -596,6 +596,9 @@ async def test_a_stop_racing_a_member_locking_a_sibling_is_retried_and_stops_the
     kids = sorted([await create_child(db, run, f"k{index}") for index in range(2)], key=lambda kid: kid["session_id"])
     member = await claim_turn(db, tree.tree_id, kids[1]["turn_id"])
     async with db.tx() as conn:
+        # The backend whose deadlock_timeout passes first looks for the cycle and aborts itself: the
+        # stop's, as it waited first, unless a busy machine runs this one's check first.
+        await conn.execute("SET LOCAL deadlock_timeout = '60s'")
         await turns.begin_tool_step(conn, member)
         stopping = asyncio.create_task(runtime.stop_tree(scope, tree.tree_id))
         await until_a_lock_is_awaited(db, STOP_LOCKING_MEMBERS)  # it holds the smaller sibling, waits for this one
