@@ -195,6 +195,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(f"runtime-{callspec.params['runtime']}"))
 
 
+def _runtime_shape(item: pytest.Item | None) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("runtime") if callspec is not None else None
+
+
+@pytest.hookimpl(trylast=True)  # after the item's own teardown
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Under xdist, a shape's runtime is closed once its worker has run the last of its tests (a group
+    that xdist sends whole, run one after another), not at the session's end: an idle runtime's Ray
+    and actors took ~18 % of a core, and the worker that ran the dedicated group went on for twenty
+    minutes with that Ray idle beside it. The fixture's own finish, as pytest calls it when the
+    next test asks for the other shape (pytest < 9, pinned in pyproject.toml). Not in one process
+    (``-n 0``), where tests of a shape need not be next to each other: the runtime would restart."""
+    shape = _runtime_shape(item)
+    if shape is not None and _runtime_shape(nextitem) != shape and "PYTEST_XDIST_WORKER" in os.environ:
+        item._fixtureinfo.name2fixturedefs["runtime"][-1].finish(item._request)
+
+
 @pytest.fixture(scope="session")
 async def runtime(request: pytest.FixtureRequest, database_url: str, data_dir: Path) -> AsyncIterator[Runtime]:
     """The runtime of one shape (``pytest_generate_tests``): each shape starts a Ray of its own
