@@ -555,19 +555,25 @@ class _Keys:
 # The router_settings a call's deadline is made of (null or unset: Canopy's settings).
 _DEADLINE_SETTINGS = ("timeout", "num_retries")
 # The numbers of a models file that become timers of the gateway's loop, or a count of attempts, in
-# router_settings and in a deployment's litellm_params: a NaN there broke the loop's timers, those of
-# every call on the node, and a negative one cut every call off at once (null or unset: the default).
-_SECONDS_ABOVE_0 = ("timeout", "stream_timeout")
+# router_settings (and its default_litellm_params) and in a deployment's litellm_params: a NaN there
+# broke the loop's timers, those of every call on the node, and a negative one cut every call off at
+# once (null or unset: the default).
+_SECONDS_ABOVE_0 = ("timeout", "stream_timeout", "request_timeout")
 _SECONDS_FROM_0 = ("retry_after", "cooldown_time")
 _ATTEMPTS = ("num_retries", "max_retries")
 
 
-def _numbers_problem(where: str, settings: dict[str, Any]) -> str | None:
-    """What is wrong with the timers and attempts of ``settings`` (``where`` in the file)."""
+def _numbers_problem(where: str, settings: dict[str, Any], *, text: bool = False) -> str | None:
+    """What is wrong with the timers and attempts of ``settings`` (``where`` in the file). ``text``:
+    litellm parses these of a deployment from text too ("30"; ``os.environ/NAME`` is read first,
+    ``_Routes._resolved``)."""
     for key in (*_SECONDS_ABOVE_0, *_SECONDS_FROM_0, *_ATTEMPTS):
         value = settings.get(key)
         if value is None:
             continue
+        if text and isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value = int(value) if key in _ATTEMPTS else float(value)
         if key in _ATTEMPTS:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MODEL_RETRIES_MAX:
                 return f"{where}.{key} must be a whole number from 0 to {MODEL_RETRIES_MAX}"
@@ -578,8 +584,13 @@ def _numbers_problem(where: str, settings: dict[str, Any]) -> str | None:
     return None
 
 
+def _deployment_where(index: int) -> str:
+    return f"model_list[{index}].litellm_params"
+
+
 def _models_file_problem(config: Any) -> str | None:
-    """What is wrong with a models file's contents for litellm's Router and the gateway's loop."""
+    """What is wrong with a models file's contents for litellm's Router and the gateway's loop (a
+    deployment's ``os.environ/NAME`` numbers are checked once read, ``_Routes._resolved``)."""
     if not isinstance(config, dict):
         return "it must be a mapping with model_list and router_settings"
     if unknown := sorted(set(config) - set(_MODELS_FILE_KEYS)):
@@ -591,9 +602,16 @@ def _models_file_problem(config: Any) -> str | None:
         return "each model_list entry needs a model_name and litellm_params with a model"
     if not isinstance(router_settings, dict):
         return "router_settings must be a mapping"
-    deployments = (_numbers_problem(f"model_list[{index}].litellm_params", deployment["litellm_params"])
-                   for index, deployment in enumerate(model_list))
-    return _numbers_problem("router_settings", router_settings) or next(filter(None, deployments), None)
+    defaults = router_settings.get("default_litellm_params") or {}
+    if not isinstance(defaults, dict):
+        return "router_settings.default_litellm_params must be a mapping"
+    deployments = (_numbers_problem(_deployment_where(index), {
+        key: value for key, value in deployment["litellm_params"].items()
+        if not (isinstance(value, str) and value.startswith(_ENV_REFERENCE))}, text=True)
+        for index, deployment in enumerate(model_list))
+    return (_numbers_problem("router_settings", router_settings)
+            or _numbers_problem("router_settings.default_litellm_params", defaults, text=True)
+            or next(filter(None, deployments), None))
 
 
 def _read_models_file(path: Path) -> dict[str, Any]:
@@ -646,7 +664,7 @@ class _Routes:
         self._litellm = litellm
         self._keys = keys
         self._path = path
-        self.file_models = [self._resolved(d) for d in config["model_list"]]
+        self.file_models = [self._resolved(index, d) for index, d in enumerate(config["model_list"])]
         names = {d["model_name"] for d in self.file_models}
         model_list = [*self.file_models, _SCRIPTED_ROUTE, *([] if "*" in names else [_PASS_THROUGH])]
         # Canopy's defaults; the file's router_settings win (rpm/tpm of a deployment are enforced).
@@ -665,12 +683,15 @@ class _Routes:
         # model group -> the agent's endpoint, least recently used first
         self._endpoints: collections.OrderedDict[str, _Endpoint] = collections.OrderedDict()
 
-    def _resolved(self, deployment: dict[str, Any]) -> dict[str, Any]:
-        """``os.environ/NAME`` values read from the environment or the secrets directory."""
+    def _resolved(self, index: int, deployment: dict[str, Any]) -> dict[str, Any]:
+        """``os.environ/NAME`` values read from the environment or the secrets directory, and the
+        numbers among them checked (an unset one stays ``os.environ/NAME``: not a number)."""
         params = dict(deployment["litellm_params"])
         for key, value in params.items():
             if isinstance(value, str) and value.startswith(_ENV_REFERENCE):
                 params[key] = self._keys.value(value[len(_ENV_REFERENCE):]) or value
+        if problem := _numbers_problem(_deployment_where(index), params, text=True):
+            raise ModelError(f"models file {self._path}: {problem}")
         return {**deployment, "litellm_params": params}
 
     def provider_model(self, model: str) -> str:

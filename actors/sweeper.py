@@ -4,7 +4,7 @@ On start and every ``sweep_seconds`` it recovers Runs whose lease expired, resum
 waits whose condition or deadline is met, fires scheduled inputs that are due
 (persistence/schedules.py), pokes trees with queued Runs,
 re-activates sessions holding a granted but unowned Run, and releases the sandboxes of
-trees idle for ``sandbox_idle_seconds`` (SPEC §12; it looks once in a tenth of that) and of
+trees idle for ``sandbox_idle_seconds`` (SPEC §12; it looks once in a tenth of that, at least every 10 s) and of
 nodes that left the cluster (actors/sandbox_hosts.py), and moves session hosts to the nodes the placement now puts
 them on (actors/placement.py); every few seconds it also publishes the
 runtime's state gauges (actors/metrics.py), and now and then deletes expired watch marks
@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 # Orphan sandboxes are rare (a claim that died mid-way): listing the engine's containers
 # every round would be waste.
 _ORPHANS_EVERY_SECONDS = 60.0
+# The longest an idle sandbox outlives its idle time (a tenth of it, when that is shorter).
+_IDLE_CHECK_MAX_SECONDS = 10.0
 # Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
 _GAUGES_EVERY_SECONDS = 5.0
 # A schedule catching up on every missed due time fires at most this many per round (the rest next round).
@@ -125,8 +127,8 @@ class SweeperImpl:
         db = db or await self._db.get()
         # Each step is isolated too: a failing step (say, a query) never stops the others.
         for step in (self._recover_expired, self._resume_due_waits, self._fire_schedules, self._poke_queued,
-                     self._release_idle_sandboxes, self._release_lost_nodes_sandboxes, self._move_hosts,
-                     self._publish_gauges, self._delete_expired_watchers):
+                     self._release_idle_sandboxes, self._reap_orphan_sandboxes, self._release_lost_nodes_sandboxes,
+                     self._move_hosts, self._publish_gauges, self._delete_expired_watchers):
             try:
                 await step(db)
             except Exception:
@@ -179,39 +181,48 @@ class SweeperImpl:
                 self._activating[session_id] = asyncio.create_task(_isolated(self.placement.activate, session_id))
 
     async def _release_idle_sandboxes(self, db: Database) -> None:
-        """Start a sandbox idle release unless the previous one still runs, once in a tenth of the
-        idle time: a sandbox goes at most 10 % after its time. Every round instead, an idle cluster
-        asked each node's host (its two queries) every 2 s for sandboxes idle 300 s.
+        """Release idle sandboxes once in a tenth of their idle time, at least every
+        ``_IDLE_CHECK_MAX_SECONDS``: a sandbox goes at most that late. Every round instead, an idle
+        cluster asked each node's host (its two queries) every 2 s for sandboxes idle 300 s.
 
         In the background: releasing a container can take seconds (and is bounded only by
         the manager's own timeout), and recovery must never wait for Docker."""
-        if self._due("sandboxes", self.settings.sandbox_idle_seconds / 10):
-            self._beside("sandboxes", self._release_idle_sandboxes_now)
+        every = min(self.settings.sandbox_idle_seconds / 10, _IDLE_CHECK_MAX_SECONDS)
+        self._beside_every("sandboxes", every, self._release_idle_sandboxes_now)
 
     async def _release_idle_sandboxes_now(self) -> None:
-        """Per-tree sandbox idle release, and now and then orphan reaping, in every node's sandbox
-        host (actors/sandbox_hosts.py ``EveryNode``); each sandbox is isolated inside the manager's
-        ``release_idle`` and ``reap_orphans``, each node inside ``EveryNode``."""
+        """Per-tree sandbox idle release in every node's sandbox host (actors/sandbox_hosts.py
+        ``EveryNode``); each sandbox is isolated inside the manager's ``release_idle``, each node
+        inside ``EveryNode``."""
         try:
-            sandboxes = self.sandboxes or sandbox_hosts.EveryNode()
-            released = await sandboxes.release_idle()
+            released = await (self.sandboxes or sandbox_hosts.EveryNode()).release_idle()
             self.sandboxes_released += len(released)
-            if self._due("orphans", _ORPHANS_EVERY_SECONDS):
-                self.sandboxes_reaped += len(await sandboxes.reap_orphans())
         except Exception:
             log.exception("sandbox idle release failed; the next round retries")
+
+    async def _reap_orphan_sandboxes(self, db: Database) -> None:
+        self._beside_every("orphans", _ORPHANS_EVERY_SECONDS, self._reap_orphan_sandboxes_now)
+
+    async def _reap_orphan_sandboxes_now(self) -> None:
+        try:
+            reaped = await (self.sandboxes or sandbox_hosts.EveryNode()).reap_orphans()
+            self.sandboxes_reaped += len(reaped)
+        except Exception:
+            log.exception("reaping orphan sandboxes failed; it is tried again in %.0f s", _ORPHANS_EVERY_SECONDS)
 
     async def _release_lost_nodes_sandboxes(self, db: Database) -> None:
         """A lost node's sandboxes are released now, not at their trees' next commands: until then they
         would count as active, and no host is left on that node to release them when idle."""
         if self._due("lost_nodes", self.settings.node_watch_seconds):
-            self.sandboxes_released += len(await sandbox_hosts.release_on_lost_nodes(db))
+            # Not `+= len(await …)`: that read the count before the await, and lost what the idle
+            # release beside it added meanwhile.
+            released = await sandbox_hosts.release_on_lost_nodes(db)
+            self.sandboxes_released += len(released)
 
     async def _move_hosts(self, db: Database) -> None:
         """What the placement put by node follows nodes that joined or left (actors/placement.py), in
         the background: a move waits for a process to exit and another to start."""
-        if self._due("hosts", self.settings.node_watch_seconds):
-            self._beside("hosts", self._move_hosts_now)
+        self._beside_every("hosts", self.settings.node_watch_seconds, self._move_hosts_now)
 
     async def _move_hosts_now(self) -> None:
         try:
@@ -220,10 +231,11 @@ class SweeperImpl:
         except Exception:
             log.exception("moving session hosts failed; the next round retries")
 
-    def _beside(self, step: str, work: Callable[[], Awaitable[None]]) -> None:
-        """Start ``work`` beside the rounds unless the step's previous one still runs."""
+    def _beside_every(self, step: str, every_seconds: float, work: Callable[[], Awaitable[None]]) -> None:
+        """Start ``work`` beside the rounds once in ``every_seconds``; while the step's previous one
+        still runs, at the first round after it ended."""
         running = self.beside.get(step)
-        if running is None or running.done():
+        if (running is None or running.done()) and self._due(step, every_seconds):
             self.beside[step] = asyncio.create_task(work())
 
     async def _publish_gauges(self, db: Database) -> None:

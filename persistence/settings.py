@@ -174,8 +174,8 @@ class Settings(BaseSettings):
                     "checks, so looking more often seldom finds more.")
     sandbox_idle_seconds: float = Field(
         default=300.0, gt=0, le=DURATION_MAX_SECONDS,
-        description="Seconds a tree's sandbox stays unused before it is released (within a tenth more: "
-                    "the sweeper looks for idle sandboxes that often).")
+        description="Seconds a tree's sandbox stays unused before it is released (at most a tenth of this, "
+                    "or 10 s, later: the sweeper looks for idle sandboxes that often).")
     sandbox_backend: str = Field(
         default="docker",
         pattern="^(docker|local)$",

@@ -202,14 +202,15 @@ def _runtime_shape(item: pytest.Item | None) -> str | None:
 
 @pytest.hookimpl(trylast=True)  # after the item's own teardown
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Under xdist, a shape's runtime is closed once its worker has run the last of its tests (a group
-    that xdist sends whole, run one after another), not at the session's end: an idle runtime's Ray
+    """Under xdist's loadgroup, a shape's runtime is closed once its worker has run the last of its
+    tests (a group that xdist sends whole, run one after another), not at the session's end: an idle runtime's Ray
     and actors took ~18 % of a core, and the worker that ran the dedicated group went on for twenty
     minutes with that Ray idle beside it. The fixture's own finish, as pytest calls it when the
-    next test asks for the other shape (pytest < 9, pinned in pyproject.toml). Not in one process
-    (``-n 0``), where tests of a shape need not be next to each other: the runtime would restart."""
+    next test asks for the other shape (pytest < 9, pinned in pyproject.toml). Not otherwise (one
+    process, ``-n 0``, or another distribution), where tests of a shape need not be next to each
+    other: the runtime would restart. xdist's worker notes loadgroup in its options."""
     shape = _runtime_shape(item)
-    if shape is not None and _runtime_shape(nextitem) != shape and "PYTEST_XDIST_WORKER" in os.environ:
+    if shape is not None and _runtime_shape(nextitem) != shape and getattr(item.config.option, "loadgroup", False):
         item._fixtureinfo.name2fixturedefs["runtime"][-1].finish(item._request)
 
 

@@ -165,9 +165,12 @@ async def test_sweeper_releases_idle_sandboxes_in_isolation(runtime: Runtime, mo
     monkeypatch.setattr(sweeper, "_recover_expired", broken)
     await sweeper.sweep_once(runtime.db)  # the recovery step and the release fail: the round still completes
     await sweeper.beside["sandboxes"]  # the release runs beside the round, never holding up recovery
+    await sweeper.sweep_once(runtime.db)  # hosts are asked for idle sandboxes once in a tenth of the idle time
+    assert sandboxes.calls == 1
+    await asyncio.sleep(runtime.settings.sandbox_idle_seconds / 10)  # the tests' 20 s: 2 s
     await sweeper.sweep_once(runtime.db)
     await sweeper.beside["sandboxes"]
     assert sandboxes.calls == 2
-    assert (await sweeper.stats())["rounds"] == 2
+    assert (await sweeper.stats())["rounds"] == 3
     assert (await sweeper.stats())["sandboxes_released"] == 1
     assert (await sweeper.stats())["sandboxes_reaped"] == 1  # reaped once: at most every 60 s

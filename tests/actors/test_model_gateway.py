@@ -692,8 +692,12 @@ async def test_the_readmes_models_file_is_one_the_gateway_takes(tmp_path: Path,
        f"model_list[1].litellm_params.{key} must be a {says}")
       for key, value, says in [("timeout", ".nan", "number of seconds above 0"),
                                ("stream_timeout", "-.inf", "number of seconds above 0"),
-                               ("timeout", "os.environ/TIMEOUT", "number of seconds above 0"),
+                               ("timeout", "os.environ/CANOPY_TEST_UNSET_TIMEOUT", "number of seconds above 0"),
+                               ("request_timeout", "'soon'", "number of seconds above 0"),
                                ("max_retries", "1000", "whole number from 0 to 100")]),
+    # litellm sets these on every call that does not name its own.
+    ("router_settings: {default_litellm_params: {timeout: .nan}}\n",
+     "router_settings.default_litellm_params.timeout must be a number of seconds above 0"),
 ])
 async def test_a_broken_models_file_is_a_clear_error(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "models.yaml"
@@ -703,6 +707,16 @@ async def test_a_broken_models_file_is_a_clear_error(tmp_path: Path, text: str, 
     assert problem is not None and str(path) in problem and says in problem, problem
     with pytest.raises(ModelError, match=re.escape(says)):
         await gw.complete(model="canopy/scripted", messages=scripted([{"say": "x"}]), tools=None)
+
+
+async def test_a_deployments_numbers_may_be_text_as_litellm_takes_them(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CANOPY_TEST_TIMEOUT", "45")
+    path = tmp_path / "models.yaml"
+    path.write_text("model_list: [{model_name: m, litellm_params: {model: openai/m, api_key: k, timeout: '30', "
+                    "stream_timeout: os.environ/CANOPY_TEST_TIMEOUT, max_retries: '2'}}]\n")
+    gw = ModelGateway(timeout_seconds=30, retries=0, models_file=str(path))
+    assert await gw.check_model("m", None, None) is None
 
 
 async def test_a_models_files_null_timeout_and_retries_are_canopys(tmp_path: Path) -> None:
