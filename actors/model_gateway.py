@@ -584,13 +584,9 @@ def _numbers_problem(where: str, settings: dict[str, Any], *, text: bool = False
     return None
 
 
-def _deployment_where(index: int) -> str:
-    return f"model_list[{index}].litellm_params"
-
-
 def _models_file_problem(config: Any) -> str | None:
     """What is wrong with a models file's contents for litellm's Router and the gateway's loop (a
-    deployment's ``os.environ/NAME`` numbers are checked once read, ``_Routes._resolved``)."""
+    deployment's numbers are checked once its ``os.environ/NAME`` values are read, ``_Routes._resolved``)."""
     if not isinstance(config, dict):
         return "it must be a mapping with model_list and router_settings"
     if unknown := sorted(set(config) - set(_MODELS_FILE_KEYS)):
@@ -605,13 +601,8 @@ def _models_file_problem(config: Any) -> str | None:
     defaults = router_settings.get("default_litellm_params") or {}
     if not isinstance(defaults, dict):
         return "router_settings.default_litellm_params must be a mapping"
-    deployments = (_numbers_problem(_deployment_where(index), {
-        key: value for key, value in deployment["litellm_params"].items()
-        if not (isinstance(value, str) and value.startswith(_ENV_REFERENCE))}, text=True)
-        for index, deployment in enumerate(model_list))
     return (_numbers_problem("router_settings", router_settings)
-            or _numbers_problem("router_settings.default_litellm_params", defaults, text=True)
-            or next(filter(None, deployments), None))
+            or _numbers_problem("router_settings.default_litellm_params", defaults, text=True))
 
 
 def _read_models_file(path: Path) -> dict[str, Any]:
@@ -690,7 +681,7 @@ class _Routes:
         for key, value in params.items():
             if isinstance(value, str) and value.startswith(_ENV_REFERENCE):
                 params[key] = self._keys.value(value[len(_ENV_REFERENCE):]) or value
-        if problem := _numbers_problem(_deployment_where(index), params, text=True):
+        if problem := _numbers_problem(f"model_list[{index}].litellm_params", params, text=True):
             raise ModelError(f"models file {self._path}: {problem}")
         return {**deployment, "litellm_params": params}
 

@@ -190,12 +190,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and "runtime" in callspec.params:
-            item.add_marker(pytest.mark.xdist_group(f"runtime-{callspec.params['runtime']}"))
+        if (shape := _runtime_shape(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(f"runtime-{shape}"))
 
 
 def _runtime_shape(item: pytest.Item | None) -> str | None:
+    """The shape of the runtime ``item`` runs on (``pytest_generate_tests``), or None."""
     callspec = getattr(item, "callspec", None)
     return callspec.params.get("runtime") if callspec is not None else None
 
