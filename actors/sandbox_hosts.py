@@ -287,14 +287,19 @@ async def call(host: Any, method: str, *args: Any) -> Any:
 async def kill_command(db: Database, tree_id: uuid.UUID, command_id: str) -> bool:
     """Kill the tree's command ``command_id`` in the host of its sandbox's node; False if it did not
     run (a lost node's commands died with it)."""
-    lease = await _lease(db, tree_id)
-    if lease is None or lease.node_id is None or lease.node_id == _here():
-        host = _local.handle()
-    elif (host := await _existing_host(lease.node_id)) is None:
-        if await _adopt(db, _here(), tree_id):  # a node of an earlier life: its machine's node now
-            return await kill_command(db, tree_id, command_id)
-        return False
-    return bool(await call(host, "kill_command", tree_id, command_id))
+    here = _here()
+    for _ in range(_ROUTE_ATTEMPTS):
+        lease = await _lease(db, tree_id)
+        if lease is None or lease.node_id is None or lease.node_id == here:
+            return bool(await call(_local.handle(), "kill_command", tree_id, command_id))
+        if (host := await _existing_host(lease.node_id)) is not None:
+            return bool(await call(host, "kill_command", tree_id, command_id))
+        # A node of an earlier life follows its machine, moved by this call or by another caller since
+        # the lease was read (which leaves this call nothing to adopt): the lease, read again, says.
+        await _adopt(db, here, tree_id)
+        if (again := await _lease(db, tree_id)) is None or again.node_id == lease.node_id:
+            return False
+    raise SandboxMoved(f"the tree's sandbox kept moving while this kill looked for it ({_ROUTE_ATTEMPTS} times)")
 
 
 async def release_on_lost_nodes(db: Database) -> list[uuid.UUID]:

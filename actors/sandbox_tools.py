@@ -53,9 +53,11 @@ HOST_LOST_STOPPED = (
     "the sandbox host stopped while this command ran (it died, or its node left the cluster): the command may "
     "have run partly or fully. It was stopped if it still ran, and it is not run again: check its effects "
     "before deciding to run it again")
-# How long a command whose host died is tried to be killed through the host's successor before the
-# Run hands it to recovery: a restart takes seconds, and the Run's heartbeat goes on meanwhile.
-_KILL_AFTER_HOST_LOST_SECONDS = 30.0
+# How long a call whose host died is asked again of the host's successor (a command: its kill)
+# before the Run tells the model (a command: hands it to recovery): a restart takes seconds, and
+# the Run's heartbeat goes on meanwhile.
+_SUCCESSOR_WAIT_SECONDS = 30.0
+_SUCCESSOR_POLL_SECONDS = 0.5
 # How long a cancelled Run waits for its command's kill: a host that does not answer holds up the
 # cancel (a Stop all, the Turn's end) no longer than this.
 _KILL_AFTER_CANCEL_SECONDS = 10.0
@@ -130,22 +132,30 @@ async def _in_sandbox(ctx: ToolContext, method: str, *args: object, command: str
     failed (a command that could not start did not run); with the lost-workdir notice when this call
     found the tree's node gone. A tool error (a bad path, a missing file) is raised, but is an
     ``error`` result too when the workdir was lost, so that the notice reaches the model. When the
-    host is lost while it runs ``command`` (a command id), that command is stopped first."""
-    lost = False
-    try:
-        host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id, ctx.run.session_id)
-        result = await sandbox_hosts.call(host, method, *args)
-    except sandbox_hosts.HostLost as error:
-        result = {"error": str(error)} if command is None else await _stop_orphaned(ctx, command)
-    except SandboxError as error:
-        result = {"error": str(error)}
-    except LeaseLost:
-        raise  # this Run is stale: it stops, whatever else there is to tell
-    except CanopyError as error:
-        if not lost:
-            raise
-        result = {"error": str(error), **error.details}
-    return {**result, "workdir_lost": True, "notice": sandbox_hosts.WORKDIR_LOST} if lost else result
+    host is lost while it runs ``command`` (a command id), that command is stopped first. Any other
+    call has no outcome to be unsure of (a read; a write, whose host answers a repeat from the receipt
+    it committed with the write): it is routed and asked again until the host's successor answers."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _SUCCESSOR_WAIT_SECONDS
+    while True:
+        lost = False
+        try:
+            host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id, ctx.run.session_id)
+            result = await sandbox_hosts.call(host, method, *args)
+        except sandbox_hosts.HostLost as error:
+            if command is None and loop.time() < deadline:
+                await asyncio.sleep(_SUCCESSOR_POLL_SECONDS)
+                continue
+            result = {"error": str(error)} if command is None else await _stop_orphaned(ctx, command)
+        except SandboxError as error:
+            result = {"error": str(error)}
+        except LeaseLost:
+            raise  # this Run is stale: it stops, whatever else there is to tell
+        except CanopyError as error:
+            if not lost:
+                raise
+            result = {"error": str(error), **error.details}
+        return {**result, "workdir_lost": True, "notice": sandbox_hosts.WORKDIR_LOST} if lost else result
 
 
 async def record_told(conn: Connection, run: RunRef, outcome: ToolResult | None) -> None:
@@ -160,7 +170,7 @@ async def _stop_orphaned(ctx: ToolContext, command: str) -> ToolResult:
     while Ray restarts it, so the kill is tried again for a while); the outcome to record. Raises
     CommandNotStopped if it cannot be killed."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + _KILL_AFTER_HOST_LOST_SECONDS
+    deadline = loop.time() + _SUCCESSOR_WAIT_SECONDS
     while True:
         try:
             await sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command)
@@ -173,7 +183,7 @@ async def _stop_orphaned(ctx: ToolContext, command: str) -> ToolResult:
                 from error
         else:
             return {"outcome": "unknown", "error": HOST_LOST_STOPPED}
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(_SUCCESSOR_POLL_SECONDS)
 
 
 def _asks(ctx: ToolContext) -> bool:

@@ -18,7 +18,7 @@ import ray
 from actors import sandbox_hosts
 from actors.runtime import Runtime
 from actors.sandbox_hosts import WORKDIR_LOST
-from actors.sandbox_tools import HOST_LOST_STOPPED
+from actors.sandbox_tools import HOST_LOST_STOPPED, command_id
 from actors.scripted import call, create, say, script
 from persistence import sandbox_leases as leases
 from persistence.errors import DatabaseUnreachable
@@ -120,6 +120,64 @@ async def test_a_sandbox_of_an_earlier_life_of_ray_is_this_machines_and_its_comm
     [after] = await rows(runtime.db, "SELECT node_id, handle, state, workdir_lost_at FROM sandbox_leases "
                          "WHERE tree_id = %s", tree_id)
     assert after == {"node_id": here, "handle": lease["handle"], "state": "active", "workdir_lost_at": None}
+
+
+@pytest.mark.default_shape  # where the sandbox is, not where the session runs
+async def test_a_kill_whose_lease_another_caller_adopts_meanwhile_still_stops_the_command(
+        runtime: Runtime, scope: Scope) -> None:
+    """A kill that read a lease naming a node of an earlier life, while another caller (the sweeper,
+    another member's call) moved that lease to this machine's node, found nothing left to adopt and
+    answered that the command had not run: the command ran on with nothing to stop it, and its Run
+    told the model it was stopped."""
+    created = await runtime.create_root(scope, input_text=script(
+        call(("run_command", {"command": BEATING, "timeout_seconds": 60})), say("after")))
+    tree_id = created["session"]["session_id"]
+    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
+                               "WHERE s.session_id = %s", tree_id))[0]["workdir"])
+    await eventually(lambda: asyncio.to_thread((workdir / "running.txt").exists), timeout=60)
+    here = ray.get_runtime_context().get_node_id()
+    address = next(node["NodeManagerAddress"] for node in ray.nodes() if node["NodeID"] == here)
+    earlier = uuid.uuid4().hex + uuid.uuid4().hex[:24]
+    [started] = await rows(runtime.db, "SELECT r.turn_id, r.tool_call_id FROM tool_receipts r JOIN turns t "
+                           "USING (turn_id) WHERE t.session_id = %s", tree_id)
+    async with runtime.db.tx() as conn:
+        await conn.execute("INSERT INTO ray_nodes (node_id, address) VALUES (%s, %s)", (earlier, address))
+        await conn.execute("UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s", (earlier, tree_id))
+    async with runtime.db.tx() as conn:  # the other caller's adoption, committed once the kill waits on it
+        await conn.execute("UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s", (here, tree_id))
+        locker = (await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone())["pid"]
+        kill = asyncio.create_task(sandbox_hosts.kill_command(
+            runtime.db, tree_id, command_id(started["turn_id"], started["tool_call_id"])))
+        waiting = ("SELECT 1 FROM pg_stat_activity WHERE application_name = %s "  # the kill's, not the sweeper's
+                   "AND %s = ANY(pg_blocking_pids(pid))")
+        await eventually(lambda: rows(runtime.db, waiting, f"canopy-{os.getpid()}", locker), timeout=30)
+    assert await kill is True
+    await assert_stopped(workdir)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "after"), result
+
+
+@pytest.mark.default_shape  # the sandbox host dies, not the session's process
+async def test_a_read_or_write_that_finds_the_sandbox_host_restarting_is_asked_of_its_successor(
+        runtime: Runtime, scope: Scope) -> None:
+    """A read changes nothing, and a write's host answers a repeat from the receipt it committed with
+    the write: neither has an outcome to be unsure of. One that reaches the tree's host while Ray
+    restarts it (it crashed, or a command took it down) is asked of its successor; it used to come
+    back as "whether the call took effect is unknown"."""
+    created = await runtime.create_root(scope, input_text=script(
+        call(("write_file", {"path": "kept.txt", "content": "kept"})), say("written")))
+    session_id = created["session"]["session_id"]
+    assert (await runtime.wait_result(scope, created["input"]["input_id"], timeout=60))["output"] == "written"
+    for step, answer, expected in ((call(("read_file", {"path": "kept.txt"})), "${0.content}", "kept"),
+                                   (call(("write_file", {"path": "new.txt", "content": "new"})), "${0.bytes}", "3")):
+        hosts = await alive_sandbox_hosts()
+        os.kill(int(hosts[0].pid), signal.SIGKILL)
+        sent = await runtime.submit_input(scope, session_id, script(step, say(answer)))
+        result = await runtime.wait_result(scope, sent["input_id"], timeout=60)
+        assert (result["status"], result["output"]) == ("completed", expected), result
+    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
+                               "WHERE s.session_id = %s", session_id))[0]["workdir"])
+    assert await asyncio.to_thread((workdir / "new.txt").read_text) == "new"
 
 
 async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(own_database_url: str,
