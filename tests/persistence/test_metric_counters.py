@@ -166,9 +166,12 @@ async def test_a_flush_asked_while_another_commits_returns_once_the_counts_are_i
     under way had taken the counts, so the closing one found nothing and returned before they were
     committed (the gateway's model-call counts, read as 0 on a slow CI run)."""
     labels = _labels()
-    metrics.add(metrics.TOOL_CALLS, **labels)
     async with db.tx() as locker:
         await locker.execute("LOCK TABLE metric_counters IN EXCLUSIVE MODE")  # the first flush waits on it
+        # Counted once the table is locked, and taken by the first flush in the same step of the loop:
+        # counted before, the flush a count schedules (1 s on) could commit it first on a slow run,
+        # or into another test's database, leaving the first flush nothing to wait with.
+        metrics.add(metrics.TOOL_CALLS, **labels)
         first = asyncio.create_task(metrics.flush(db))
         await until_a_lock_is_awaited(db, "metric_counters")
         second = asyncio.create_task(metrics.flush(db))
