@@ -35,12 +35,6 @@ _STALE_BUSY_SECONDS = 10.0
 _PRUNE_EVERY_SECONDS = 5.0
 # A process's reports go out together this long after the first of them (see _Outbox).
 REPORT_DELAY_SECONDS = 0.05
-# How long a prestarted worker waits for an activation: the SPEC's idle time of a session, whatever
-# ``actor_idle_seconds`` says. A spare expiring sooner was all cost (a process start and the preload,
-# ~2 s of CPU here) whenever activations came further apart than that, as a short idle time makes
-# them: with the tests' 6 s, a CI run's dedicated runtime started 124 workers that ran nothing
-# beside the 84 that ran its actors.
-SPARE_WORKER_SECONDS = 60.0
 # Departed incarnations remembered, so that a report of one that arrives after its departure is
 # dropped: far more than depart within the time a call can lag behind another.
 _DEPARTED_KEPT = 10_000
@@ -100,9 +94,10 @@ class SessionDirectoryImpl:
         raylet is asked for another, so that the next session or supervisor activated here starts
         in a running process (~40 ms) instead of waiting for one to start (~0.6 s here), a wait
         on the critical path of every Run that activates a session. Unused, the worker exits
-        after :data:`SPARE_WORKER_SECONDS`; the raylet starts no more than its CPUs at once."""
+        after ``actor_idle_seconds``; the raylet starts no more than its CPUs at once."""
         try:
-            await asyncio.to_thread(ray_compat.prestart_worker, job_id, runtime_env, SPARE_WORKER_SECONDS)
+            await asyncio.to_thread(ray_compat.prestart_worker, job_id, runtime_env,
+                                    self.settings.actor_idle_seconds)
         except Exception:  # a hint: the next actor then starts a process, as without it
             log.debug("asking the raylet to prestart a worker failed", exc_info=True)
 

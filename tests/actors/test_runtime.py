@@ -524,23 +524,6 @@ async def test_an_activated_session_runs_in_a_process_started_before(runtime: Ru
     assert psutil.Process(int(status["pid"])).create_time() < activated_at
 
 
-async def test_prestarted_workers_wait_the_specs_idle_time_whatever_a_sessions_is(runtime: Runtime,
-                                                                                  scope: Scope) -> None:
-    """A spare worker went when an idle session would (``ACTOR_IDLE_SECONDS``, 6 s in the tests), so
-    with activations further apart than that it was all cost: a CI run's dedicated runtime started
-    124 workers that ran nothing beside the 84 that ran its actors. Past the session's idle time
-    Ray kept a CPU's worth of them (2 here) and ended the rest."""
-    if not isinstance(runtime.placement, Dedicated):
-        pytest.skip("a hosted session starts no process")
-    created = await runtime.create_root(scope, input_text=script(
-        call(*(create(f"c{i}", script(say(f"c{i}"))) for i in range(4))),
-        call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(4)]})), say("done")))
-    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
-    assert (result["status"], result["output"]) == ("completed", "done"), result
-    await asyncio.sleep(runtime.settings.actor_idle_seconds + 4)
-    assert await _idle_workers(runtime) >= 3
-
-
 def test_rays_token_is_its_owners_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whoever reads Ray's token may run code on the cluster. Ray wrote a missing one with the
     process's umask: 0644 in a 0755 ~/.ray, every local user's. It is written before Ray starts,
