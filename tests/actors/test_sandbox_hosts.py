@@ -32,6 +32,29 @@ from tests.actors.helpers import BEATING, alive_sandbox_hosts, assert_stopped, e
 from tests.conftest import RUNTIME_ENV
 
 
+async def beating(runtime: Runtime, scope: Scope, *then: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """A new tree whose Turn runs the BEATING command, then ``then``; and its workdir, once the
+    command runs."""
+    created = await runtime.create_root(scope, input_text=script(
+        call(("run_command", {"command": BEATING, "timeout_seconds": 60})), *then))
+    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
+                               "WHERE s.session_id = %s", created["session"]["session_id"]))[0]["workdir"])
+    await eventually(lambda: asyncio.to_thread((workdir / "running.txt").exists), timeout=60)
+    return created, workdir
+
+
+async def lease_of_an_earlier_life(runtime: Runtime, tree_id: uuid.UUID) -> str:
+    """Ray started again: the tree's lease names a node of the cluster's earlier life at this
+    machine's address (the sweeper recorded it). This node's id."""
+    here = ray.get_runtime_context().get_node_id()
+    address = next(node["NodeManagerAddress"] for node in ray.nodes() if node["NodeID"] == here)
+    earlier = uuid.uuid4().hex + uuid.uuid4().hex[:24]  # a node id no other test's lease names
+    async with runtime.db.tx() as conn:  # at once: the sweeper forgets a node no lease names
+        await conn.execute("INSERT INTO ray_nodes (node_id, address) VALUES (%s, %s)", (earlier, address))
+        await conn.execute("UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s", (earlier, tree_id))
+    return here
+
+
 @pytest.mark.default_shape  # where the sandbox is, not where the session runs
 async def test_the_sweeper_releases_an_idle_sandbox_in_its_nodes_host(runtime: Runtime, scope: Scope) -> None:
     """Commands run in the node's sandbox host, and the sweeper's idle release goes through it
@@ -64,12 +87,8 @@ async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Sco
     """A ``docker exec`` outlives the host that started it, and its timeout died with the host: the
     command must be killed through the host's successor, not left running (the model, told its
     outcome is unknown, may well run it again beside it)."""
-    created = await runtime.create_root(scope, input_text=script(
-        call(("run_command", {"command": BEATING, "timeout_seconds": 60})), say("after")))
+    created, workdir = await beating(runtime, scope, say("after"))
     tree_id = created["session"]["session_id"]
-    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
-                               "WHERE s.session_id = %s", tree_id))[0]["workdir"])
-    await eventually(lambda: asyncio.to_thread((workdir / "running.txt").exists), timeout=60)
     hosts = await alive_sandbox_hosts()
     os.kill(int(hosts[0].pid), signal.SIGKILL)
 
@@ -92,21 +111,12 @@ async def test_a_sandbox_of_an_earlier_life_of_ray_is_this_machines_and_its_comm
     running in the sandbox was not stopped (there was no host to ask), and every member was told its
     files were gone, though the workdir is on this machine's disk as it was. The lease follows the
     machine (the address the old node had, as the sweeper recorded it)."""
-    created = await runtime.create_root(scope, input_text=script(
-        call(("run_command", {"command": BEATING, "timeout_seconds": 60})),
-        call(("read_file", {"path": "running.txt"})), say("${1.content}")))
+    created, workdir = await beating(runtime, scope, call(("read_file", {"path": "running.txt"})),
+                                     say("${1.content}"))
     tree_id = created["session"]["session_id"]
-    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
-                               "WHERE s.session_id = %s", tree_id))[0]["workdir"])
-    await eventually(lambda: asyncio.to_thread((workdir / "running.txt").exists), timeout=60)
     # Ray started again: the host that ran the command is gone, and the lease names a node of the
     # earlier life at this machine's address.
-    here = ray.get_runtime_context().get_node_id()
-    address = next(node["NodeManagerAddress"] for node in ray.nodes() if node["NodeID"] == here)
-    earlier = uuid.uuid4().hex + uuid.uuid4().hex[:24]  # a node id no other test's lease names
-    async with runtime.db.tx() as conn:  # at once: the sweeper forgets a node no lease names
-        await conn.execute("INSERT INTO ray_nodes (node_id, address) VALUES (%s, %s)", (earlier, address))
-        await conn.execute("UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s", (earlier, tree_id))
+    here = await lease_of_an_earlier_life(runtime, tree_id)
     [lease] = await rows(runtime.db, "SELECT handle FROM sandbox_leases WHERE tree_id = %s", tree_id)
     hosts = await alive_sandbox_hosts()
     os.kill(int(hosts[0].pid), signal.SIGKILL)
@@ -129,20 +139,11 @@ async def test_a_kill_whose_lease_another_caller_adopts_meanwhile_still_stops_th
     another member's call) moved that lease to this machine's node, found nothing left to adopt and
     answered that the command had not run: the command ran on with nothing to stop it, and its Run
     told the model it was stopped."""
-    created = await runtime.create_root(scope, input_text=script(
-        call(("run_command", {"command": BEATING, "timeout_seconds": 60})), say("after")))
+    created, workdir = await beating(runtime, scope, say("after"))
     tree_id = created["session"]["session_id"]
-    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
-                               "WHERE s.session_id = %s", tree_id))[0]["workdir"])
-    await eventually(lambda: asyncio.to_thread((workdir / "running.txt").exists), timeout=60)
-    here = ray.get_runtime_context().get_node_id()
-    address = next(node["NodeManagerAddress"] for node in ray.nodes() if node["NodeID"] == here)
-    earlier = uuid.uuid4().hex + uuid.uuid4().hex[:24]
     [started] = await rows(runtime.db, "SELECT r.turn_id, r.tool_call_id FROM tool_receipts r JOIN turns t "
                            "USING (turn_id) WHERE t.session_id = %s", tree_id)
-    async with runtime.db.tx() as conn:
-        await conn.execute("INSERT INTO ray_nodes (node_id, address) VALUES (%s, %s)", (earlier, address))
-        await conn.execute("UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s", (earlier, tree_id))
+    here = await lease_of_an_earlier_life(runtime, tree_id)
     async with runtime.db.tx() as conn:  # the other caller's adoption, committed once the kill waits on it
         await conn.execute("UPDATE sandbox_leases SET node_id = %s WHERE tree_id = %s", (here, tree_id))
         locker = (await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone())["pid"]
