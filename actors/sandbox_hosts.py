@@ -214,6 +214,12 @@ async def _existing_host(node_id: str) -> Any | None:
         return None
 
 
+async def _host_on(node_id: str | None, here: str) -> Any | None:
+    """The sandbox host of a lease's node: this node's (made if missing) for this node or none (a
+    sandbox from before nodes were recorded), another live node's if it exists, else None."""
+    return _local.handle() if node_id in (None, here) else await _existing_host(node_id)
+
+
 async def _room_on(nodes: list[str], tree_id: uuid.UUID) -> bool:
     """Whether the host of one of ``nodes`` released an idle sandbox of the tree's user, whose limit
     (``CANOPY_SANDBOX_MAX_PER_SCOPE``) counts every node while a node releases only its own."""
@@ -245,10 +251,7 @@ async def host_for(db: Database, tree_id: uuid.UUID, session_id: uuid.UUID) -> t
             async with db.tx() as conn:
                 await leases.pin_node(conn, tree_id, get_settings().sandbox_backend, here)
                 lease = await leases.get(conn, tree_id)
-        if lease is None or lease.node_id in (None, here):  # None: a sandbox from before nodes were recorded
-            host = _local.handle()
-            break
-        if (host := await _existing_host(lease.node_id)) is not None:
+        if (host := await _host_on(lease.node_id if lease else None, here)) is not None:
             break
         if await _adopt(db, here, tree_id):
             continue  # a node of an earlier life of the cluster, on a machine that is back
@@ -287,17 +290,15 @@ async def call(host: Any, method: str, *args: Any) -> Any:
 async def kill_command(db: Database, tree_id: uuid.UUID, command_id: str) -> bool:
     """Kill the tree's command ``command_id`` in the host of its sandbox's node; False if it did not
     run (a lost node's commands died with it)."""
-    here = _here()
+    here, lease = _here(), await _lease(db, tree_id)
     for _ in range(_ROUTE_ATTEMPTS):
-        lease = await _lease(db, tree_id)
-        if lease is None or lease.node_id is None or lease.node_id == here:
-            return bool(await call(_local.handle(), "kill_command", tree_id, command_id))
-        if (host := await _existing_host(lease.node_id)) is not None:
+        node_id = lease.node_id if lease else None
+        if (host := await _host_on(node_id, here)) is not None:
             return bool(await call(host, "kill_command", tree_id, command_id))
         # A node of an earlier life follows its machine, moved by this call or by another caller since
         # the lease was read (which leaves this call nothing to adopt): the lease, read again, says.
         await _adopt(db, here, tree_id)
-        if (again := await _lease(db, tree_id)) is None or again.node_id == lease.node_id:
+        if (lease := await _lease(db, tree_id)) is None or lease.node_id == node_id:
             return False
     raise SandboxMoved(f"the tree's sandbox kept moving while this kill looked for it ({_ROUTE_ATTEMPTS} times)")
 

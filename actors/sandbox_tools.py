@@ -30,6 +30,8 @@ import contextlib
 import hashlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from pydantic import Field, field_validator
 
@@ -43,6 +45,7 @@ from persistence.records import Row, RunRef
 from sandbox.base import SandboxError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DENIED = "the human denied this call; it did not run"
 UNKNOWN_OUTCOME = (
@@ -135,27 +138,40 @@ async def _in_sandbox(ctx: ToolContext, method: str, *args: object, command: str
     host is lost while it runs ``command`` (a command id), that command is stopped first. Any other
     call has no outcome to be unsure of (a read; a write, whose host answers a repeat from the receipt
     it committed with the write): it is routed and asked again until the host's successor answers."""
+    lost = False
+
+    async def ask() -> ToolResult:
+        nonlocal lost
+        host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id, ctx.run.session_id)
+        return await sandbox_hosts.call(host, method, *args)
+
+    try:
+        result = await (ask() if command is not None else _until_the_successor_answers(ask))
+    except sandbox_hosts.HostLost as error:
+        result = {"error": str(error)} if command is None else await _stop_orphaned(ctx, command)
+    except SandboxError as error:
+        result = {"error": str(error)}
+    except LeaseLost:
+        raise  # this Run is stale: it stops, whatever else there is to tell
+    except CanopyError as error:
+        if not lost:
+            raise
+        result = {"error": str(error), **error.details}
+    return {**result, "workdir_lost": True, "notice": sandbox_hosts.WORKDIR_LOST} if lost else result
+
+
+async def _until_the_successor_answers(ask: Callable[[], Awaitable[T]]) -> T:
+    """``ask``, again while it finds the sandbox host lost (Ray restarting it), for at most
+    :data:`_SUCCESSOR_WAIT_SECONDS`; then the last HostLost."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _SUCCESSOR_WAIT_SECONDS
     while True:
-        lost = False
         try:
-            host, lost = await sandbox_hosts.host_for(ctx.db, ctx.run.tree_id, ctx.run.session_id)
-            result = await sandbox_hosts.call(host, method, *args)
-        except sandbox_hosts.HostLost as error:
-            if command is None and loop.time() < deadline:
-                await asyncio.sleep(_SUCCESSOR_POLL_SECONDS)
-                continue
-            result = {"error": str(error)} if command is None else await _stop_orphaned(ctx, command)
-        except SandboxError as error:
-            result = {"error": str(error)}
-        except LeaseLost:
-            raise  # this Run is stale: it stops, whatever else there is to tell
-        except CanopyError as error:
-            if not lost:
+            return await ask()
+        except sandbox_hosts.HostLost:
+            if loop.time() >= deadline:
                 raise
-            result = {"error": str(error), **error.details}
-        return {**result, "workdir_lost": True, "notice": sandbox_hosts.WORKDIR_LOST} if lost else result
+        await asyncio.sleep(_SUCCESSOR_POLL_SECONDS)
 
 
 async def record_told(conn: Connection, run: RunRef, outcome: ToolResult | None) -> None:
@@ -169,21 +185,13 @@ async def _stop_orphaned(ctx: ToolContext, command: str) -> ToolResult:
     """Kill ``command``, whose host died while it ran, through the host's successor (which fails
     while Ray restarts it, so the kill is tried again for a while); the outcome to record. Raises
     CommandNotStopped if it cannot be killed."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _SUCCESSOR_WAIT_SECONDS
-    while True:
-        try:
-            await sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command)
-        except sandbox_hosts.HostLost as error:
-            if loop.time() >= deadline:
-                raise CommandNotStopped(f"command {command}: its host died and its successor never answered") \
-                    from error
-        except Exception as error:
-            raise CommandNotStopped(f"command {command}: its host died and it could not be killed: {error}") \
-                from error
-        else:
-            return {"outcome": "unknown", "error": HOST_LOST_STOPPED}
-        await asyncio.sleep(_SUCCESSOR_POLL_SECONDS)
+    try:
+        await _until_the_successor_answers(lambda: sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command))
+    except sandbox_hosts.HostLost as error:
+        raise CommandNotStopped(f"command {command}: its host died and its successor never answered") from error
+    except Exception as error:
+        raise CommandNotStopped(f"command {command}: its host died and it could not be killed: {error}") from error
+    return {"outcome": "unknown", "error": HOST_LOST_STOPPED}
 
 
 def _asks(ctx: ToolContext) -> bool:

@@ -30,6 +30,7 @@ from sandbox.manager import choose_backend
 from tests.actors.gateways_scenario import PINNED_ENV
 from tests.actors.helpers import BEATING, alive_sandbox_hosts, assert_stopped, eventually, rows, scenario_findings
 from tests.conftest import RUNTIME_ENV
+from tests.hostile.helpers import workdir_of
 
 
 async def beating(runtime: Runtime, scope: Scope, *then: dict[str, Any]) -> tuple[dict[str, Any], Path]:
@@ -37,8 +38,7 @@ async def beating(runtime: Runtime, scope: Scope, *then: dict[str, Any]) -> tupl
     command runs."""
     created = await runtime.create_root(scope, input_text=script(
         call(("run_command", {"command": BEATING, "timeout_seconds": 60})), *then))
-    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
-                               "WHERE s.session_id = %s", created["session"]["session_id"]))[0]["workdir"])
+    workdir = await workdir_of(runtime, created["session"]["session_id"])
     await eventually(lambda: asyncio.to_thread((workdir / "running.txt").exists), timeout=60)
     return created, workdir
 
@@ -176,8 +176,7 @@ async def test_a_read_or_write_that_finds_the_sandbox_host_restarting_is_asked_o
         say("${0.bytes}|${1.content}")))
     result = await runtime.wait_result(scope, sent["input_id"], timeout=60)
     assert (result["status"], result["output"]) == ("completed", "3|kept"), result
-    workdir = Path((await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
-                               "WHERE s.session_id = %s", session_id))[0]["workdir"])
+    workdir = await workdir_of(runtime, session_id)
     assert await asyncio.to_thread((workdir / "new.txt").read_text) == "new"
 
 
@@ -320,8 +319,7 @@ async def test_a_hosts_commands_and_files_use_the_workdirs_disk(runtime: Runtime
         pytest.skip("a workdir's disk is a loop mount, which needs root")
     created = await runtime.create_root(scope, input_text=script(say("made")))
     tree_id = created["session"]["session_id"]
-    workdir = (await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
-                          "WHERE s.session_id = %s", tree_id))[0]["workdir"]
+    workdir = str(await workdir_of(runtime, tree_id))
     monkeypatch.setenv("CANOPY_SANDBOX_WORKDIR_MB", "16")
     get_settings.cache_clear()
     host = sandbox_hosts.SandboxHostImpl(ray.get_runtime_context().get_node_id())
@@ -350,8 +348,7 @@ async def test_a_host_refuses_a_tree_whose_sandbox_is_on_another_node_and_makes_
     written to it lost to the tree. The host refuses every entry point before touching the disk."""
     created = await runtime.create_root(scope, input_text=script(say("made")))
     tree_id = created["session"]["session_id"]
-    workdir = (await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
-                          "WHERE s.session_id = %s", tree_id))[0]["workdir"]
+    workdir = str(await workdir_of(runtime, tree_id))
     elsewhere = "ee" * 28
     async with runtime.db.tx() as conn:
         await leases.pin_node(conn, tree_id, get_settings().sandbox_backend, elsewhere)

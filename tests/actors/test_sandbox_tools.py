@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -17,13 +16,8 @@ from persistence import agents
 from persistence.errors import LeaseLost
 from persistence.records import RunRef, Scope
 from tests.actors.helpers import eventually, kill_session_process, rows, session_id_at
+from tests.hostile.helpers import workdir_of
 from tests.persistence.helpers import start_root_run
-
-
-async def _workdir(runtime: Runtime, tree_id: uuid.UUID) -> Path:
-    found = await rows(runtime.db, "SELECT p.workdir FROM projects p JOIN sessions s USING (project_id) "
-                       "WHERE s.session_id = %s", tree_id)
-    return Path(found[0]["workdir"])
 
 
 async def test_members_share_workdir_and_tmp(runtime: Runtime, scope: Scope) -> None:
@@ -40,7 +34,7 @@ async def test_members_share_workdir_and_tmp(runtime: Runtime, scope: Scope) -> 
     created = await runtime.create_root(scope, input_text=text)
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"] == "from root|tmp-marker\n"
-    workdir = await _workdir(runtime, created["session"]["session_id"])
+    workdir = await workdir_of(runtime, created["session"]["session_id"])
     assert (workdir / "notes" / "hello.txt").read_text() == "from root"
 
 
@@ -48,7 +42,7 @@ async def test_path_escape_is_a_tool_error_and_writes_nothing(runtime: Runtime, 
     text = script(call(("write_file", {"path": "../escape.txt", "content": "x"})), say("${0.error}"))
     created = await runtime.create_root(scope, input_text=text)
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
-    workdir = await _workdir(runtime, created["session"]["session_id"])
+    workdir = await workdir_of(runtime, created["session"]["session_id"])
     assert ".." in result["output"]
     assert not (workdir.parent / "escape.txt").exists()
 
@@ -84,7 +78,7 @@ async def test_a_stale_runs_file_write_is_refused_where_it_would_be_written(runt
     [run] = await rows(runtime.db, "SELECT run_id, turn_id, owner FROM runs WHERE session_id = %s", tree_id)
     stale = RunRef(scope, tree_id, tree_id, run["turn_id"], run["run_id"], run["owner"])
     host, _ = await sandbox_hosts.host_for(runtime.db, tree_id, tree_id)
-    workdir = await _workdir(runtime, tree_id)
+    workdir = await workdir_of(runtime, tree_id)
 
     with pytest.raises(LeaseLost):
         await sandbox_hosts.call(host, "write_file", str(workdir), "plan.txt", "stale", stale, "call-9",
@@ -100,7 +94,7 @@ async def test_a_write_asked_again_after_its_caller_died_gets_its_receipt_and_wr
     member had written there since. The receipt commits with the write, in the host."""
     tree, run = await start_root_run(runtime.db, scope)
     host, _ = await sandbox_hosts.host_for(runtime.db, tree.tree_id, tree.root_id)
-    workdir = await _workdir(runtime, tree.root_id)
+    workdir = await workdir_of(runtime, tree.root_id)
     key = {"path": "plan.txt", "sha256": hashlib.sha256(b"mine").hexdigest()}
     first = await sandbox_hosts.call(host, "write_file", str(workdir), "plan.txt", "mine", run, "call-1", key)
     (workdir / "plan.txt").write_text("newer, by another member")
@@ -136,7 +130,7 @@ async def test_approval_flow(runtime: Runtime, scope: Scope, decision: str) -> N
                                              "WHERE tree_id = %s AND status = 'pending'", tree_id))
     assert requests[0]["kind"] == "approval"
     assert requests[0]["payload"]["command"] == "echo ran >> ran.txt; echo ok"
-    workdir = await _workdir(runtime, tree_id)
+    workdir = await workdir_of(runtime, tree_id)
     assert not (workdir / "ran.txt").exists()
     await runtime.answer_request(scope, requests[0]["request_id"], {"decision": decision})
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
@@ -163,7 +157,7 @@ async def test_finished_command_is_not_rerun_after_a_crash(runtime: Runtime, sco
     await kill_session_process(runtime, runner, how)
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=90)
     assert result["output"] == "0"
-    workdir = await _workdir(runtime, tree_id)
+    workdir = await workdir_of(runtime, tree_id)
     assert (workdir / "count.txt").read_text() == "once\n"
     recovered = await rows(runtime.db, "SELECT count(*) AS n FROM runs WHERE session_id = %s AND kind = 'resume'",
                            runner)
