@@ -8,8 +8,8 @@ arguments come from the settings of the process that creates it (each worker has
 A gateway holds nothing a successor could not rebuild, so a call whose gateway dies under it
 (killed, its node's memory monitor, a crash) is asked again instead of failing the Turn: of a
 fresh gateway when it is gone for good (up to :data:`CALL_ATTEMPTS` of them), or of the same one
-once Ray has restarted its process (``max_restarts``; unavailable meanwhile, for as long as
-:data:`RESTART_WAIT_SECONDS`: a restart imports litellm again, seconds on a loaded node).
+once Ray has restarted its process (``max_restarts``; unavailable meanwhile, each restart for as
+long as :data:`RESTART_WAIT_SECONDS`: a restart imports litellm again, seconds on a loaded node).
 Nothing was committed for the lost call (the caller commits the reply and its usage only once
 the reply is back), so the retry only re-asks the model and the Run is charged for the reply it
 gets, once. The dead gateway never accounted the lost call either: ``model_calls`` rows are
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # A call is asked of at most this many gateways: one dying under a call is rare, several in a row
 # mean the node is in trouble, and the Turn fails with the error.
 CALL_ATTEMPTS = 3
-# How long a call waits for its gateway's process to be restarted: a node whose gateway stays
+# How long a call waits for its gateway's process to be restarted, each time: a node whose gateway stays
 # unavailable longer is in trouble (a node Ray has lost makes the gateway dead, not unavailable).
 RESTART_WAIT_SECONDS = 60.0
 # Before asking again (doubling up to the cap): the dead gateway's name is freed and its successor
@@ -103,29 +103,53 @@ async def call(method: str, **arguments: Any) -> Any:
     """``method`` of this node's gateway, asked again when the gateway dies first (see the
     module's docstring). Cancelling the caller cancels the call in the gateway (a model call's
     provider request is aborted). The gateway's own errors (a ModelError) propagate."""
+    return await ask(_local, method, **arguments)
+
+
+async def ask(local: NodeLocal, method: str, **arguments: Any) -> Any:
+    """:func:`call`'s retries, for this node's instance of any per-node actor whose calls can be
+    asked again (the gateway's; a test's)."""
     deaths = 0
-    unavailable_since: float | None = None
     pause = _RETRY_PAUSE_SECONDS
     while True:
-        pending = getattr(local_gateway(), method).remote(**arguments)
+        pending = getattr(local.handle(), method).remote(**arguments)
         try:
             return await pending
         except asyncio.CancelledError:
             ray.cancel(pending)
             raise
         except ray.exceptions.ActorUnavailableError as error:  # its process is being restarted
-            unavailable_since = unavailable_since or time.monotonic()
-            if time.monotonic() - unavailable_since > RESTART_WAIT_SECONDS:
-                raise
             log.warning("the model gateway is unavailable during %s; asking it again once restarted: %s",
                         method, error)
+            await _restarted(local, error)
+            continue
         except ray.exceptions.RayActorError as error:  # gone for good: ActorDiedError
             deaths += 1
             if deaths == CALL_ATTEMPTS:
                 raise
             log.warning("the model gateway died during %s (%d of %d); asking a fresh one: %s",
                         method, deaths, CALL_ATTEMPTS, type(error).__name__)
-            _local.forget()
+            local.forget()
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, _RETRY_PAUSE_CAP_SECONDS)
+
+
+async def _restarted(local: NodeLocal, error: ray.exceptions.ActorUnavailableError) -> None:
+    """Once the actor's restarted process answers (Ray's ``__ray_ready__``), or ``error`` raised
+    after :data:`RESTART_WAIT_SECONDS`. Each restart gets the whole wait: a long call may live
+    through several, each of them quick. An actor that died for good meanwhile returns at once:
+    the call's next ask finds that out."""
+    deadline = time.monotonic() + RESTART_WAIT_SECONDS
+    pause = _RETRY_PAUSE_SECONDS
+    while True:
+        try:
+            await local.handle().__ray_ready__.remote()
+            return
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise error from None
+        except ray.exceptions.RayActorError:
+            return
         await asyncio.sleep(pause)
         pause = min(2 * pause, _RETRY_PAUSE_CAP_SECONDS)
 

@@ -17,9 +17,10 @@ import pytest
 import ray
 from ray.util.state import list_actors
 
+from actors import gateways
 from actors.gateway_actor import CALL_ABORTED, _reply_chars, _SharedCalls
 from actors.gateways import gateway_on
-from actors.naming import gateway_actor_name
+from actors.naming import NodeLocal, gateway_actor_name, node_local_options
 from actors.runtime import MALLOC_ARENA_MAX, Runtime
 from actors.scripted import say, script
 from persistence.databases import rows
@@ -71,7 +72,8 @@ async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime
             os.kill(killed.pid, signal.SIGKILL)
     assert killed is not None
 
-    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    # The last restart may be as slow as those waited for above, then the call takes its 6 s.
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=150)
     assert result["status"] == "completed", result
     assert result["output"] == marker
     assert requests_with(runtime.settings, marker) == KILLS[how] + 1  # the lost requests, and the one answered
@@ -97,6 +99,53 @@ async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime
                       "error": None, "node_id": node_id}], calls  # the dead gateway recorded nothing
     usage = await rows(runtime.db, "SELECT prompt_tokens, model_calls FROM tree_usage WHERE tree_id = %s", session_id)
     assert usage == [{"prompt_tokens": runs[0]["prompt_tokens"], "model_calls": 1}]
+
+
+@ray.remote
+class _HeldTwice:
+    """Holds its first two asks until it is killed under them and answers the third; a file counts
+    the asks (a restarted process starts with nothing)."""
+
+    def __init__(self, asks: str) -> None:
+        self.asks = Path(asks)
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+    async def answer(self) -> int:
+        with self.asks.open("a") as file:
+            file.write("ask\n")
+        asked = len(self.asks.read_text().splitlines())
+        if asked < 3:
+            await asyncio.sleep(300)
+        return asked
+
+
+@pytest.mark.default_shape  # no session: the test process calls the actor
+async def test_each_restart_under_a_call_is_waited_for_afresh(runtime: Runtime, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call whose actor's process is killed under it twice, further apart than a restart is waited
+    for, is answered: the wait bounds each restart, not the call's whole life (a long model call
+    through two gateway restarts failed its Turn)."""
+    monkeypatch.setattr(gateways, "RESTART_WAIT_SECONDS", 10.0)
+    asks = tmp_path / "asks"
+    name = f"held-twice-{uuid.uuid4().hex[:8]}"
+    local = NodeLocal(lambda node_id: _HeldTwice.options(**node_local_options(name, node_id)).remote(str(asks)))
+    call = asyncio.create_task(gateways.ask(local, "answer"))
+    try:
+        for asked in (1, 2):
+
+            async def held(count: int = asked) -> bool:
+                return asks.exists() and len(asks.read_text().splitlines()) == count
+
+            await eventually(held, timeout=60)
+            if asked == 2:
+                await asyncio.sleep(gateways.RESTART_WAIT_SECONDS + 1)  # since the first restart
+            os.kill(await local.handle().pid.remote(), signal.SIGKILL)
+        assert await asyncio.wait_for(call, 120) == 3
+    finally:
+        call.cancel()
+        ray.kill(local.handle())
 
 
 async def test_a_call_asked_again_of_the_gateway_running_it_is_one_request(runtime: Runtime) -> None:
