@@ -44,8 +44,10 @@ from persistence.runs import LEASE_EXPIRED
 from persistence.settings import Settings
 
 CHILDREN = 6
-# Long enough for the node to go while Turns run; lease expiry (5 s) then recovers them.
-STEP_MS = {"spread": 1500, "pack": 1500, "node_lost": 4000}
+# A child's tool step, then its final reply. The node goes while Turns run, and a child is found
+# running there at the latest when its tool step's call is recorded: its final reply must outlast
+# the node's removal then (lease expiry, 5 s, recovers its Run).
+STEP_MS = {"spread": (1500, 1500), "pack": (1500, 1500), "node_lost": (3000, 6000)}
 
 
 class ActorWatch:
@@ -80,12 +82,13 @@ class ActorWatch:
             self._task.cancel()
 
 
-def child_script(index: int, step_ms: int) -> str:
+def child_script(index: int, step_ms: tuple[int, int]) -> str:
     """A tool step (its reply committed before the tool runs), then the final reply."""
-    return script(call(("list_agents", {}), delay_ms=step_ms), say(f"c{index} done", delay_ms=step_ms))
+    tool_ms, final_ms = step_ms
+    return script(call(("list_agents", {}), delay_ms=tool_ms), say(f"c{index} done", delay_ms=final_ms))
 
 
-def root_script(step_ms: int) -> str:
+def root_script(step_ms: tuple[int, int]) -> str:
     return script(call(*(create(f"c{i}", child_script(i, step_ms)) for i in range(CHILDREN))),
                   call(("wait_inputs", {"input_ids": [f"${{{i}.input_id}}" for i in range(CHILDREN)]})),
                   say("all done"))
@@ -128,8 +131,11 @@ async def remove_a_worker_node(cluster: Cluster, runtime: Runtime, tree_id: uuid
                     on_node[node_id].append(str(member))
         if on_node:
             victim = max(on_node, key=lambda node_id: len(on_node[node_id]))
-            await asyncio.to_thread(cluster.remove_node, workers[victim])
-            return {"node": victim, "members": on_node[victim], "running": len(running)}
+            # Killed, not shut down: a lost node's processes get no time to finish what they run.
+            await asyncio.to_thread(cluster.remove_node, workers[victim], allow_graceful=False)
+            after = set(map(str, await running_members(runtime, tree_id)))
+            return {"node": victim, "members": on_node[victim], "running": len(running),
+                    "still_running": sorted(after & set(on_node[victim]))}
         await asyncio.sleep(0.2)
     return {"node": None, "members": [], "running": 0}
 

@@ -113,6 +113,7 @@ async def test_a_tree_survives_losing_a_node_mid_run(shape: str, spread_then_nod
     removed = findings["removed"]
     assert removed["node"] in findings["workers"] and removed["members"], findings  # it ran some of the children
     assert removed["node"] not in findings["canopy_actors"]["canopy:sweeper"]
+    assert removed["still_running"], findings  # the node went while some of them ran
     assert_every_turn_completed_once(findings)
     # Runs were lost with the node (their leases expired), all of members that ran there...
     names = {name: sid for sid, name in findings["members"].items()}
