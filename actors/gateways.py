@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -139,15 +138,21 @@ async def _restarted(local: NodeLocal, error: ray.exceptions.ActorUnavailableErr
     after :data:`RESTART_WAIT_SECONDS`. Each restart gets the whole wait: a long call may live
     through several, each of them quick. An actor that died for good meanwhile returns at once:
     the call's next ask finds that out."""
-    deadline = time.monotonic() + RESTART_WAIT_SECONDS
+    try:
+        async with asyncio.timeout(RESTART_WAIT_SECONDS):  # a restart that never ends may not answer at all
+            await _answering(local)
+    except TimeoutError:
+        raise error from None
+
+
+async def _answering(local: NodeLocal) -> None:
     pause = _RETRY_PAUSE_SECONDS
     while True:
         try:
             await local.handle().__ray_ready__.remote()
             return
         except ray.exceptions.ActorUnavailableError:
-            if time.monotonic() > deadline:
-                raise error from None
+            pass
         except ray.exceptions.RayActorError:
             return
         await asyncio.sleep(pause)

@@ -8,6 +8,7 @@ import asyncio
 import gc
 import os
 import signal
+import time
 import uuid
 import weakref
 from pathlib import Path
@@ -143,6 +144,42 @@ async def test_each_restart_under_a_call_is_waited_for_afresh(runtime: Runtime, 
                 await asyncio.sleep(gateways.RESTART_WAIT_SECONDS + 1)  # since the first restart
             os.kill(await local.handle().pid.remote(), signal.SIGKILL)
         assert await asyncio.wait_for(call, 120) == 3
+    finally:
+        call.cancel()
+        ray.kill(local.handle())
+
+
+@ray.remote
+class _NeverBack:
+    """Its restarted process never finishes starting."""
+
+    def __init__(self, started: str) -> None:
+        if Path(started).exists():
+            time.sleep(3600)
+        Path(started).touch()
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+    async def answer(self) -> None:
+        await asyncio.sleep(300)
+
+
+@pytest.mark.default_shape  # no session: the test process calls the actor
+async def test_a_call_whose_actor_never_comes_back_fails_after_the_restart_wait(
+        runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait for a restart is bounded even when the restarted process never answers at all."""
+    monkeypatch.setattr(gateways, "RESTART_WAIT_SECONDS", 3.0)
+    started = tmp_path / "started"
+    name = f"never-back-{uuid.uuid4().hex[:8]}"
+    local = NodeLocal(lambda node_id: _NeverBack.options(**node_local_options(name, node_id)).remote(str(started)))
+    pid = await local.handle().pid.remote()
+    call = asyncio.create_task(gateways.ask(local, "answer"))
+    try:
+        await asyncio.sleep(0.5)  # the call is in flight
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ray.exceptions.ActorUnavailableError):
+            await asyncio.wait_for(call, 60)
     finally:
         call.cancel()
         ray.kill(local.handle())
