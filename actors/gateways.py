@@ -9,7 +9,8 @@ A gateway holds nothing a successor could not rebuild, so a call whose gateway d
 (killed, its node's memory monitor, a crash) is asked again instead of failing the Turn: of a
 fresh gateway when it is gone for good (up to :data:`CALL_ATTEMPTS` of them), or of the same one
 once Ray has restarted its process (``max_restarts``; unavailable meanwhile, each restart for as
-long as :data:`RESTART_WAIT_SECONDS`: a restart imports litellm again, seconds on a loaded node).
+long as :data:`RESTART_WAIT_SECONDS`: a restart imports litellm again, seconds on a loaded node;
+up to :data:`RESTARTS_PER_CALL` restarts).
 Nothing was committed for the lost call (the caller commits the reply and its usage only once
 the reply is back), so the retry only re-asks the model and the Run is charged for the reply it
 gets, once. The dead gateway never accounted the lost call either: ``model_calls`` rows are
@@ -49,6 +50,10 @@ CALL_ATTEMPTS = 3
 # How long a call waits for its gateway's process to be restarted, each time: a node whose gateway stays
 # unavailable longer is in trouble (a node Ray has lost makes the gateway dead, not unavailable).
 RESTART_WAIT_SECONDS = 60.0
+# How many restarts of its gateway a call lives through: a call whose every ask kills the process
+# (a reply too big for its memory) would otherwise crash the node's gateway, and its other calls
+# with it, for as long as the call is asked again.
+RESTARTS_PER_CALL = 5
 # Before asking again (doubling up to the cap): the dead gateway's name is freed and its successor
 # placed meanwhile, or its restarted process starts.
 _RETRY_PAUSE_SECONDS = 0.2
@@ -108,7 +113,7 @@ async def call(method: str, **arguments: Any) -> Any:
 async def ask(local: NodeLocal, method: str, **arguments: Any) -> Any:
     """:func:`call`'s retries, for this node's instance of any per-node actor whose calls can be
     asked again (the gateway's; a test's)."""
-    deaths = 0
+    deaths = restarts = 0
     pause = _RETRY_PAUSE_SECONDS
     while True:
         pending = getattr(local.handle(), method).remote(**arguments)
@@ -118,8 +123,11 @@ async def ask(local: NodeLocal, method: str, **arguments: Any) -> Any:
             ray.cancel(pending)
             raise
         except ray.exceptions.ActorUnavailableError as error:  # its process is being restarted
-            log.warning("the model gateway is unavailable during %s; asking it again once restarted: %s",
-                        method, error)
+            restarts += 1
+            if restarts > RESTARTS_PER_CALL:
+                raise
+            log.warning("the model gateway is unavailable during %s (%d of %d); asking it again once restarted: %s",
+                        method, restarts, RESTARTS_PER_CALL, error)
             await _restarted(local, error)
             continue
         except ray.exceptions.RayActorError as error:  # gone for good: ActorDiedError

@@ -185,6 +185,36 @@ async def test_a_call_whose_actor_never_comes_back_fails_after_the_restart_wait(
         ray.kill(local.handle())
 
 
+@ray.remote
+class _CrashedByEachAsk:
+    """Its process dies under every ask, as a gateway would under a call whose reply it cannot hold."""
+
+    def __init__(self, asks: str) -> None:
+        self.asks = Path(asks)
+
+    async def answer(self) -> None:
+        with self.asks.open("a") as file:
+            file.write("ask\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.default_shape  # no session: the test process calls the actor
+async def test_a_call_that_crashes_its_actor_each_time_is_not_asked_for_ever(runtime: Runtime,
+                                                                              tmp_path: Path) -> None:
+    """Each restart is waited for afresh, so restarts alone would never end a call whose every ask
+    kills the process (the node's gateway in a crash loop, each of the node's calls failed with it):
+    after its gateway restarted under it ``RESTARTS_PER_CALL`` times, the call fails."""
+    asks = tmp_path / "asks"
+    name = f"crashed-{uuid.uuid4().hex[:8]}"
+    local = NodeLocal(lambda node_id: _CrashedByEachAsk.options(**node_local_options(name, node_id)).remote(str(asks)))
+    try:
+        with pytest.raises(ray.exceptions.ActorUnavailableError):
+            await asyncio.wait_for(gateways.ask(local, "answer"), 120)
+        assert len(asks.read_text().splitlines()) == gateways.RESTARTS_PER_CALL + 1
+    finally:
+        ray.kill(local.handle())
+
+
 async def test_a_call_asked_again_of_the_gateway_running_it_is_one_request(runtime: Runtime) -> None:
     """Ray cannot tell a caller whether its call to an unavailable actor ran ("may or may not have
     been executed"), so gateways.call asks again under the call's name. The gateway still running
