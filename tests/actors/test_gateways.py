@@ -5,12 +5,14 @@ charged once. Several nodes: see gateways_scenario.py (a cluster of its own)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import signal
 import time
 import uuid
 import weakref
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,20 @@ async def test_a_call_whose_gateway_dies_is_asked_again_and_charged_once(runtime
     assert usage == [{"prompt_tokens": runs[0]["prompt_tokens"], "model_calls": 1}]
 
 
+@contextlib.asynccontextmanager
+async def _answer_asked(actor: Any, path: Path) -> AsyncIterator[tuple[NodeLocal, asyncio.Task[Any]]]:
+    """A per-node instance of a test's ``actor`` (given ``path``), and its ``answer`` asked through
+    the gateways' retries (``gateways.ask``); the call and the actor end with the block."""
+    name = f"asked-{uuid.uuid4().hex[:8]}"
+    local = NodeLocal(lambda node_id: actor.options(**node_local_options(name, node_id)).remote(str(path)))
+    call = asyncio.create_task(gateways.ask(local, "answer"))
+    try:
+        yield local, call
+    finally:
+        call.cancel()
+        ray.kill(local.handle())
+
+
 @ray.remote
 class _HeldTwice:
     """Holds its first two asks until it is killed under them and answers the third; a file counts
@@ -130,10 +146,7 @@ async def test_each_restart_under_a_call_is_waited_for_afresh(runtime: Runtime, 
     through two gateway restarts failed its Turn)."""
     monkeypatch.setattr(gateways, "RESTART_WAIT_SECONDS", 10.0)
     asks = tmp_path / "asks"
-    name = f"held-twice-{uuid.uuid4().hex[:8]}"
-    local = NodeLocal(lambda node_id: _HeldTwice.options(**node_local_options(name, node_id)).remote(str(asks)))
-    call = asyncio.create_task(gateways.ask(local, "answer"))
-    try:
+    async with _answer_asked(_HeldTwice, asks) as (local, call):
         for asked in (1, 2):
 
             async def held(count: int = asked) -> bool:
@@ -144,9 +157,6 @@ async def test_each_restart_under_a_call_is_waited_for_afresh(runtime: Runtime, 
                 await asyncio.sleep(gateways.RESTART_WAIT_SECONDS + 1)  # since the first restart
             os.kill(await local.handle().pid.remote(), signal.SIGKILL)
         assert await asyncio.wait_for(call, 120) == 3
-    finally:
-        call.cancel()
-        ray.kill(local.handle())
 
 
 @ray.remote
@@ -170,19 +180,12 @@ async def test_a_call_whose_actor_never_comes_back_fails_after_the_restart_wait(
         runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The wait for a restart is bounded even when the restarted process never answers at all."""
     monkeypatch.setattr(gateways, "RESTART_WAIT_SECONDS", 3.0)
-    started = tmp_path / "started"
-    name = f"never-back-{uuid.uuid4().hex[:8]}"
-    local = NodeLocal(lambda node_id: _NeverBack.options(**node_local_options(name, node_id)).remote(str(started)))
-    pid = await local.handle().pid.remote()
-    call = asyncio.create_task(gateways.ask(local, "answer"))
-    try:
+    async with _answer_asked(_NeverBack, tmp_path / "started") as (local, call):
+        pid = await local.handle().pid.remote()
         await asyncio.sleep(0.5)  # the call is in flight
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(ray.exceptions.ActorUnavailableError):
             await asyncio.wait_for(call, 60)
-    finally:
-        call.cancel()
-        ray.kill(local.handle())
 
 
 @ray.remote
@@ -205,14 +208,10 @@ async def test_a_call_that_crashes_its_actor_each_time_is_not_asked_for_ever(run
     kills the process (the node's gateway in a crash loop, each of the node's calls failed with it):
     after its gateway restarted under it ``RESTARTS_PER_CALL`` times, the call fails."""
     asks = tmp_path / "asks"
-    name = f"crashed-{uuid.uuid4().hex[:8]}"
-    local = NodeLocal(lambda node_id: _CrashedByEachAsk.options(**node_local_options(name, node_id)).remote(str(asks)))
-    try:
+    async with _answer_asked(_CrashedByEachAsk, asks) as (_, call):
         with pytest.raises(ray.exceptions.ActorUnavailableError):
-            await asyncio.wait_for(gateways.ask(local, "answer"), 120)
-        assert len(asks.read_text().splitlines()) == gateways.RESTARTS_PER_CALL + 1
-    finally:
-        ray.kill(local.handle())
+            await asyncio.wait_for(call, 120)
+    assert len(asks.read_text().splitlines()) == gateways.RESTARTS_PER_CALL + 1
 
 
 async def test_a_call_asked_again_of_the_gateway_running_it_is_one_request(runtime: Runtime) -> None:
