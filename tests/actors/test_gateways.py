@@ -202,11 +202,12 @@ class _CrashedByEachAsk:
 
 
 @pytest.mark.default_shape  # no session: the test process calls the actor
-async def test_a_call_that_crashes_its_actor_each_time_is_not_asked_for_ever(runtime: Runtime,
-                                                                              tmp_path: Path) -> None:
+async def test_a_call_that_crashes_its_actor_each_time_is_not_asked_for_ever(
+        runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each restart is waited for afresh, so restarts alone would never end a call whose every ask
     kills the process (the node's gateway in a crash loop, each of the node's calls failed with it):
     after its gateway restarted under it ``RESTARTS_PER_CALL`` times, the call fails."""
+    monkeypatch.setattr(gateways, "RESTARTS_PER_CALL", 1)  # a restart costs seconds on a loaded machine
     asks = tmp_path / "asks"
     async with _answer_asked(_CrashedByEachAsk, asks) as (_, call):
         with pytest.raises(ray.exceptions.ActorUnavailableError):
