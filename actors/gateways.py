@@ -147,7 +147,7 @@ async def _restarted(local: NodeLocal, error: ray.exceptions.ActorUnavailableErr
     through several, each of them quick. An actor that died for good meanwhile returns at once:
     the call's next ask finds that out."""
     try:
-        async with asyncio.timeout(RESTART_WAIT_SECONDS):  # a restart that never ends may not answer at all
+        async with asyncio.timeout(RESTART_WAIT_SECONDS):  # a restart that never ends is unavailable for ever
             await _answering(local)
     except TimeoutError:
         raise error from None

@@ -148,7 +148,7 @@ async def _in_sandbox(ctx: ToolContext, method: str, *args: object, command: str
     try:
         result = await (ask() if command is not None else _until_the_successor_answers(ask))
     except sandbox_hosts.HostLost as error:
-        result = {"error": str(error)} if command is None else await _stop_orphaned(ctx, command)
+        result = {"error": str(error)} if command is None else await _stop_orphaned(ctx, command, error)
     except SandboxError as error:
         result = {"error": str(error)}
     except LeaseLost:
@@ -160,18 +160,28 @@ async def _in_sandbox(ctx: ToolContext, method: str, *args: object, command: str
     return {**result, "workdir_lost": True, "notice": sandbox_hosts.WORKDIR_LOST} if lost else result
 
 
-async def _until_the_successor_answers(ask: Callable[[], Awaitable[T]]) -> T:
+async def _until_the_successor_answers(ask: Callable[[], Awaitable[T]],
+                                       lost: sandbox_hosts.HostLost | None = None) -> T:
     """``ask``, again while it finds the sandbox host lost (Ray restarting it), for at most
-    :data:`_SUCCESSOR_WAIT_SECONDS`; then the last HostLost."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _SUCCESSOR_WAIT_SECONDS
-    while True:
+    :data:`_SUCCESSOR_WAIT_SECONDS` from the loss (``lost``: one the caller found already); then the
+    last HostLost. The asks after a loss are bounded by that wait too: a successor that answers
+    nothing (its engine hung) holds the call no longer. (Ray answers a call to an actor whose restart
+    is under way, or never ends, with ActorUnavailableError: HostLost, asked again.)"""
+    if lost is None:
         try:
             return await ask()
-        except sandbox_hosts.HostLost:
-            if loop.time() >= deadline:
-                raise
-        await asyncio.sleep(_SUCCESSOR_POLL_SECONDS)
+        except sandbox_hosts.HostLost as error:
+            lost = error
+    try:
+        async with asyncio.timeout(_SUCCESSOR_WAIT_SECONDS):
+            while True:
+                await asyncio.sleep(_SUCCESSOR_POLL_SECONDS)
+                try:
+                    return await ask()
+                except sandbox_hosts.HostLost as error:
+                    lost = error
+    except TimeoutError:
+        raise lost from None
 
 
 async def record_told(conn: Connection, run: RunRef, outcome: ToolResult | None) -> None:
@@ -181,12 +191,13 @@ async def record_told(conn: Connection, run: RunRef, outcome: ToolResult | None)
         await sandbox_leases.loss_told(conn, run.tree_id, run.session_id)
 
 
-async def _stop_orphaned(ctx: ToolContext, command: str) -> ToolResult:
-    """Kill ``command``, whose host died while it ran, through the host's successor (which fails
-    while Ray restarts it, so the kill is tried again for a while); the outcome to record. Raises
-    CommandNotStopped if it cannot be killed."""
+async def _stop_orphaned(ctx: ToolContext, command: str, lost: sandbox_hosts.HostLost) -> ToolResult:
+    """Kill ``command``, whose host died while it ran (``lost``), through the host's successor
+    (which fails while Ray restarts it, so the kill is tried again for a while); the outcome to
+    record. Raises CommandNotStopped if it cannot be killed."""
     try:
-        await _until_the_successor_answers(lambda: sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command))
+        await _until_the_successor_answers(lambda: sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command),
+                                           lost)
     except sandbox_hosts.HostLost as error:
         raise CommandNotStopped(f"command {command}: its host died and its successor never answered") from error
     except Exception as error:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import ray
 
-from actors import sandbox_hosts
+from actors import sandbox_hosts, sandbox_tools
 from actors.runtime import Runtime
 from actors.sandbox_hosts import WORKDIR_LOST
 from actors.sandbox_tools import HOST_LOST_STOPPED, command_id
@@ -178,6 +178,49 @@ async def test_a_read_or_write_that_finds_the_sandbox_host_restarting_is_asked_o
     assert (result["status"], result["output"]) == ("completed", "3|kept"), result
     workdir = await workdir_of(runtime, session_id)
     assert await asyncio.to_thread((workdir / "new.txt").read_text) == "new"
+
+
+@ray.remote
+class _Unanswering:
+    """A sandbox host that does not answer (its engine hung on a read, a write or a kill), before its
+    process is killed and after Ray restarted it."""
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+    async def answer(self) -> None:
+        await asyncio.sleep(300)
+
+
+@pytest.mark.default_shape  # no session: the test process calls the actor
+@pytest.mark.parametrize("loss", ["found by the call", "known before"])
+async def test_a_call_whose_hosts_successor_does_not_answer_fails_after_the_successor_wait(
+        runtime: Runtime, monkeypatch: pytest.MonkeyPatch, loss: str) -> None:
+    """A read or write whose host died under it is asked again of the host's successor, and so is
+    the kill of a command whose host died while it ran; a successor that answered nothing held the
+    call, and its Turn, until the Turn was cancelled (the wait bounded only the asks that failed).
+    Either fails with the host's loss once the successor wait is over (a command's Run then leaves
+    the kill to its recovery)."""
+    monkeypatch.setattr(sandbox_tools, "_SUCCESSOR_WAIT_SECONDS", 3.0)
+    host = _Unanswering.options(max_restarts=1).remote()
+    try:
+        pid = await host.pid.remote()
+
+        def ask() -> Any:
+            return sandbox_hosts.call(host, "answer")
+
+        if loss == "found by the call":
+            call = asyncio.create_task(sandbox_tools._until_the_successor_answers(ask))
+            await asyncio.sleep(0.5)  # the call is in flight
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            call = asyncio.create_task(sandbox_tools._until_the_successor_answers(
+                ask, sandbox_hosts.HostLost(sandbox_hosts.HOST_LOST)))
+        with pytest.raises(sandbox_hosts.HostLost):
+            await asyncio.wait_for(call, 60)
+    finally:
+        ray.kill(host)
 
 
 async def test_a_trees_sandbox_is_reached_from_every_node_and_its_loss_is_told(own_database_url: str,
