@@ -178,7 +178,8 @@ class _NeverBack:
 @pytest.mark.default_shape  # no session: the test process calls the actor
 async def test_a_call_whose_actor_never_comes_back_fails_after_the_restart_wait(
         runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The wait for a restart is bounded even when the restarted process never answers at all."""
+    """The wait for a restart is bounded even when the restarted process never finishes starting (Ray
+    answers every call to it unavailable, for ever: the readiness poll looped until the test's timeout)."""
     monkeypatch.setattr(gateways, "RESTART_WAIT_SECONDS", 3.0)
     async with _answer_asked(_NeverBack, tmp_path / "started") as (local, call):
         pid = await local.handle().pid.remote()
