@@ -270,6 +270,9 @@ CREATE UNIQUE INDEX turns_one_open_per_session ON turns (session_id)
     WHERE status IN ('running', 'waiting', 'cancelling');
 -- A session's latest Turn (summaries, lists): without it every member scans all turns.
 CREATE INDEX turns_session ON turns (session_id, created_at DESC);
+-- A member's Turns still open or ended after a moment (the timeline's "since" read): an open Turn
+-- sorts as the end of time, so that is one range per member, not every Turn it ever ran.
+CREATE INDEX turns_ended ON turns (session_id, (coalesce(ended_at, 'infinity'::timestamptz)));
 -- The sessions with a Turn that asked (turn_insert.sql): each new Turn of theirs asks too.
 CREATE INDEX turns_asked ON turns (session_id) WHERE approval_mode = 'ask';
 

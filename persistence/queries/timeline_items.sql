@@ -19,7 +19,9 @@ WITH member AS (
 ), turn AS (
     SELECT t.turn_id, t.session_id, t.status, t.ended_at, m.path
     FROM member m JOIN turns t ON t.session_id = m.session_id
-    WHERE %(ended_after)s::timestamptz IS NULL OR t.ended_at IS NULL OR t.ended_at >= %(ended_after)s::timestamptz
+    -- Open (no end yet) or ended after: one range of turns_ended per member, however long its history.
+    WHERE coalesce(t.ended_at, 'infinity'::timestamptz)
+          >= coalesce(%(ended_after)s::timestamptz, '-infinity'::timestamptz)
 ), run AS (
     SELECT r.run_id, r.turn_id, r.session_id, r.kind, r.status, r.error, r.queued_at, r.started_at, r.ended_at,
            r.prompt_tokens, r.completion_tokens, r.cost_usd, t.path, t.ended_at AS turn_ended_at

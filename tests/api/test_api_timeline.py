@@ -331,6 +331,49 @@ async def test_reads_of_an_aged_tree_skip_nothing_they_owe(runtime: Runtime, sco
         await turns.finish_turn(conn, held, "completed", output="done")
 
 
+class ExplainingConnection:
+    """The real connection; each statement also runs once before under ``EXPLAIN ANALYZE``, whose
+    plans (what the server says it read) are kept."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.plans: list[dict[str, Any]] = []
+
+    async def execute(self, statement: str, arguments: dict[str, Any]) -> Any:
+        explained = await self.conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, arguments)
+        self.plans.append((await explained.fetchone())["QUERY PLAN"][0]["Plan"])
+        return await self.conn.execute(statement, arguments)
+
+
+def rows_read(plan: dict[str, Any], relation: str) -> int:
+    """The rows of ``relation`` a plan's scans read, kept or filtered out, over all their loops."""
+    read = 0
+    if plan.get("Relation Name") == relation:
+        read = (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
+                + plan.get("Rows Removed by Index Recheck", 0)) * plan["Actual Loops"]
+    return read + sum(rows_read(child, relation) for child in plan.get("Plans", []))
+
+
+async def test_a_read_since_reads_the_open_and_recent_turns_not_the_history(runtime: Runtime, scope: Scope) -> None:
+    # The web UI repeats a "since" read while a tree runs: it costs what is open or recent, however
+    # many Turns each member ran before (the server's own account of the rows it read).
+    tree = await seed_worked_tree(runtime.db, scope, members=20, turns_per_member=30, wait_every=0)
+    await age_members(runtime.db, tree.tree_id, minutes_each=3)
+    async with runtime.db.tx() as conn:  # one Turn open; planner statistics as a running database has them
+        await turns.submit_input(conn, scope, tree.root_id, "one more", {"kind": "human"})
+        await conn.execute("ANALYZE turns, sessions")
+    async with runtime.db.tx() as conn:
+        explaining = ExplainingConnection(conn)
+        found = await timeline.timeline(explaining, scope, tree.tree_id,  # type: ignore[arg-type]
+                                        since=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+        history = await (await conn.execute("SELECT count(*) AS n FROM turns JOIN sessions USING (session_id) "
+                                            "WHERE tree_id = %s", (tree.tree_id,))).fetchone()
+    assert [i["kind"] for i in found["intervals"]] == ["queued"]  # the open Turn's Run, not yet granted
+    assert history["n"] == 20 * 30 + 1
+    items_plan = explaining.plans[-1]
+    assert rows_read(items_plan, "turns") <= 1, items_plan
+
+
 async def test_another_scope_gets_404_and_bad_cursors_422(runtime: Runtime, scope: Scope,
                                                           client_for: ClientFactory) -> None:
     tree = await seed_worked_tree(runtime.db, scope, members=3, turns_per_member=1)
