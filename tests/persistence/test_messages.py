@@ -170,6 +170,20 @@ async def test_a_readers_page_stops_at_its_byte_budget_and_says_more_follow(db: 
     assert (none, more_after_none) == ([], False)
 
 
+async def test_a_readers_page_budget_counts_the_text_as_a_response_carries_it(db: Database, scope: Scope) -> None:
+    """A control character is one byte stored and six in JSON (``\\u0001``): counted stored, a page
+    of them was six times its budget on the wire."""
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO thread_messages (session_id, turn_id, run_id, role, content) "
+            "SELECT %s, %s, %s, 'tool', repeat(chr(1), 1000) FROM generate_series(1, 3)",
+            (tree.root_id, run.turn_id, run.run_id))
+        first = (await messages.history(conn, tree.root_id))[0]
+        page, more = await messages.reader_page(conn, tree.root_id, after_id=first["id"], limit=100, max_bytes=2500)
+    assert [row["content"] for row in page] == ["\x01" * 1000] and more  # 6,000 bytes: the budget is spent
+
+
 async def test_a_tool_result_is_found_by_its_turn_and_call(db: Database, scope: Scope) -> None:
     _, run = await start_root_run(db, scope)
     async with db.tx() as conn:
