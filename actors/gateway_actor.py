@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any
 
+import psutil
 import ray
 
 from actors import metrics, tracing
@@ -79,6 +80,31 @@ REPLIES_KEPT_CHARS = 64_000_000
 # The error of a call aborted before its reply (model_calls.error).
 CALL_ABORTED = ("aborted: the call was cancelled before its reply (its Turn was cancelled, its tree stopped, or "
                 "its Run ended)")
+# The error of a call aborted because the process that made it is gone.
+CALLER_GONE = "aborted: the process that made the call is gone, and nobody else can take its reply"
+# Two reads of one process's start time agree to the clock tick; another process on its pid does not.
+_START_TIME_SLACK_SECONDS = 0.05
+
+# A process as the gateway of its node can tell it is still the same one: its pid and start time.
+Caller = tuple[int, float]
+
+
+def this_process() -> Caller:
+    """The calling process, sent with each model call (actors/gateways.py): calls go to the
+    gateway of their own node, which can see whether the process still runs (``_CallsInFlight``)."""
+    process = psutil.Process()
+    return process.pid, process.create_time()
+
+
+def _runs(caller: Caller) -> bool:
+    """Whether ``caller`` still runs: its pid is not gone, reused, or a zombie."""
+    pid, started = caller
+    try:
+        process = psutil.Process(pid)
+        return (abs(process.create_time() - started) < _START_TIME_SLACK_SECONDS
+                and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 class AccountedGateway(ModelGateway):
@@ -100,15 +126,18 @@ class AccountedGateway(ModelGateway):
         await self._db.close()
         await super().close()
 
-    async def complete_for_run(self, *, call_id: str, run_id: str, **arguments: Any) -> dict[str, Any]:
+    async def complete_for_run(self, *, call_id: str, run_id: str, caller: Caller | None = None,
+                               **arguments: Any) -> dict[str, Any]:
         """A model call of one Run. ``call_id`` names the call across its caller's retries
         (actors/gateways.py): a retry of a call this process still runs, or answered within
         :data:`REPLY_KEPT_SECONDS`, gets that call's reply instead of asking the model again. Ray
         cannot tell a caller whether a call to an unavailable actor ran, so the caller asks again.
+        ``caller``: the process that asks (:func:`this_process`); the call is aborted once it is gone.
         See :meth:`_complete_for_run` for the other arguments."""
-        return await self._shared.run(call_id, lambda: self._complete_for_run(run_id=run_id, **arguments))
+        return await self._shared.run(call_id, lambda: self._complete_for_run(run_id=run_id, caller=caller,
+                                                                              **arguments))
 
-    async def _complete_for_run(self, *, run_id: str, watch: dict[str, str | int] | None = None,
+    async def _complete_for_run(self, *, run_id: str, caller: Caller | None, watch: dict[str, str | int] | None = None,
                                 trace: dict[str, str] | None = None, **request: Any) -> dict[str, Any]:
         """With ``watch`` (session/tree/turn ids, and the call's step: its number in the Turn) text deltas
         are published live on the ``canopy_deltas`` channel: not persisted, not in the event cursor.
@@ -117,7 +146,7 @@ class AccountedGateway(ModelGateway):
         named = accounted_name(request["model"], request.get("api_base"))  # for a call that never got a reply
         publisher = None if watch is None else _DeltaPublisher(self._database, {**watch, "run_id": run_id})
         with (tracing.remote_span("model call", trace, run_id=run_id, model=str(request["model"])[:200]),
-              self._in_flight.call_of(uuid.UUID(run_id))):
+              self._in_flight.call_of(uuid.UUID(run_id), caller) as flight):
             try:
                 try:
                     reply = await self.complete(**request, on_delta=publisher.add if publisher else None)
@@ -125,9 +154,10 @@ class AccountedGateway(ModelGateway):
                     if publisher is not None:
                         await publisher.drain()  # every delta goes out before the reply is returned
             except asyncio.CancelledError:
-                # Aborted (its Turn cancelled, its tree stopped, its Run over): the provider may bill
-                # what it generated meanwhile, so the call is a row too.
-                self._recorder.add(_Call.failed(run_id, {"model": named, "error": CALL_ABORTED}, started))
+                # Aborted (its Turn cancelled, its tree stopped, its Run over, its caller gone): the
+                # provider may bill what it generated meanwhile, so the call is a row too.
+                self._recorder.add(_Call.failed(run_id, {"model": named, "error": flight.aborted or CALL_ABORTED},
+                                                started))
                 raise
             except Exception as error:
                 # Each request that failed is a row; a call that failed before any request is one too,
@@ -210,43 +240,75 @@ class _SharedCall:
     expiry: asyncio.TimerHandle | None = None  # when its outcome is forgotten
 
 
+@dataclasses.dataclass(eq=False)
+class _Flight:
+    """One model call in flight: its task, the process it answers (None: not one this node's
+    gateway can see), and why it was aborted, once it is."""
+
+    task: asyncio.Task[Any]
+    caller: Caller | None
+    aborted: str | None = None
+
+    def abort(self, why: str) -> None:
+        self.aborted = self.aborted or why
+        self.task.cancel()
+
+
 class _CallsInFlight:
-    """The model calls in flight, by Run, and a check every ``every`` seconds that their Runs go on.
+    """The model calls in flight, by Run, and a check every ``every`` seconds that somebody can
+    still take their replies.
 
     Ray cancels the call of a caller that cancels it, not of one that died (its process killed,
     its node lost): a provider would answer that call to its end, billed, while the resumed Run
-    asks again. Whether anybody can still take the reply is the Run's row: a call of a Run that
-    is over is aborted. A lost ``ray.cancel`` of a cancelled Turn's call ends the same way."""
+    asks again. A call goes to the gateway of its caller's node, which sees at once whether that
+    process still runs: a call whose caller is gone is aborted (its ``call_id`` is the dead
+    process's own, so no retry can take the reply). The Run's row says the rest: a call of a Run
+    that is over is aborted too, so a lost ``ray.cancel`` of a cancelled Turn's call ends the same
+    way, and a caller this gateway cannot see is covered once its Run's lease is recovered."""
 
     def __init__(self, database: Callable[[], Awaitable[Database]], every: float) -> None:
         self._database = database
         self._every = every
-        self._calls: dict[uuid.UUID, set[asyncio.Task[Any]]] = {}
+        self._calls: dict[uuid.UUID, set[_Flight]] = {}
         self._checker: asyncio.Task[None] | None = None
 
     @contextlib.contextmanager
-    def call_of(self, run_id: uuid.UUID) -> Iterator[None]:
-        """The current task, a model call of ``run_id``, aborted if that Run is found over."""
+    def call_of(self, run_id: uuid.UUID, caller: Caller | None) -> Iterator[_Flight]:
+        """The current task, a model call of ``run_id`` for ``caller``, aborted if that Run is
+        found over or that process gone. A caller not seen running now (another node's, in another
+        pid namespace) is never taken for gone."""
         task = asyncio.current_task()
         assert task is not None
-        self._calls.setdefault(run_id, set()).add(task)
+        flight = _Flight(task, caller if caller is not None and _runs(caller) else None)
+        self._calls.setdefault(run_id, set()).add(flight)
         if self._checker is None or self._checker.done():
             self._checker = asyncio.create_task(self._check_while_any())
         try:
-            yield
+            yield flight
         finally:
-            tasks = self._calls[run_id]
-            tasks.discard(task)
-            if not tasks:
+            flights = self._calls[run_id]
+            flights.discard(flight)
+            if not flights:
                 del self._calls[run_id]
 
     async def _check_while_any(self) -> None:
         while self._calls:
             await asyncio.sleep(self._every)
+            self._abort_calls_of_gone_callers()
             try:
                 await self._abort_calls_of_runs_over()
             except Exception:  # the next round asks again
                 log.exception("checking the Runs of %d model call(s) in flight failed", len(self._calls))
+
+    def _abort_calls_of_gone_callers(self) -> None:
+        callers = {flight.caller for flights in self._calls.values() for flight in flights if flight.caller}
+        gone = {caller for caller in callers if not _runs(caller)}
+        for run_id, flights in self._calls.items():
+            for flight in flights:
+                if (caller := flight.caller) is not None and caller in gone and not flight.aborted:
+                    flight.abort(CALLER_GONE)
+                    log.info("aborted a model call of run %s: the process that made it (pid %d) is gone",
+                             run_id, caller[0])
 
     async def _abort_calls_of_runs_over(self) -> None:
         if not self._calls:
@@ -255,12 +317,12 @@ class _CallsInFlight:
         async with db.tx() as conn:
             over = await runs.over(conn, list(self._calls))
         for run_id in over:
-            tasks = self._calls.get(run_id, set())
-            for task in tasks:
-                task.cancel()
-            if tasks:
+            flights = [flight for flight in self._calls.get(run_id, ()) if not flight.aborted]
+            for flight in flights:
+                flight.abort(CALL_ABORTED)
+            if flights:
                 log.info("aborted %d model call(s) of run %s: the run is over, nobody takes the reply",
-                         len(tasks), run_id)
+                         len(flights), run_id)
 
 
 @dataclasses.dataclass

@@ -37,7 +37,7 @@ from typing import Any
 
 import ray
 
-from actors.gateway_actor import GatewayActor
+from actors.gateway_actor import GatewayActor, this_process
 from actors.model_gateway import ModelGateway
 from actors.naming import NAMESPACE, NodeLocal, gateway_actor_name, node_local_options
 from persistence.settings import Settings, get_settings
@@ -168,5 +168,6 @@ async def _answering(local: NodeLocal) -> None:
 
 
 async def complete_for_run(**arguments: Any) -> dict[str, Any]:
-    """A model call of a Run (GatewayActor.complete_for_run), named once for all its retries."""
-    return await call("complete_for_run", call_id=uuid.uuid4().hex, **arguments)
+    """A model call of a Run (GatewayActor.complete_for_run), named once for all its retries, from
+    this process (aborted once it is gone)."""
+    return await call("complete_for_run", call_id=uuid.uuid4().hex, caller=this_process(), **arguments)

@@ -164,8 +164,9 @@ class Settings(BaseSettings):
     sweep_seconds: float = Field(
         default=2.0, ge=0.05, le=DURATION_MAX_SECONDS,
         description="Seconds between the sweeper's recovery rounds (and tree supervisors' idle "
-                    "checks, and each gateway's check that the Runs of its model calls in "
-                    "flight go on: a call of a Run that is over is aborted).")
+                    "checks, and each gateway's check that its model calls in flight can still "
+                    "be taken: a call whose calling process is gone, or whose Run is over, is "
+                    "aborted).")
     node_watch_seconds: float = Field(
         default=10.0, gt=0, le=DURATION_MAX_SECONDS,
         description="Seconds between the sweeper's looks at the cluster's nodes: a lost node's "

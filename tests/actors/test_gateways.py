@@ -9,6 +9,8 @@ import contextlib
 import gc
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 import weakref
@@ -16,12 +18,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import ray
 from ray.util.state import list_actors
 
 from actors import gateways
-from actors.gateway_actor import CALL_ABORTED, _reply_chars, _SharedCalls
+from actors.gateway_actor import (
+    CALL_ABORTED,
+    CALLER_GONE,
+    _CallsInFlight,
+    _Flight,
+    _reply_chars,
+    _runs,
+    _SharedCalls,
+    this_process,
+)
 from actors.gateways import gateway_on
 from actors.naming import NodeLocal, gateway_actor_name, node_local_options
 from actors.runtime import MALLOC_ARENA_MAX, Runtime
@@ -334,3 +346,54 @@ async def test_replies_kept_for_retries_hold_at_most_their_budget_the_oldest_for
     for index in reversed(range(10)):  # newest first: a retry asked again ends, and is kept, in its turn
         await call(f"c{index}", 298)
     assert asked == [f"c{index}" for index in reversed(range(7))], asked  # the last three (900) were kept
+
+
+def test_a_caller_runs_until_its_process_ends_whoever_has_its_pid_then() -> None:
+    """A call's caller is its pid and start time: a process on a reused pid, or one dead but not yet
+    reaped (a zombie), is not it."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    caller = (child.pid, psutil.Process(child.pid).create_time())
+    try:
+        assert _runs(caller)
+        assert not _runs((child.pid, caller[1] - 1))  # another process started on that pid
+        child.kill()
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        assert not _runs(caller)
+    finally:
+        child.kill()
+        child.wait()
+    assert not _runs(caller)
+
+
+async def test_a_call_is_aborted_when_its_caller_is_gone_and_only_a_caller_once_seen() -> None:
+    """The gateway aborts a call whose caller it saw running and finds gone; a caller it cannot see
+    at the call's start (another pid namespace) is left to its Run's lease, never taken for gone."""
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+    in_flight = _CallsInFlight(database=None, every=3600)  # type: ignore[arg-type]  # no round, no database
+    flights: dict[str, _Flight] = {}
+
+    async def call(name: str, caller: tuple[int, float]) -> None:
+        with in_flight.call_of(uuid.uuid4(), caller) as flight:
+            flights[name] = flight
+            await asyncio.sleep(3600)
+
+    try:
+        calls = [asyncio.create_task(call("seen", (child.pid, psutil.Process(child.pid).create_time()))),
+                 asyncio.create_task(call("unseen", (child.pid, 0.0))),
+                 asyncio.create_task(call("ours", this_process()))]
+        await asyncio.sleep(0.1)
+        in_flight._abort_calls_of_gone_callers()
+        assert not any(flight.aborted for flight in flights.values())
+        child.kill()
+        await child.wait()
+        in_flight._abort_calls_of_gone_callers()
+        await asyncio.sleep(0.1)
+        assert {name: (flight.aborted, flight.task.done()) for name, flight in flights.items()} == {
+            "seen": (CALLER_GONE, True), "unseen": (None, False), "ours": (None, False)}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+        await child.wait()
+        for task in [*calls, in_flight._checker]:
+            task.cancel()  # type: ignore[union-attr]

@@ -17,6 +17,7 @@ import pytest
 import ray
 from ray.util.state import list_actors
 
+from actors.gateway_actor import CALLER_GONE
 from actors.naming import session_actor_name, tree_actor_name
 from actors.placement import Dedicated, Hosted
 from actors.runtime import Runtime
@@ -83,7 +84,8 @@ async def test_kill_member_mid_turn(runtime: Runtime, scope: Scope, how: str, po
 @pytest.mark.default_shape  # the gateway aborts it once the Run is over, whichever process it was in
 async def test_the_model_call_of_a_killed_run_is_aborted_at_the_provider(runtime: Runtime, scope: Scope) -> None:
     """Ray does not cancel the call of a caller that died: the provider would answer it to its
-    end (and bill it) while the resumed Run asks again. The gateway aborts it once the Run is over."""
+    end (and bill it) while the resumed Run asks again. The gateway aborts it once it finds the
+    calling process gone, before the Run's lease runs out (nobody else can take the reply)."""
     delay = 15.013  # a latency no other test's call has: this test's call is told apart by it
     text = script(call(create("slow", script(say("slow done", delay_ms=round(delay * 1000))))),
                   call(("wait_inputs", {"input_ids": ["${0.input_id}"]})), say("root got ${1.results.0.output}"))
@@ -92,15 +94,20 @@ async def test_the_model_call_of_a_killed_run_is_aborted_at_the_provider(runtime
     slow = await eventually(lambda: _member(runtime, tree_id, "/root/slow"))
     await eventually(lambda: _owned_run(runtime, slow))
     await eventually(lambda: model_calls_waiting(delay))  # the slow call is at the provider
+    [killed] = await rows(runtime.db, "SELECT run_id FROM runs WHERE session_id = %s AND status = 'running'", slow)
     earlier = len(await model_gateway().scripted_hangups.remote())
     await kill_session_process(runtime, slow, "kill -9")
     result = await _assert_clean_finish(runtime, scope, tree_id, created["input"]["input_id"])
     assert (result["status"], result["output"]) == ("completed", "root got slow done")
-    # The killed Run's request, hung up well before its end: once its lease expired (4 s here)
-    # and the sweeper recovered it, within the gateway's next check.
     hangups = [h for h in (await model_gateway().scripted_hangups.remote())[earlier:] if h["delay_seconds"] == delay]
     assert len(hangups) == 1, hangups
     assert hangups[0]["after_seconds"] < delay - 3, hangups
+    # Aborted for its caller's death, recorded before the sweeper recovered the Run (its lease, 4 s
+    # here, ran out): not later, when the Run was found over.
+    [call_row] = await rows(runtime.db, "SELECT c.error, c.created_at < r.ended_at AS before_recovery "
+                                        "FROM model_calls c JOIN runs r USING (run_id) WHERE c.run_id = %s",
+                            killed["run_id"])
+    assert call_row == {"error": CALLER_GONE, "before_recovery": True}, call_row
 
 
 async def _member(runtime: Runtime, tree_id: uuid.UUID, path: str = "/root/fp-member") -> uuid.UUID | None:
