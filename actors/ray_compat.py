@@ -18,6 +18,10 @@ tests/hostile/test_api_exposure.py checks the Serve rebinding):
   tests/actors/test_runtime.py checks that a dedicated actor starts in a prestarted worker.
   Only a node's session directory calls it (actors/directory.py): the stubs weigh ~14 MiB,
   which no session process needs to carry.
+- ``alive_actors``: ``ray._private.state``'s actor table (Ray's GCS): the only other way to tell
+  an actor alive from one still starting is the dashboard's state API, which a cluster may run
+  without (the sweeper's check of per-node actors that answer nothing, actors/sweeper.py;
+  tests/actors/test_sandbox_hosts.py checks it).
 - ``serve_http_address``: ``ray.serve.context._get_global_client`` and its client's
   ``http_config``: Serve has no public way to ask whether it runs on a cluster, nor where its
   proxies listen, and ``serve.start`` on a running Serve ignores new HTTP options with only a
@@ -74,6 +78,16 @@ def prestart_worker(job_id: str, runtime_env: str, keep_alive_seconds: float) ->
         runtime_env_info=runtime_environment_pb2.RuntimeEnvInfo(serialized_runtime_env=runtime_env),
         keep_alive_duration_secs=max(1, round(keep_alive_seconds)), num_workers=1)
     _node_manager(f"{node.node_ip_address}:{node.node_manager_port}").PrestartWorkers(request, timeout=10)
+
+
+def alive_actors() -> dict[str, tuple[str, int]]:
+    """The named actors that are alive (started, not restarting), by name: their actor id and how
+    often Ray has restarted them. Blocks for the GCS (call it from a thread)."""
+    from ray._private.state import state
+
+    table = state.actor_table(None, actor_state_name="ALIVE")
+    return {str(info["Name"]): (str(actor_id), int(info["NumRestarts"])) for actor_id, info in table.items()
+            if info["Name"]}
 
 
 def serve_http_address() -> tuple[str, int] | None:

@@ -6,7 +6,8 @@ waits whose condition or deadline is met, fires scheduled inputs that are due
 re-activates sessions holding a granted but unowned Run, and releases the sandboxes of
 trees idle for ``sandbox_idle_seconds`` (SPEC §12; it looks once in a tenth of that, at least every 10 s) and of
 nodes that left the cluster (actors/sandbox_hosts.py), and moves session hosts to the nodes the placement now puts
-them on (actors/placement.py); every few seconds it also publishes the
+them on (actors/placement.py), and kills each node's model gateway and sandbox host that answers
+nothing, for Ray to start it again (``restart_silent``); every few seconds it also publishes the
 runtime's state gauges (actors/metrics.py), and now and then deletes expired watch marks
 (persistence/stream_watchers.py). Each record is handled in its own
 transaction; one failing record is logged and skipped, the rest proceed, and one failing
@@ -25,8 +26,8 @@ from typing import Any
 
 import ray
 
-from actors import hosting, metrics, sandbox_hosts, sandbox_tools, signals
-from actors.naming import NAMESPACE, SWEEPER_NAME
+from actors import hosting, metrics, ray_compat, sandbox_hosts, sandbox_tools, signals
+from actors.naming import NAMESPACE, SWEEPER_NAME, gateway_actor_name, live_nodes, sandbox_host_name
 from persistence import receipts, schedules, stream_watchers, turns, waits
 from persistence import runs as run_repo
 from persistence.db import Database, LazyDatabase
@@ -128,7 +129,8 @@ class SweeperImpl:
         # Each step is isolated too: a failing step (say, a query) never stops the others.
         for step in (self._recover_expired, self._resume_due_waits, self._fire_schedules, self._poke_queued,
                      self._release_idle_sandboxes, self._reap_orphan_sandboxes, self._release_lost_nodes_sandboxes,
-                     self._move_hosts, self._publish_gauges, self._delete_expired_watchers):
+                     self._move_hosts, self._restart_silent_actors, self._publish_gauges,
+                     self._delete_expired_watchers):
             try:
                 await step(db)
             except Exception:
@@ -231,6 +233,19 @@ class SweeperImpl:
         except Exception:
             log.exception("moving session hosts failed; the next round retries")
 
+    async def _restart_silent_actors(self, db: Database) -> None:
+        """Every node's model gateway and sandbox host that answers nothing is started again
+        (``restart_silent``), in the background: a check waits up to ``actor_answer_seconds``."""
+        self._beside_every("silent", self.settings.node_watch_seconds, self._restart_silent_actors_now)
+
+    async def _restart_silent_actors_now(self) -> None:
+        try:
+            nodes = await asyncio.to_thread(live_nodes)
+            await restart_silent([name(node) for node in nodes for name in (gateway_actor_name, sandbox_host_name)],
+                                 self.settings.actor_answer_seconds)
+        except Exception:
+            log.exception("checking that each node's gateway and sandbox host answer failed; the next round retries")
+
     def _beside_every(self, step: str, every_seconds: float, work: Callable[[], Awaitable[None]]) -> None:
         """Start ``work`` beside the rounds once in ``every_seconds``; while the step's previous one
         still runs, at the first round after it ended."""
@@ -285,6 +300,44 @@ class SweeperImpl:
             self.recoveries += 1
             log.warning("recovered run %s of session %s", run_id, recovered["session_id"])
             await signals.after_change(self.placement, db, [recovered["session_id"]])
+
+
+async def restart_silent(names: list[str], timeout: float) -> list[str]:
+    """Of the per-node actors ``names``, kill those that are alive but answer nothing (Ray's
+    ``__ray_ready__``) for ``timeout`` seconds, for Ray to start them again (``max_restarts``); the
+    names killed. A process stopped or stuck (its event loop blocked) holds every call of its node
+    without end, and its callers' leases keep their Turns running: a killed one's calls fail as lost
+    (a model call is asked again, a sandbox call of a lost host takes its tested path). An actor
+    still starting or restarting is not asked (the readiness call waits for a start, which may be
+    slow on a loaded node and is no fault), nor killed if it restarted while it was asked."""
+    before = await asyncio.to_thread(ray_compat.alive_actors)
+    asked = [name for name in names if name in before]
+    answered = await asyncio.gather(*(_answers(name, timeout) for name in asked))
+    silent = [name for name, answers in zip(asked, answered, strict=True) if not answers]
+    if not silent:
+        return []
+    after = await asyncio.to_thread(ray_compat.alive_actors)
+    killed = []
+    for name in silent:
+        if after.get(name) != before[name]:
+            continue
+        log.error("%s answered nothing for %.0f s: killed, for Ray to start it again", name, timeout)
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+        killed.append(name)
+    return killed
+
+
+async def _answers(name: str, timeout: float) -> bool:
+    """Whether the actor ``name`` answers within ``timeout`` seconds; one gone or restarting meanwhile
+    counts as answering (there is nothing to kill)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await ray.get_actor(name, namespace=NAMESPACE).__ray_ready__.remote()
+    except TimeoutError:
+        return False
+    except (ValueError, ray.exceptions.RayActorError):
+        pass
+    return True
 
 
 async def _each(records: list[uuid.UUID], handle: Callable[[uuid.UUID], Awaitable[None]]) -> None:

@@ -167,6 +167,12 @@ class Settings(BaseSettings):
                     "checks, and each gateway's check that its model calls in flight can still "
                     "be taken: a call whose calling process is gone, or whose Run is over, is "
                     "aborted).")
+    actor_answer_seconds: float = Field(
+        default=120.0, gt=0, le=DURATION_MAX_SECONDS,
+        description="Seconds a node's model gateway or sandbox host, once started, may take to answer "
+                    "the sweeper's check (every CANOPY_NODE_WATCH_SECONDS) before it is killed for Ray "
+                    "to start it again: a process stopped or stuck would hold every call of its node, "
+                    "its callers' Turns running, without end.")
     node_watch_seconds: float = Field(
         default=10.0, gt=0, le=DURATION_MAX_SECONDS,
         description="Seconds between the sweeper's looks at the cluster's nodes: a lost node's "

@@ -4,6 +4,7 @@ node's workdir is reported, never silently replaced. The cluster: see sandbox_ho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -12,14 +13,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import ray
 
 from actors import sandbox_hosts, sandbox_tools
+from actors.naming import sandbox_host_name
 from actors.runtime import Runtime
 from actors.sandbox_hosts import WORKDIR_LOST
 from actors.sandbox_tools import HOST_LOST_STOPPED, command_id
 from actors.scripted import call, create, say, script
+from actors.sweeper import restart_silent
 from persistence import sandbox_leases as leases
 from persistence.errors import DatabaseUnreachable
 from persistence.records import RunRef, Scope, new_id
@@ -101,6 +105,34 @@ async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Sco
     receipts = await rows(runtime.db, "SELECT r.state FROM tool_receipts r JOIN turns t USING (turn_id) "
                           "WHERE t.session_id = %s", tree_id)
     assert receipts == [{"state": "done"}]
+
+
+@pytest.mark.default_shape  # the sandbox host stops, not the session's process
+async def test_a_host_that_answers_nothing_is_started_again_and_its_command_stopped(runtime: Runtime,
+                                                                                 scope: Scope) -> None:
+    """A host stopped or stuck (its event loop blocked) answered nothing and held its callers' Turns,
+    whose leases their own processes renew, without end. The sweeper's check kills it for Ray to
+    start it again; its command then takes the path of a host that died."""
+    created, workdir = await beating(runtime, scope, say("after"))
+    tree_id = created["session"]["session_id"]
+    name = sandbox_host_name(ray.get_runtime_context().get_node_id())
+    assert await restart_silent([name], timeout=5) == []  # it answers: kept
+    [host] = await alive_sandbox_hosts()
+    os.kill(int(host.pid), signal.SIGSTOP)
+    try:
+        assert await restart_silent([name], timeout=2) == [name]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(host.pid), signal.SIGCONT)
+
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert (result["status"], result["output"]) == ("completed", "after"), result
+    await assert_stopped(workdir)
+    [told] = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool'",
+                        tree_id)
+    assert json.loads(told["content"]) == {"outcome": "unknown", "error": HOST_LOST_STOPPED}, told
+    [again] = await alive_sandbox_hosts()
+    assert again.pid != host.pid and not psutil.pid_exists(int(host.pid))
 
 
 @pytest.mark.default_shape  # where the sandbox is, not where the session runs
