@@ -87,14 +87,27 @@ async def test_the_sweeper_releases_an_idle_sandbox_in_its_nodes_host(runtime: R
 
 
 @pytest.mark.default_shape  # the sandbox host dies, not the session's process
-async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Scope) -> None:
+@pytest.mark.parametrize("how", ["killed", "answering nothing"])
+async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Scope, how: str) -> None:
     """A ``docker exec`` outlives the host that started it, and its timeout died with the host: the
     command must be killed through the host's successor, not left running (the model, told its
-    outcome is unknown, may well run it again beside it)."""
+    outcome is unknown, may well run it again beside it). A host stopped or stuck (its event loop
+    blocked) answered nothing and held its callers' Turns, whose leases their own processes renew,
+    without end: the sweeper's check kills it, for Ray to start it again, and the rest is the same."""
     created, workdir = await beating(runtime, scope, say("after"))
     tree_id = created["session"]["session_id"]
-    hosts = await alive_sandbox_hosts()
-    os.kill(int(hosts[0].pid), signal.SIGKILL)
+    [host] = await alive_sandbox_hosts()
+    if how == "killed":
+        os.kill(int(host.pid), signal.SIGKILL)
+    else:
+        name = sandbox_host_name(ray.get_runtime_context().get_node_id())
+        assert await restart_silent([name], timeout=5) == []  # it answers: kept
+        os.kill(int(host.pid), signal.SIGSTOP)
+        try:
+            assert await restart_silent([name], timeout=2) == [name]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(host.pid), signal.SIGCONT)
 
     result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
     assert (result["status"], result["output"]) == ("completed", "after"), result
@@ -105,32 +118,6 @@ async def test_a_command_whose_host_died_is_stopped(runtime: Runtime, scope: Sco
     receipts = await rows(runtime.db, "SELECT r.state FROM tool_receipts r JOIN turns t USING (turn_id) "
                           "WHERE t.session_id = %s", tree_id)
     assert receipts == [{"state": "done"}]
-
-
-@pytest.mark.default_shape  # the sandbox host stops, not the session's process
-async def test_a_host_that_answers_nothing_is_started_again_and_its_command_stopped(runtime: Runtime,
-                                                                                 scope: Scope) -> None:
-    """A host stopped or stuck (its event loop blocked) answered nothing and held its callers' Turns,
-    whose leases their own processes renew, without end. The sweeper's check kills it for Ray to
-    start it again; its command then takes the path of a host that died."""
-    created, workdir = await beating(runtime, scope, say("after"))
-    tree_id = created["session"]["session_id"]
-    name = sandbox_host_name(ray.get_runtime_context().get_node_id())
-    assert await restart_silent([name], timeout=5) == []  # it answers: kept
-    [host] = await alive_sandbox_hosts()
-    os.kill(int(host.pid), signal.SIGSTOP)
-    try:
-        assert await restart_silent([name], timeout=2) == [name]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(host.pid), signal.SIGCONT)
-
-    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
-    assert (result["status"], result["output"]) == ("completed", "after"), result
-    await assert_stopped(workdir)
-    [told] = await rows(runtime.db, "SELECT content FROM thread_messages WHERE session_id = %s AND role = 'tool'",
-                        tree_id)
-    assert json.loads(told["content"]) == {"outcome": "unknown", "error": HOST_LOST_STOPPED}, told
     [again] = await alive_sandbox_hosts()
     assert again.pid != host.pid and not psutil.pid_exists(int(host.pid))
 
