@@ -15,8 +15,10 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterator
@@ -92,8 +94,14 @@ Caller = tuple[int, float]
 def this_process() -> Caller:
     """The calling process, sent with each model call (actors/gateways.py): calls go to the
     gateway of their own node, which can see whether the process still runs (``_CallsInFlight``)."""
-    process = psutil.Process()
-    return process.pid, process.create_time()
+    return _process(os.getpid())
+
+
+@functools.cache
+def _process(pid: int) -> Caller:
+    """A process's start time never changes: read once, not on every model call (keyed by pid, so a
+    forked child reads its own)."""
+    return pid, psutil.Process(pid).create_time()
 
 
 def _runs(caller: Caller) -> bool:

@@ -21,7 +21,7 @@ from persistence import runs, timeline, turns
 from persistence.db import Database
 from persistence.records import Scope
 from tests.api.conftest import ClientFactory
-from tests.api.helpers import poll, rows, terminal
+from tests.api.helpers import poll, rows, rows_read, terminal
 from tests.api.test_api_cli import canopy
 from tests.persistence.helpers import age_members, seed_worked_tree
 
@@ -343,15 +343,6 @@ class ExplainingConnection:
         explained = await self.conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, arguments)
         self.plans.append((await explained.fetchone())["QUERY PLAN"][0]["Plan"])
         return await self.conn.execute(statement, arguments)
-
-
-def rows_read(plan: dict[str, Any], relation: str) -> int:
-    """The rows of ``relation`` a plan's scans read, kept or filtered out, over all their loops."""
-    read = 0
-    if plan.get("Relation Name") == relation:
-        read = (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
-                + plan.get("Rows Removed by Index Recheck", 0)) * plan["Actual Loops"]
-    return read + sum(rows_read(child, relation) for child in plan.get("Plans", []))
 
 
 async def test_a_read_since_reads_the_open_and_recent_turns_not_the_history(runtime: Runtime, scope: Scope) -> None:
