@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
@@ -44,8 +44,7 @@ _ORPHANS_EVERY_SECONDS = 60.0
 _IDLE_CHECK_MAX_SECONDS = 10.0
 # Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
 _GAUGES_EVERY_SECONDS = 5.0
-# A schedule catching up on every missed due time fires at most this many per round (the rest next round).
-_MAX_FIRINGS_PER_ROUND = 20
+_T = TypeVar("_T")
 # Expired watch marks are ignored by readers; deleting them is housekeeping only.
 _WATCHERS_EVERY_SECONDS = 60.0
 # How long a dead Run's commands are waited on to stop before a later round asks again: past the
@@ -151,22 +150,21 @@ class SweeperImpl:
     async def _fire_schedules(self, db: Database) -> None:
         async with db.tx() as conn:
             due = await schedules.due_schedules(conn)
-        await _each(due, lambda schedule_id: self._fire(db, schedule_id))
+        await fire_in_turns(due, self.settings.schedule_firings_per_round,
+                            lambda schedule_id: self._fire(db, schedule_id))
 
-    async def _fire(self, db: Database, schedule_id: uuid.UUID) -> None:
-        """Fire a schedule's due times that have come (several only when it catches up on all missed
-        ones), each in its own transaction, with its hints after the commit."""
-        for _ in range(_MAX_FIRINGS_PER_ROUND):
-            hints = signals.NO_HINTS
-            async with db.tx() as conn:
-                fired = await schedules.fire_due(conn, schedule_id, self.settings.sweep_seconds)
-                if fired is not None and fired["receipt"] is not None:
-                    started = fired["receipt"]["turn_id"] is not None
-                    hints = await signals.change_hints(conn, [fired["session_id"]],
-                                                       hand_off_tree=fired["tree_id"] if started else None)
-            await signals.send_hints(self.placement, db, hints)
-            if fired is None:
-                return
+    async def _fire(self, db: Database, schedule_id: uuid.UUID) -> bool:
+        """Fire the schedule's next due time if it has come, in its own transaction, with its hints
+        after the commit; whether one fired."""
+        hints = signals.NO_HINTS
+        async with db.tx() as conn:
+            fired = await schedules.fire_due(conn, schedule_id, self.settings.sweep_seconds)
+            if fired is not None and fired["receipt"] is not None:
+                started = fired["receipt"]["turn_id"] is not None
+                hints = await signals.change_hints(conn, [fired["session_id"]],
+                                                   hand_off_tree=fired["tree_id"] if started else None)
+        await signals.send_hints(self.placement, db, hints)
+        return fired is not None
 
     async def _poke_queued(self, db: Database) -> None:
         async with db.tx() as conn:
@@ -340,16 +338,29 @@ async def _answers(name: str, timeout: float) -> bool:
     return True
 
 
-async def _each(records: list[uuid.UUID], handle: Callable[[uuid.UUID], Awaitable[None]]) -> None:
+async def fire_in_turns(due: list[uuid.UUID], budget: int, fire: Callable[[uuid.UUID], Awaitable[bool]]) -> None:
+    """Fire one due time of each due schedule in turn, then another of each that fired, and so on,
+    until none fires or the round's ``budget`` of attempts (each a transaction) is spent: a backlog
+    of schedules catching up on all their due times shares the round, and the steps after it (the
+    next round's recoveries) wait for at most that many. A schedule whose firing failed waits for
+    the next round."""
+    while due and budget > 0:
+        turn = due[:budget]
+        budget -= len(turn)
+        due = [schedule_id for schedule_id in turn if await _isolated(fire, schedule_id)]
+
+
+async def _each(records: list[uuid.UUID], handle: Callable[[uuid.UUID], Awaitable[object]]) -> None:
     for record in records:
         await _isolated(handle, record)
 
 
-async def _isolated(handle: Callable[[uuid.UUID], Awaitable[None]], record: uuid.UUID) -> None:
+async def _isolated(handle: Callable[[uuid.UUID], Awaitable[_T]], record: uuid.UUID) -> _T | None:
     try:
-        await handle(record)
+        return await handle(record)
     except Exception:
         log.exception("sweep of %s failed; continuing with the rest", record)
+        return None
 
 
 Sweeper = ray.remote(SweeperImpl)

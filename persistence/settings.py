@@ -167,6 +167,12 @@ class Settings(BaseSettings):
                     "checks, and each gateway's check that its model calls in flight can still "
                     "be taken: a call whose calling process is gone, or whose Run is over, is "
                     "aborted).")
+    schedule_firings_per_round: int = Field(
+        default=100, ge=1, le=100_000,
+        description="Due times the sweeper fires in one round, one of each due schedule in turn: "
+                    "schedules catching up on every missed due time (catch_up all) share the round, "
+                    "and the rest fire next round, so a backlog does not hold up the recovery of "
+                    "lost Runs behind it.")
     actor_answer_seconds: float = Field(
         default=120.0, gt=0, le=DURATION_MAX_SECONDS,
         description="Seconds a node's model gateway or sandbox host, once started, may take to answer "

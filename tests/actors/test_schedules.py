@@ -1,10 +1,12 @@
-"""Scheduled inputs through the runtime: the sweeper fires each due time once and the session works it."""
+"""Scheduled inputs through the runtime: the sweeper fires each due time once, sharing a round among
+the schedules due, and the session works it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import uuid
 
 import ray
 from ray.util.state import list_actors
@@ -12,10 +14,14 @@ from ray.util.state import list_actors
 from actors.naming import SWEEPER_NAME
 from actors.runtime import Runtime
 from actors.scripted import say, script
+from actors.sweeper import fire_in_turns
+from persistence import schedules
 from persistence.databases import rows
+from persistence.db import Database
 from persistence.records import Scope
 from persistence.schedules import Rule
 from tests.actors.helpers import eventually
+from tests.persistence.helpers import fetch_all, start_root_run
 
 
 async def test_an_interval_schedule_gives_one_input_per_due_time(runtime: Runtime, scope: Scope) -> None:
@@ -68,3 +74,36 @@ async def test_a_sweeper_killed_and_restarted_by_ray_goes_on_sweeping(runtime: R
     await eventually(fired_twice, timeout=90)
     await runtime.delete_schedule(scope, session_id, schedule["schedule_id"])
     assert await asyncio.to_thread(sweeper_pid) not in (None, killed)  # another process sweeps now
+
+
+async def test_a_round_shares_its_firings_among_the_schedules_catching_up(db: Database, scope: Scope) -> None:
+    """Schedules catching up on all their missed due times fired up to 20 each in one round: a
+    backlog of 100 held the round (and the recoveries behind it) for 2,000 transactions. A round
+    fires at most its budget, one due time of each schedule in turn."""
+    made, roots = [], []
+    for _ in range(3):
+        tree, _busy = await start_root_run(db, scope)  # a running Turn: each input waits in the queue
+        async with db.tx() as conn:
+            schedule = await schedules.create_schedule(conn, scope, tree.root_id, Rule(interval_seconds=10),
+                                                       "tick", "all")
+            await conn.execute("UPDATE schedules SET next_due_at = now() - interval '95 seconds' "
+                               "WHERE schedule_id = %s", (schedule["schedule_id"],))  # ten due times missed
+        made.append(schedule["schedule_id"])
+        roots.append(tree.root_id)
+
+    async def fire(schedule_id: uuid.UUID) -> bool:
+        async with db.tx() as conn:
+            return await schedules.fire_due(conn, schedule_id) is not None
+
+    async def firings() -> list[int]:
+        counted = await fetch_all(db, "SELECT schedule_id, count(*) AS n FROM schedule_firings "
+                                  "WHERE schedule_id = ANY(%s) GROUP BY schedule_id", (made,))
+        return sorted(row["n"] for row in counted)
+
+    await fire_in_turns(made, 7, fire)
+    assert await firings() == [2, 2, 3]
+    await fire_in_turns(made, 100, fire)  # a larger budget: every schedule catches up, then none fires
+    assert await firings() == [10, 10, 10]
+    async with db.tx() as conn:  # due again each 10 s: out of the due list the other tests read
+        for root_id, schedule_id in zip(roots, made, strict=True):
+            await schedules.delete_schedule(conn, scope, root_id, schedule_id)
