@@ -507,21 +507,30 @@ async def _idle_workers(runtime: Runtime) -> int:
 async def test_an_activated_session_runs_in_a_process_started_before(runtime: Runtime, scope: Scope) -> None:
     """Activation starts no process on the Run's critical path: a hosted session runs in its host;
     a dedicated session's actor takes a worker its node prestarted when an earlier dedicated actor
-    (here the first tree's supervisor and root) took one."""
-    first = await runtime.create_root(scope, input_text=script(say("warm")))
-    assert (await runtime.wait_result(scope, first["input"]["input_id"], timeout=60))["status"] == "completed"
-    if isinstance(runtime.placement, Dedicated):  # the next supervisor and session each find one running
-        async def two_idle() -> bool:
-            return await _idle_workers(runtime) >= 2
+    took one. A child passivated while its root still runs (so its tree's supervisor is live) is
+    given a second input: only its own activation is asked of the node."""
+    text = script(call(create("c", script(say("first")))), say("root done", delay_ms=120_000))
+    created = await runtime.create_root(scope, input_text=text)
+    tree_id = created["session"]["session_id"]
+    child = await eventually(lambda: rows(runtime.db, "SELECT s.session_id FROM sessions s JOIN turns t USING "
+                                          "(session_id) WHERE s.tree_id = %s AND s.path = '/root/c' AND "
+                                          "t.status = 'completed'", tree_id), timeout=60)
+    child_id = uuid.UUID(str(child[0]["session_id"]))
 
-        await eventually(two_idle, timeout=30)
+    async def passivated_with_a_spare() -> bool:
+        spare = not isinstance(runtime.placement, Dedicated) or await _idle_workers(runtime) >= 1
+        return spare and await runtime.placement.session_status(child_id) is None
+
+    await eventually(passivated_with_a_spare, timeout=60)
     activated_at = time.time()
-    second = await runtime.create_root(scope, input_text=script(say("second")))
-    assert (await runtime.wait_result(scope, second["input"]["input_id"], timeout=60))["status"] == "completed"
+    second = await runtime.submit_input(scope, child_id, script(say("second")))
+    assert (await runtime.wait_result(scope, second["input_id"], timeout=60))["status"] == "completed"
 
-    status = await runtime.placement.session_status(uuid.UUID(str(second["session"]["session_id"])))
+    status = await runtime.placement.session_status(child_id)
+    await runtime.stop_tree(scope, tree_id)  # the root's long reply is not waited for
     assert status is not None
     assert psutil.Process(int(status["pid"])).create_time() < activated_at
+    await runtime.wait_tree_idle(scope, tree_id, timeout=60)
 
 
 def test_rays_token_is_its_owners_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
