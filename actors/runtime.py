@@ -649,7 +649,7 @@ class Runtime:
         checked = None
         if changes.keys() & set(agents.ENDPOINT_FIELDS):
             async with self.db.tx() as conn:
-                current = await agents.get_agent(conn, scope, agent_id)
+                current = await agents.get_own_agent(conn, scope, agent_id)
             checked = await require_usable_model(self.check_model, {**current, **changes})
         async with self.db.tx() as conn:
             agent = await agents.update_agent(conn, scope, agent_id, changes, checked_endpoint=checked)

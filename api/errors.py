@@ -53,14 +53,26 @@ def status_of(error: CanopyError) -> int:
     return next(STATUS[cls] for cls in type(error).__mro__ if cls in STATUS)
 
 
-def _location(loc: Any) -> str:
-    return ".".join(str(part) for part in loc) or "request"
+# A body of 1 MiB can hold 50,000 unknown keys, or one key of a million characters, which the
+# answer named (twice): a 422 many times the size of its request. It names the first few, each cut short.
+_PROBLEMS_SHOWN = 20
+_PART_CHARS = 100
 
 
-def _problems(error: RequestValidationError) -> list[dict[str, Any]]:
-    # Drop the offending input and context: they can be huge or not JSON-serialisable.
-    return [{"loc": [str(part) for part in problem.get("loc", ())], "msg": str(problem.get("msg", "")),
-             "type": str(problem.get("type", ""))} for problem in error.errors()]
+def _cut(text: str) -> str:
+    return text if len(text) <= _PART_CHARS else text[:_PART_CHARS] + "…"
+
+
+def _location(loc: list[str]) -> str:
+    return ".".join(loc) or "request"
+
+
+def _problems(error: RequestValidationError) -> tuple[list[dict[str, Any]], int]:
+    """The first problems, for the answer (without the offending input and context: they can be huge
+    or not JSON-serialisable), and how many there are."""
+    every = error.errors()
+    return [{"loc": [_cut(str(part)) for part in problem.get("loc", ())], "msg": _cut(str(problem.get("msg", ""))),
+             "type": _cut(str(problem.get("type", "")))} for problem in every[:_PROBLEMS_SHOWN]], len(every)
 
 
 async def _canopy_error(_: Request, error: Exception) -> JSONResponse:
@@ -70,8 +82,10 @@ async def _canopy_error(_: Request, error: Exception) -> JSONResponse:
 
 async def _validation_error(_: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
-    problems = _problems(error)
+    problems, count = _problems(error)
     detail = "; ".join(f"{_location(p['loc'])}: {p['msg']}" for p in problems) or "invalid request"
+    if count > len(problems):
+        detail += f"; and {count - len(problems)} more problems"
     return JSONResponse({"detail": detail, "errors": problems}, status_code=422)
 
 

@@ -99,8 +99,11 @@ class KeyCreate(RequestBody):
     def _one_expiry(self) -> KeyCreate:
         if self.expires_in_seconds is not None and self.expires_at is not None:
             raise ValueError("give expires_in_seconds or expires_at, not both")
-        if self.expires_at is not None and self.expires_at <= dt.datetime.now(dt.UTC):
+        now = dt.datetime.now(dt.UTC)
+        if self.expires_at is not None and self.expires_at <= now:
             raise ValueError("expires_at must be in the future")
+        if self.expires_at is not None and self.expires_at > now + dt.timedelta(seconds=MAX_KEY_SECONDS):
+            raise ValueError("expires_at must be within ten years, as expires_in_seconds is")
         return self
 
 

@@ -170,15 +170,21 @@ async def delete_agent(conn: Connection, scope: Scope, agent_id: str) -> None:
         raise NotFound(f"no agent {agent_id!r} that you own")
 
 
+async def get_own_agent(conn: Connection, scope: Scope, agent_id: str) -> Row:
+    """The caller's own agent: another user's, shared or not, is not found (only the owner edits)."""
+    agent = await get_agent(conn, scope, agent_id)
+    if agent["owner_user_id"] != scope.user_id:
+        raise NotFound(f"no agent {agent_id!r} that you own")
+    return agent
+
+
 async def update_agent(conn: Connection, scope: Scope, agent_id: str, changes: dict[str, Any],
                        checked_endpoint: dict[str, Any] | None = None) -> Row:
     """Only the owner edits an agent; sessions created from it keep their frozen copy.
 
     ``checked_endpoint``: the model, api_base and api_key_ref the caller had checked; an agent
     whose merged endpoint differs from it (another edit came in between) is a Conflict."""
-    current = await get_agent(conn, scope, agent_id)
-    if current["owner_user_id"] != scope.user_id:
-        raise NotFound(f"no agent {agent_id!r} that you own")
+    current = await get_own_agent(conn, scope, agent_id)
     merged = {field: changes.get(field, current[field]) for field in EDITABLE_FIELDS}
     check_endpoint(merged["api_base"], merged["api_key_ref"])
     if checked_endpoint is not None and {f: merged[f] for f in ENDPOINT_FIELDS} != checked_endpoint:

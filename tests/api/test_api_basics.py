@@ -104,6 +104,13 @@ async def test_validation_and_limits(http: httpx.AsyncClient, runtime: Runtime, 
     assert deep.status_code == 400 and deep.json() == {"detail": "There was an error parsing the body"}
     unknown = await http.post("/api/v1/sessions", json={"inputt": "typo"})
     assert unknown.status_code == 422
+    # A problem for each of 50,000 extra keys (under 1 MiB) was a 7 MB answer; one long key named
+    # twice, twice its length. The answer names the first few, each cut short, and counts the rest.
+    many = await http.post("/api/v1/sessions", json={f"k{i}": 0 for i in range(50_000)})
+    assert many.status_code == 422 and len(many.content) < 10_000, len(many.content)
+    assert len(many.json()["errors"]) == 20 and many.json()["detail"].endswith("; and 49980 more problems")
+    long_key = await http.post("/api/v1/sessions", json={"k" * 500_000: 0})
+    assert long_key.status_code == 422 and len(long_key.content) < 2_000, len(long_key.content)
     huge = await http.post("/api/v1/sessions", content=b"x" * (1024 * 1024 + 1),
                            headers={"Content-Type": "application/json"})
     assert huge.status_code == 413 and "detail" in huge.json()
@@ -353,6 +360,22 @@ async def test_an_agents_endpoint_and_key_name_are_checked_and_frozen(http: http
     back = await http.patch("/api/v1/agents/remote", json={"compact_at_tokens": None})
     assert back.status_code == 200, back.text
     assert (await http.get("/api/v1/agents/remote")).json()["compact_at_tokens"] is None
+
+
+async def test_a_colleagues_shared_agent_is_not_theirs_to_edit(client_for: ClientFactory, runtime: Runtime,
+                                                                scope: Scope) -> None:
+    """Only the owner edits an agent: another user of the app, who sees a shared one, gets 404 whatever
+    the edit (an unusable model was a 422 with the gateway's sentence, asked of the gateway first)."""
+    owner = await client_for(scope)
+    colleague = await client_for(Scope("colleague-" + uuid.uuid4().hex[:6], scope.app_id))
+    made = await owner.post("/api/v1/agents", json={"agent_id": "team", "name": "Team", "shared": True})
+    assert made.status_code == 201, made.text
+    assert (await colleague.get("/api/v1/agents/team")).status_code == 200
+    for edit in ({"model": "nosuch/x"}, {"model": "canopy/scripted"}, {"name": "Mine now"}):
+        refused = await colleague.patch("/api/v1/agents/team", json=edit)
+        assert refused.status_code == 404 and "that you own" in refused.json()["detail"], (edit, refused.text)
+    assert await rows(runtime.db, "SELECT name, model FROM agents WHERE agent_id = 'team' AND app_id = %s",
+                      scope.app_id) == [{"name": "Team", "model": made.json()["model"]}]
 
 
 async def test_the_agent_list_goes_on_after_the_last_agent_read(client_for: ClientFactory, scope: Scope) -> None:
