@@ -34,7 +34,7 @@ from persistence.records import Row, RunRef
 from persistence.sessions import TurnInput, session_and_turn_input
 from persistence.settings import Settings
 from persistence.statuses import RunKind, TurnStatus, WaitKind
-from persistence.text import storable
+from persistence.text import pictured, storable
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,20 @@ UNANSWERED_CALL = json.dumps({"error": "not run: its turn ended before this call
 def _tool_result_text(outcome: Any) -> str:
     """A tool's outcome as the text stored and sent back to the model: not ASCII-escaped, which
     made each character of most scripts 6 (U+FFFD of a binary file's bytes too) and put a capped
-    read or output at several times its cap; with U+FFFD for a lone surrogate, which PostgreSQL
-    cannot store (a NUL stays escaped, ``\u0000``, as JSON writes it)."""
-    return storable(json.dumps(outcome, default=str, ensure_ascii=False))
+    read or output at several times its cap; with each control character as its picture (JSON's
+    escape is 6 characters) and U+FFFD for a lone surrogate, which PostgreSQL cannot store."""
+    return storable(json.dumps(_pictured(outcome), default=str, ensure_ascii=False))
+
+
+def _pictured(value: Any) -> Any:
+    """``value`` with :func:`pictured` text in each of its strings, keys too."""
+    if isinstance(value, str):
+        return pictured(value)
+    if isinstance(value, dict):
+        return {_pictured(key): _pictured(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_pictured(item) for item in value]
+    return value
 
 
 def model_messages(history: list[Row], turn_id: uuid.UUID) -> list[dict[str, Any]]:

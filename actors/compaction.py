@@ -12,12 +12,12 @@ database and in the UI, where the summary shows as a "compacted here" marker.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from persistence.messages import escape_wrappers, is_summary, model_text, render_summary
 from persistence.records import Row
+from persistence.text import json_text
 
 INSTRUCTIONS = (
     "You summarise the earlier part of a conversation for the assistant that continues it. Keep every "
@@ -50,9 +50,9 @@ def estimate_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
     for text of several tokens a character (CJK, emoji: a request of 2,000 tokens read as 240). A
     token holds at least one byte, so this is at least half the real count: a request estimated
     under half the threshold is under it."""
-    size = sum(utf8_bytes(str(m.get("content") or "")) + utf8_bytes(json.dumps(m.get("tool_calls") or []))
+    size = sum(utf8_bytes(str(m.get("content") or "")) + utf8_bytes(json_text(m.get("tool_calls") or []))
                for m in messages)
-    return (size + (utf8_bytes(json.dumps(tools)) if tools else 0)) // _BYTES_PER_TOKEN
+    return (size + (utf8_bytes(json_text(tools)) if tools else 0)) // _BYTES_PER_TOKEN
 
 
 def earlier_messages(history: list[Row], turn_id: Any) -> list[Row]:
@@ -72,7 +72,7 @@ def _entry(row: Row) -> tuple[str, str]:
         return "summary", row["content"]
     text = model_text(row)
     if row["role"] == "assistant":
-        calls = "; ".join(f"{c.get('name')}({json.dumps(c.get('arguments'))})" for c in row["tool_calls"] or [])
+        calls = "; ".join(f"{c.get('name')}({json_text(c.get('arguments'))})" for c in row["tool_calls"] or [])
         return "assistant", text + (f"\n[tool calls] {escape_wrappers(calls)}" if calls else "")
     return ("tool" if row["role"] == "tool" else "user"), text
 

@@ -33,6 +33,7 @@ from persistence import metrics as counters
 from persistence import notifications, runs, usage
 from persistence.db import Database, LazyDatabase
 from persistence.settings import get_settings
+from persistence.text import json_text
 
 log = logging.getLogger(__name__)
 # litellm's HTTP client logs every request at INFO: a line per model call, nothing an operator needs.
@@ -187,7 +188,7 @@ class AccountedGateway(ModelGateway):
 def _reply_chars(reply: dict[str, Any]) -> int:
     """About how many characters a reply :meth:`AccountedGateway.complete_for_run` returned holds."""
     message = reply["message"]
-    return len(message.get("content") or "") + len(json.dumps(message.get("tool_calls") or []))
+    return len(message.get("content") or "") + len(json_text(message.get("tool_calls") or []))
 
 
 class _SharedCalls:

@@ -48,7 +48,7 @@ import yaml
 
 from persistence.agents import API_KEY_REF_PATTERN
 from persistence.settings import DURATION_MAX_SECONDS, MODEL_RETRIES_MAX
-from persistence.text import storable, why_unstorable
+from persistence.text import json_text, storable, why_unstorable
 
 if TYPE_CHECKING:
     from actors import bounded_http
@@ -220,7 +220,7 @@ def _openai_tool_call(call: dict[str, Any]) -> dict[str, Any]:
         "type": "function",
         "function": {
             "name": call["name"],
-            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+            "arguments": arguments if isinstance(arguments, str) else json_text(arguments),
         },
     }
 
@@ -232,7 +232,7 @@ def _openai_message(message: dict[str, Any]) -> dict[str, Any]:
     elif "tool_calls" in message:
         del message["tool_calls"]  # providers reject an empty tool_calls list
     if message.get("role") == "tool" and not isinstance(message.get("content"), str):
-        message["content"] = json.dumps(message.get("content"))
+        message["content"] = json_text(message.get("content"))
     return message
 
 

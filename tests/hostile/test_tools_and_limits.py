@@ -425,6 +425,28 @@ async def test_outputs_a_tool_result_carries_are_cut_to_a_share_and_read_on_from
     assert [(r["kind"], r["status"]) for r in runs] == [("start", "interrupted"), ("resume", "completed")], runs
 
 
+async def test_what_a_model_is_sent_again_is_the_size_it_was_written(runtime: Runtime, scope: Scope) -> None:
+    """Two ways the text of a step came back to the model several times its size, in every later
+    request of the Turn: a tool call's arguments were sent back ASCII-escaped (a CJK character
+    6 characters, an emoji 12), and a control character in a tool result (a terminal's colour codes,
+    a binary file's bytes, a Turn's output) was written as JSON's 6-character escape. Arguments go
+    back as written; a control character in a result stands as its Control Picture (U+2400 + n)."""
+    child = _unescaped_script(say("\x1b[1m" * 4_000 + "界" * 15_000))
+    text = _unescaped_script(call(create("c", child)), call(("wait_inputs", {"input_ids": ["${0.input_id}"]})),
+                             say("done"))
+    created = await runtime.create_root(scope, input_text=text)
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    assert result["status"] == "completed", result
+
+    last = model_requests(runtime, created["session"]["session_id"])[-1]["messages"]
+    arguments = next(m["tool_calls"][0]["function"]["arguments"] for m in last if m.get("tool_calls"))
+    assert json.loads(arguments)["description"] == child
+    assert len(arguments) < len(json.dumps(child, ensure_ascii=False)) + 100, len(arguments)  # escaped: 75,000 more
+    waited = next(m["content"] for m in last if m["role"] == "tool" and "results" in m["content"])
+    assert "␛[1m" * 4_000 + "界" * 15_000 in waited  # ESC's picture
+    assert len(waited) < 31_000 + 1_000, len(waited)  # escaped: 20,000 characters more
+
+
 async def test_arguments_that_grow_what_is_stored_or_sent_are_refused_in_a_few_words(
         runtime: Runtime, scope: Scope) -> None:
     """Three arguments a model's reply of a few kilobytes turned into megabytes, or into a command no
