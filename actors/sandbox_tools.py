@@ -31,9 +31,9 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from actors import failpoints, sandbox_hosts
 from actors.tools import Park, SandboxTool, ToolArgs, ToolContext, ToolResult
@@ -42,7 +42,8 @@ from persistence import runs as run_repo
 from persistence.db import Connection, Database
 from persistence.errors import CanopyError, LeaseLost
 from persistence.records import Row, RunRef
-from sandbox.base import SandboxError
+from sandbox.base import PathRejected, SandboxError
+from sandbox.files import check_relative
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -113,12 +114,25 @@ class RunCommandArgs(ToolArgs):
         return command
 
 
+def _inside_a_workdir(path: str) -> str:
+    """Refuse, as the call is read, a path the sandbox would refuse: before a human is asked to
+    approve a write that could never be made (the card showed a path of any length)."""
+    try:
+        check_relative(path)
+    except PathRejected as rejected:
+        raise ValueError(str(rejected)) from None
+    return path
+
+
+WorkdirPath = Annotated[str, AfterValidator(_inside_a_workdir)]
+
+
 class ReadFileArgs(ToolArgs):
-    path: str = Field(description="A path relative to the project workdir (/workspace in the sandbox).")
+    path: WorkdirPath = Field(description="A path relative to the project workdir (/workspace in the sandbox).")
 
 
 class WriteFileArgs(ToolArgs):
-    path: str = Field(description="A path relative to the project workdir.")
+    path: WorkdirPath = Field(description="A path relative to the project workdir.")
     content: str = Field(max_length=10_000_000, description=(
         f"The file's whole text. Where a human approves each write, at most {MAX_APPROVED_CHARS:,} characters."))
 

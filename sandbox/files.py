@@ -65,7 +65,7 @@ _KINDS = {
 def resolve_inside(workdir: Path, path: str) -> Path:
     """The real path ``path`` names inside ``workdir``; PathRejected if it would leave it."""
     root = Path(os.path.realpath(workdir))
-    relative = _check_relative(path)
+    relative = check_relative(path)
     target = Path(os.path.realpath(root / relative))
     if not target.is_relative_to(root):
         raise PathRejected(f"path {path!r} resolves outside the project workdir (through a symlink)")
@@ -79,7 +79,9 @@ def resolve_inside(workdir: Path, path: str) -> Path:
     return target
 
 
-def _check_relative(path: str) -> PurePosixPath:
+def check_relative(path: str) -> PurePosixPath:
+    """``path`` as a path inside a workdir, or PathRejected saying why it cannot be one (its length, a
+    NUL, absolute, ``..``): what can be known before the workdir is looked at."""
     if not path or not path.strip():
         raise PathRejected("path is empty; give a file path relative to the project workdir")
     if "\0" in path:

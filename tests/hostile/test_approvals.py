@@ -186,6 +186,24 @@ async def test_a_write_too_long_to_read_whole_is_refused_under_ask(runtime: Runt
     assert not (await workdir_of(runtime, tree_id) / "big.txt").exists()
 
 
+async def test_a_path_no_sandbox_takes_is_refused_before_a_human_is_asked(runtime: Runtime, scope: Scope) -> None:
+    """A write's path was checked only in the sandbox, once a human had approved it: the card showed a
+    path of any length (a reply's million characters), for a write that could never be made. Each
+    path the sandbox refuses is refused as the call is read, and nothing is asked or recorded."""
+    paths = ["d/" * 2_100 + "f.txt", "/etc/passwd", "../outside.txt", ""]
+    text = script(call(*(("write_file", {"path": path, "content": "x"}) for path in paths)),
+                  call(("read_file", {"path": paths[0]})), say("|".join(f"${{{i}.error}}" for i in range(5))))
+    created = await runtime.create_root(scope, input_text=text, agent_id=await _asker(runtime, scope))
+    result = await runtime.wait_result(scope, created["input"]["input_id"], timeout=60)
+    errors = result["output"].split("|")
+    assert "too long: 4205 bytes" in errors[0] and "too long" in errors[4], errors
+    assert "absolute" in errors[1] and "'..'" in errors[2] and "empty" in errors[3], errors
+    tree_id = created["session"]["session_id"]
+    assert await rows(runtime.db, "SELECT 1 FROM requests WHERE tree_id = %s", tree_id) == []
+    assert await rows(runtime.db, "SELECT 1 FROM tool_receipts r JOIN turns t USING (turn_id) "
+                      "WHERE t.session_id = %s", tree_id) == []
+
+
 async def test_a_write_at_the_bound_is_shown_whole_and_asks(runtime: Runtime, scope: Scope) -> None:
     written = await _long_write(runtime, scope, "ask", extra="")
     assert '"bytes": 100000' in written["output"], written["output"]
