@@ -661,10 +661,12 @@ class Runtime:
         async with self.db.tx() as conn:
             return await scopes.create_api_key(conn, scope)
 
-    async def request_compaction(self, scope: Scope, session_id: uuid.UUID) -> None:
+    async def request_compaction(self, scope: Scope, session_id: uuid.UUID, in_tx: TxHook | None = None) -> Row:
         """Compact the session's history at its next model call (actors/compaction.py), whatever its size."""
         async with self.db.tx() as conn:
-            await sessions.request_compaction(conn, scope, session_id)
+            asked = await sessions.request_compaction(conn, scope, session_id)
+            await _run_hook(in_tx, conn, asked)
+        return asked
 
     async def create_schedule(self, scope: Scope, session_id: uuid.UUID, rule: schedules.Rule, text: str,
                               catch_up: str = "once", in_tx: TxHook | None = None) -> Row:

@@ -1,6 +1,6 @@
 """Every POST write goes through ``respond_to_write``: the optional ``Idempotency-Key`` header.
 
-With a key, the request's fingerprint (method, path, validated body) is checked against a
+With a key, the request's fingerprint (method, route and ids, validated body) is checked against a
 stored receipt first: the same request gets the stored response and nothing is written; a
 different request with the same key gets 422. A new key's receipt is written inside the
 write's own transaction (``Runtime``'s ``in_tx`` hook), so a write and its receipt commit
@@ -10,11 +10,13 @@ refused (the quota's last place, or the id it made, taken) answers with that res
 
 Only successful writes leave a receipt: a refused request (4xx) wrote nothing, so its retry
 is simply tried again. Receipts are scoped to (user, app) and kept (no expiry yet). PATCH
-routes are idempotent by themselves and take no key; neither does the admin route.
+and DELETE routes are idempotent by themselves (a DELETE sent again deletes nothing and answers
+404) and take no key; neither do the admin routes.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -59,7 +61,7 @@ async def respond_to_write(
         return JSONResponse(render(await perform(None)).model_dump(mode="json"), status_code=status_code)
     db = request.app.state.runtime.db
     fingerprint = idempotency.request_fingerprint(
-        request.method, request.url.path, body.model_dump(mode="json") if body is not None else None)
+        request.method, _canonical_path(request), body.model_dump(mode="json") if body is not None else None)
     if (stored := await _stored_now(db, scope, key, fingerprint)) is not None:
         return _replay(stored)
     rendered: dict[str, Any] = {}
@@ -88,6 +90,20 @@ async def respond_to_write(
             raise
         return _replay(stored)
     return JSONResponse(rendered["content"], status_code=status_code)
+
+
+def _canonical_path(request: Request) -> str:
+    """The request's path with each id in it spelled one way: a retry may spell a UUID in capitals,
+    without hyphens or as a URN (a client library, a proxy), and is still the same request."""
+    params = {name: _canonical_id(value) for name, value in request.path_params.items()}
+    return str(request.scope["route"].path_format.format(**params))
+
+
+def _canonical_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return value  # an agent's id: its own spelling
 
 
 async def _stored_now(db: Database, scope: Scope, key: str, fingerprint: str) -> Row | None:

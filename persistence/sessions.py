@@ -381,9 +381,14 @@ def workdir_of(project: Row) -> Path:
     return Path(project["workdir"])
 
 
-async def request_compaction(conn: Connection, scope: Scope, session_id: uuid.UUID) -> None:
-    """Ask for the session's history to be compacted at its next model call (NotFound elsewhere)."""
+async def request_compaction(conn: Connection, scope: Scope, session_id: uuid.UUID) -> Row:
+    """Ask for the session's history to be compacted at its next model call (NotFound elsewhere;
+    Conflict for an archived session, which makes no more)."""
     cur = await conn.execute(query("compact_request"), {"session_id": session_id, "user_id": scope.user_id,
                                                         "app_id": scope.app_id})
-    if await cur.fetchone() is None:
+    row = await cur.fetchone()
+    if row is None:
         raise NotFound(f"no session {session_id}")
+    if row["archived"]:
+        raise Conflict(f"session {session_id} is archived: it makes no more model calls, so nothing is compacted")
+    return row

@@ -216,9 +216,13 @@ async def archive(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, 
 
 
 @router.post("/{session_id}/compact", status_code=status.HTTP_202_ACCEPTED, response_model=CompactionRequested,
-             responses=errors(*COMMON, 404))
-async def compact(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep) -> CompactionRequested:
+             responses=errors(*COMMON, 404, 409))
+async def compact(session_id: uuid.UUID, caller: ScopeDep, runtime: RuntimeDep, request: Request,
+                  idempotency_key: IdempotencyKey = None) -> JSONResponse:
     """Compact the session's history at its next model call: a summary of the messages before that
-    Turn stands for them in what the model is sent (they stay in the history and the UI)."""
-    await runtime.request_compaction(caller, session_id)
-    return CompactionRequested(session_id=session_id)
+    Turn stands for them in what the model is sent (they stay in the history and the UI). 409 for an
+    archived session."""
+    return await respond_to_write(
+        request, caller, idempotency_key, None, status.HTTP_202_ACCEPTED,
+        lambda hook: runtime.request_compaction(caller, session_id, in_tx=hook),
+        lambda asked: CompactionRequested(session_id=asked["session_id"]))

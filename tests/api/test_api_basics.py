@@ -168,6 +168,37 @@ async def test_idempotency_key(http: httpx.AsyncClient) -> None:
     assert other.status_code == 422
     listed = (await http.get("/api/v1/sessions")).json()
     assert [s["title"] for s in listed] == ["once"]
+    # A retry may spell the session's id otherwise (a client library, a proxy that changes case).
+    session_id = listed[0]["session_id"]
+    spellings = [session_id, session_id.upper(), session_id.replace("-", ""), f"urn:uuid:{session_id}"]
+    submits = [await http.post(f"/api/v1/sessions/{spelled}/inputs", json={"text": "once"},
+                               headers={"Idempotency-Key": "submit-once-spelled"}) for spelled in spellings]
+    assert [a.status_code for a in submits] == [202] * 4, [a.text for a in submits]
+    assert len({a.json()["input_id"] for a in submits}) == 1
+    assert [a.headers.get("Idempotent-Replayed") for a in submits] == [None, "true", "true", "true"]
+
+
+async def test_a_compaction_is_asked_once_per_key_and_never_of_an_archived_session(
+        http: httpx.AsyncClient, runtime: Runtime) -> None:
+    """A compaction request took no Idempotency-Key: a retry after its answer was lost asked for a
+    second compaction (another billed summary) once the first was served."""
+    session_id = (await http.post("/api/v1/sessions", json={"title": "long"})).json()["session"]["session_id"]
+    url, key = f"/api/v1/sessions/{session_id}/compact", {"Idempotency-Key": "compact-once"}
+
+    async def asked() -> bool:
+        found = await rows(runtime.db, "SELECT compact_requested FROM sessions WHERE session_id = %s", session_id)
+        return bool(found[0]["compact_requested"])
+
+    first = await http.post(url, headers=key)
+    assert first.status_code == 202 and await asked()
+    async with runtime.db.tx() as conn:  # served, as the session's next model call serves it
+        await conn.execute("UPDATE sessions SET compact_requested = false WHERE session_id = %s", (session_id,))
+    retried = await http.post(url, headers=key)
+    assert retried.status_code == 202 and retried.headers.get("Idempotent-Replayed") == "true"
+    assert retried.json() == first.json() and not await asked()
+    assert (await http.post(f"/api/v1/sessions/{session_id}/archive")).status_code == 200
+    refused = await http.post(url)
+    assert refused.status_code == 409 and "archived" in refused.json()["detail"] and not await asked()
 
 
 async def test_concurrent_requests_with_one_idempotency_key_write_once(http: httpx.AsyncClient) -> None:
