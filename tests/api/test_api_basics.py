@@ -178,6 +178,17 @@ async def test_idempotency_key(http: httpx.AsyncClient) -> None:
     assert [a.headers.get("Idempotent-Replayed") for a in submits] == [None, "true", "true", "true"]
 
 
+def test_every_post_write_takes_an_idempotency_key() -> None:
+    """The SPEC's HTTP writes take an optional Idempotency-Key; PATCH and DELETE are idempotent by
+    themselves, and the admin routes take none (api/writes.py). The compaction request had none."""
+    paths = create_app().openapi()["paths"]
+    keyless = [f"POST {path}" for path, operations in paths.items() if "post" in operations
+               and not path.startswith("/api/v1/admin/")
+               and "Idempotency-Key" not in {p["name"] for p in operations["post"].get("parameters", [])
+                                             if p["in"] == "header"}]
+    assert keyless == []
+
+
 async def test_a_compaction_is_asked_once_per_key_and_never_of_an_archived_session(
         http: httpx.AsyncClient, runtime: Runtime) -> None:
     """A compaction request took no Idempotency-Key: a retry after its answer was lost asked for a
