@@ -248,7 +248,7 @@ async def run_command(ctx: ToolContext, call_id: str, args: RunCommandArgs) -> T
     if prior is not None:  # started by an earlier Run that never recorded how it ended
         await sandbox_hosts.kill_command(ctx.db, ctx.run.tree_id, command)
         return await _record_outcome(ctx, call_id, {"outcome": "unknown", "error": UNKNOWN_OUTCOME})
-    refused = await _approved(ctx, call_id, {"tool": "run_command", "command": args.command})
+    refused = await _approved(ctx, call_id, {"tool": "run_command", **key})  # all it approves: its time too
     if refused is not None:
         return refused
     workdir = await _workdir(ctx)

@@ -29,10 +29,10 @@ function extentOf(text) {
 }
 
 /**
- * What an approval asks for, hidden characters shown: a command to run (``subject``), or a file to
- * write (``path``) with its whole content (``subject``); ``extent``: how long the subject is, when
- * it is more than one short line. A write requested before requests held the content has only a
- * preview of it: ``extent`` says so.
+ * What an approval asks for, hidden characters shown: a command to run (``subject``) and how long it
+ * may run, or a file to write (``path``) with its whole content (``subject``); ``extent``: how long
+ * the subject is, when it is more than one short line. A write requested before requests held the
+ * content has only a preview of it: ``extent`` says so.
  */
 export function approvalAction(payload) {
   if (payload.tool === "write_file") {
@@ -48,7 +48,8 @@ export function approvalAction(payload) {
       extent: content ? extentOf(content) : "an empty file" };
   }
   const command = String(payload.command ?? "");
-  return { verb: "wants to run", path: "", subject: visible(command), extent: extentOf(command) };
+  const limit = Number.isInteger(payload.timeout_seconds) ? ` for up to ${payload.timeout_seconds} s` : "";
+  return { verb: `wants to run${limit}`, path: "", subject: visible(command), extent: extentOf(command) };
 }
 
 export class RequestCard {

@@ -52,7 +52,7 @@ async def test_the_card_shows_all_of_a_long_command_and_other_work_does_not_rere
     assert any(url.endswith(f"/sessions/{root_id}/requests") for url in reads), reads
     # The inbox names it from its summary: the first 500 characters and how long it is.
     inbox = page.locator(".root-view .inbox-summary")
-    await expect(inbox).to_contain_text("/root wants to run:")
+    await expect(inbox).to_contain_text("/root wants to run for up to 120 s:")
     await expect(inbox).to_contain_text("100000 characters")
     assert len(await inbox.text_content() or "") < 1_000
 
