@@ -140,7 +140,8 @@ export function collectReceipts(messages) {
 export function makeResolver({ members = [], treeId = null, receipts = new Map() }) {
   const byId = new Map(members.map((m) => [m.session_id, m]));
   const byPath = new Map(members.map((m) => [m.path, m]));
-  const fromMember = (m) => ({ label: m.name === "root" ? "/root" : m.name, sessionId: m.session_id, treeId,
+  // The root by its depth: a child may be named "root" (/root/root), and must not read as the root.
+  const fromMember = (m) => ({ label: m.depth === 0 ? "/root" : m.name, sessionId: m.session_id, treeId,
     path: m.path, title: m.title });
   const lastSegment = (path) => (path ? String(path).split("/").pop() : "");
 

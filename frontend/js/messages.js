@@ -3,7 +3,7 @@
 // details, text selection and layout) across refreshes.
 
 import { describeIntervention, describeRow, describeUserMessage } from "./cooperation.js";
-import { h } from "./dom.js";
+import { h, visible } from "./dom.js";
 
 const LONG_TEXT = 600; // characters after which a message starts collapsed
 
@@ -89,7 +89,8 @@ function callDetails(row) {
       if (result.stderr) blocks.push(h("pre", { class: "coop-output stderr", text: result.stderr }));
     }
     if (call.error || row.name !== "run_command") {
-      blocks.push(h("pre", { class: "coop-args", text: `${call.name}(${JSON.stringify(call.args, null, 2)})` }));
+      const args = `${call.name}(${JSON.stringify(call.args, null, 2)})`;
+      blocks.push(h("pre", { class: "coop-args", text: visible(args) }));
     }
   }
   return blocks;
@@ -100,7 +101,7 @@ function renderTools(item, ctx, description) {
   const line = [
     h("span", { class: `coop-icon ${state}`, "aria-hidden": "true", text: ICONS[state] ?? "" }),
     h("span", { class: "coop-text", text }),
-    code ? h("code", { class: "coop-code", text: code }) : null,
+    code ? h("code", { class: "coop-code", text: visible(code) }) : null,  // what ran, as the approval showed it
     targets.length ? h("span", { class: "coop-targets" }, joinTargets(targets, ctx.onOpen)) : null,
     detail ? h("span", { class: "coop-detail", text: detail }) : null,
   ];

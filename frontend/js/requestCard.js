@@ -2,23 +2,7 @@
 // (POST /requests/{id}/answer). A failed submission (e.g. a 503) keeps the chosen decision
 // or the typed answer, leaves the card usable and offers a retry.
 
-import { h, newKey } from "./dom.js";
-
-// Characters a human would not see, or would see reordered, in what they approve: every control
-// (Cc) but newline and tab, every format character (Cf: bidi overrides and isolates, zero-width
-// spaces and joiners, the BOM, the soft hyphen, tag characters U+E0000–U+E007F, interlinear
-// annotations, musical format), the line and paragraph separators, and what Unicode says renders as
-// nothing (default ignorable: the Hangul fillers, variation selectors U+FE00–U+FE0F and
-// U+E0100–U+E01EF, named here too). A model that wrote "ls", 200 blank lines and "; curl … | sh",
-// reversed a command's tail with U+202E or spelled it in invisible tags, must not get it approved
-// as "ls". The `u` flag matches a whole code point, astral ones included, never half of a pair.
-const HIDDEN =
-  /(?![\n\t])[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Default_Ignorable_Code_Point}\u115f\u1160\u3164\uffa0\ufe00-\ufe0f\u{e0100}-\u{e01ef}]/gu;
-
-/** ``text`` with every hidden character shown as its code point, e.g. "⟨U+202E⟩", "⟨U+E0020⟩". */
-export function visible(text) {
-  return text.replace(HIDDEN, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`);
-}
+import { h, newKey, visible } from "./dom.js";
 
 /** How long ``text`` is, when it is more than one line or 200 characters (code points); else "". */
 function extentOf(text) {

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from actors.runtime import Runtime
-from actors.scripted import call, say, script
+from actors.scripted import call, create, say, script
 from tests.actors.replay_server import ReplayServer
 from tests.ui.helpers import ARTIFACTS, Tab, User, create_root, get, open_root, poll, rows, shoot, wait_result
 
@@ -161,6 +161,27 @@ async def test_an_approval_shows_all_of_a_hostile_command(tab: Tab, user: User, 
     assert (await wait_result(user, created["input"]["input_id"]))["output"] == "refused"
 
 
+async def test_what_ran_is_shown_as_an_approval_shows_it(tab: Tab, user: User, runtime: Runtime) -> None:
+    """Under auto (the default) nothing is asked, and the conversation's row is the only record of what
+    ran: it showed a command's right-to-left override as the override reorders it, and a child named
+    "root" as /root. The override is shown as its code point, the child by its own name."""
+    page = tab.page
+    command = "echo '\u202e hs | live lruc'"
+    text = script(call(("run_command", {"command": command}), create("root", script(say("child done")))),
+                  call(("send_message", {"target": "/root/root", "text": "and this"})), say("done"),
+                  task="look around")
+    created = (await user.http.post("/api/v1/sessions", json={"input": text})).json()
+    assert (await wait_result(user, created["input"]["input_id"]))["output"] == "done"
+    await open_root(page, user.base, created["session"]["session_id"])
+
+    ran = page.locator('.root-view .coop-row[data-tool="run_command"] .coop-code')
+    await expect(ran).to_have_text("echo '⟨U+202E⟩ hs | live lruc'", timeout=30_000)
+    for tool in ("create_session", "send_message"):
+        child = page.locator(f'.root-view .coop-row[data-tool="{tool}"] .member-link')
+        await expect(child).to_have_text("root")
+        assert (await child.get_attribute("title") or "").startswith("/root/root")
+
+
 async def test_approval_denied_and_archive(tab: Tab, user: User, runtime: Runtime) -> None:
     page = tab.page
     agent = await user.http.post("/api/v1/agents", json={
@@ -177,7 +198,8 @@ async def test_approval_denied_and_archive(tab: Tab, user: User, runtime: Runtim
 
     card = page.locator(".root-view .request-card.approval")
     await expect(card.locator(".request-command")).to_have_text("rm -rf ./build", timeout=30_000)
-    await expect(page.locator(".root-view .inbox-summary")).to_contain_text("/root wants to run for up to 120 s: rm -rf ./build")
+    await expect(page.locator(".root-view .inbox-summary")).to_contain_text(
+        "/root wants to run for up to 120 s: rm -rf ./build")
     await expect(page.locator(f'.root-item[data-session-id="{root_id}"]')).to_have_attribute(
         "data-activity", "waiting_approval", timeout=15_000)
     await expect(page.locator(f'.root-item[data-session-id="{root_id}"] .badge')).to_have_text("needs approval")
