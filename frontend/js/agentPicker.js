@@ -1,7 +1,17 @@
 // The "@" picker: typing "@" in a message box lists the agents the user may run
 // (GET /agents), searchable by name, description or id; choosing one inserts "@agent:<id>".
 
-import { h } from "./dom.js";
+import { h, visible } from "./dom.js";
+
+/**
+ * An agent in one line: its id and, when shared, whose it is, before its name. Another user of the
+ * app names a shared agent as they like ("Deploy helper (deploy-helper)" and a hundred blanks that
+ * push what follows out of sight), so what tells it apart comes first.
+ */
+export function agentLabel(agent) {
+  const id = agent.agent_id ?? agent.id;
+  return `${id}${agent.shared ? `, shared by ${agent.owner_user_id}` : ""}: ${visible(agent.name)}`;
+}
 
 const TOKEN = /(?:^|\s)@([^\s@]*)$/;
 const MAX_SHOWN = 8;
@@ -110,8 +120,9 @@ export class AgentPicker {
         dataset: { agentId: agent.agent_id ?? agent.id },
         onClick: () => this.choose(agent),
       },
-      h("span", { class: "agent-name", text: agent.name }),
+      h("span", { class: "agent-name", text: visible(agent.name) }),
       h("span", { class: "agent-id", text: agent.agent_id ?? agent.id }),
+      agent.shared ? h("span", { class: "agent-owner", text: `shared by ${agent.owner_user_id}` }) : null,
       agent.description ? h("span", { class: "agent-desc", text: agent.description }) : null)),
     );
   }

@@ -1,6 +1,7 @@
 // The New session page: a task (with "@" agent mentions), an optional agent to run it as,
 // → POST /sessions {input, agent_id?, project_id?} → the new root's page.
 
+import { agentLabel } from "./agentPicker.js";
 import { Composer } from "./composer.js";
 import { h } from "./dom.js";
 
@@ -31,7 +32,7 @@ export class NewSessionPage {
       const agents = await this.ctx.loadAgents();
       const current = this.agentSelect.value;
       this.agentSelect.replaceChildren(h("option", { value: "", text: "Default assistant" }),
-        ...agents.map((a) => h("option", { value: a.agent_id ?? a.id, text: `${a.name} (${a.agent_id ?? a.id})` })));
+        ...agents.map((a) => h("option", { value: a.agent_id ?? a.id, text: agentLabel(a) })));
       this.agentSelect.value = current;
     } catch {
       /* the default assistant still works */

@@ -15,6 +15,7 @@ import pytest
 
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
+from persistence.records import Scope
 from tests.actors.replay_server import ReplayServer
 from tests.ui.helpers import ARTIFACTS, Tab, User, create_root, get, open_root, poll, rows, shoot, wait_result
 
@@ -80,6 +81,26 @@ async def test_the_agent_picker_lists_agents_past_the_first_page(tab: Tab, user:
         await expect(option).to_have_count(1)
         await expect(option.locator(".agent-name")).to_have_text(name)
     await box.press("Escape")
+
+
+async def test_a_colleagues_shared_agent_says_whose_it_is(tab: Tab, user: User, runtime: Runtime) -> None:
+    """Another user of the app may share an agent named like one of yours and padded with blanks that
+    pushed its id out of sight: the picker and the new-session list say whose it is, id first."""
+    colleague = Scope("colleague-" + uuid.uuid4().hex[:6], user.scope.app_id)
+    name = "Deploy helper (deploy-helper)" + "\u2800" * 120
+    await runtime.create_agent(colleague, {"agent_id": "mallory-x", "name": name, "model": "canopy/scripted",
+                                           "shared": True})
+    created = await create_root(user, script(say("ready")), title="Pick")
+    await open_root(tab.page, user.base, created["session"]["session_id"])
+    box = tab.page.locator(".root-view .composer-input")
+    await box.press_sequentially("@agent:mallory")
+    option = tab.page.locator(".root-view .agent-picker .agent-option")
+    await expect(option).to_have_count(1)
+    await expect(option.locator(".agent-owner")).to_have_text(f"shared by {colleague.user_id}")
+    await box.press("Escape")
+    await tab.page.goto(f"{user.base}/#/new")
+    listed = tab.page.locator(".agent-select option[value='mallory-x']")
+    await expect(listed).to_have_text(f"mallory-x, shared by {colleague.user_id}: {name}")
 
 
 async def test_steer_and_agent_picker(tab: Tab, user: User) -> None:
