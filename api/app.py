@@ -56,6 +56,7 @@ from api.routes import (
     events,
     health,
     inputs,
+    me,
     projects,
     requests,
     schedules,
@@ -80,7 +81,7 @@ def _api_router() -> APIRouter:
     api.include_router(admin.router)
     # Every other /api/v1 route needs an API key: one dependency here, so none can forget it.
     scoped = APIRouter(dependencies=[Depends(require_scope)])
-    for module in (agents, projects, sessions, schedules, inputs, trees, timeline, requests, events):
+    for module in (me, agents, projects, sessions, schedules, inputs, trees, timeline, requests, events):
         scoped.include_router(module.router)
     api.include_router(scoped)
     api.include_router(health.build_router("api_v1_"))  # /api/v1/healthz and /api/v1/metrics too

@@ -81,6 +81,13 @@ class Health(BaseModel):
     ray: str
 
 
+class Identity(ResponseBody):
+    """The scope the caller's API key maps to: every object the key reaches is this user's in this app."""
+
+    user_id: str
+    app_id: str
+
+
 # -- admin -------------------------------------------------------------------------------------------
 
 

@@ -103,7 +103,9 @@ export class Api {
   patch = (path, body, options) => this.request("PATCH", path, body, options);
 
   // -- directory ---------------------------------------------------------------------------------
-  checkKey = (key) => this.request("GET", "/sessions?limit=1", undefined, { keyOverride: key });
+  /** The scope (user, app) of ``key``, or of the saved key; rejects for a key not accepted. */
+  me = (key) => this.request("GET", "/me", undefined, key ? { keyOverride: key } : {});
+  checkKey = (key) => this.me(key);
   projects = async () => listOf(await this.get("/projects"), "projects");
   // Every agent the user may run, a page at a time (the API pages its list), each page after the
   // last agent read: agents made or deleted meanwhile shift no page.

@@ -173,9 +173,24 @@ async function relogin(reason) {
   return relogging;
 }
 
+/**
+ * Whose key this browser uses, in the sidebar; when it came from a link just opened, said once more:
+ * a link can carry anyone's key, and what is typed then goes to that user's conversations.
+ */
+async function showIdentity(fromLink) {
+  try {
+    const me = await api.me();
+    sessionList.showIdentity(me);
+    if (fromLink) notify(`Signed in with the key from the link: user ${me.user_id} of app ${me.app_id}. `
+      + "Not you? Change API key.", "info", { timeout: 15_000 });
+  } catch {
+    /* the sidebar says nothing; the key's own checks go on as before */
+  }
+}
+
 async function boot() {
   initTheme();
-  adoptKeyFromUrl();
+  const fromLink = adoptKeyFromUrl();
   if (!apiKey()) {
     await askForKey((key) => api.checkKey(key));
   } else {
@@ -190,6 +205,7 @@ async function boot() {
   }
   sessionList = new SessionList({ ctx });
   document.getElementById("sidebar").append(sessionList.el);
+  showIdentity(fromLink);
   sessionList.start();
   window.addEventListener("hashchange", route);
   route();

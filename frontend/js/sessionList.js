@@ -93,6 +93,7 @@ export class SessionList {
         this.refresh();
       } });
     this.status = h("p", { class: "sidebar-note error", role: "status", hidden: true });
+    this.identity = h("span", { class: "sidebar-identity", hidden: true });
     this.el = h("div", { class: "sidebar-inner" },
       h("div", { class: "sidebar-head" },
         h("a", { class: "brand", href: "#/" }, h("span", { class: "brand-mark", "aria-hidden": "true" }), "Canopy"),
@@ -100,11 +101,18 @@ export class SessionList {
       this.projectRow,
       h("nav", { class: "root-nav", "aria-label": "Conversations" }, this.list, this.empty, this.more),
       this.status,
-      h("footer", { class: "sidebar-foot" }, themeToggle(),
+      h("footer", { class: "sidebar-foot" }, themeToggle(), this.identity,
         h("button", { class: "link-btn", type: "button", text: "Change API key", onClick: () => ctx.relogin() })));
     document.addEventListener("visibilitychange", () => {
       if (document.visibilityState === "visible") this.refresh();
     });
+  }
+
+  /** Whose API key this is: its user and app (GET /me). */
+  showIdentity({ user_id: user, app_id: app }) {
+    this.identity.textContent = `${user} · ${app}`;
+    this.identity.title = `Signed in as user ${user} of app ${app} (this API key's)`;
+    this.identity.hidden = false;
   }
 
   /** Re-read soon (after a change in an open tree), coalescing bursts. */

@@ -70,6 +70,7 @@ async def test_auth_is_required(api: ApiServer, http: httpx.AsyncClient) -> None
         assert missing.status_code == 401 and isinstance(missing.json()["detail"], str)
     async with client(api.url, "cnp_not-a-key") as wrong:
         assert (await wrong.get("/api/v1/sessions")).status_code == 401
+        assert (await wrong.get("/api/v1/me")).status_code == 401
     assert (await http.get("/api/v1/sessions")).status_code == 200
 
 
@@ -81,6 +82,7 @@ async def test_admin_creates_keys(api: ApiServer) -> None:
         assert (body["user_id"], body["app_id"]) == ("alice", "notes")
     async with client(api.url, body["api_key"]) as alice:
         assert (await alice.get("/api/v1/projects")).status_code == 200
+        assert (await alice.get("/api/v1/me")).json() == {"user_id": "alice", "app_id": "notes"}  # whose key
         # An API key is not the admin token.
         refused = await alice.post("/api/v1/admin/keys", json={"user_id": "x", "app_id": "y"})
         assert refused.status_code == 401

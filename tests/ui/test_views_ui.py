@@ -304,14 +304,20 @@ async def test_api_key_prompt(browser: Browser, user: User) -> None:
         await expect(dialog).to_be_hidden()
         await expect(page.locator(".sidebar .new-session")).to_be_visible()
         assert await page.evaluate("() => localStorage.getItem('canopy:api-key')") == user.key
+        # The sidebar says whose key it is (the user and app it reaches).
+        await expect(page.locator(".sidebar .sidebar-identity")).to_have_text(
+            f"{user.scope.user_id} · {user.scope.app_id}")
     finally:
         await opened.context.close()
 
-    # A link carrying the key (#key=...) signs in at once and scrubs the key from the address.
+    # A link carrying the key (#key=...) signs in at once and scrubs the key from the address, and
+    # says whose key it took: a link may carry anyone's, and what is typed goes to its user.
     opened = await open_tab(browser, user, key=False)
     page = opened.page
     try:
         await sign_in_by_link(page, user.base, user.key)
+        await expect(page.locator(".toast")).to_contain_text(
+            f"Signed in with the key from the link: user {user.scope.user_id} of app {user.scope.app_id}")
     finally:
         await opened.context.close()
 
