@@ -36,6 +36,7 @@ from persistence.records import Row
 from persistence.settings import get_settings
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Orphan sandboxes are rare (a claim that died mid-way): listing the engine's containers
 # every round would be waste.
@@ -44,7 +45,6 @@ _ORPHANS_EVERY_SECONDS = 60.0
 _IDLE_CHECK_MAX_SECONDS = 10.0
 # Ray's metrics agent exports every 10 s by default: publishing state gauges more often is waste.
 _GAUGES_EVERY_SECONDS = 5.0
-_T = TypeVar("_T")
 # Expired watch marks are ignored by readers; deleting them is housekeeping only.
 _WATCHERS_EVERY_SECONDS = 60.0
 # How long a dead Run's commands are waited on to stop before a later round asks again: past the
