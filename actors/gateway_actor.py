@@ -24,7 +24,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any
 
-import psutil
 import ray
 
 from actors import metrics, tracing
@@ -85,35 +84,51 @@ CALL_ABORTED = ("aborted: the call was cancelled before its reply (its Turn was 
                 "its Run ended)")
 # The error of a call aborted because the process that made it is gone.
 CALLER_GONE = "aborted: the process that made the call is gone, and nobody else can take its reply"
-# Two reads of one process's start time agree to the clock tick; another process on its pid does not.
-_START_TIME_SLACK_SECONDS = 0.05
+# A process as the gateway of its node can tell it is still the same one: its pid and when it
+# started, in clock ticks since the machine booted (``/proc/<pid>/stat``'s 22nd field). In wall-clock
+# time (psutil's create_time adds /proc/stat's whole-second boot time) a start moves when the clock
+# is stepped (NTP, a VM's resume), and every live caller on the node looked gone.
+Caller = tuple[int, int]
 
-# A process as the gateway of its node can tell it is still the same one: its pid and start time.
-Caller = tuple[int, float]
 
-
-def this_process() -> Caller:
+def this_process() -> Caller | None:
     """The calling process, sent with each model call (actors/gateways.py): calls go to the
-    gateway of their own node, which can see whether the process still runs (``_CallsInFlight``)."""
-    return _process(os.getpid())
+    gateway of their own node, which can see whether the process still runs (``_CallsInFlight``).
+    None where there is no /proc to tell (the call is then left to its Run's lease)."""
+    try:
+        return _process(os.getpid())
+    except OSError:
+        return None
 
 
 @functools.cache
 def _process(pid: int) -> Caller:
-    """A process's start time never changes: read once, not on every model call (keyed by pid, so a
+    """A process's start never changes: read once, not on every model call (keyed by pid, so a
     forked child reads its own)."""
-    return pid, psutil.Process(pid).create_time()
+    state = _state(pid)
+    if state is None:
+        raise ProcessLookupError(pid)
+    return pid, state[1]
+
+
+def _state(pid: int) -> tuple[bytes, int] | None:
+    """A process's state letter and start (ticks since boot), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            data = stat.read()
+    except OSError:
+        return None
+    # The command's name (the 2nd field) is in parentheses and may hold spaces or ")": the fields
+    # after it start two bytes after the last ")", the state (3rd field) first.
+    fields = data[data.rindex(b")") + 2:].split()
+    return fields[0], int(fields[19])
 
 
 def _runs(caller: Caller) -> bool:
     """Whether ``caller`` still runs: its pid is not gone, reused, or a zombie."""
     pid, started = caller
-    try:
-        process = psutil.Process(pid)
-        return (abs(process.create_time() - started) < _START_TIME_SLACK_SECONDS
-                and process.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
+    state = _state(pid)
+    return state is not None and state[1] == started and state[0] != b"Z"
 
 
 class AccountedGateway(ModelGateway):

@@ -29,6 +29,7 @@ from actors.gateway_actor import (
     CALLER_GONE,
     _CallsInFlight,
     _Flight,
+    _process,
     _reply_chars,
     _runs,
     _SharedCalls,
@@ -348,14 +349,20 @@ async def test_replies_kept_for_retries_hold_at_most_their_budget_the_oldest_for
     assert asked == [f"c{index}" for index in reversed(range(7))], asked  # the last three (900) were kept
 
 
-def test_a_caller_runs_until_its_process_ends_whoever_has_its_pid_then() -> None:
+def test_a_caller_runs_until_its_process_ends_whoever_has_its_pid_then(monkeypatch: pytest.MonkeyPatch) -> None:
     """A call's caller is its pid and start time: a process on a reused pid, or one dead but not yet
-    reaped (a zombie), is not it."""
+    reaped (a zombie), is not it. The start is counted from the machine's boot: a start time in wall
+    clock moves with the clock (psutil adds /proc/stat's whole-second boot time, which NTP's step or
+    a VM's resume changes), and every live caller on the node looked gone, its call aborted."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    caller = (child.pid, psutil.Process(child.pid).create_time())
+    caller = _process(child.pid)
     try:
         assert _runs(caller)
         assert not _runs((child.pid, caller[1] - 1))  # another process started on that pid
+        stepped = psutil._pslinux.boot_time() + 1  # type: ignore[attr-defined]  # the wall clock stepped
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: stepped)  # type: ignore[attr-defined]
+        assert _runs(caller) and _runs(this_process())
+        monkeypatch.undo()
         child.kill()
         while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
             time.sleep(0.01)
@@ -373,14 +380,14 @@ async def test_a_call_is_aborted_when_its_caller_is_gone_and_only_a_caller_once_
     in_flight = _CallsInFlight(database=None, every=3600)  # type: ignore[arg-type]  # no round, no database
     flights: dict[str, _Flight] = {}
 
-    async def call(name: str, caller: tuple[int, float]) -> None:
+    async def call(name: str, caller: tuple[int, int]) -> None:
         with in_flight.call_of(uuid.uuid4(), caller) as flight:
             flights[name] = flight
             await asyncio.sleep(3600)
 
     try:
-        calls = [asyncio.create_task(call("seen", (child.pid, psutil.Process(child.pid).create_time()))),
-                 asyncio.create_task(call("unseen", (child.pid, 0.0))),
+        calls = [asyncio.create_task(call("seen", _process(child.pid))),
+                 asyncio.create_task(call("unseen", (child.pid, 0))),
                  asyncio.create_task(call("ours", this_process()))]
         await asyncio.sleep(0.1)
         in_flight._abort_calls_of_gone_callers()
