@@ -302,4 +302,4 @@ async def tree_has_active_runs(conn: Connection, tree_id: uuid.UUID) -> bool:
     """Whether any Run of the tree is queued or holds a slot."""
     cur = await conn.execute(query("tree_active_runs"), {"tree_id": tree_id})
     row = await cur.fetchone()
-    return bool(row and row["n"])
+    return bool(row and row["active"])

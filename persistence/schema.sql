@@ -381,6 +381,13 @@ CREATE INDEX events_tree_stops ON events (tree_id, cursor) WHERE kind IN ('tree_
 -- A human's interventions on a member, found from the member (the event itself goes to its parent).
 CREATE INDEX events_interventions ON events ((payload->>'member_session_id'), cursor)
     WHERE kind = 'user_intervention';
+-- A session's own interventions (on its children), not among every event of the session.
+CREATE INDEX events_interventions_session ON events (session_id, cursor) WHERE kind = 'user_intervention';
+-- What wait_sessions counts as a target's update (persistence/events.py SESSION_UPDATE_KINDS), not
+-- among every event of the target after the wait's cursor.
+CREATE INDEX events_session_updates ON events (session_id, cursor)
+    WHERE kind IN ('turn_completed', 'turn_failed', 'turn_cancelled', 'waiting_approval', 'waiting_answer',
+                   'coop_message');
 -- Live streams: every committed event wakes the API replicas that LISTEN on canopy_events.
 -- The payload names only where to look (scope, session, tree); readers always re-read the
 -- committed rows, so a lost or folded notification delays a stream but never loses an event.
@@ -449,13 +456,16 @@ RETURNS TABLE (target_position bigint, blocker uuid) LANGUAGE sql STABLE AS $$
     WHERE of_kind = 'sessions'
 $$;
 
--- The sessions an open wait watches, so a finishing target finds its waiters by index.
+-- The sessions a wait watches, so a finishing target finds its waiters by index; ``open`` while the
+-- wait is (closed with it: persistence/waits.py), so that is one range of the open ones, not every
+-- wait that ever watched the session.
 CREATE TABLE wait_targets (
     wait_id     uuid NOT NULL REFERENCES waits (wait_id),
     session_id  uuid NOT NULL REFERENCES sessions (session_id),
+    open        boolean NOT NULL DEFAULT true,
     PRIMARY KEY (wait_id, session_id)
 );
-CREATE INDEX wait_targets_session ON wait_targets (session_id);
+CREATE INDEX wait_targets_open ON wait_targets (session_id) WHERE open;
 
 -- Side-effecting tool calls, keyed by (source Turn, tool call id): replay returns the stored result.
 CREATE TABLE tool_receipts (

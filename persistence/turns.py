@@ -338,7 +338,9 @@ async def finalize_cancel(conn: Connection, session: Row, turn_id: uuid.UUID, re
            WHERE turn_id = %s AND status IN ('pending', 'running')""",
         (reason, turn_id),
     )
-    await conn.execute("UPDATE waits SET status = 'cancelled' WHERE turn_id = %s AND status = 'open'", (turn_id,))
+    await conn.execute("WITH closed AS (UPDATE waits SET status = 'cancelled' WHERE turn_id = %s AND status = 'open' "
+                       "RETURNING wait_id) UPDATE wait_targets SET open = false WHERE wait_id IN (SELECT wait_id "
+                       "FROM closed)", (turn_id,))
     await conn.execute(
         "UPDATE requests SET status = 'cancelled' WHERE turn_id = %s AND status = 'pending'", (turn_id,)
     )

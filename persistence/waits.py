@@ -147,6 +147,7 @@ async def try_resume(conn: Connection, wait_id: uuid.UUID) -> Row | None:
         return None
     run_id = await run_repo.insert_run(conn, wait["turn_id"], wait["session_id"], wait["tree_id"],
                                        resumes_run_id=wait["run_id"])
+    await conn.execute("UPDATE wait_targets SET open = false WHERE wait_id = %s", (wait_id,))
     await conn.execute("UPDATE waits SET status = 'resumed', resumed_run_id = %s WHERE wait_id = %s",
                        (run_id, wait_id))
     await conn.execute(

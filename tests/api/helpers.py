@@ -112,13 +112,3 @@ def seq_scans(plan: dict[str, Any]) -> list[str]:
     for child in plan.get("Plans", []):
         found += seq_scans(child)
     return found
-
-
-def rows_read(plan: dict[str, Any], relation: str) -> int:
-    """The rows of ``relation`` a plan (``EXPLAIN (ANALYZE, FORMAT JSON)``'s ``Plan``) reads in its
-    scans, kept or filtered out, over all their loops."""
-    read = 0
-    if plan.get("Relation Name") == relation:
-        read = (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
-                + plan.get("Rows Removed by Index Recheck", 0)) * plan["Actual Loops"]
-    return read + sum(rows_read(child, relation) for child in plan.get("Plans", []))

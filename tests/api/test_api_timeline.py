@@ -21,9 +21,9 @@ from persistence import runs, timeline, turns
 from persistence.db import Database
 from persistence.records import Scope
 from tests.api.conftest import ClientFactory
-from tests.api.helpers import poll, rows, rows_read, terminal
+from tests.api.helpers import poll, rows, terminal
 from tests.api.test_api_cli import canopy
-from tests.persistence.helpers import age_members, seed_worked_tree
+from tests.persistence.helpers import ExplainingConnection, age_members, rows_read, seed_worked_tree
 
 CHILD_DELAY_MS = 1500
 
@@ -329,20 +329,6 @@ async def test_reads_of_an_aged_tree_skip_nothing_they_owe(runtime: Runtime, sco
         assert 0 < len(owed) < len(whole["intervals"])
     async with runtime.db.tx() as conn:
         await turns.finish_turn(conn, held, "completed", output="done")
-
-
-class ExplainingConnection:
-    """The real connection; each statement also runs once before under ``EXPLAIN ANALYZE``, whose
-    plans (what the server says it read) are kept."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-        self.plans: list[dict[str, Any]] = []
-
-    async def execute(self, statement: str, arguments: dict[str, Any]) -> Any:
-        explained = await self.conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, arguments)
-        self.plans.append((await explained.fetchone())["QUERY PLAN"][0]["Plan"])
-        return await self.conn.execute(statement, arguments)
 
 
 async def test_a_read_since_reads_the_open_and_recent_turns_not_the_history(runtime: Runtime, scope: Scope) -> None:

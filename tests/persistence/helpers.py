@@ -307,3 +307,33 @@ async def tcp_link(database_url: str) -> AsyncIterator[tuple[str, asyncio.Event]
         server.close()
         for task in pumps:
             task.cancel()
+
+
+# A table of a few hundred rows is read whole faster than through an index, as the planner knows;
+# the test's question is whether the statement can be answered from an index without reading the
+# history, which is what the planner chooses once the tables hold a real database's history.
+PLANNED_AT_SCALE = "SET LOCAL enable_seqscan = off"
+
+
+class ExplainingConnection:
+    """The real connection; each statement also runs once before under ``EXPLAIN ANALYZE``, whose
+    plans (what the server says it read) are kept."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.plans: list[dict[str, Any]] = []
+
+    async def execute(self, statement: str, arguments: Any = None) -> Any:
+        explained = await self.conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, arguments)
+        self.plans.append((await explained.fetchone())["QUERY PLAN"][0]["Plan"])
+        return await self.conn.execute(statement, arguments)
+
+
+def rows_read(plan: dict[str, Any], relation: str) -> int:
+    """The rows of ``relation`` a plan (``EXPLAIN (ANALYZE, FORMAT JSON)``'s ``Plan``) reads in its
+    scans, kept or filtered out, over all their loops."""
+    read = 0
+    if plan.get("Relation Name") == relation:
+        read = (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
+                + plan.get("Rows Removed by Index Recheck", 0)) * plan["Actual Loops"]
+    return read + sum(rows_read(child, relation) for child in plan.get("Plans", []))

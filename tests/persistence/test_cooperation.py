@@ -8,13 +8,15 @@ from typing import Any
 
 import pytest
 
-from persistence import cooperation, sessions, trees, turns
+from persistence import cooperation, events, sessions, trees, turns
 from persistence.db import Database
 from persistence.errors import Conflict, IdempotencyConflict, InvalidArgument, LimitReached, NotFound
 from persistence.records import Row, RunRef, Scope
 from persistence.settings import get_settings
 from tests.persistence.helpers import (
     DISPATCHER,
+    PLANNED_AT_SCALE,
+    ExplainingConnection,
     child_run,
     claim_turn,
     count_rows,
@@ -25,6 +27,7 @@ from tests.persistence.helpers import (
     finish,
     limits,
     make_tree,
+    rows_read,
     start_root_run,
     submit,
     turn_row,
@@ -391,3 +394,25 @@ async def test_a_chain_of_inputs_models_give_each_other_ends_at_its_limit(db: Da
     with pytest.raises(LimitReached, match=f"the limit is {limit} \\(CANOPY_MAX_INPUT_HOPS\\)"):
         await submit_as(db, run, "call-b", target="/root", text="the same task again")
     assert await count_rows(db) == before
+
+
+async def test_a_sessions_interventions_are_read_apart_from_its_other_events(db: Database, scope: Scope) -> None:
+    """The UI reads a session's interventions at every refresh: those on its children (their events
+    go to it) were found among every event of the session, each message and Run's."""
+    tree, run = await start_root_run(db, scope)
+    child, _child_run = await child_run(db, run, "helper")
+    _elsewhere, other_run = await start_root_run(db, scope)
+    other, _other_run = await child_run(db, other_run, "busy")
+    async with db.tx() as conn:
+        for _ in range(300):
+            await events.append_event(conn, scope, "message", session_id=tree.root_id, tree_id=tree.tree_id)
+        for _ in range(100):  # another conversation's
+            await cooperation.record_intervention(conn, scope, other["session_id"], "steer", text="and again")
+        await cooperation.record_intervention(conn, scope, child["session_id"], "steer", text="faster")
+    async with db.tx() as conn:
+        await conn.execute("ANALYZE events")
+        await conn.execute(PLANNED_AT_SCALE)
+        explaining = ExplainingConnection(conn)
+        found = await cooperation.interventions(explaining, scope, tree.root_id)  # type: ignore[arg-type]
+    assert [row["action"] for row in found] == ["steer"]
+    assert rows_read(explaining.plans[-1], "events") <= 1, explaining.plans[-1]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import uuid
 
 from persistence import events
 from persistence.db import Database, savepoint
 from persistence.records import Scope
 from persistence.scopes import ensure_scope
-from tests.persistence.helpers import fetch_all, start_root_run
+from tests.persistence.helpers import PLANNED_AT_SCALE, ExplainingConnection, fetch_all, rows_read, start_root_run
 
 
 async def read_after(db: Database, scope: Scope, after: int) -> list[int]:
@@ -165,3 +166,25 @@ async def test_a_page_of_events_is_bounded_by_its_payloads_bytes(db: Database, s
     assert pages == [["0", "1", "2"], ["3", "4"]]
     async with db.tx() as conn:  # a limit of one byte still gives one event a page
         assert [row["cursor"] for row in (await events.events_page(conn, scope, 0, max_bytes=1))[0]] == [1]
+
+
+async def test_a_wait_reads_its_targets_updates_not_their_other_events(db: Database, scope: Scope) -> None:
+    """wait_sessions's check (at each call, and each sweep round for every open sessions wait) read
+    every event of its targets after the wait's cursor, their messages and Runs too: a target busy
+    with a long Turn was read again, whole, every 2 s. It reads the updates alone."""
+    tree, _run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        after = max((row["cursor"] for row in await events.events_after(conn, scope, 0)), default=0)
+        for _ in range(300):
+            await events.append_event(conn, scope, "message", session_id=tree.root_id, tree_id=tree.tree_id)
+    async with db.tx() as conn:
+        await conn.execute("ANALYZE events")
+        await conn.execute(PLANNED_AT_SCALE)
+        explaining = ExplainingConnection(conn)
+        found = await events.session_updates_after(explaining, scope, uuid.uuid4(), [tree.root_id],  # type: ignore[arg-type]
+                                                   after)
+        index = await (await conn.execute("SELECT indexdef FROM pg_indexes "
+                                          "WHERE indexname = 'events_session_updates'")).fetchone()
+    assert found == []
+    assert rows_read(explaining.plans[-1], "events") == 0, explaining.plans[-1]
+    assert index is not None and all(f"'{kind}'" in index["indexdef"] for kind in events.SESSION_UPDATE_KINDS)

@@ -16,6 +16,8 @@ from persistence.records import Row, RunRef, Scope
 from tests.persistence.helpers import (
     DISPATCHER,
     LEASE_SECONDS,
+    PLANNED_AT_SCALE,
+    ExplainingConnection,
     acquire,
     child_run,
     claim_turn,
@@ -29,8 +31,10 @@ from tests.persistence.helpers import (
     limits,
     make_tree,
     new_owner,
+    rows_read,
     run_row,
     running_in_tree,
+    seed_worked_tree,
     start_root_run,
     start_run,
     submit,
@@ -503,3 +507,19 @@ async def test_the_sweepers_views_follow_a_run_from_queue_to_end(db: Database, s
     await finish(db, run)
     async with db.tx() as conn:
         assert not await runs.tree_has_active_runs(conn, tree.tree_id)
+
+
+async def test_whether_a_tree_is_active_is_read_from_its_active_runs_alone(db: Database, scope: Scope) -> None:
+    """A tree's supervisor asks every CANOPY_SWEEP_SECONDS while the tree is live: a status IN list
+    proved neither status's partial index, and the answer read every Run the tree ever had."""
+    tree = await seed_worked_tree(db, scope, members=3, turns_per_member=100, wait_every=0)
+    await submit(db, scope, tree.root_id)  # one queued Run
+    async with db.tx() as conn:
+        await conn.execute("ANALYZE runs")
+        await conn.execute(PLANNED_AT_SCALE)
+        explaining = ExplainingConnection(conn)
+        assert await runs.tree_has_active_runs(explaining, tree.tree_id)  # type: ignore[arg-type]
+        history = await (await conn.execute("SELECT count(*) AS n FROM runs WHERE tree_id = %s",
+                                            (tree.tree_id,))).fetchone()
+    assert history is not None and history["n"] == 301
+    assert rows_read(explaining.plans[-1], "runs") <= 1, explaining.plans[-1]

@@ -15,6 +15,8 @@ from persistence.records import Row, RunRef, Scope
 from tests.persistence.helpers import (
     DISPATCHER,
     HUMAN,
+    PLANNED_AT_SCALE,
+    ExplainingConnection,
     child_run,
     claim_turn,
     count_rows,
@@ -24,8 +26,11 @@ from tests.persistence.helpers import (
     fetch_one,
     finish,
     grant,
+    rows_read,
     running_in_tree,
+    seed_worked_tree,
     start_root_run,
+    start_run,
     turn_row,
 )
 
@@ -339,3 +344,38 @@ async def test_a_waiter_is_told_of_a_long_question_by_its_start(db: Database, sc
     assert told["payload"] == {"question": question[:500] + "... (100000 characters)", "tool_call_id": "call-9"}
     [kept] = [e for e in stored if e["kind"] == "waiting_answer"]
     assert kept["payload"]["question"] == question
+
+
+async def test_a_change_finds_the_open_waits_watching_it_not_every_wait_that_ever_did(db: Database,
+                                                                                      scope: Scope) -> None:
+    """Every Turn's end, park and tool step asks which open waits watch its session: it read every
+    wait that ever watched it, each then found closed (a parent waited on in a loop: thousands)."""
+    tree = await seed_worked_tree(db, scope, members=3, turns_per_member=100, wait_every=1)  # 200 waits, closed
+    async with db.tx() as conn:
+        child = (await (await conn.execute("SELECT session_id FROM sessions WHERE parent_id = %s LIMIT 1",
+                                           (tree.root_id,))).fetchone() or {})["session_id"]
+    _receipt, run = await start_run(db, scope, tree.tree_id, child)
+    async with db.tx() as conn:
+        still_open = await waits.park(conn, run, tool_call_id="w", kind="sessions", timeout_seconds=None,
+                                      condition={"targets": [str(tree.root_id)], "after_cursor": 0},
+                                      targets=[tree.root_id])
+    elsewhere, root_run = await start_root_run(db, scope)
+    for number in range(100):  # open waits of another conversation, on its root
+        _member, member_run = await child_run(db, root_run, f"m{number}")
+        async with db.tx() as conn:
+            await waits.park(conn, member_run, tool_call_id="w", kind="sessions", timeout_seconds=None,
+                             condition={"targets": [str(elsewhere.root_id)], "after_cursor": 0},
+                             targets=[elsewhere.root_id])
+    async with db.tx() as conn:
+        await conn.execute("ANALYZE wait_targets, waits")
+        await conn.execute(PLANNED_AT_SCALE)
+        explaining = ExplainingConnection(conn)
+        _trees, watching = await waits.change_targets(explaining, [tree.root_id])  # type: ignore[arg-type]
+        ever = await (await conn.execute("SELECT count(*) AS n FROM wait_targets WHERE session_id = %s",
+                                         (tree.root_id,))).fetchone()
+    assert watching == [still_open] and ever is not None and ever["n"] == 201
+    plan = explaining.plans[-1]
+    assert rows_read(plan, "wait_targets") <= 1 and rows_read(plan, "waits") <= 1, plan
+    async with db.tx() as conn:  # a wait cancelled with its Turn watches no more, as one resumed
+        assert await turns.cancel_turn(conn, scope, child, run.turn_id) is not None
+        assert await waits.change_targets(conn, [tree.root_id]) == ([tree.tree_id], [])
