@@ -95,20 +95,15 @@ def this_process() -> Caller | None:
     """The calling process, sent with each model call (actors/gateways.py): calls go to the
     gateway of their own node, which can see whether the process still runs (``_CallsInFlight``).
     None where there is no /proc to tell (the call is then left to its Run's lease)."""
-    try:
-        return _process(os.getpid())
-    except OSError:
-        return None
+    return _process(os.getpid())
 
 
 @functools.cache
-def _process(pid: int) -> Caller:
+def _process(pid: int) -> Caller | None:
     """A process's start never changes: read once, not on every model call (keyed by pid, so a
     forked child reads its own)."""
     state = _state(pid)
-    if state is None:
-        raise ProcessLookupError(pid)
-    return pid, state[1]
+    return None if state is None else (pid, state[1])
 
 
 def _state(pid: int) -> tuple[bytes, int] | None:

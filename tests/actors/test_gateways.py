@@ -356,6 +356,7 @@ def test_a_caller_runs_until_its_process_ends_whoever_has_its_pid_then(monkeypat
     a VM's resume changes), and every live caller on the node looked gone, its call aborted."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     caller = _process(child.pid)
+    assert caller is not None
     try:
         assert _runs(caller)
         assert not _runs((child.pid, caller[1] - 1))  # another process started on that pid
@@ -380,7 +381,7 @@ async def test_a_call_is_aborted_when_its_caller_is_gone_and_only_a_caller_once_
     in_flight = _CallsInFlight(database=None, every=3600)  # type: ignore[arg-type]  # no round, no database
     flights: dict[str, _Flight] = {}
 
-    async def call(name: str, caller: tuple[int, int]) -> None:
+    async def call(name: str, caller: tuple[int, int] | None) -> None:
         with in_flight.call_of(uuid.uuid4(), caller) as flight:
             flights[name] = flight
             await asyncio.sleep(3600)
