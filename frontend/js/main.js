@@ -177,9 +177,9 @@ async function relogin(reason) {
  * Whose key this browser uses, in the sidebar; when it came from a link just opened, said once more:
  * a link can carry anyone's key, and what is typed then goes to that user's conversations.
  */
-async function showIdentity(fromLink) {
+async function showIdentity(fromLink, known) {
   try {
-    const me = await api.me();
+    const me = known ?? await api.me();
     sessionList.showIdentity(me);
     if (fromLink) notify(`Signed in with the key from the link: user ${me.user_id} of app ${me.app_id}. `
       + "Not you? Change API key.", "info", { timeout: 15_000 });
@@ -191,21 +191,26 @@ async function showIdentity(fromLink) {
 async function boot() {
   initTheme();
   const fromLink = adoptKeyFromUrl();
+  // The check of a key is GET /me: whose key it is comes with the check, not a second request.
+  let me = null;
+  const check = async (key) => {
+    me = await api.checkKey(key);
+  };
   if (!apiKey()) {
-    await askForKey((key) => api.checkKey(key));
+    await askForKey(check);
   } else {
     try {
-      await api.checkKey(apiKey());
+      await check(apiKey());
     } catch (error) {
       if (error.status === 401 || error.status === 403) {
         forgetKey();
-        await askForKey((key) => api.checkKey(key), "The saved API key was not accepted.");
+        await askForKey(check, "The saved API key was not accepted.");
       }
     }
   }
   sessionList = new SessionList({ ctx });
   document.getElementById("sidebar").append(sessionList.el);
-  showIdentity(fromLink);
+  showIdentity(fromLink, me);
   sessionList.start();
   window.addEventListener("hashchange", route);
   route();
