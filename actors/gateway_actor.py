@@ -164,6 +164,7 @@ class AccountedGateway(ModelGateway):
         started = time.monotonic()
         named = accounted_name(request["model"], request.get("api_base"))  # for a call that never got a reply
         publisher = None if watch is None else _DeltaPublisher(self._database, {**watch, "run_id": run_id})
+        reply = None
         with (tracing.remote_span("model call", trace, run_id=run_id, model=str(request["model"])[:200]),
               self._in_flight.call_of(uuid.UUID(run_id), caller) as flight):
             try:
@@ -174,9 +175,13 @@ class AccountedGateway(ModelGateway):
                         await publisher.drain()  # every delta goes out before the reply is returned
             except asyncio.CancelledError:
                 # Aborted (its Turn cancelled, its tree stopped, its Run over, its caller gone): the
-                # provider may bill what it generated meanwhile, so the call is a row too.
-                self._recorder.add(_Call.failed(run_id, {"model": named, "error": flight.aborted or CALL_ABORTED},
-                                                started))
+                # provider may bill what it generated meanwhile, so the call is a row too, with the
+                # usage of its reply when that came in full before the abort (its deltas still going out).
+                aborted = flight.aborted or CALL_ABORTED
+                if reply is None:
+                    self._recorder.add(_Call.failed(run_id, {"model": named, "error": aborted}, started))
+                else:
+                    self._record(run_id, reply, started, aborted)
                 raise
             except Exception as error:
                 # Each request that failed is a row; a call that failed before any request is one too,
@@ -189,10 +194,14 @@ class AccountedGateway(ModelGateway):
                     self._recorder.add(_Call(run_id, charged["model"], charged["usage"], charged["cost_usd"], started,
                                              str(error)))
                 raise
+        self._record(run_id, reply, started, None)
+        return reply
+
+    def _record(self, run_id: str, reply: dict[str, Any], started: float, error: str | None) -> None:
+        """A reply's call (``error``: why its caller did not take it), after the attempts that failed."""
         for attempt in reply["failed_attempts"]:
             self._recorder.add(_Call.failed(run_id, attempt, started))
-        self._recorder.add(_Call(run_id, reply["model"], reply["usage"], reply["cost_usd"], started, None))
-        return reply
+        self._recorder.add(_Call(run_id, reply["model"], reply["usage"], reply["cost_usd"], started, error))
 
 
 def _reply_chars(reply: dict[str, Any]) -> int:

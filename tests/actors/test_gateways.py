@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import psycopg
 import pytest
 import ray
 from ray.util.state import list_actors
@@ -27,6 +28,8 @@ from actors import gateways
 from actors.gateway_actor import (
     CALL_ABORTED,
     CALLER_GONE,
+    DELTA_CHANNEL,
+    AccountedGateway,
     _CallsInFlight,
     _Flight,
     _process,
@@ -39,10 +42,14 @@ from actors.gateways import gateway_on
 from actors.naming import NodeLocal, gateway_actor_name, node_local_options
 from actors.runtime import MALLOC_ARENA_MAX, Runtime
 from actors.scripted import say, script
+from persistence import notifications
 from persistence.databases import rows
+from persistence.db import Database
 from persistence.records import Scope
+from persistence.settings import get_settings
 from tests.actors.gateways_scenario import PINNED_ENV, requests_with
 from tests.actors.helpers import eventually, model_gateway, scenario_findings
+from tests.actors.replay_server import ReplayServer
 from tests.conftest import RUNTIME_ENV
 
 
@@ -292,6 +299,53 @@ async def test_a_call_aborted_before_its_reply_is_recorded(runtime: Runtime) -> 
 
     assert await eventually(recorded, timeout=10) == [
         {"model": runtime.settings.default_model, "error": CALL_ABORTED, "prompt_tokens": 0}]
+
+
+def _awaits(task: asyncio.Task[Any], name: str) -> bool:
+    """Whether ``task`` is suspended in a coroutine named ``name`` (anywhere down its await chain)."""
+    coro: Any = task.get_coro()
+    while coro is not None and hasattr(coro, "cr_code"):
+        if coro.cr_code.co_name == name:
+            return True
+        coro = coro.cr_await
+    return False
+
+
+async def test_a_call_aborted_after_its_reply_came_is_recorded_with_its_usage(
+        database_url: str, db: Database, replay: ReplayServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provider billed a reply that came in full; an abort while its last text deltas were still
+    being published (the caller cancelled, its Run over) recorded the call with no usage, and the
+    Run's budget never counted what it spent."""
+    monkeypatch.setenv("CANOPY_DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    gateway = AccountedGateway(timeout_seconds=30, retries=0, agent_api_bases=(replay.base_url,))
+    model, call_id, run_id = f"drained-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex, uuid.uuid4()
+    replay.script(model, {"say": "a reply that comes a character at a time", "drip": 0.01})
+    watch = {"session_id": str(uuid.uuid4()), "tree_id": str(uuid.uuid4()), "turn_id": str(uuid.uuid4()), "step": 1}
+    listener = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    try:
+        await notifications.listen(listener, DELTA_CHANNEL)
+        call = asyncio.create_task(gateway.complete_for_run(
+            call_id=call_id, run_id=str(run_id), model=f"openai/{model}", api_base=replay.base_url,
+            messages=[{"role": "user", "content": "hi"}], tools=None, watch=watch))
+        async with asyncio.timeout(30):
+            await anext(listener.notifies())  # the first delta went out at once
+        pool = await gateway._database()
+        async with contextlib.AsyncExitStack() as held:  # every connection of the gateway's pool, so the
+            for _ in range(4):                           # later deltas wait to be published
+                await held.enter_async_context(pool.tx())
+            shared = gateway._shared._calls[call_id].task
+            await eventually(lambda: asyncio.sleep(0, _awaits(shared, "drain")), timeout=30)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+    finally:
+        await listener.close()
+        await gateway.close()
+        get_settings.cache_clear()
+    recorded = await rows(db, "SELECT error, prompt_tokens, completion_tokens FROM model_calls WHERE run_id = %s",
+                          run_id)
+    assert recorded == [{"error": CALL_ABORTED, "prompt_tokens": 11, "completion_tokens": 7}]
 
 
 async def test_each_node_calls_its_own_gateway_and_survives_the_heads_dying(own_database_url: str,
