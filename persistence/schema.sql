@@ -306,7 +306,8 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_tree_running ON runs (tree_id) WHERE status = 'running';
 CREATE INDEX runs_tree_pending ON runs (tree_id, queued_at) WHERE status = 'pending';
-CREATE INDEX runs_turn ON runs (turn_id);
+-- A Turn's Runs, its latest first (a session's state reads it; a Turn has a Run per wait it resumed from).
+CREATE INDEX runs_turn ON runs (turn_id, queued_at DESC);
 -- A tree's Runs by member (its usage per member in the tree summary).
 CREATE INDEX runs_tree ON runs (tree_id, session_id);
 -- A session's running Runs, among them the one no incarnation has taken yet (every activation, drain

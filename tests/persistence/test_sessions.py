@@ -14,15 +14,20 @@ from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import Scope
 from tests.persistence.helpers import (
     DISPATCHER,
+    PLANNED_AT_SCALE,
+    ExplainingConnection,
     child_run,
     count_rows,
     create_child,
     fetch_all,
     fetch_one,
+    latest_run_id,
     limits,
     make_tree,
+    rows_read,
     session_row,
     start_root_run,
+    submit,
 )
 
 REJECTED_NAMES = ["/root/aaa/bbb", "aaa/bbb", "/root/name", "../bbb", "aaa\\bbb", "aaa%2Fbbb", "", "a" * 65]
@@ -234,3 +239,27 @@ SELECT gen_random_uuid(), '00000000-0000-0000-0000-0000000000aa', 'u', 'a', '000
        '00000000-0000-0000-0000-0000000000aa', 'm' || n, '/root/m' || n, 1, '{}'
 FROM generate_series(1, 499) AS n;
 """
+
+
+async def test_a_sessions_state_reads_one_run_of_its_turn_however_many_it_had(db: Database, scope: Scope) -> None:
+    """Every session listed (the sidebar's roots, a tree's members) shows its latest Run's status: a
+    Turn that parked and resumed 300 times (a root waiting on its children one by one) had all its
+    Runs read and sorted for each of them."""
+    tree = await make_tree(db, scope)
+    receipt = await submit(db, scope, tree.root_id)
+    first = await latest_run_id(db, receipt["turn_id"])
+    async with db.tx() as conn:
+        await conn.execute(
+            """WITH RECURSIVE chain(n, run_id, resumes) AS (
+                   SELECT 1, gen_random_uuid(), %(first)s::uuid
+                   UNION ALL SELECT n + 1, gen_random_uuid(), run_id FROM chain WHERE n < 300)
+               INSERT INTO runs (run_id, turn_id, session_id, tree_id, kind, resumes_run_id, status, queued_at)
+               SELECT run_id, %(turn)s, %(session)s, %(session)s, 'resume', resumes, 'interrupted',
+                      clock_timestamp() + make_interval(secs => n)
+               FROM chain""",
+            {"first": first, "turn": receipt["turn_id"], "session": tree.root_id})
+        await conn.execute("ANALYZE runs")
+        await conn.execute(PLANNED_AT_SCALE)
+        explaining = ExplainingConnection(conn)
+        await sessions.get_session(explaining, scope, tree.root_id)  # type: ignore[arg-type]
+    assert rows_read(explaining.plans[-1], "runs") <= 1, explaining.plans[-1]
