@@ -320,17 +320,23 @@ async def restart_silent(names: list[str], timeout: float) -> list[str]:
         if after.get(name) != before[name]:
             continue
         log.error("%s answered nothing for %.0f s: killed, for Ray to start it again", name, timeout)
-        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+        await asyncio.to_thread(_kill_for_a_restart, name)
         killed.append(name)
     return killed
 
 
+def _kill_for_a_restart(name: str) -> None:
+    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+
+
 async def _answers(name: str, timeout: float) -> bool:
     """Whether the actor ``name`` answers within ``timeout`` seconds; one gone or restarting meanwhile
-    counts as answering (there is nothing to kill)."""
+    counts as answering (there is nothing to kill). Finding it asks Ray's GCS, which may be slow: in a
+    thread, not on the sweeper's loop, as the kill is."""
     try:
         async with asyncio.timeout(timeout):
-            await ray.get_actor(name, namespace=NAMESPACE).__ray_ready__.remote()
+            actor = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+            await actor.__ray_ready__.remote()
     except TimeoutError:
         return False
     except (ValueError, ray.exceptions.RayActorError):

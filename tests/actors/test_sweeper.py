@@ -1,0 +1,45 @@
+"""The sweeper's own loop (actors/sweeper.py); what it recovers is tested where each record lives."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import ray
+
+from actors.naming import gateway_actor_name
+from actors.runtime import Runtime
+from actors.sweeper import restart_silent
+
+
+@pytest.mark.default_shape  # the sweeper is one per cluster, whichever the shape
+async def test_a_slow_lookup_of_an_actor_holds_up_nothing_else_of_the_sweeper(
+        runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding a named actor is a call to Ray's GCS, which can take seconds (a GCS under load or
+    restarting). Made on the sweeper's event loop, it held every round (recoveries, waits,
+    schedules) that long: here the loop must still run while a lookup is under way."""
+    name = gateway_actor_name(ray.get_runtime_context().get_node_id())
+    look_up = ray.get_actor
+    loop = asyncio.get_running_loop()
+    entered, freed = asyncio.Event(), threading.Event()
+    freed_by_the_loop: list[bool] = []
+
+    def slow_look_up(*args: Any, **kwargs: Any) -> Any:
+        loop.call_soon_threadsafe(entered.set)
+        freed_by_the_loop.append(freed.wait(10))  # only the loop frees it: a blocked loop never does
+        return look_up(*args, **kwargs)
+
+    async def free_once_entered() -> None:
+        await entered.wait()
+        freed.set()
+
+    monkeypatch.setattr(ray, "get_actor", slow_look_up)
+    freeing = asyncio.create_task(free_once_entered())
+    try:
+        assert await restart_silent([name], timeout=30) == []  # the gateway answers: kept
+    finally:
+        freed.set()
+        freeing.cancel()
+    assert freed_by_the_loop == [True]
