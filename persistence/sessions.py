@@ -293,22 +293,33 @@ async def resolve_target(conn: Connection, scope: Scope, tree_id: uuid.UUID, tar
     return await get_session_row(conn, scope, session_id)
 
 
+# A scope's roots, newest first: each form a statement of its own, so that even the generic plan a
+# prepared statement settles on reads only the rows it lists: live roots (the sidebar's list, every
+# few seconds) from their own partial indexes, archived roots only when asked for. A page goes on
+# after a root, or from the start (a key past every root's: 'infinity' and the largest uuid).
+_ROOTS_OF = {False: "s.user_id = %(user_id)s AND s.app_id = %(app_id)s",
+             True: "s.project_id = %(project_id)s AND s.user_id = %(user_id)s AND s.app_id = %(app_id)s"}
+_ROOTS = {
+    (of_project, archived): f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
+        WHERE {_ROOTS_OF[of_project]} AND s.parent_id IS NULL{"" if archived else " AND NOT s.archived"}
+          AND (s.created_at, s.session_id) < (%(before_at)s::timestamptz, %(before)s::uuid)
+        ORDER BY s.created_at DESC, s.session_id DESC LIMIT %(limit)s OFFSET %(offset)s"""
+    for of_project in (False, True) for archived in (False, True)
+}
+_AFTER_EVERY_ROOT = ("infinity", uuid.UUID(int=(1 << 128) - 1))
+
+
 async def list_roots(conn: Connection, scope: Scope, *, project_id: uuid.UUID | None, offset: int,
                      limit: int, include_archived: bool = False, before: uuid.UUID | None = None) -> list[Row]:
     """Root sessions, newest first. ``before`` (a root of the scope: NotFound otherwise) continues a
     list after that root, wherever roots made or archived since have moved it; ``offset`` counts
     from the start (or from ``before``)."""
-    before_at = None if before is None else (await get_session_row(conn, scope, before))["created_at"]
+    before_at, before = _AFTER_EVERY_ROOT if before is None else (
+        (await get_session_row(conn, scope, before))["created_at"], before)
     cur = await conn.execute(
-        f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
-            WHERE s.user_id = %(user_id)s AND s.app_id = %(app_id)s AND s.parent_id IS NULL
-              AND (%(project_id)s::uuid IS NULL OR s.project_id = %(project_id)s)
-              AND (%(archived)s OR NOT s.archived)
-              AND (%(before)s::uuid IS NULL
-                   OR (s.created_at, s.session_id) < (%(before_at)s::timestamptz, %(before)s::uuid))
-            ORDER BY s.created_at DESC, s.session_id DESC LIMIT %(limit)s OFFSET %(offset)s""",
+        _ROOTS[project_id is not None, include_archived],
         {"user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id, "limit": limit,
-         "offset": offset, "archived": include_archived, "before": before, "before_at": before_at},
+         "offset": offset, "before": before, "before_at": before_at},
     )
     return [_view(row) for row in await cur.fetchall()]
 

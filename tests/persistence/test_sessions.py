@@ -13,6 +13,7 @@ from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import Scope
 from tests.persistence.helpers import (
+    AGENT_CONFIG,
     DISPATCHER,
     PLANNED_AT_SCALE,
     ExplainingConnection,
@@ -263,3 +264,39 @@ async def test_a_sessions_state_reads_one_run_of_its_turn_however_many_it_had(db
         explaining = ExplainingConnection(conn)
         await sessions.get_session(explaining, scope, tree.root_id)  # type: ignore[arg-type]
     assert rows_read(explaining.plans[-1], "runs") <= 1, explaining.plans[-1]
+
+
+async def test_the_live_roots_are_listed_without_reading_archived_roots_or_members(
+        db: Database, scope: Scope) -> None:
+    """The sidebar lists a scope's live roots every few seconds (of one project, or all, page after
+    page). 300 archived roots and a tree's 300 members newer than them were each read and filtered
+    out, in the plan a prepared statement settles on after its first runs (a generic one)."""
+    live = [await make_tree(db, scope) for _ in range(3)]
+    archived = [await make_tree(db, scope, project_id=live[0].project_id) for _ in range(300)]
+    _, run = await start_root_run(db, scope)
+    big = run.session_id
+    async with db.tx() as conn:
+        root = await sessions.get_session_row(conn, scope, big)
+        for index in range(300):
+            await sessions.create_child(conn, root, name=f"m{index:03d}", agent_id=None, agent_config=AGENT_CONFIG,
+                                        max_depth=2, max_members=1000, created_by_run_id=run.run_id)
+        await conn.execute("UPDATE sessions SET archived = true WHERE session_id = ANY(%s)",
+                           ([tree.root_id for tree in archived],))
+        await conn.execute("ANALYZE sessions")
+        await conn.execute(PLANNED_AT_SCALE)
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        explaining = ExplainingConnection(conn)
+        pages = {
+            "all": await sessions.list_roots(explaining, scope, project_id=None, offset=0, limit=50),  # type: ignore[arg-type]
+            "project": await sessions.list_roots(explaining, scope, project_id=live[0].project_id,  # type: ignore[arg-type]
+                                                 offset=0, limit=50),
+            "next page": await sessions.list_roots(explaining, scope, project_id=None, offset=0, limit=50,  # type: ignore[arg-type]
+                                                   before=live[2].root_id),
+        }
+        everything = await sessions.list_roots(conn, scope, project_id=None, offset=0, limit=500, include_archived=True)
+    assert {what: [row["session_id"] for row in page] for what, page in pages.items()} == {
+        "all": [big, *(tree.root_id for tree in reversed(live))], "project": [live[0].root_id],
+        "next page": [live[1].root_id, live[0].root_id]}
+    assert len(everything) == 304
+    assert [rows_read(plan, "sessions") <= 5 for plan in explaining.plans] == [True] * len(explaining.plans), \
+        [rows_read(plan, "sessions") for plan in explaining.plans]
