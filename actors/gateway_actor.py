@@ -320,13 +320,18 @@ class _CallsInFlight:
                 del self._calls[run_id]
 
     async def _check_while_any(self) -> None:
-        while self._calls:
-            await asyncio.sleep(self._every)
-            self._abort_calls_of_gone_callers()
-            try:
-                await self._abort_calls_of_runs_over()
-            except Exception:  # the next round asks again
-                log.exception("checking the Runs of %d model call(s) in flight failed", len(self._calls))
+        # The database is read beside the rounds, one read at a time: a read that hangs (a database
+        # host gone silent) must not hold up the look at this node's processes.
+        reading: asyncio.Task[None] | None = None
+        try:
+            while self._calls:
+                await asyncio.sleep(self._every)
+                self._abort_calls_of_gone_callers()
+                if reading is None or reading.done():
+                    reading = asyncio.create_task(self._abort_calls_of_runs_over())
+        finally:
+            if reading is not None:
+                reading.cancel()
 
     def _abort_calls_of_gone_callers(self) -> None:
         callers = {flight.caller for flights in self._calls.values() for flight in flights if flight.caller}
@@ -341,9 +346,13 @@ class _CallsInFlight:
     async def _abort_calls_of_runs_over(self) -> None:
         if not self._calls:
             return
-        db = await self._database()
-        async with db.tx() as conn:
-            over = await runs.over(conn, list(self._calls))
+        try:
+            db = await self._database()
+            async with db.tx() as conn:
+                over = await runs.over(conn, list(self._calls))
+        except Exception:  # the next round asks again
+            log.exception("checking the Runs of %d model call(s) in flight failed", len(self._calls))
+            return
         for run_id in over:
             flights = [flight for flight in self._calls.get(run_id, ()) if not flight.aborted]
             for flight in flights:

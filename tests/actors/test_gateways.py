@@ -51,6 +51,7 @@ from tests.actors.gateways_scenario import PINNED_ENV, requests_with
 from tests.actors.helpers import eventually, model_gateway, scenario_findings
 from tests.actors.replay_server import ReplayServer
 from tests.conftest import RUNTIME_ENV
+from tests.persistence.helpers import tcp_link
 
 
 async def _alive_gateway(node_id: str, not_pid: int | None = None) -> Any:
@@ -299,6 +300,46 @@ async def test_a_call_aborted_before_its_reply_is_recorded(runtime: Runtime) -> 
 
     assert await eventually(recorded, timeout=10) == [
         {"model": runtime.settings.default_model, "error": CALL_ABORTED, "prompt_tokens": 0}]
+
+
+async def test_a_gone_caller_is_found_while_the_database_does_not_answer(database_url: str) -> None:
+    """Whether a caller still runs is the gateway's own look at its node; whether its Run is over is
+    a database read, which may hang (a database host gone silent: up to 30 s for the connection to
+    be given up). The first was checked only after the second, each round: a dead caller's call went
+    on, billed, as long as the database did not answer."""
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+    async with tcp_link(database_url) as (tcp_url, passing):
+        database = await Database.connect(tcp_url, max_size=1)
+
+        async def silent_database() -> Database:
+            return database
+
+        in_flight = _CallsInFlight(silent_database, every=0.05)
+        flights: list[_Flight] = []
+
+        async def call() -> None:
+            with in_flight.call_of(uuid.uuid4(), _process(child.pid)) as flight:
+                flights.append(flight)
+                await asyncio.sleep(3600)
+
+        passing.clear()  # the database host goes silent: a read waits for an answer that never comes
+        calling = asyncio.create_task(call())
+        try:
+            await asyncio.sleep(0.5)  # rounds went by, one of them waiting on the database
+            assert flights and not flights[0].aborted
+            child.kill()
+            await child.wait()
+            await eventually(lambda: asyncio.sleep(0, calling.done()), timeout=10)
+            assert flights[0].aborted == CALLER_GONE
+        finally:
+            calling.cancel()
+            if in_flight._checker is not None:
+                in_flight._checker.cancel()
+            passing.set()
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            await child.wait()
+            await database.close()
 
 
 def _awaits(task: asyncio.Task[Any], name: str) -> bool:
