@@ -329,6 +329,24 @@ class ExplainingConnection:
         return await self.conn.execute(statement, arguments)
 
 
+# The partial indexes of queued and running Runs (their entries go with the Run's status).
+ACTIVE_RUNS_INDEXES = {"runs_tree_running", "runs_tree_pending", "runs_session_running"}
+
+
+def indexes_read(plan: dict[str, Any], relation: str) -> set[str | None]:
+    """The indexes a plan reads ``relation`` through (None: the table itself, whole)."""
+    if plan.get("Relation Name") == relation and plan["Node Type"] == "Bitmap Heap Scan":
+        return _bitmap_indexes(plan)
+    read = {plan.get("Index Name")} if plan.get("Relation Name") == relation else set()
+    return read.union(*(indexes_read(child, relation) for child in plan.get("Plans", [])))
+
+
+def _bitmap_indexes(plan: dict[str, Any]) -> set[str | None]:
+    """The indexes a bitmap heap scan's bitmaps come from (its children name no relation)."""
+    read = {plan["Index Name"]} if plan["Node Type"] == "Bitmap Index Scan" else set()
+    return read.union(*(_bitmap_indexes(child) for child in plan.get("Plans", [])))
+
+
 def rows_read(plan: dict[str, Any], relation: str) -> int:
     """The rows of ``relation`` a plan (``EXPLAIN (ANALYZE, FORMAT JSON)``'s ``Plan``) reads in its
     scans, kept or filtered out, over all their loops."""

@@ -4,6 +4,7 @@ and a Run whose owner died is resumed exactly once while the stale owner can wri
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import uuid
 
@@ -14,6 +15,7 @@ from persistence.db import Database
 from persistence.errors import LeaseLost
 from persistence.records import Row, RunRef, Scope
 from tests.persistence.helpers import (
+    ACTIVE_RUNS_INDEXES,
     DISPATCHER,
     LEASE_SECONDS,
     PLANNED_AT_SCALE,
@@ -27,11 +29,11 @@ from tests.persistence.helpers import (
     fetch_all,
     finish,
     grant,
+    indexes_read,
     latest_run_id,
     limits,
     make_tree,
     new_owner,
-    rows_read,
     run_row,
     running_in_tree,
     seed_worked_tree,
@@ -511,7 +513,9 @@ async def test_the_sweepers_views_follow_a_run_from_queue_to_end(db: Database, s
 
 async def test_whether_a_tree_is_active_is_read_from_its_active_runs_alone(db: Database, scope: Scope) -> None:
     """A tree's supervisor asks every CANOPY_SWEEP_SECONDS while the tree is live: a status IN list
-    proved neither status's partial index, and the answer read every Run the tree ever had."""
+    proved neither status's partial index, and the answer read every Run the tree ever had. It reads
+    active Runs alone (a tree that holds most of the table's Runs, as here, may have a planner look
+    among every session's running ones: those are as many as the slots in use, never a history)."""
     tree = await seed_worked_tree(db, scope, members=3, turns_per_member=100, wait_every=0)
     await submit(db, scope, tree.root_id)  # one queued Run
     async with db.tx() as conn:
@@ -522,4 +526,4 @@ async def test_whether_a_tree_is_active_is_read_from_its_active_runs_alone(db: D
         history = await (await conn.execute("SELECT count(*) AS n FROM runs WHERE tree_id = %s",
                                             (tree.tree_id,))).fetchone()
     assert history is not None and history["n"] == 301
-    assert rows_read(explaining.plans[-1], "runs") <= 1, explaining.plans[-1]
+    assert indexes_read(explaining.plans[-1], "runs") <= ACTIVE_RUNS_INDEXES, json.dumps(explaining.plans[-1])
