@@ -219,7 +219,8 @@ CREATE TABLE sessions (
     CONSTRAINT sessions_unique_path UNIQUE (tree_id, path)
 );
 CREATE INDEX sessions_scope_roots ON sessions (user_id, app_id, created_at DESC) WHERE parent_id IS NULL;
-CREATE INDEX sessions_project ON sessions (project_id, created_at);
+-- A project's sessions by tree and path (the list_sessions tool's scope "project", a page at a time).
+CREATE INDEX sessions_project ON sessions (project_id, tree_id, path);
 -- A scope's live roots newest first (the sidebar's list), of the scope or of one project.
 CREATE INDEX sessions_scope_live_roots ON sessions (user_id, app_id, created_at DESC, session_id DESC)
     WHERE parent_id IS NULL AND NOT archived;

@@ -22,6 +22,7 @@ from tests.persistence.helpers import (
     create_child,
     fetch_all,
     fetch_one,
+    indexes_read,
     latest_run_id,
     limits,
     make_tree,
@@ -269,34 +270,39 @@ async def test_a_sessions_state_reads_one_run_of_its_turn_however_many_it_had(db
 async def test_the_live_roots_are_listed_without_reading_archived_roots_or_members(
         db: Database, scope: Scope) -> None:
     """The sidebar lists a scope's live roots every few seconds (of one project, or all, page after
-    page). 300 archived roots and a tree's 300 members newer than them were each read and filtered
-    out, in the plan a prepared statement settles on after its first runs (a generic one)."""
-    live = [await make_tree(db, scope) for _ in range(3)]
-    archived = [await make_tree(db, scope, project_id=live[0].project_id) for _ in range(300)]
-    _, run = await start_root_run(db, scope)
-    big = run.session_id
+    page): the archived roots newer than them and the members of a live tree older than them were
+    each read and filtered out, in the plan a prepared statement settles on after its first runs (a
+    generic one) as well."""
+    big_tree, run = await start_root_run(db, scope)
+    big = big_tree.root_id
     async with db.tx() as conn:
         root = await sessions.get_session_row(conn, scope, big)
         for index in range(300):
             await sessions.create_child(conn, root, name=f"m{index:03d}", agent_id=None, agent_config=AGENT_CONFIG,
                                         max_depth=2, max_members=1000, created_by_run_id=run.run_id)
+    live = [await make_tree(db, scope, project_id=big_tree.project_id if n == 0 else None) for n in range(3)]
+    archived = [await make_tree(db, scope, project_id=big_tree.project_id) for _ in range(300)]
+    async with db.tx() as conn:
         await conn.execute("UPDATE sessions SET archived = true WHERE session_id = ANY(%s)",
                            ([tree.root_id for tree in archived],))
         await conn.execute("ANALYZE sessions")
-        await conn.execute(PLANNED_AT_SCALE)
-        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        explaining = ExplainingConnection(conn)
-        pages = {
-            "all": await sessions.list_roots(explaining, scope, project_id=None, offset=0, limit=50),  # type: ignore[arg-type]
-            "project": await sessions.list_roots(explaining, scope, project_id=live[0].project_id,  # type: ignore[arg-type]
-                                                 offset=0, limit=50),
-            "next page": await sessions.list_roots(explaining, scope, project_id=None, offset=0, limit=50,  # type: ignore[arg-type]
-                                                   before=live[2].root_id),
-        }
+        for generic in (False, True):
+            await conn.execute(PLANNED_AT_SCALE)
+            await conn.execute("SELECT set_config('plan_cache_mode', %s, true)",
+                               ("force_generic_plan" if generic else "auto",))
+            explaining = ExplainingConnection(conn)
+            pages = {
+                "all": await sessions.list_roots(explaining, scope, project_id=None, offset=0,  # type: ignore[arg-type]
+                                                 limit=50),
+                "project": await sessions.list_roots(explaining, scope,  # type: ignore[arg-type]
+                                                     project_id=big_tree.project_id, offset=0, limit=50),
+                "next page": await sessions.list_roots(explaining, scope, project_id=None,  # type: ignore[arg-type]
+                                                       offset=0, limit=50, before=live[1].root_id),
+            }
+            assert {what: [row["session_id"] for row in page] for what, page in pages.items()} == {
+                "all": [*(tree.root_id for tree in reversed(live)), big], "project": [live[0].root_id, big],
+                "next page": [live[0].root_id, big]}
+            assert [rows_read(plan, "sessions") <= 5 for plan in explaining.plans] == [True] * len(explaining.plans), \
+                (generic, [(rows_read(plan, "sessions"), indexes_read(plan, "sessions")) for plan in explaining.plans])
         everything = await sessions.list_roots(conn, scope, project_id=None, offset=0, limit=500, include_archived=True)
-    assert {what: [row["session_id"] for row in page] for what, page in pages.items()} == {
-        "all": [big, *(tree.root_id for tree in reversed(live))], "project": [live[0].root_id],
-        "next page": [live[1].root_id, live[0].root_id]}
     assert len(everything) == 304
-    assert [rows_read(plan, "sessions") <= 5 for plan in explaining.plans] == [True] * len(explaining.plans), \
-        [rows_read(plan, "sessions") for plan in explaining.plans]
