@@ -232,6 +232,21 @@ CREATE INDEX sessions_project_live_roots ON sessions (project_id, created_at DES
 CREATE INDEX sessions_scope_live ON sessions (user_id, app_id, created_at DESC) WHERE NOT archived;
 CREATE INDEX sessions_scope_archived ON sessions (user_id, app_id, created_at DESC) WHERE archived;
 
+-- A member's usage: the sum of its Runs' charges, kept as its tree's is (append_reply.sql), so that
+-- the tree summary reads a row per member, not every Run the tree ever had. A session its Runs never
+-- charged has no row.
+CREATE TABLE session_usage (
+    tree_id             uuid NOT NULL,
+    session_id          uuid NOT NULL,
+    prompt_tokens       bigint NOT NULL DEFAULT 0,
+    completion_tokens   bigint NOT NULL DEFAULT 0,
+    cost_usd            double precision NOT NULL DEFAULT 0,
+    model_calls         bigint NOT NULL DEFAULT 0,
+    unpriced_calls      bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (tree_id, session_id),
+    CONSTRAINT session_usage_session_fk FOREIGN KEY (session_id, tree_id) REFERENCES sessions (session_id, tree_id)
+);
+
 CREATE TABLE inputs (
     input_id            uuid PRIMARY KEY,
     session_id          uuid NOT NULL,
@@ -314,8 +329,6 @@ CREATE INDEX runs_tree_running ON runs (tree_id) WHERE status = 'running';
 CREATE INDEX runs_tree_pending ON runs (tree_id, queued_at) WHERE status = 'pending';
 -- A Turn's Runs, its latest first (a session's state reads it; a Turn has a Run per wait it resumed from).
 CREATE INDEX runs_turn ON runs (turn_id, queued_at DESC);
--- A tree's Runs by member (its usage per member in the tree summary).
-CREATE INDEX runs_tree ON runs (tree_id, session_id);
 -- A session's running Runs, among them the one no incarnation has taken yet (every activation, drain
 -- and sweep asks): a session has one at most. Not on owner or lease_expires_at: every acquisition and
 -- heartbeat would then write every index of the row (a heap-only update writes none).

@@ -1,6 +1,6 @@
 -- The head of a tree's summary in one statement: its state and why it stopped, its slots in use,
--- its budget, its usage (kept by append_reply.sql), each member's usage summed from its Runs (the
--- runs_tree index: one range of the tree's Runs), the usage of the trees spawned from it with
+-- its budget, its usage and each member's (both kept by append_reply.sql; the members' one range of
+-- session_usage), the usage of the trees spawned from it with
 -- create_session(mode="root"), directly or not, and the first budget limit its work has reached.
 SELECT t.tree_id, t.slot_limit, t.stopped, t.stopped_at, t.stop_reason, t.stop_detail, t.archived, t.lineage_id,
        t.spawned_by_tree_id, t.budget_tokens, t.budget_cost_usd, t.budget_seconds, t.budget_model_calls,
@@ -12,9 +12,7 @@ SELECT t.tree_id, t.slot_limit, t.stopped, t.stopped_at, t.stop_reason, t.stop_d
        canopy_budget_reached(t.tree_id) AS budget_reached,
        (SELECT jsonb_object_agg(m.session_id, jsonb_build_array(m.prompt_tokens, m.completion_tokens, m.cost_usd,
                                                                  m.model_calls, m.unpriced_calls))
-        FROM (SELECT session_id, sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens,
-                     sum(cost_usd) AS cost_usd, sum(model_calls) AS model_calls, sum(unpriced_calls) AS unpriced_calls
-              FROM runs WHERE tree_id = t.tree_id GROUP BY session_id) m) AS member_usage
+        FROM session_usage m WHERE m.tree_id = t.tree_id) AS member_usage
 FROM trees t
 JOIN tree_usage u ON u.tree_id = t.tree_id
 CROSS JOIN LATERAL (

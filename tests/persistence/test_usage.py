@@ -18,14 +18,18 @@ from persistence.db import Database
 from persistence.errors import Conflict, InvalidArgument, NotFound
 from persistence.records import RunRef, Scope
 from tests.persistence.helpers import (
+    ACTIVE_RUNS_INDEXES,
     AGENT_CONFIG,
     DISPATCHER,
+    PLANNED_AT_SCALE,
+    ExplainingConnection,
     claim_turn,
     count_rows,
     create_child,
     fetch_all,
     fetch_one,
     finish,
+    indexes_read,
     limits,
     make_tree,
     seed_worked_tree,
@@ -110,6 +114,21 @@ async def test_tree_and_member_usage_are_the_sums_of_their_runs(db: Database, sc
     with pytest.raises(Exception, match="no longer held"):
         await reply(db, stale, 10_000, 10_000)
     assert (await summary(db, scope, tree.tree_id))["usage"]["tokens"] == 429
+
+
+async def test_a_trees_member_usage_is_read_without_its_runs(db: Database, scope: Scope) -> None:
+    """The tree summary (read again after each of the tree's events, by every page that shows it)
+    summed every Run the tree ever had for its members' usage: 300 of them for 3 members here, a
+    long-lived tree's tens of thousands. Each member's usage is a row of its own now."""
+    tree = await seed_worked_tree(db, scope, members=3, turns_per_member=100, wait_every=0)
+    async with db.tx() as conn:
+        await conn.execute("ANALYZE runs")
+        await conn.execute(PLANNED_AT_SCALE)
+        explaining = ExplainingConnection(conn)
+        head = await usage.tree_head(explaining, scope, tree.tree_id)  # type: ignore[arg-type]
+    assert len(head["member_usage"]) == 3
+    assert {(spent["tokens"], spent["model_calls"]) for spent in head["member_usage"].values()} == {(4800, 100)}
+    assert indexes_read(explaining.plans[-1], "runs") <= ACTIVE_RUNS_INDEXES, explaining.plans[-1]  # slots in use
 
 
 async def test_first_run_at_is_the_trees_first_grant(db: Database, scope: Scope) -> None:
