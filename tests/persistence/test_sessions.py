@@ -306,3 +306,28 @@ async def test_the_live_roots_are_listed_without_reading_archived_roots_or_membe
                 (generic, [(rows_read(plan, "sessions"), indexes_read(plan, "sessions")) for plan in explaining.plans])
         everything = await sessions.list_roots(conn, scope, project_id=None, offset=0, limit=500, include_archived=True)
     assert len(everything) == 304
+
+
+async def test_a_page_of_a_projects_sessions_reads_that_page(db: Database, scope: Scope) -> None:
+    """The list_sessions tool's scope "project" lists sessions by tree and path, a page at a time: each
+    page sorted every session of the project, or walked every tree's paths (any project's) to find it."""
+    trees = []
+    for _ in range(12):
+        tree, run = await start_root_run(db, scope)
+        trees.append(tree)
+        async with db.tx() as conn:
+            root = await sessions.get_session_row(conn, scope, tree.root_id)
+            for index in range(40):
+                await sessions.create_child(conn, root, name=f"m{index:03d}", agent_id=None, agent_config=AGENT_CONFIG,
+                                            max_depth=2, max_members=1000, created_by_run_id=run.run_id)
+    async with db.tx() as conn:
+        await conn.execute("ANALYZE sessions")
+        await conn.execute(PLANNED_AT_SCALE)
+        explaining = ExplainingConnection(conn)
+        listed = {tree.tree_id: await sessions.list_project_sessions(explaining, scope,  # type: ignore[arg-type]
+                                                                     tree.project_id, offset=0, limit=10)
+                  for tree in trees}
+    assert {tree_id: [row["path"] for row in page] for tree_id, page in listed.items()} == {
+        tree.tree_id: ["/root", *(f"/root/m{index:03d}" for index in range(9))] for tree in trees}
+    assert [rows_read(plan, "sessions") <= 10 for plan in explaining.plans] == [True] * len(trees), \
+        [(rows_read(plan, "sessions"), indexes_read(plan, "sessions")) for plan in explaining.plans]
