@@ -299,6 +299,7 @@ class _CallsInFlight:
         self._every = every
         self._calls: dict[uuid.UUID, set[_Flight]] = {}
         self._checker: asyncio.Task[None] | None = None
+        self._reading: asyncio.Task[None] | None = None  # the checker's read of the Runs' rows
 
     @contextlib.contextmanager
     def call_of(self, run_id: uuid.UUID, caller: Caller | None) -> Iterator[_Flight]:
@@ -320,18 +321,19 @@ class _CallsInFlight:
                 del self._calls[run_id]
 
     async def _check_while_any(self) -> None:
-        # The database is read beside the rounds, one read at a time: a read that hangs (a database
-        # host gone silent) must not hold up the look at this node's processes.
-        reading: asyncio.Task[None] | None = None
+        # The database is read beside the rounds, one read at a time (a checker started again while
+        # one still runs starts none): a read that hangs (a database host gone silent) must not hold
+        # up the look at this node's processes, nor take one of the pool's connections per round.
         try:
             while self._calls:
                 await asyncio.sleep(self._every)
                 self._abort_calls_of_gone_callers()
-                if reading is None or reading.done():
-                    reading = asyncio.create_task(self._abort_calls_of_runs_over())
-        finally:
-            if reading is not None:
-                reading.cancel()
+                if self._reading is None or self._reading.done():
+                    self._reading = asyncio.create_task(self._abort_calls_of_runs_over())
+        except asyncio.CancelledError:
+            if self._reading is not None:
+                self._reading.cancel()
+            raise
 
     def _abort_calls_of_gone_callers(self) -> None:
         callers = {flight.caller for flights in self._calls.values() for flight in flights if flight.caller}

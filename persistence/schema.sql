@@ -226,6 +226,8 @@ CREATE INDEX sessions_scope_live_roots ON sessions (user_id, app_id, created_at 
     WHERE parent_id IS NULL AND NOT archived;
 CREATE INDEX sessions_project_live_roots ON sessions (project_id, created_at DESC, session_id DESC)
     WHERE parent_id IS NULL AND NOT archived;
+-- And with the archived ones (asked for).
+CREATE INDEX sessions_project_roots ON sessions (project_id, created_at DESC, session_id DESC) WHERE parent_id IS NULL;
 -- A scope's sessions, every tree's (the list_sessions tool's scope "all"): without them, every
 -- tenant's. Partial, live and archived apart: given a key and the scope, a planner without fresh
 -- statistics took a whole-scope index for the lookup of one session and read all of the scope's.

@@ -1,10 +1,9 @@
 """Usage per session and per tree, and tree budgets.
 
 A Run's tokens, cost and committed model replies are charged in the statement that commits
-the reply (``append_reply.sql``), and the same statement adds them to its tree's usage row:
-the tree's figures are the sum of its Runs' by construction, read in one index lookup. A
-member's figures are summed from its Runs when a summary is read (one grouped statement per
-tree, whatever its size).
+the reply (``append_reply.sql``), and the same statement adds them to its tree's usage row and
+its session's: each is the sum of its Runs' by construction, read in one index lookup (a tree's
+members' in one range of ``session_usage``, whatever the tree's size).
 
 A budget belongs to a tree and covers the trees spawned from it with
 ``create_session(mode="root")``, directly or not (their spawn chain holds it): a spawned tree
@@ -158,7 +157,7 @@ async def tree_head(conn: Connection, scope: Scope, tree_id: uuid.UUID) -> Row:
     """A tree's state, stop reason, slots, budget and usage (its own, and that of the trees spawned
     from it, ``USAGE_FIELDS``), the budget
     limit reached if any, and ``member_usage`` (session id → usage; members
-    without a Run are absent): one statement whatever the tree's size. NotFound outside the scope."""
+    no Run of which was charged are absent): one statement whatever the tree's size. NotFound outside the scope."""
     cur = await conn.execute(query("tree_summary_head"),
                              {"tree_id": tree_id, "user_id": scope.user_id, "app_id": scope.app_id})
     row = await cur.fetchone()

@@ -9,3 +9,5 @@ CREATE INDEX sessions_project_live_roots ON sessions (project_id, created_at DES
     WHERE parent_id IS NULL AND NOT archived;
 DROP INDEX sessions_project;
 CREATE INDEX sessions_project ON sessions (project_id, tree_id, path);
+-- A project's roots with the archived ones (asked for), which the creation-order index served.
+CREATE INDEX sessions_project_roots ON sessions (project_id, created_at DESC, session_id DESC) WHERE parent_id IS NULL;

@@ -15,6 +15,9 @@ CREATE TABLE session_usage (
 INSERT INTO session_usage (tree_id, session_id, prompt_tokens, completion_tokens, cost_usd, model_calls, unpriced_calls)
 SELECT tree_id, session_id, sum(prompt_tokens), sum(completion_tokens), sum(cost_usd), sum(model_calls),
        sum(unpriced_calls)
-FROM runs GROUP BY tree_id, session_id HAVING sum(model_calls) > 0;
+FROM runs GROUP BY tree_id, session_id
+-- A summary charged before migration 0009 counted no model call, tokens and cost all the same.
+HAVING sum(model_calls) > 0 OR sum(prompt_tokens) > 0 OR sum(completion_tokens) > 0 OR sum(cost_usd) <> 0
+    OR sum(unpriced_calls) > 0;
 -- Its one reader was the summary's sum: every Run written into it for nothing now.
 DROP INDEX runs_tree;

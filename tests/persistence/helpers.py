@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, LiteralString
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from persistence import cooperation, messages, projects, runs, sessions, turns, waits
@@ -36,6 +38,7 @@ AGENT_CONFIG: dict[str, Any] = {
 TABLES = (
     "trees", "sessions", "inputs", "turns", "runs", "thread_messages", "coop_messages", "events", "waits",
     "wait_targets", "tool_receipts", "requests", "schedules", "schedule_firings", "tree_usage",
+    "session_usage",
 )
 
 
@@ -331,6 +334,40 @@ class ExplainingConnection:
 
 # The partial indexes of queued and running Runs (their entries go with the Run's status).
 ACTIVE_RUNS_INDEXES = {"runs_tree_running", "runs_tree_pending", "runs_session_running"}
+
+
+class GenericPlanExplainingConnection(ExplainingConnection):
+    """As :class:`ExplainingConnection`, but the plan kept is the generic one that a prepared
+    statement (the pool prepares every statement) may settle on after its first runs: one made
+    without the arguments' values. ``EXPLAIN`` of a statement with its arguments bound plans for
+    those values whatever ``plan_cache_mode`` says, so the statement is prepared by name and its
+    execution explained. Arguments are named (``%(name)s``) or positional (``%s``)."""
+
+    async def execute(self, statement: str, arguments: Any = None) -> Any:
+        if isinstance(arguments, dict):
+            names = list(dict.fromkeys(_NAMED.findall(statement)))
+            numbered = _NAMED.sub(lambda found: f"${names.index(found.group(1)) + 1}", statement)
+            values = [arguments[name] for name in names]
+        else:
+            values = list(arguments or ())
+            counter = iter(range(1, len(values) + 1))
+            numbered = _POSITIONAL.sub(lambda _: f"${next(counter)}", statement)
+        await self.conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        # Bound by the client: a server-bound "$1" would be the PREPARE's or the EXECUTE's own parameter.
+        explaining = psycopg.AsyncClientCursor(self.conn)
+        await explaining.execute(f"PREPARE explained_generic AS {numbered}")  # type: ignore[arg-type]
+        try:
+            await explaining.execute(  # type: ignore[call-overload]
+                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE explained_generic ({', '.join(['%s'] * len(values))})",
+                values)
+            self.plans.append((await explaining.fetchone())["QUERY PLAN"][0]["Plan"])  # type: ignore[index]
+        finally:
+            await self.conn.execute("DEALLOCATE explained_generic")
+        return await self.conn.execute(statement, arguments)
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+_POSITIONAL = re.compile(r"%s")
 
 
 def indexes_read(plan: dict[str, Any], relation: str) -> set[str | None]:

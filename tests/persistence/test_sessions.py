@@ -17,6 +17,7 @@ from tests.persistence.helpers import (
     DISPATCHER,
     PLANNED_AT_SCALE,
     ExplainingConnection,
+    GenericPlanExplainingConnection,
     child_run,
     count_rows,
     create_child,
@@ -286,11 +287,9 @@ async def test_the_live_roots_are_listed_without_reading_archived_roots_or_membe
         await conn.execute("UPDATE sessions SET archived = true WHERE session_id = ANY(%s)",
                            ([tree.root_id for tree in archived],))
         await conn.execute("ANALYZE sessions")
+        await conn.execute(PLANNED_AT_SCALE)
         for generic in (False, True):
-            await conn.execute(PLANNED_AT_SCALE)
-            await conn.execute("SELECT set_config('plan_cache_mode', %s, true)",
-                               ("force_generic_plan" if generic else "auto",))
-            explaining = ExplainingConnection(conn)
+            explaining = GenericPlanExplainingConnection(conn) if generic else ExplainingConnection(conn)
             pages = {
                 "all": await sessions.list_roots(explaining, scope, project_id=None, offset=0,  # type: ignore[arg-type]
                                                  limit=50),
