@@ -1,9 +1,10 @@
 // The API key: entered once, kept in localStorage. A URL fragment "#key=..." (for a link
-// printed by `canopy up`) is taken too, and removed from the address bar at once. Only the
-// fragment: browsers never send it, whereas a key in the query ("?key=...") would reach the
-// server, its logs and proxies; such a link is not honoured (the API refuses keys there too).
+// printed by `canopy up`) is taken too once its reader agrees, and removed from the address bar
+// at once. Only the fragment: browsers never send it, whereas a key in the query ("?key=...")
+// would reach the server, its logs and proxies; such a link is not honoured (the API refuses keys
+// there too).
 
-import { storage } from "./dom.js";
+import { storage, visible } from "./dom.js";
 
 const KEY = "canopy:api-key";
 
@@ -20,18 +21,37 @@ export function forgetKey() {
 }
 
 /**
- * Take a key from "#key=..." and scrub it from the URL. Only when none is saved: a link that
- * replaced a saved key would sign its reader into the link maker's account, where their prompts
- * and files would go (sign out first to use another key's link).
+ * The key a "#key=..." link carries, scrubbed from the URL at once; not saved: its reader is asked
+ * first (``confirmLinkKey``), since a link can carry anyone's key and what is typed then goes to
+ * that key's conversations. Null when there is none, or when a key is saved already (a link never
+ * replaces it: sign out first to use another key's link).
  */
-export function adoptKeyFromUrl() {
+export function keyFromUrl() {
   const url = new URL(window.location.href);
   const key = new URLSearchParams(url.hash.replace(/^#\/?/, "")).get("key");
-  if (!key) return false;
+  if (!key) return null;
   history.replaceState(null, "", url.pathname + url.search);
-  if (apiKey()) return false;
-  saveKey(key);
-  return true;
+  return apiKey() ? null : key;
+}
+
+/** Ask whether to sign in with a link's key, naming whose it is (``who``: GET /me); true to use it. */
+export function confirmLinkKey(who) {
+  const dialog = document.getElementById("link-key-dialog");
+  document.getElementById("link-key-who").textContent =
+    `user ${visible(String(who.user_id))} of app ${visible(String(who.app_id))}`;
+  dialog.showModal();
+  return new Promise((resolve) => {
+    const answer = (use) => {
+      dialog.close();
+      resolve(use);
+    };
+    document.getElementById("link-key-accept").addEventListener("click", () => answer(true), { once: true });
+    document.getElementById("link-key-decline").addEventListener("click", () => answer(false), { once: true });
+    dialog.addEventListener("cancel", (event) => {
+      event.preventDefault();
+      answer(false);
+    }, { once: true });
+  });
 }
 
 /**

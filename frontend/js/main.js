@@ -7,7 +7,7 @@
 // keeps each one's tabs, drafts and scroll positions.
 
 import { Api } from "./api.js";
-import { adoptKeyFromUrl, apiKey, askForKey, forgetKey } from "./auth.js";
+import { apiKey, askForKey, confirmLinkKey, forgetKey, keyFromUrl, saveKey } from "./auth.js";
 import { h } from "./dom.js";
 import { NewSessionPage } from "./newSession.js";
 import { notify } from "./notify.js";
@@ -173,32 +173,40 @@ async function relogin(reason) {
   return relogging;
 }
 
-/**
- * Whose key this browser uses, in the sidebar; when it came from a link just opened, said once more:
- * a link can carry anyone's key, and what is typed then goes to that user's conversations.
- */
-async function showIdentity(fromLink, known) {
+/** Whose key this browser uses, in the sidebar. */
+async function showIdentity(known) {
   try {
-    const me = known ?? await api.me();
-    sessionList.showIdentity(me);
-    if (fromLink) notify(`Signed in with the key from the link: user ${me.user_id} of app ${me.app_id}. `
-      + "Not you? Change API key.", "info", { timeout: 15_000 });
+    sessionList.showIdentity(known ?? await api.me());
   } catch {
     /* the sidebar says nothing; the key's own checks go on as before */
   }
 }
 
+/** Whose key a link carries, and the reader's answer: the key's owner (GET /me) when taken, else null. */
+async function signInByLink(key) {
+  let who;
+  try {
+    who = await api.checkKey(key);
+  } catch {
+    return null; // a link whose key is not accepted: asked for one as without a link
+  }
+  if (!await confirmLinkKey(who)) return null;
+  saveKey(key);
+  return who;
+}
+
 async function boot() {
   initTheme();
-  const fromLink = adoptKeyFromUrl();
   // The check of a key is GET /me: whose key it is comes with the check, not a second request.
   let me = null;
   const check = async (key) => {
     me = await api.checkKey(key);
   };
-  if (!apiKey()) {
+  const linkKey = keyFromUrl();
+  if (linkKey) me = await signInByLink(linkKey);
+  if (!me && !apiKey()) {
     await askForKey(check);
-  } else {
+  } else if (!me) {
     try {
       await check(apiKey());
     } catch (error) {
@@ -210,7 +218,7 @@ async function boot() {
   }
   sessionList = new SessionList({ ctx });
   document.getElementById("sidebar").append(sessionList.el);
-  showIdentity(fromLink, me);
+  showIdentity(me);
   sessionList.start();
   window.addEventListener("hashchange", route);
   route();

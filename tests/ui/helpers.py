@@ -67,11 +67,13 @@ async def open_tab(browser: Browser, user: User, *, width: int = 1280, height: i
 
 
 async def sign_in_by_link(page: Page, base: str, key: str) -> None:
-    """Open the link ``canopy up`` prints (the key in the ``#key=`` fragment): the page signs in at
-    once, keeps the key in localStorage and scrubs it from the address bar."""
+    """Open the link ``canopy up`` prints (the key in the ``#key=`` fragment) and agree to use its
+    key: the page signs in, keeps the key in localStorage and scrubs it from the address bar."""
     from playwright.async_api import expect  # optional: the suite is skipped without it
 
     await page.goto(f"{base}/#key={key}")
+    await page.locator("#link-key-accept").click()
+    await expect(page.locator("#link-key-dialog")).to_be_hidden()
     await expect(page.locator(".sidebar .new-session")).to_be_visible()
     await expect(page.locator("#login-dialog")).to_be_hidden()
     assert key not in page.url

@@ -310,14 +310,28 @@ async def test_api_key_prompt(browser: Browser, user: User) -> None:
     finally:
         await opened.context.close()
 
-    # A link carrying the key (#key=...) signs in at once and scrubs the key from the address, and
-    # says whose key it took: a link may carry anyone's, and what is typed goes to its user.
+    # A link carrying the key (#key=...) scrubs the key from the address and asks first, naming whose
+    # key it is: a link may carry anyone's, and what is typed goes to its user. Declined, nothing is
+    # kept and the page asks for a key as without the link; agreed, it signs in.
+    opened = await open_tab(browser, user, key=False)
+    page = opened.page
+    try:
+        await page.goto(f"{user.base}/#key={user.key}")
+        await expect(page.locator("#link-key-who")).to_have_text(
+            f"user {user.scope.user_id} of app {user.scope.app_id}")
+        assert user.key not in page.url
+        assert await page.evaluate("() => localStorage.getItem('canopy:api-key')") is None
+        await page.locator("#link-key-decline").click()
+        await expect(page.locator("#login-dialog")).to_be_visible()
+        assert await page.evaluate("() => localStorage.getItem('canopy:api-key')") is None
+    finally:
+        await opened.context.close()
     opened = await open_tab(browser, user, key=False)
     page = opened.page
     try:
         await sign_in_by_link(page, user.base, user.key)
-        await expect(page.locator(".toast")).to_contain_text(
-            f"Signed in with the key from the link: user {user.scope.user_id} of app {user.scope.app_id}")
+        await expect(page.locator(".sidebar .sidebar-identity")).to_have_text(
+            f"{user.scope.user_id} · {user.scope.app_id}")
     finally:
         await opened.context.close()
 
