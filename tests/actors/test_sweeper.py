@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 import ray
 
+from actors import ray_compat
 from actors.naming import gateway_actor_name
 from actors.runtime import Runtime
 from actors.sweeper import restart_silent
+from tests.actors.helpers import eventually
 
 
 @pytest.mark.default_shape  # the sweeper is one per cluster, whichever the shape
@@ -21,6 +23,8 @@ async def test_a_slow_lookup_of_an_actor_holds_up_nothing_else_of_the_sweeper(
     restarting). Made on the sweeper's event loop, it held every round (recoveries, waits,
     schedules) that long: here the loop must still run while a lookup is under way."""
     name = gateway_actor_name(ray.get_runtime_context().get_node_id())
+    # Only an actor Ray's table says is alive is asked (one restarting after an earlier test is not).
+    await eventually(lambda: asyncio.to_thread(lambda: name in ray_compat.alive_actors()), timeout=60)
     look_up = ray.get_actor
     loop = asyncio.get_running_loop()
     entered, freed = asyncio.Event(), threading.Event()
