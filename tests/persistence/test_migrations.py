@@ -8,6 +8,7 @@ migration that forgets a default, an index or a constraint fails here.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,53 @@ def test_a_migrated_version_2_database_equals_a_fresh_one(database_url: str) -> 
     finally:
         drop_database(fresh)
         drop_database(old)
+
+
+# Charges of an earlier Canopy: the root's two Runs (its second resumed the first), and a child's Run
+# charged only for a summary, which counted no model call before migration 0009 counted replies.
+_CHARGED_ROWS = """
+UPDATE runs SET prompt_tokens = 100, completion_tokens = 10, cost_usd = 0.01, model_calls = 2
+WHERE run_id = '00000000-0000-0000-0000-0000000000d1';
+INSERT INTO runs (run_id, turn_id, session_id, tree_id, kind, resumes_run_id, prompt_tokens, model_calls)
+VALUES ('00000000-0000-0000-0000-0000000000d2', '00000000-0000-0000-0000-0000000000c1',
+        '00000000-0000-0000-0000-0000000000aa', '00000000-0000-0000-0000-0000000000aa', 'resume',
+        '00000000-0000-0000-0000-0000000000d1', 50, 1);
+INSERT INTO sessions (session_id, tree_id, user_id, app_id, project_id, parent_id, name, path, depth, agent_config)
+VALUES ('00000000-0000-0000-0000-0000000000bb', '00000000-0000-0000-0000-0000000000aa', 'u', 'a',
+        '00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-0000000000aa', 'bb', '/root/bb', 1, '{}');
+INSERT INTO inputs (input_id, session_id, user_id, app_id, text, origin)
+VALUES ('00000000-0000-0000-0000-0000000000b2', '00000000-0000-0000-0000-0000000000bb', 'u', 'a', 'hi',
+        '{"kind": "human"}');
+INSERT INTO turns (turn_id, session_id, input_id)
+VALUES ('00000000-0000-0000-0000-0000000000c2', '00000000-0000-0000-0000-0000000000bb',
+        '00000000-0000-0000-0000-0000000000b2');
+INSERT INTO runs (run_id, turn_id, session_id, tree_id, kind, prompt_tokens, completion_tokens, cost_usd)
+VALUES ('00000000-0000-0000-0000-0000000000d3', '00000000-0000-0000-0000-0000000000c2',
+        '00000000-0000-0000-0000-0000000000bb', '00000000-0000-0000-0000-0000000000aa', 'start', 40, 4, 0.002);
+"""
+
+
+def test_the_members_usage_is_their_runs_sum_after_the_migration_that_keeps_it(database_url: str) -> None:
+    """A member's usage became a row of its own (migration 0038): a database of an earlier Canopy
+    gets each member's row summed from its Runs, a summary's charge without a model call too."""
+    url = _new_v2_database(database_url)
+    keeping = next(m.version for m in migrations() if m.path.name.endswith("_session_usage.sql"))
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for migration in migrations():
+                if migration.version < keeping:
+                    conn.execute(migration.sql)
+                    conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (migration.version,))
+            conn.execute(_CHARGED_ROWS)  # type: ignore[arg-type]
+        assert ensure_schema(url) is True
+        with psycopg.connect(url) as conn:
+            usage = conn.execute("SELECT session_id::text, prompt_tokens, completion_tokens, "
+                                 "round(cost_usd::numeric, 6), model_calls FROM session_usage "
+                                 "ORDER BY session_id").fetchall()
+        assert usage == [("00000000-0000-0000-0000-0000000000aa", 150, 10, Decimal("0.010000"), 3),
+                         ("00000000-0000-0000-0000-0000000000bb", 40, 4, Decimal("0.002000"), 0)]
+    finally:
+        drop_database(url)
 
 
 def test_a_database_newer_than_this_canopy_is_refused_and_left_alone(database_url: str) -> None:
