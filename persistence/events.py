@@ -86,7 +86,7 @@ _EVENTS_OF = {
 # 100,000 characters each): the waiter is told of it with the start of each long text, so that an
 # update of a hundred of them is not a tool result of megabytes.
 _SESSION_UPDATES_AFTER = """
-SELECT cursor, kind, session_id, turn_id, run_id, created_at,
+SELECT cursor, kind, e.session_id, turn_id, run_id, created_at,
        CASE WHEN kind IN ('waiting_approval', 'waiting_answer') THEN (
            SELECT jsonb_object_agg(key, CASE
                WHEN jsonb_typeof(value) = 'string' AND length(value #>> '{}') > 500
@@ -94,14 +94,20 @@ SELECT cursor, kind, session_id, turn_id, run_id, created_at,
                ELSE value END)
            FROM jsonb_each(payload))
        ELSE payload END AS payload
-FROM events
-WHERE user_id = %(user_id)s AND app_id = %(app_id)s AND cursor > %(after)s
-  AND session_id = ANY(%(targets)s) AND kind IN (UPDATE_KINDS)
-  AND (kind <> 'coop_message' OR payload->>'receiver_session_id' = %(waiter)s::text)
+FROM (SELECT DISTINCT unnest(%(targets)s::uuid[])) AS target (session_id)
+CROSS JOIN LATERAL (
+    SELECT * FROM events
+    WHERE events.session_id = target.session_id AND kind IN (UPDATE_KINDS) AND cursor > %(after)s
+      AND user_id = %(user_id)s AND app_id = %(app_id)s
+      AND (kind <> 'coop_message' OR payload->>'receiver_session_id' = %(waiter)s::text)
+    ORDER BY cursor
+    LIMIT %(limit)s) e
 ORDER BY cursor
 LIMIT %(limit)s
 """.replace("UPDATE_KINDS", ", ".join(f"'{kind}'" for kind in SESSION_UPDATE_KINDS))  # constants, written
-# out: a prepared statement's generic plan cannot prove a parameter's kinds are the partial index's
+# out: a prepared statement's generic plan cannot prove a parameter's kinds are the partial index's.
+# Each target's updates are one ordered range of that index: asked for the first updates of all the
+# targets at once, a planner could walk every event after the cursor, any session's, in cursor order.
 
 
 @dataclasses.dataclass(frozen=True)
