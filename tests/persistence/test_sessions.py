@@ -18,6 +18,7 @@ from tests.persistence.helpers import (
     PLANNED_AT_SCALE,
     ExplainingConnection,
     GenericPlanExplainingConnection,
+    Tree,
     child_run,
     count_rows,
     create_child,
@@ -268,19 +269,25 @@ async def test_a_sessions_state_reads_one_run_of_its_turn_however_many_it_had(db
     assert rows_read(explaining.plans[-1], "runs") <= 1, explaining.plans[-1]
 
 
+async def _tree_of(db: Database, scope: Scope, *, members: int) -> Tree:
+    """A new tree of a root and ``members`` children named m000, m001, …"""
+    tree, run = await start_root_run(db, scope)
+    async with db.tx() as conn:
+        root = await sessions.get_session_row(conn, scope, tree.root_id)
+        for index in range(members):
+            await sessions.create_child(conn, root, name=f"m{index:03d}", agent_id=None, agent_config=AGENT_CONFIG,
+                                        max_depth=2, max_members=1000, created_by_run_id=run.run_id)
+    return tree
+
+
 async def test_the_live_roots_are_listed_without_reading_archived_roots_or_members(
         db: Database, scope: Scope) -> None:
     """The sidebar lists a scope's live roots every few seconds (of one project, or all, page after
     page): the archived roots newer than them and the members of a live tree older than them were
     each read and filtered out, in the plan a prepared statement settles on after its first runs (a
     generic one) as well."""
-    big_tree, run = await start_root_run(db, scope)
+    big_tree = await _tree_of(db, scope, members=300)
     big = big_tree.root_id
-    async with db.tx() as conn:
-        root = await sessions.get_session_row(conn, scope, big)
-        for index in range(300):
-            await sessions.create_child(conn, root, name=f"m{index:03d}", agent_id=None, agent_config=AGENT_CONFIG,
-                                        max_depth=2, max_members=1000, created_by_run_id=run.run_id)
     live = [await make_tree(db, scope, project_id=big_tree.project_id if n == 0 else None) for n in range(3)]
     archived = [await make_tree(db, scope, project_id=big_tree.project_id) for _ in range(300)]
     async with db.tx() as conn:
@@ -310,15 +317,7 @@ async def test_the_live_roots_are_listed_without_reading_archived_roots_or_membe
 async def test_a_page_of_a_projects_sessions_reads_that_page(db: Database, scope: Scope) -> None:
     """The list_sessions tool's scope "project" lists sessions by tree and path, a page at a time: each
     page sorted every session of the project, or walked every tree's paths (any project's) to find it."""
-    trees = []
-    for _ in range(12):
-        tree, run = await start_root_run(db, scope)
-        trees.append(tree)
-        async with db.tx() as conn:
-            root = await sessions.get_session_row(conn, scope, tree.root_id)
-            for index in range(40):
-                await sessions.create_child(conn, root, name=f"m{index:03d}", agent_id=None, agent_config=AGENT_CONFIG,
-                                            max_depth=2, max_members=1000, created_by_run_id=run.run_id)
+    trees = [await _tree_of(db, scope, members=40) for _ in range(12)]
     async with db.tx() as conn:
         await conn.execute("ANALYZE sessions")
         await conn.execute(PLANNED_AT_SCALE)
