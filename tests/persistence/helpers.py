@@ -327,9 +327,12 @@ class ExplainingConnection:
         self.plans: list[dict[str, Any]] = []
 
     async def execute(self, statement: str, arguments: Any = None) -> Any:
-        explained = await self.conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, arguments)
-        self.plans.append((await explained.fetchone())["QUERY PLAN"][0]["Plan"])
+        await self._keep(await self.conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, arguments))
         return await self.conn.execute(statement, arguments)
+
+    async def _keep(self, explained: Any) -> None:
+        """Keep the plan an ``EXPLAIN (ANALYZE, FORMAT JSON)`` answered."""
+        self.plans.append((await explained.fetchone())["QUERY PLAN"][0]["Plan"])
 
 
 # The partial indexes of queued and running Runs (their entries go with the Run's status).
@@ -357,10 +360,9 @@ class GenericPlanExplainingConnection(ExplainingConnection):
         explaining = psycopg.AsyncClientCursor(self.conn)
         await explaining.execute(f"PREPARE explained_generic AS {numbered}")  # type: ignore[arg-type]
         try:
-            await explaining.execute(  # type: ignore[call-overload]
+            await self._keep(await explaining.execute(  # type: ignore[call-overload]
                 f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE explained_generic ({', '.join(['%s'] * len(values))})",
-                values)
-            self.plans.append((await explaining.fetchone())["QUERY PLAN"][0]["Plan"])  # type: ignore[index]
+                values))
         finally:
             await self.conn.execute("DEALLOCATE explained_generic")
         return await self.conn.execute(statement, arguments)
