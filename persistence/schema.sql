@@ -218,7 +218,6 @@ CREATE TABLE sessions (
     CONSTRAINT sessions_unique_sibling_name UNIQUE (parent_id, name),
     CONSTRAINT sessions_unique_path UNIQUE (tree_id, path)
 );
-CREATE INDEX sessions_scope_roots ON sessions (user_id, app_id, created_at DESC) WHERE parent_id IS NULL;
 -- A project's sessions by tree and path (the list_sessions tool's scope "project", a page at a time).
 CREATE INDEX sessions_project ON sessions (project_id, tree_id, path);
 -- A scope's live roots newest first (the sidebar's list), of the scope or of one project.
@@ -226,8 +225,12 @@ CREATE INDEX sessions_scope_live_roots ON sessions (user_id, app_id, created_at 
     WHERE parent_id IS NULL AND NOT archived;
 CREATE INDEX sessions_project_live_roots ON sessions (project_id, created_at DESC, session_id DESC)
     WHERE parent_id IS NULL AND NOT archived;
--- And with the archived ones (asked for).
-CREATE INDEX sessions_project_roots ON sessions (project_id, created_at DESC, session_id DESC) WHERE parent_id IS NULL;
+-- And with the archived ones (asked for), two ranges merged: an index of every root in their order
+-- served a planner as well as these, and read a project's archived roots for a page of live ones.
+CREATE INDEX sessions_scope_archived_roots ON sessions (user_id, app_id, created_at DESC, session_id DESC)
+    WHERE parent_id IS NULL AND archived;
+CREATE INDEX sessions_project_archived_roots ON sessions (project_id, created_at DESC, session_id DESC)
+    WHERE parent_id IS NULL AND archived;
 -- A scope's sessions, every tree's (the list_sessions tool's scope "all"): without them, every
 -- tenant's. Partial, live and archived apart: given a key and the scope, a planner without fresh
 -- statistics took a whole-scope index for the lookup of one session and read all of the scope's.

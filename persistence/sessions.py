@@ -295,16 +295,26 @@ async def resolve_target(conn: Connection, scope: Scope, tree_id: uuid.UUID, tar
 
 # A scope's roots, newest first: each form a statement of its own, so that even the generic plan a
 # prepared statement settles on reads only the rows it lists: live roots (the sidebar's list, every
-# few seconds) from their own partial indexes, archived roots only when asked for. A page goes on
-# after a root, or from the start (a key past every root's: 'infinity' and the largest uuid).
+# few seconds) from their own partial indexes; with the archived ones (asked for), that range and the
+# archived roots' merged, a page reading at most two. A page goes on after a root, or from the start
+# (a key past every root's: 'infinity' and the largest uuid).
 _ROOTS_OF = {False: "s.user_id = %(user_id)s AND s.app_id = %(app_id)s",
              True: "s.project_id = %(project_id)s AND s.user_id = %(user_id)s AND s.app_id = %(app_id)s"}
-_ROOTS = {
-    (of_project, archived): f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS} FROM sessions s {STATE_JOINS}
-        WHERE {_ROOTS_OF[of_project]} AND s.parent_id IS NULL{"" if archived else " AND NOT s.archived"}
+
+
+def _range_of_roots(of_project: bool, archived: bool) -> str:
+    return f"""(SELECT s.* FROM sessions s
+        WHERE {_ROOTS_OF[of_project]} AND s.parent_id IS NULL AND {"" if archived else "NOT "}s.archived
           AND (s.created_at, s.session_id) < (%(before_at)s::timestamptz, %(before)s::uuid)
+        ORDER BY s.created_at DESC, s.session_id DESC LIMIT %(end)s)"""
+
+
+_ROOTS = {
+    (of_project, with_archived): f"""SELECT {SESSION_COLUMNS}, {_STATE_COLUMNS}
+        FROM ({_range_of_roots(of_project, False)}
+              {"UNION ALL " + _range_of_roots(of_project, True) if with_archived else ""}) s {STATE_JOINS}
         ORDER BY s.created_at DESC, s.session_id DESC LIMIT %(limit)s OFFSET %(offset)s"""
-    for of_project in (False, True) for archived in (False, True)
+    for of_project in (False, True) for with_archived in (False, True)
 }
 _AFTER_EVERY_ROOT = ("infinity", uuid.UUID(int=(1 << 128) - 1))
 
@@ -319,7 +329,7 @@ async def list_roots(conn: Connection, scope: Scope, *, project_id: uuid.UUID | 
     cur = await conn.execute(
         _ROOTS[project_id is not None, include_archived],
         {"user_id": scope.user_id, "app_id": scope.app_id, "project_id": project_id, "limit": limit,
-         "offset": offset, "before": before, "before_at": before_at},
+         "offset": offset, "end": min(offset + limit, MAX_BIGINT), "before": before, "before_at": before_at},
     )
     return [_view(row) for row in await cur.fetchall()]
 
