@@ -239,7 +239,9 @@ async def test_a_schedule_with_no_further_due_time_fires_its_last_and_ends(db: D
     assert fired["due_at"] == due and fired["error"] is None
     assert [i["origin"]["schedule_id"] for i in await _inputs_of(db, tree.root_id)] == [str(made["schedule_id"])]
     async with db.tx() as conn:
-        assert await schedules.due_schedules(conn) == [other["schedule_id"]]
+        # Every scope's due schedules are listed: another test's may be among them.
+        due = await schedules.due_schedules(conn)
+        assert {made["schedule_id"], other["schedule_id"]} & set(due) == {other["schedule_id"]}
         listed = await schedules.list_schedules(conn, scope, tree.root_id)
     assert [s["schedule_id"] for s in listed] == [other["schedule_id"]]
     assert await _fire_all(db, made["schedule_id"]) == []
