@@ -111,7 +111,19 @@ class _Handles:
         self._cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
         self._cluster: str | None = None
 
-    def get(self, key: Any, *, fresh: bool = False) -> Any:
+    async def get(self, key: Any, *, fresh: bool = False) -> Any:
+        """The cached handle, else one got or made in a thread: that is a call to Ray's GCS, which a
+        GCS under load or restarting makes last seconds, while the caller's loop (a session host's:
+        every session's lease renewals and model calls) must run on."""
+        handle = self._cached(key, fresh=fresh)
+        return handle if handle is not None else self._keep(key, await asyncio.to_thread(self._create, key))
+
+    def get_blocking(self, key: Any) -> Any:
+        """:meth:`get` for code with no event loop to hold up."""
+        handle = self._cached(key, fresh=False)
+        return handle if handle is not None else self._keep(key, self._create(key))
+
+    def _cached(self, key: Any, *, fresh: bool) -> Any:
         context = ray.get_runtime_context()
         cluster = f"{context.gcs_address}/{context.get_job_id()}"
         if cluster != self._cluster:  # Ray was shut down and started again in this process
@@ -120,12 +132,14 @@ class _Handles:
         if fresh:
             self._cache.pop(key, None)
         handle = self._cache.get(key)
-        if handle is None:
-            handle = self._cache[key] = self._create(key)
-            while len(self._cache) > _HANDLE_CACHE_SIZE:
-                self._cache.popitem(last=False)
-        else:
+        if handle is not None:
             self._cache.move_to_end(key)
+        return handle
+
+    def _keep(self, key: Any, handle: Any) -> Any:
+        self._cache[key] = handle
+        while len(self._cache) > _HANDLE_CACHE_SIZE:
+            self._cache.popitem(last=False)
         return handle
 
     def forget(self, key: Any, handle: Any) -> None:
@@ -187,7 +201,7 @@ class Placement(abc.ABC):
 
     def session_actor(self, session_id: uuid.UUID) -> Any:
         """The live actor that runs the session, for operators and tests (``status``, a kill);
-        ValueError when there is none."""
+        ValueError when there is none. A blocking call to Ray's GCS: from async code, in a thread."""
         return ray.get_actor(self.actor_name(session_id), namespace=NAMESPACE)
 
     def supervisor_actor(self, tree_id: uuid.UUID) -> Any:
@@ -212,7 +226,7 @@ class Placement(abc.ABC):
         except RuntimeError:  # no event loop here: a plain fire-and-forget call
             target = self._supervisor_target(tree_id)
             try:
-                getattr(target.handles.get(target.key), target.method).remote(*target.args)
+                getattr(target.handles.get_blocking(target.key), target.method).remote(*target.args)
             except Exception:  # a hint: the sweep re-pokes trees with queued runs
                 log.exception("could not poke tree %s", tree_id)
             return
@@ -238,7 +252,7 @@ class Placement(abc.ABC):
         """Call ``target`` until it accepts: an answer equal to ``refused`` (on its way out) or a
         dead actor is retried on a fresh handle. A hint never fails its sender: the sweep retries."""
         for attempt in range(_ATTEMPTS):
-            handle = target.handles.get(target.key, fresh=attempt > 0)
+            handle = await target.handles.get(target.key, fresh=attempt > 0)
             try:
                 call = getattr(handle, target.method).remote(*target.args)
                 if await asyncio.wait_for(call, _HINT_TIMEOUT_SECONDS) != refused:
@@ -285,7 +299,7 @@ class Dedicated(Placement):
 
     async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
         try:
-            return await self.session_actor(session_id).status.remote()
+            return await (await asyncio.to_thread(self.session_actor, session_id)).status.remote()
         except (ValueError, *_GONE):
             return None
 
@@ -313,7 +327,10 @@ class Hosted(Placement):
 
     async def start(self) -> None:
         """Start the hosts (and open their connections) so that no activation waits for a process."""
-        await asyncio.gather(*(self._hosts.get(index).ready.remote() for index in range(self.hosts)))
+        async def ready(index: int) -> None:
+            await (await self._hosts.get(index)).ready.remote()
+
+        await asyncio.gather(*(ready(index) for index in range(self.hosts)))
 
     async def follow_nodes(self) -> list[str]:
         """Spread: a host that is not on the node its index now names (nodes joined or left) moves
@@ -345,7 +362,8 @@ class Hosted(Placement):
         if not await _until_gone(name):
             return False  # still there (an outage of its node, not its exit): the next round asks again
         # Made now, so that no activation waits for its start (a hint would make it all the same).
-        await asyncio.wait_for(self._hosts.get(index, fresh=True).ready.remote(), _HINT_TIMEOUT_SECONDS)
+        host = await self._hosts.get(index, fresh=True)
+        await asyncio.wait_for(host.ready.remote(), _HINT_TIMEOUT_SECONDS)
         return True
 
     def actor_name(self, session_id: uuid.UUID) -> str:
@@ -356,7 +374,7 @@ class Hosted(Placement):
 
     async def session_status(self, session_id: uuid.UUID) -> dict[str, Any] | None:
         try:
-            status = await self.session_actor(session_id).status.remote(str(session_id))
+            status = await (await asyncio.to_thread(self.session_actor, session_id)).status.remote(str(session_id))
         except (ValueError, *_GONE):
             return None
         return status if status["owner"] is not None else None

@@ -6,6 +6,7 @@ kills, passivation) is every other test of tests/actors, which runs against both
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,44 @@ async def drains_again_in(index: int) -> float:
     except ValueError:
         return 0.0
     return float((await host.status.remote())["drains_again_in"])
+
+
+async def test_a_slow_lookup_of_a_sessions_actor_holds_up_nothing_else_of_its_caller(
+        runtime: Runtime, scope: Scope, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Getting or making a session's actor (or its host) by name is a call to Ray's GCS, which can
+    take seconds (a GCS under load or restarting). Made on the caller's event loop (a session
+    host's: every session's lease renewals and model calls) it held that loop as long: here the
+    loop must run while the lookup of an activation is under way, and the activation then land."""
+    created = await runtime.create_root(scope, input_text=script(say("first")))
+    assert (await runtime.wait_result(scope, created["input"]["input_id"], timeout=60))["output"] == "first"
+    session_id = created["session"]["session_id"]
+    handles = runtime.placement._session_target(session_id).handles
+    make = handles._create
+    loop = asyncio.get_running_loop()
+    entered, freed = asyncio.Event(), threading.Event()
+    freed_by_the_loop: list[bool] = []
+
+    def slow_make(key: Any) -> Any:
+        loop.call_soon_threadsafe(entered.set)
+        freed_by_the_loop.append(freed.wait(10))  # only the loop frees it: a blocked loop never does
+        return make(key)
+
+    async def free_once_entered() -> None:
+        await entered.wait()
+        freed.set()
+
+    monkeypatch.setattr(handles, "_create", slow_make)
+    handles._cache.clear()  # this process's handles, so that the activation looks its actor up
+    freeing = asyncio.create_task(free_once_entered())
+    try:
+        await runtime.placement.activate(session_id)
+    finally:
+        freed.set()
+        freeing.cancel()
+    assert freed_by_the_loop == [True]
+    # The handle it made reaches the session: a second input is answered.
+    second = await runtime.submit_input(scope, session_id, script(say("second")))
+    assert (await runtime.wait_result(scope, second["input_id"], timeout=60))["output"] == "second"
 
 
 async def test_a_moving_host_drains_between_runs_and_gives_up_past_its_limit(runtime: Runtime, scope: Scope) -> None:
