@@ -204,7 +204,7 @@ _local = NodeLocal(lambda node_id: SessionDirectory.options(
 
 def _directory() -> Any:
     """This node's directory (created on first use, pinned to the node)."""
-    return _local.handle()
+    return _local.handle_blocking()
 
 
 def directory_handle(node_id: str | None = None) -> Any:

@@ -93,9 +93,9 @@ def _create(node_id: str) -> Any:
 _local = NodeLocal(_create)
 
 
-def local_gateway() -> Any:
+async def local_gateway() -> Any:
     """This node's gateway (created on first use)."""
-    return _local.handle()
+    return await _local.handle()
 
 
 def gateway_on(node_id: str) -> Any:
@@ -116,7 +116,7 @@ async def ask(local: NodeLocal, method: str, **arguments: Any) -> Any:
     deaths = restarts = 0
     pause = _RETRY_PAUSE_SECONDS
     while True:
-        pending = getattr(local.handle(), method).remote(**arguments)
+        pending = getattr(await local.handle(), method).remote(**arguments)
         try:
             return await pending
         except asyncio.CancelledError:
@@ -157,7 +157,7 @@ async def _answering(local: NodeLocal) -> None:
     pause = _RETRY_PAUSE_SECONDS
     while True:
         try:
-            await local.handle().__ray_ready__.remote()
+            await (await local.handle()).__ray_ready__.remote()
             return
         except ray.exceptions.ActorUnavailableError:
             pass

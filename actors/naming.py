@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -72,13 +73,29 @@ class NodeLocal:
         self._handle: Any = None
         self._key: str | None = None
 
-    def handle(self) -> Any:
-        context = ray.get_runtime_context()
-        node_id = context.get_node_id()
-        key = f"{context.gcs_address}/{node_id}"
+    async def handle(self) -> Any:
+        """The kept handle, else one got or made in a thread: that is a call to Ray's GCS, which a
+        GCS under load or restarting makes last seconds, while the caller's loop (a session host's:
+        every session's lease renewals and model calls) must run on."""
+        node_id, key = self._where()
+        if self._handle is None or self._key != key:
+            handle = await asyncio.to_thread(self._create, node_id)
+            self._handle, self._key = handle, key
+        return self._handle
+
+    def handle_blocking(self) -> Any:
+        """:meth:`handle` for code with no event loop of its own to give back to (fire-and-forget
+        reports from callbacks): a miss waits for the GCS there, once per process and actor death."""
+        node_id, key = self._where()
         if self._handle is None or self._key != key:
             self._handle, self._key = self._create(node_id), key
         return self._handle
+
+    @staticmethod
+    def _where() -> tuple[str, str]:
+        context = ray.get_runtime_context()
+        node_id = context.get_node_id()
+        return node_id, f"{context.gcs_address}/{node_id}"
 
     def forget(self) -> None:
         """The actor died: the next ``handle()`` gets or creates its successor."""

@@ -454,7 +454,7 @@ class Runtime:
             init_ray(settings, database_url, include_dashboard=include_dashboard, dashboard_host="127.0.0.1",
                      num_cpus=num_cpus, logging_level=logging.WARNING)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        await gateways.local_gateway().warm_up.remote()  # other nodes' gateways start with their first call
+        await (await gateways.local_gateway()).warm_up.remote()  # other nodes' gateways start with their first call
         sweeper = Sweeper.options(**named_options(SWEEPER_NAME)).remote()
         await sweeper.start.remote()
         return cls(await Database.connect(database_url, max_size=db_pool_max, wait_seconds=db_wait_seconds),

@@ -209,7 +209,7 @@ async def _existing_host(node_id: str) -> Any | None:
     if node_id not in await _alive_nodes():
         return None
     try:
-        return ray.get_actor(sandbox_host_name(node_id), namespace=NAMESPACE)
+        return await asyncio.to_thread(ray.get_actor, sandbox_host_name(node_id), namespace=NAMESPACE)
     except ValueError:
         return None
 
@@ -217,7 +217,7 @@ async def _existing_host(node_id: str) -> Any | None:
 async def _host_on(node_id: str | None, here: str) -> Any | None:
     """The sandbox host of a lease's node: this node's (made if missing) for this node or none (a
     sandbox from before nodes were recorded), another live node's if it exists, else None."""
-    return _local.handle() if node_id in (None, here) else await _existing_host(node_id)
+    return await _local.handle() if node_id in (None, here) else await _existing_host(node_id)
 
 
 async def _room_on(nodes: list[str], tree_id: uuid.UUID) -> bool:
@@ -331,7 +331,7 @@ class EveryNode:
     async def _each_node(self, method: str) -> list[Any]:
         here, found = _here(), []
         for node_id in sorted(await _alive_nodes()):
-            host = _local.handle() if node_id == here else await _existing_host(node_id)
+            host = await _local.handle() if node_id == here else await _existing_host(node_id)
             if host is None:
                 continue
             try:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import weakref
@@ -136,7 +137,7 @@ async def _answer_asked(actor: Any, path: Path) -> AsyncIterator[tuple[NodeLocal
         yield local, call
     finally:
         call.cancel()
-        ray.kill(local.handle())
+        ray.kill(await local.handle())
 
 
 @ray.remote
@@ -176,7 +177,7 @@ async def test_each_restart_under_a_call_is_waited_for_afresh(runtime: Runtime, 
             await eventually(held, timeout=60)
             if asked == 2:
                 await asyncio.sleep(gateways.RESTART_WAIT_SECONDS + 1)  # since the first restart
-            os.kill(await local.handle().pid.remote(), signal.SIGKILL)
+            os.kill(await (await local.handle()).pid.remote(), signal.SIGKILL)
         assert await asyncio.wait_for(call, 120) == 3
 
 
@@ -203,7 +204,7 @@ async def test_a_call_whose_actor_never_comes_back_fails_after_the_restart_wait(
     answers every call to it unavailable, for ever: the readiness poll looped until the test's timeout)."""
     monkeypatch.setattr(gateways, "RESTART_WAIT_SECONDS", 3.0)
     async with _answer_asked(_NeverBack, tmp_path / "started") as (local, call):
-        pid = await local.handle().pid.remote()
+        pid = await (await local.handle()).pid.remote()
         await asyncio.sleep(0.5)  # the call is in flight
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(ray.exceptions.ActorUnavailableError):
@@ -235,6 +236,44 @@ async def test_a_call_that_crashes_its_actor_each_time_is_not_asked_for_ever(
         with pytest.raises(ray.exceptions.ActorUnavailableError):
             await asyncio.wait_for(call, 120)
     assert len(asks.read_text().splitlines()) == gateways.RESTARTS_PER_CALL + 1
+
+
+@ray.remote
+class _AnswersAtOnce:
+    async def answer(self) -> str:
+        return "answered"
+
+
+@pytest.mark.default_shape  # no session: the test process calls the actor
+async def test_a_slow_lookup_of_a_nodes_actor_holds_up_nothing_else_of_its_caller(runtime: Runtime) -> None:
+    """Getting or making a node's gateway (or sandbox host) by name is a call to Ray's GCS, which can
+    take seconds (a GCS under load or restarting); a process makes it on first use and again after
+    its actor died for good. Made on the caller's event loop (a session host's: every session's
+    lease renewals and model calls) it held that loop as long: here the loop must run while the
+    lookup is under way, and the call then be answered."""
+    name = f"asked-{uuid.uuid4().hex[:8]}"
+    loop = asyncio.get_running_loop()
+    entered, freed = asyncio.Event(), threading.Event()
+    freed_by_the_loop: list[bool] = []
+
+    def slow_make(node_id: str) -> Any:
+        loop.call_soon_threadsafe(entered.set)
+        freed_by_the_loop.append(freed.wait(10))  # only the loop frees it: a blocked loop never does
+        return _AnswersAtOnce.options(**node_local_options(name, node_id)).remote()
+
+    async def free_once_entered() -> None:
+        await entered.wait()
+        freed.set()
+
+    local = NodeLocal(slow_make)
+    freeing = asyncio.create_task(free_once_entered())
+    try:
+        assert await asyncio.wait_for(gateways.ask(local, "answer"), 60) == "answered"
+    finally:
+        freed.set()
+        freeing.cancel()
+        ray.kill(await local.handle())
+    assert freed_by_the_loop == [True]
 
 
 async def test_a_call_asked_again_of_the_gateway_running_it_is_one_request(runtime: Runtime) -> None:
