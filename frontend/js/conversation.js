@@ -38,7 +38,49 @@ function liveBubble(live) {
   const text = h("div", { class: "msg-text" });
   const el = h("article", { class: "msg streaming", "aria-busy": "true", dataset: { turnId: live.turnId,
     step: String(live.step) }, title: "Streaming: replaced by the saved message when the model call ends" }, text);
-  return { el, text, shown: "" };
+  return { el, text, live: null, runId: null, length: 0, tail: null, tailLength: 0 };
+}
+
+// A streamed text is drawn in pieces: a piece past PIECE_CHARS is closed at its next line's end
+// and laid out as a block of its own, which the browser then lays out again only if the bubble's
+// width changes, so a frame costs about a piece, not the whole reply. The open piece gains a text
+// node a frame, merged now and then so that the nodes stay few.
+const PIECE_CHARS = 4096;
+const MERGE_TEXT_NODES = 256;
+
+/** Draw what the call streamed since the last frame: only the new text is added to the page (a
+ *  bubble drawn whole each frame cost its whole length a frame, a long reply's square in all). A
+ *  call whose Run was lost starts its text again, drawn whole once. Exported for the measure of
+ *  bench/live_text.py. */
+export function drawLive(bubble, live) {
+  const grown = bubble.live === live && bubble.runId === live.runId && live.text.length >= bubble.length;
+  if (!grown) {
+    bubble.text.replaceChildren();
+    bubble.tail = null;
+    bubble.el.dataset.runId = live.runId;
+  }
+  addText(bubble, live.text.slice(grown ? bubble.length : 0));
+  Object.assign(bubble, { live, runId: live.runId, length: live.text.length });
+}
+
+function addText(bubble, text) {
+  while (text) {
+    if (!bubble.tail) {
+      bubble.tail = h("span", { class: "live-piece" });
+      bubble.text.append(bubble.tail);
+      bubble.tailLength = 0;
+    }
+    const lineEnd = text.indexOf("\n", Math.max(0, PIECE_CHARS - bubble.tailLength));
+    const taken = lineEnd < 0 ? text : text.slice(0, lineEnd + 1);
+    bubble.tail.append(taken);
+    bubble.tailLength += taken.length;
+    if (bubble.tail.childNodes.length > MERGE_TEXT_NODES) bubble.tail.normalize();
+    if (lineEnd >= 0) {
+      bubble.tail.classList.add("closed"); // a block: its trailing line break adds no empty line
+      bubble.tail = null;
+    }
+    text = text.slice(taken.length);
+  }
 }
 
 export class SessionView {
@@ -53,7 +95,7 @@ export class SessionView {
   #pendingFocus = null;
   #pendingReveal = null;
   #liveFrame = 0;
-  #liveBubbles = new Map(); // liveKey → {el, text, shown}
+  #liveBubbles = new Map(); // liveKey → a liveBubble (what drawLive drew)
   #liveOrder = ""; // the drawn bubbles' keys, in order
   #pendingShown = "";
 
@@ -268,10 +310,7 @@ export class SessionView {
     const shown = drawnLive(this.runtime.live);
     const bubbles = new Map(shown.map((live) => {
       const bubble = this.#liveBubbles.get(liveKey(live)) ?? liveBubble(live);
-      if (bubble.shown !== live.text) {
-        bubble.text.textContent = bubble.shown = live.text;
-        bubble.el.dataset.runId = live.runId;
-      }
+      drawLive(bubble, live);
       return [liveKey(live), bubble];
     }));
     const order = [...bubbles.keys()].join("|");

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -256,16 +257,69 @@ async def test_approval_denied_and_archive(tab: Tab, user: User, runtime: Runtim
     assert (await get(user, f"/sessions/{root_id}"))["status"] == "archived"
 
 
+# What drawing a streamed reply costs in the root view, the bench's figure (bench/live_text.py): a
+# reply of ``chars`` characters grown by 200 a frame, each frame laid out, drawn by the page's own
+# drawLive (what came since the last frame added, in pieces) and drawn whole each frame as the page
+# did before; and the height each takes at the end.
+LIVE_CHARS = int(os.environ.get("CANOPY_BENCH_LIVE_CHARS", "20000"))
+MEASURE_LIVE = """async (chars) => {
+    const { drawLive } = await import('/js/conversation.js');
+    const perFrame = 200;
+    let text = '';
+    for (let word = 0; text.length < chars; word++) {
+        text += `w${word}` + (word % 60 === 59 ? '\\n\\n' : word % 12 === 11 ? '\\n' : ' ');
+    }
+    text = text.slice(0, chars);
+    const place = document.querySelector('.root-view .live-list').parentElement;
+    const draw = (how) => {
+        const el = document.createElement('article');
+        const body = document.createElement('div');
+        el.className = 'msg streaming';
+        body.className = 'msg-text';
+        el.append(body);
+        place.append(el);
+        const bubble = { el, text: body, live: null, runId: null, length: 0 };
+        const live = { runId: 'measured', text: '' };
+        let last = 0;
+        const started = performance.now();
+        for (let end = perFrame; end < chars + perFrame; end += perFrame) {
+            live.text = text.slice(0, end);
+            const frame = performance.now();
+            how(bubble, live);
+            void el.offsetHeight;  // laid out, as the frame would be
+            last = performance.now() - frame;
+        }
+        const total = performance.now() - started;
+        const height = el.offsetHeight;
+        el.remove();
+        return { total, last, height };
+    };
+    const grown = draw(drawLive);
+    const whole = draw((bubble, live) => { bubble.text.textContent = live.text; });
+    const ms = (value) => value.toFixed(1);
+    const ratio = (whole.total / grown.total).toFixed(1);
+    return { heights: [grown.height, whole.height],
+             figure: `live text ${chars} characters in ${Math.ceil(chars / perFrame)} frames: drawn as it grows ` +
+                 `${ms(grown.total)} ms (last frame ${ms(grown.last)} ms), drawn whole each frame ` +
+                 `${ms(whole.total)} ms (last frame ${ms(whole.last)} ms): ${ratio} x` };
+}"""
+
+
 # Records what the root view shows at every DOM change: the streaming bubble's text, how many
-# saved assistant messages there are, and whether the Turn is shown as open (queued or running).
+# saved assistant messages there are, whether the Turn is shown as open (queued or running), and
+# how many text nodes have been the first of the bubble's text (1 when the text is only added to).
 RECORD_LIVE = """() => {
     window.__live = [];
+    const firstNodes = new Set();
     const view = document.querySelector('.root-view');
     const record = () => {
         const bubble = view.querySelector('.msg.streaming');
+        const first = bubble && bubble.querySelector('.msg-text').firstChild;
+        if (first) firstNodes.add(first);
         window.__live.push({streaming: bubble && !bubble.hidden ? bubble.textContent : null,
                             saved: view.querySelectorAll('.msg.assistant').length,
-                            open: Boolean(view.querySelector('.turn-status-text'))});
+                            open: Boolean(view.querySelector('.turn-status-text')),
+                            first_nodes: firstNodes.size});
     };
     new MutationObserver(record).observe(view, {subtree: true, childList: true, characterData: true,
                                                 attributes: true});
@@ -307,6 +361,8 @@ async def test_live_text_streams_then_the_saved_message_replaces_it(tab: Tab, us
     streamed = [entry["streaming"] for entry in log if entry["streaming"]]
     assert len(set(streamed)) >= 2, "the text did not grow as it streamed"
     assert all(final.startswith(text) for text in streamed)
+    # Each frame added what came since the last one: the text first drawn was never drawn again.
+    assert log[-1]["first_nodes"] == 1, log[-1]
     # First shown while the Turn was open and nothing was saved; never beside the saved message.
     first = next(entry for entry in log if entry["streaming"])
     assert first["open"] and first["saved"] == 0, first
@@ -314,6 +370,10 @@ async def test_live_text_streams_then_the_saved_message_replaces_it(tab: Tab, us
     messages = await get(user, f"/sessions/{root_id}/messages")
     assert [m["content"] for m in messages if m["role"] == "assistant"] == [final]
     await shoot(page, "live-text-done")
+    measured = await page.evaluate(MEASURE_LIVE, LIVE_CHARS)
+    # Drawn in pieces, the text takes the room it takes drawn whole: no line more, none less.
+    assert measured["heights"][0] == measured["heights"][1] > 0, measured
+    print(measured["figure"])
 
 
 # Records, at every DOM change of the root view, the texts of its streaming bubbles and of its saved
