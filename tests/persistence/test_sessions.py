@@ -290,9 +290,12 @@ async def test_the_live_roots_are_listed_without_reading_archived_roots_or_membe
     most two (one of live roots, one of archived)."""
     big_tree = await _tree_of(db, scope, members=300)
     big, project = big_tree.root_id, big_tree.project_id
+    # An archived tree with members among the live ones: the lists with the archived roots merge.
+    early = await _tree_of(db, scope, members=30)
     live = [await make_tree(db, scope, project_id=project if n == 0 else None) for n in range(3)]
     archived = [await make_tree(db, scope, project_id=project) for _ in range(300)]
     newest_archived = [tree.root_id for tree in reversed(archived)]
+    oldest = [*(tree.root_id for tree in reversed(live)), early.root_id, big]
     pages: dict[str, tuple[dict[str, Any], list[uuid.UUID], int]] = {
         "all": ({"project_id": None, "limit": 50}, [*(tree.root_id for tree in reversed(live)), big], 5),
         "project": ({"project_id": project, "limit": 50}, [live[0].root_id, big], 5),
@@ -301,15 +304,14 @@ async def test_the_live_roots_are_listed_without_reading_archived_roots_or_membe
         "project's with archived": ({"project_id": project, "limit": 10, "include_archived": True},
                                     newest_archived[:10], 20),
         "with archived, next page": ({"project_id": None, "limit": 10, "include_archived": True,
-                                      "before": archived[4].root_id},
-                                     [*newest_archived[-4:], *(tree.root_id for tree in reversed(live)), big], 20),
+                                      "before": archived[4].root_id}, [*newest_archived[-4:], *oldest], 20),
     }
     async with db.tx() as conn:
         # As the statistics were before the archive: the plan must not hang on how many of a
         # project's roots the planner thinks are archived (taken for none, it read every one).
         await conn.execute("ANALYZE sessions")
-        await conn.execute("UPDATE sessions SET archived = true WHERE session_id = ANY(%s)",
-                           ([tree.root_id for tree in archived],))
+        await conn.execute("UPDATE sessions SET archived = true WHERE session_id = ANY(%s) OR tree_id = %s",
+                           ([tree.root_id for tree in archived], early.tree_id))
         await conn.execute(PLANNED_AT_SCALE)
         for generic in (False, True):
             listed, read = {}, {}
@@ -327,8 +329,7 @@ async def test_the_live_roots_are_listed_without_reading_archived_roots_or_membe
                                            include_archived=True)
         everything = await sessions.list_roots(conn, scope, project_id=None, offset=0, limit=500, include_archived=True)
     assert [row["session_id"] for row in across] == [*newest_archived[-5:], live[0].root_id, big]
-    assert [row["session_id"] for row in everything] == [
-        *newest_archived, *(tree.root_id for tree in reversed(live)), big]
+    assert [row["session_id"] for row in everything] == [*newest_archived, *oldest]
 
 
 async def test_a_page_of_a_projects_sessions_reads_that_page(db: Database, scope: Scope) -> None:
