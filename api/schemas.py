@@ -55,7 +55,7 @@ _CLEARABLE = ("api_base", "api_key_ref", "compact_at_tokens")
 # again and again.
 _UNKNOWN_FIELDS_EACH = 20
 _UNKNOWN_FIELDS_NAMED = 5
-_FIELD_NAME_SHOWN = 40
+_FIELD_NAME_SHOWN = 12  # five of them within the 100 characters a problem's message keeps
 
 
 class RequestBody(BaseModel):
@@ -68,7 +68,8 @@ class RequestBody(BaseModel):
     @classmethod
     def _many_unknown_fields_are_one_problem(cls, data: Any) -> Any:
         if isinstance(data, dict) and len(data) > len(cls.model_fields) + _UNKNOWN_FIELDS_EACH:
-            known = {*cls.model_fields, *(field.alias for field in cls.model_fields.values() if field.alias)}
+            known = {*cls.model_fields, *(name for field in cls.model_fields.values()
+                                           for name in (field.alias, field.validation_alias) if isinstance(name, str))}
             unknown = [key for key in data if key not in known]
             if len(unknown) > _UNKNOWN_FIELDS_EACH:
                 named = ", ".join(str(key)[:_FIELD_NAME_SHOWN] for key in unknown[:_UNKNOWN_FIELDS_NAMED])
