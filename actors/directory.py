@@ -241,11 +241,18 @@ class _Outbox:
             return
         batch = [(session_id, *entry) for session_id, entry in self._reports.items()]
         self._reports.clear()
-        try:
-            _directory().report_many.remote(batch)
-        except Exception:
-            _local.forget()
-            log.debug("could not report %d session(s) to the directory", len(batch), exc_info=True)
+        _tell("report_many", batch)
+
+
+def _tell(method: str, *args: Any) -> None:
+    """Fire and forget ``method`` to this node's directory (a hint: one that cannot be sent is logged)."""
+    handle = None
+    try:
+        handle = _directory()
+        getattr(handle, method).remote(*args)
+    except Exception:
+        _local.forget(handle)
+        log.debug("could not tell the directory %s", method, exc_info=True)
 
 
 _outbox = _Outbox()
@@ -261,17 +268,11 @@ def worker_taken() -> None:
     directory has the raylet start a replacement, for this process's job and runtime env (the
     ones the next such actor has). Fire and forget."""
     context = ray.get_runtime_context()
-    try:
-        _directory().prestart_worker.remote(context.get_job_id(), context.get_runtime_env_string())
-    except Exception:
-        _local.forget()
+    _tell("prestart_worker", context.get_job_id(), context.get_runtime_env_string())
 
 
 def gone(session_id: str, owner: str) -> None:
     """Sent at once, after this process's pending reports (a departure must not precede them)."""
     _outbox.flush()
-    try:
-        _directory().gone.remote(session_id, owner)
-    except Exception:
-        _local.forget()
+    _tell("gone", session_id, owner)
 

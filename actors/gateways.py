@@ -116,7 +116,8 @@ async def ask(local: NodeLocal, method: str, **arguments: Any) -> Any:
     deaths = restarts = 0
     pause = _RETRY_PAUSE_SECONDS
     while True:
-        pending = getattr(await local.handle(), method).remote(**arguments)
+        handle = await local.handle()
+        pending = getattr(handle, method).remote(**arguments)
         try:
             return await pending
         except asyncio.CancelledError:
@@ -136,7 +137,7 @@ async def ask(local: NodeLocal, method: str, **arguments: Any) -> Any:
                 raise
             log.warning("the model gateway died during %s (%d of %d); asking a fresh one: %s",
                         method, deaths, CALL_ATTEMPTS, type(error).__name__)
-            local.forget()
+            local.forget(handle)
         await asyncio.sleep(pause)
         pause = min(2 * pause, _RETRY_PAUSE_CAP_SECONDS)
 

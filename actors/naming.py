@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,33 @@ def live_nodes() -> list[str]:
     return sorted(node_id for node_id, (alive, _) in node_table().items() if alive)
 
 
+# Lookups of named actors run here, apart from the default executor's threads (which the health
+# check and the node table's reads use): a GCS that has slowed down holds these and nothing else.
+_LOOKUPS = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="canopy-actor-lookup")
+
+
+class SharedLookups:
+    """Lookups of named actors (calls to Ray's GCS, which one under load or restarting makes last
+    seconds) made in a thread, so that the caller's loop (a session host's: every session's lease
+    renewals and model calls) runs on; one per key at a time, awaited by every caller that asks for
+    that key meanwhile (a gateway's death sends every call of a host to look it up at once). A
+    caller cancelled leaves the lookup to the others."""
+
+    def __init__(self) -> None:
+        self._running: dict[Any, concurrent.futures.Future[Any]] = {}
+
+    async def run(self, key: Any, lookup: Callable[[], Any]) -> Any:
+        running = self._running.get(key)
+        if running is None:
+            running = self._running[key] = _LOOKUPS.submit(lookup)
+            running.add_done_callback(lambda done: self._ended(key, done))
+        return await asyncio.shield(asyncio.wrap_future(running))
+
+    def _ended(self, key: Any, done: concurrent.futures.Future[Any]) -> None:
+        if self._running.get(key) is done:
+            del self._running[key]
+
+
 class NodeLocal:
     """This process's handle to its node's instance of a per-node actor, made by ``create(node_id)``
     (a get-or-create with ``node_local_options``) on first use and kept: a handle stays valid
@@ -72,20 +100,20 @@ class NodeLocal:
         self._create = create
         self._handle: Any = None
         self._key: str | None = None
+        self._lookups = SharedLookups()
 
     async def handle(self) -> Any:
-        """The kept handle, else one got or made in a thread: that is a call to Ray's GCS, which a
-        GCS under load or restarting makes last seconds, while the caller's loop (a session host's:
-        every session's lease renewals and model calls) must run on."""
+        """The kept handle, else one got or made by a shared lookup (:class:`SharedLookups`)."""
         node_id, key = self._where()
         if self._handle is None or self._key != key:
-            handle = await asyncio.to_thread(self._create, node_id)
+            handle = await self._lookups.run(key, lambda: self._create(node_id))
             self._handle, self._key = handle, key
         return self._handle
 
     def handle_blocking(self) -> Any:
-        """:meth:`handle` for code with no event loop of its own to give back to (fire-and-forget
-        reports from callbacks): a miss waits for the GCS there, once per process and actor death."""
+        """:meth:`handle` made where it is called, for fire-and-forget calls from synchronous code
+        (the node directory's reports, sent from the loop's callbacks): a miss waits for the GCS
+        there, once per process and per death of the actor."""
         node_id, key = self._where()
         if self._handle is None or self._key != key:
             self._handle, self._key = self._create(node_id), key
@@ -97,9 +125,11 @@ class NodeLocal:
         node_id = context.get_node_id()
         return node_id, f"{context.gcs_address}/{node_id}"
 
-    def forget(self) -> None:
-        """The actor died: the next ``handle()`` gets or creates its successor."""
-        self._handle = None
+    def forget(self, handle: Any) -> None:
+        """``handle`` failed (its actor died): the next ``handle()`` gets or creates its successor,
+        unless another caller has got it already."""
+        if handle is self._handle:
+            self._handle = None
 
 
 def host_actor_name(index: int) -> str:

@@ -61,7 +61,15 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.naming import NAMESPACE, host_actor_name, live_nodes, named_options, session_actor_name, tree_actor_name
+from actors.naming import (
+    NAMESPACE,
+    SharedLookups,
+    host_actor_name,
+    live_nodes,
+    named_options,
+    session_actor_name,
+    tree_actor_name,
+)
 from persistence.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -110,13 +118,17 @@ class _Handles:
         self._create = create
         self._cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
         self._cluster: str | None = None
+        self._lookups = SharedLookups()
 
     async def get(self, key: Any, *, fresh: bool = False) -> Any:
-        """The cached handle, else one got or made in a thread: that is a call to Ray's GCS, which a
-        GCS under load or restarting makes last seconds, while the caller's loop (a session host's:
-        every session's lease renewals and model calls) must run on."""
+        """The cached handle, else one got or made by a shared lookup (:class:`SharedLookups`)."""
         handle = self._cached(key, fresh=fresh)
-        return handle if handle is not None else self._keep(key, await asyncio.to_thread(self._create, key))
+        if handle is None:
+            cluster = self._cluster
+            handle = await self._lookups.run((cluster, key), lambda: self._create(key))
+            if cluster == self._cluster:  # not a handle of the Ray this process has left meanwhile
+                self._keep(key, handle)
+        return handle
 
     def get_blocking(self, key: Any) -> Any:
         """:meth:`get` for code with no event loop to hold up."""
@@ -252,8 +264,9 @@ class Placement(abc.ABC):
         """Call ``target`` until it accepts: an answer equal to ``refused`` (on its way out) or a
         dead actor is retried on a fresh handle. A hint never fails its sender: the sweep retries."""
         for attempt in range(_ATTEMPTS):
-            handle = await target.handles.get(target.key, fresh=attempt > 0)
+            handle = None
             try:
+                handle = await target.handles.get(target.key, fresh=attempt > 0)
                 call = getattr(handle, target.method).remote(*target.args)
                 if await asyncio.wait_for(call, _HINT_TIMEOUT_SECONDS) != refused:
                     return

@@ -283,7 +283,7 @@ async def call(host: Any, method: str, *args: Any) -> Any:
     except ray.exceptions.RayTaskError as error:
         raise error.cause from None
     except ray.exceptions.RayActorError as error:  # died or unreachable mid-call: what it did is unknown
-        _local.forget()  # if it was this node's, the next call gets its successor
+        _local.forget(host)  # if it was this node's, the next call gets its successor
         raise HostLost(HOST_LOST) from error
 
 
