@@ -276,6 +276,26 @@ async def test_a_slow_lookup_of_a_nodes_actor_holds_up_nothing_else_of_its_calle
     assert freed_by_the_loop == [True]
 
 
+@pytest.mark.default_shape  # no session: the test process calls the actor
+async def test_callers_that_miss_a_nodes_actor_at_once_share_one_lookup(runtime: Runtime) -> None:
+    """A gateway's death sends every call of a session host to look it up again at once: one lookup
+    (one thread, one GCS call) serves them all."""
+    name = f"asked-{uuid.uuid4().hex[:8]}"
+    made: list[str] = []
+
+    def slow_make(node_id: str) -> Any:
+        made.append(node_id)
+        time.sleep(0.5)  # the calls below all miss meanwhile
+        return _AnswersAtOnce.options(**node_local_options(name, node_id)).remote()
+
+    local = NodeLocal(slow_make)
+    try:
+        answers = await asyncio.wait_for(asyncio.gather(*(gateways.ask(local, "answer") for _ in range(20))), 60)
+    finally:
+        ray.kill(await local.handle())
+    assert answers == ["answered"] * 20 and len(made) == 1, made
+
+
 async def test_a_call_asked_again_of_the_gateway_running_it_is_one_request(runtime: Runtime) -> None:
     """Ray cannot tell a caller whether its call to an unavailable actor ran ("may or may not have
     been executed"), so gateways.call asks again under the call's name. The gateway still running
