@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -186,3 +187,28 @@ async def assert_stopped(workdir: Path) -> None:
     await asyncio.sleep(2.5)
     assert await asyncio.to_thread((workdir / "beat.txt").read_text) == before
     assert not (workdir / "late.txt").exists()
+
+
+@contextlib.asynccontextmanager
+async def freed_only_by_the_loop() -> AsyncIterator[tuple[Callable[[], None], list[bool]]]:
+    """``hold``, for a slow blocking call (a GCS lookup) to make first, and what each hold came to: a
+    hold waits until this event loop frees it. Made on the loop, a call blocks the loop, so its hold
+    runs out (10 s) and comes to False; made in a thread, the loop frees it: True."""
+    loop = asyncio.get_running_loop()
+    entered, freed = asyncio.Event(), threading.Event()
+    held: list[bool] = []
+
+    def hold() -> None:
+        loop.call_soon_threadsafe(entered.set)
+        held.append(freed.wait(10))
+
+    async def free_once_entered() -> None:
+        await entered.wait()
+        freed.set()
+
+    freeing = asyncio.create_task(free_once_entered())
+    try:
+        yield hold, held
+    finally:
+        freed.set()
+        freeing.cancel()

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 import weakref
@@ -49,7 +48,7 @@ from persistence.db import Database
 from persistence.records import Scope
 from persistence.settings import get_settings
 from tests.actors.gateways_scenario import PINNED_ENV, requests_with
-from tests.actors.helpers import eventually, model_gateway, scenario_findings
+from tests.actors.helpers import eventually, freed_only_by_the_loop, model_gateway, scenario_findings
 from tests.actors.replay_server import ReplayServer
 from tests.conftest import RUNTIME_ENV
 from tests.persistence.helpers import tcp_link
@@ -252,28 +251,18 @@ async def test_a_slow_lookup_of_a_nodes_actor_holds_up_nothing_else_of_its_calle
     lease renewals and model calls) it held that loop as long: here the loop must run while the
     lookup is under way, and the call then be answered."""
     name = f"asked-{uuid.uuid4().hex[:8]}"
-    loop = asyncio.get_running_loop()
-    entered, freed = asyncio.Event(), threading.Event()
-    freed_by_the_loop: list[bool] = []
+    async with freed_only_by_the_loop() as (hold, held):
 
-    def slow_make(node_id: str) -> Any:
-        loop.call_soon_threadsafe(entered.set)
-        freed_by_the_loop.append(freed.wait(10))  # only the loop frees it: a blocked loop never does
-        return _AnswersAtOnce.options(**node_local_options(name, node_id)).remote()
+        def slow_make(node_id: str) -> Any:
+            hold()
+            return _AnswersAtOnce.options(**node_local_options(name, node_id)).remote()
 
-    async def free_once_entered() -> None:
-        await entered.wait()
-        freed.set()
-
-    local = NodeLocal(slow_make)
-    freeing = asyncio.create_task(free_once_entered())
-    try:
-        assert await asyncio.wait_for(gateways.ask(local, "answer"), 60) == "answered"
-    finally:
-        freed.set()
-        freeing.cancel()
-        ray.kill(await local.handle())
-    assert freed_by_the_loop == [True]
+        local = NodeLocal(slow_make)
+        try:
+            assert await asyncio.wait_for(gateways.ask(local, "answer"), 60) == "answered"
+        finally:
+            ray.kill(await local.handle())
+    assert held == [True]
 
 
 @pytest.mark.default_shape  # no session: the test process calls the actor

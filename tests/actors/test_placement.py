@@ -6,7 +6,6 @@ kills, passivation) is every other test of tests/actors, which runs against both
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,14 @@ from actors.scripted import call, create, say, script
 from persistence.databases import create_database, drop_database
 from persistence.records import Scope
 from persistence.settings import Settings
-from tests.actors.helpers import a_root_in_host, eventually, peak_concurrent_runs, rows, scenario_findings
+from tests.actors.helpers import (
+    a_root_in_host,
+    eventually,
+    freed_only_by_the_loop,
+    peak_concurrent_runs,
+    rows,
+    scenario_findings,
+)
 from tests.conftest import RUNTIME_ENV
 
 
@@ -100,28 +106,16 @@ async def test_a_slow_lookup_of_a_sessions_actor_holds_up_nothing_else_of_its_ca
     session_id = created["session"]["session_id"]
     handles = runtime.placement._session_target(session_id).handles
     make = handles._create
-    loop = asyncio.get_running_loop()
-    entered, freed = asyncio.Event(), threading.Event()
-    freed_by_the_loop: list[bool] = []
+    async with freed_only_by_the_loop() as (hold, held):
 
-    def slow_make(key: Any) -> Any:
-        loop.call_soon_threadsafe(entered.set)
-        freed_by_the_loop.append(freed.wait(10))  # only the loop frees it: a blocked loop never does
-        return make(key)
+        def slow_make(key: Any) -> Any:
+            hold()
+            return make(key)
 
-    async def free_once_entered() -> None:
-        await entered.wait()
-        freed.set()
-
-    monkeypatch.setattr(handles, "_create", slow_make)
-    handles._cache.clear()  # this process's handles, so that the activation looks its actor up
-    freeing = asyncio.create_task(free_once_entered())
-    try:
+        monkeypatch.setattr(handles, "_create", slow_make)
+        handles._cache.clear()  # this process's handles, so that the activation looks its actor up
         await runtime.placement.activate(session_id)
-    finally:
-        freed.set()
-        freeing.cancel()
-    assert freed_by_the_loop and all(freed_by_the_loop), freed_by_the_loop  # asked again if the actor passivated
+    assert held and all(held), held  # asked again if the actor passivated meanwhile
     # The handle it made reaches the session: a second input is answered.
     second = await runtime.submit_input(scope, session_id, script(say("second")))
     assert (await runtime.wait_result(scope, second["input_id"], timeout=60))["output"] == "second"

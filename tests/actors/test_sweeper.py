@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ from actors import ray_compat
 from actors.naming import gateway_actor_name
 from actors.runtime import Runtime
 from actors.sweeper import restart_silent
-from tests.actors.helpers import eventually
+from tests.actors.helpers import eventually, freed_only_by_the_loop
 
 
 @pytest.mark.default_shape  # the sweeper is one per cluster, whichever the shape
@@ -26,24 +25,12 @@ async def test_a_slow_lookup_of_an_actor_holds_up_nothing_else_of_the_sweeper(
     # Only an actor Ray's table says is alive is asked (one restarting after an earlier test is not).
     await eventually(lambda: asyncio.to_thread(lambda: name in ray_compat.alive_actors()), timeout=60)
     look_up = ray.get_actor
-    loop = asyncio.get_running_loop()
-    entered, freed = asyncio.Event(), threading.Event()
-    freed_by_the_loop: list[bool] = []
+    async with freed_only_by_the_loop() as (hold, held):
 
-    def slow_look_up(*args: Any, **kwargs: Any) -> Any:
-        loop.call_soon_threadsafe(entered.set)
-        freed_by_the_loop.append(freed.wait(10))  # only the loop frees it: a blocked loop never does
-        return look_up(*args, **kwargs)
+        def slow_look_up(*args: Any, **kwargs: Any) -> Any:
+            hold()
+            return look_up(*args, **kwargs)
 
-    async def free_once_entered() -> None:
-        await entered.wait()
-        freed.set()
-
-    monkeypatch.setattr(ray, "get_actor", slow_look_up)
-    freeing = asyncio.create_task(free_once_entered())
-    try:
+        monkeypatch.setattr(ray, "get_actor", slow_look_up)
         assert await restart_silent([name], timeout=30) == []  # the gateway answers: kept
-    finally:
-        freed.set()
-        freeing.cancel()
-    assert freed_by_the_loop == [True]
+    assert held == [True]
