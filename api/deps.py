@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import Depends, Query, Request, Response
+from pydantic import BeforeValidator
+from pydantic_core import PydanticCustomError
 
 from actors.runtime import Runtime
 from api.schemas import ErrorBody, ValidationErrorBody
@@ -16,8 +19,21 @@ def get_runtime(request: Request) -> Runtime:
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+_WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+
+
+def written_in_digits(value: object) -> object:
+    # pydantic's lax parse takes "+5", "1_0" and " 5 " too: one number with many spellings in a URL
+    # is a cache key, a log line and a cursor that disagree with each other.
+    if isinstance(value, str) and not _WHOLE_NUMBER.fullmatch(value):
+        raise PydanticCustomError("int_parsing", "Input should be a whole number written in digits")
+    return value
+
+
+# Every integer of a query string (bounds come with each parameter's Query).
+QueryInt = Annotated[int, BeforeValidator(written_in_digits)]
 # Where a page of a list starts: the lists are ordered so that new rows do not shift earlier pages.
-Offset = Annotated[int, Query(ge=0, le=1_000_000)]
+Offset = Annotated[QueryInt, Query(ge=0, le=1_000_000)]
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, status
 
 from api.auth import require_admin
-from api.deps import Offset, RuntimeDep, errors
+from api.deps import Offset, QueryInt, RuntimeDep, errors
 from api.schemas import KeyCreate, KeyCreated, KeyInfo, ScopeId
 from persistence import scopes
 from persistence.records import Scope
@@ -30,7 +30,7 @@ async def create_key(body: KeyCreate, runtime: RuntimeDep) -> KeyCreated:
 @router.get("/keys", response_model=list[KeyInfo], responses=errors(401, 422))
 async def list_keys(runtime: RuntimeDep, user_id: Annotated[ScopeId | None, Query()] = None,
                     app_id: Annotated[ScopeId | None, Query()] = None, offset: Offset = 0,
-                    limit: Annotated[int, Query(ge=1, le=1000)] = 1000) -> list[KeyInfo]:
+                    limit: Annotated[QueryInt, Query(ge=1, le=1000)] = 1000) -> list[KeyInfo]:
     """A page of the API keys (of one user or app when given), oldest first (a shorter page: the
     last): ids, scopes and dates, never the keys."""
     async with runtime.db.tx() as conn:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, Offset, RuntimeDep, errors, link_next, pages
+from api.deps import COMMON, Offset, QueryInt, RuntimeDep, errors, link_next, pages
 from api.schemas import AGENT_ID_PATTERN, SCOPE_ID_PATTERN, Agent, AgentCreate, AgentSummary, AgentUpdate
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import agents
@@ -21,7 +21,7 @@ AgentIdPath = Annotated[str, Path(pattern=AGENT_ID_PATTERN, description="The age
 @router.get("", response_model=list[AgentSummary], responses=pages("agents"))
 async def list_agents(caller: ScopeDep, runtime: RuntimeDep, request: Request, response: Response,
                       offset: Offset = 0,
-                      limit: Annotated[int, Query(ge=1, le=100)] = 100,
+                      limit: Annotated[QueryInt, Query(ge=1, le=100)] = 100,
                       after: Annotated[str | None, Query(
                           pattern=AGENT_ID_PATTERN, description="Only agents listed after this one (the last of "
                           "the previous page, with after_owner): pages that agents made or deleted meanwhile do "

@@ -8,11 +8,11 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from actors.runtime import Runtime
 from api.auth import KeyDep, unauthorized
-from api.deps import COMMON, RuntimeDep, errors
+from api.deps import COMMON, RuntimeDep, errors, written_in_digits
 from api.sse import EventStreamResponse, StreamLease, event_stream
 from persistence import open_streams, stream_watchers, views
 from persistence.db import MAX_BIGINT
@@ -35,7 +35,14 @@ _STREAM_ROUTE: dict[str, Any] = {
     },
 }
 Cursor = Annotated[int, Field(ge=0, le=MAX_BIGINT)]
-After = Annotated[Cursor | Literal["latest"] | None, Query(
+
+
+def _cursor_or_latest(value: object) -> object:
+    # Checked before the union, each of whose members would report an error of its own.
+    return value if value == "latest" else written_in_digits(value)
+
+
+After = Annotated[Cursor | Literal["latest"] | None, BeforeValidator(_cursor_or_latest), Query(
     description="Replay events with a larger cursor; `latest`: no replay, only events committed from now on.")]
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID", max_length=20,
                                            description="Resume after this cursor (wins over ?after).")]

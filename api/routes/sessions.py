@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, Offset, RuntimeDep, errors, link_next, pages
+from api.deps import COMMON, Offset, QueryInt, RuntimeDep, errors, link_next, pages
 from api.schemas import (
     CompactionRequested,
     HumanRequest,
@@ -69,7 +69,7 @@ async def list_roots(
                     "project)")] = "all",
     project_id: Annotated[uuid.UUID | None, Query(description="Only roots of this project.")] = None,
     offset: Offset = 0,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    limit: Annotated[QueryInt, Query(ge=1, le=100)] = 20,
     include_archived: Annotated[bool, Query(description="Also list archived roots (hidden by default).")] = False,
     before: Annotated[uuid.UUID | None, Query(
         description="Only roots listed after this one (the last of the previous page): pages that roots made "
@@ -113,8 +113,8 @@ async def list_messages(
     runtime: RuntimeDep,
     request: Request,
     response: Response,
-    after: Annotated[int, Query(ge=0, le=MAX_BIGINT, description="Only messages with a larger id.")] = 0,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    after: Annotated[QueryInt, Query(ge=0, le=MAX_BIGINT, description="Only messages with a larger id.")] = 0,
+    limit: Annotated[QueryInt, Query(ge=1, le=10_000)] = 1000,
 ) -> list[Message]:
     """The history, oldest first: role, content, tool calls and results, Turn and Run, origin.
 
@@ -134,8 +134,8 @@ async def list_interventions(
     session_id: uuid.UUID,
     caller: ScopeDep,
     runtime: RuntimeDep,
-    after: Annotated[int, Query(ge=0, le=MAX_BIGINT, description="Only events with a larger cursor.")] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    after: Annotated[QueryInt, Query(ge=0, le=MAX_BIGINT, description="Only events with a larger cursor.")] = 0,
+    limit: Annotated[QueryInt, Query(ge=1, le=1000)] = 200,
 ) -> list[Intervention]:
     """A human's direct actions (input, steer, answer, cancel) on this session as a member, and on its
     children, oldest first: each is a ``user_intervention`` event of the parent's (SPEC §5)."""
@@ -153,9 +153,9 @@ async def list_inputs(
     response: Response,
     status: Annotated[InputStatus | None, Query(
         description="Only inputs in this state; pending ones can be cancelled with POST /inputs/{id}/cancel.")] = None,
-    after: Annotated[int, Query(ge=0, le=MAX_BIGINT, description="Only inputs after this place (an input's seq).")
+    after: Annotated[QueryInt, Query(ge=0, le=MAX_BIGINT, description="Only inputs after this place (an input's seq).")
                      ] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[QueryInt, Query(ge=1, le=1000)] = 100,
 ) -> list[InputSummary]:
     """This session's inputs in queue order (oldest first), each text cut to a preview. While more
     follow, the response has a ``Link: <…>; rel="next"`` header: the URL of the next page."""

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from actors.runtime import Runtime
 from api.auth import ScopeDep
-from api.deps import COMMON, RuntimeDep, errors
+from api.deps import COMMON, QueryInt, RuntimeDep, errors
 from api.schemas import Timeline, Trace
 from api.trace import trace_events
 from persistence import timeline as repo
@@ -22,7 +22,7 @@ MAX_PAGE = 10_000
 Since = Annotated[str | None, Query(max_length=repo.MAX_CURSOR, description=(
     "An ISO 8601 time: only what may have changed after it (open intervals, and those that ended after it; "
     "pass the previous read's `as_of`). Or a `next_cursor`: the next page of a read."))]
-Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="Intervals and instants per page.")]
+Limit = Annotated[QueryInt, Query(ge=1, le=MAX_PAGE, description="Intervals and instants per page.")]
 
 
 @router.get("/{tree_id}/timeline", response_model=Timeline, responses=errors(*COMMON, 404))

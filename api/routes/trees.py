@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.auth import ScopeDep
-from api.deps import COMMON, RuntimeDep, errors, link_next, pages
+from api.deps import COMMON, QueryInt, RuntimeDep, errors, link_next, pages
 from api.schemas import BudgetUpdate, HumanRequest, TreeBudget, TreeContinued, TreeStopAccepted, TreeSummary
 from api.writes import IdempotencyKey, respond_to_write
 from persistence import trees, views
@@ -71,7 +71,7 @@ async def tree_inbox(
     request: Request,
     response: Response,
     after: Annotated[uuid.UUID | None, Query(description="Only requests after this one (a page's last id).")] = None,
-    limit: Annotated[int, Query(ge=1, le=trees.INBOX_LIMIT)] = trees.INBOX_LIMIT,
+    limit: Annotated[QueryInt, Query(ge=1, le=trees.INBOX_LIMIT)] = trees.INBOX_LIMIT,
 ) -> list[HumanRequest]:
     """The tree's inbox: the pending approvals and questions of every member, with their paths,
     oldest first, as summaries. A payload field longer than 500 characters (a command, a file's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from typing import Any
@@ -128,6 +129,43 @@ async def test_validation_and_limits(http: httpx.AsyncClient, runtime: Runtime, 
     assert (await http.patch(f"/api/v1/sessions/{kept}", json={"title": "t" * 501})).status_code == 422
     assert await rows(runtime.db, "SELECT title FROM sessions WHERE session_id = %s", kept) == [{"title": "kept"}]
     assert (await http.patch(f"/api/v1/sessions/{kept}", json={"title": "t" * 500})).status_code == 200
+
+
+def _integer_query_parameters(app: Any) -> list[tuple[str, str, str]]:
+    """(method, path, name) of every query parameter the API documents as an integer."""
+    found = []
+    for path, operations in app.openapi()["paths"].items():
+        for method, operation in operations.items():
+            for parameter in operation.get("parameters", []):
+                types = {s.get("type") for s in [parameter["schema"], *parameter["schema"].get("anyOf", [])]}
+                if parameter["in"] == "query" and "integer" in types:
+                    found.append((method, path, parameter["name"]))
+    return found
+
+
+async def test_an_integer_in_a_query_is_written_in_plain_digits(api: ApiServer, http: httpx.AsyncClient,
+                                                               runtime: Runtime, scope: Scope) -> None:
+    """pydantic's lax parse took ``+5``, ``1_0`` and `` 5 `` as numbers: a cursor or a page size
+    spelled several ways is a cache key and a log line that disagree. Digits only (a sign for a
+    negative, refused by its bound with its own message)."""
+    parameters = _integer_query_parameters(api.app)
+    assert {("get", "/api/v1/sessions/{session_id}/events", "after"), ("get", "/api/v1/sessions", "limit"),
+            ("get", "/api/v1/admin/keys", "offset")} <= set(parameters), parameters
+    async with client(api.url, ADMIN_TOKEN) as admin:
+        for method, path, name in parameters:
+            url = re.sub(r"\{[a-z_]+\}", str(uuid.uuid4()), path)
+            caller = admin if path.startswith("/api/v1/admin/") else http
+            for spelling in ("+5", "1_0", " 5", "5 ", "５"):
+                refused = await caller.request(method, url, params={name: spelling})
+                assert refused.status_code == 422 and ["query", name] in [e["loc"] for e in refused.json()["errors"]], \
+                    (method, path, name, spelling, refused.text)
+            taken = await caller.request(method, url, params={name: "5"})
+            assert taken.status_code != 422 or ["query", name] not in [e["loc"] for e in taken.json()["errors"]], \
+                (method, path, name, taken.text)
+            negative = await caller.request(method, url, params={name: "-1"})
+            assert negative.status_code == 422 and "greater than or equal" in negative.text, (path, name, negative.text)
+    assert await rows(runtime.db, "SELECT count(*) AS n FROM sessions WHERE user_id = %s AND app_id = %s",
+                      scope.user_id, scope.app_id) == [{"n": 0}]
 
 
 async def test_sessions_list_newest_first_and_archive(http: httpx.AsyncClient, scope: Scope) -> None:
