@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import logging
+import threading
 import time
 from typing import Any
 
@@ -244,17 +246,47 @@ class _Outbox:
         _tell("report_many", batch)
 
 
-def _tell(method: str, *args: Any) -> None:
-    """Fire and forget ``method`` to this node's directory (a hint: one that cannot be sent is logged)."""
-    handle = None
+class _Sender:
+    """Sends to this node's directory, in the order they are made. One that must look the directory
+    up first (a process's first send, and the first after the directory died: a call to Ray's GCS,
+    which takes seconds under load) is made in a thread, and so is every send made behind it until
+    it is out: the sender's loop (a session host's: every session's lease renewals and model calls)
+    never waits for the GCS."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting = 0  # sends in the thread, not yet out
+        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="canopy-directory")
+
+    def tell(self, method: str, *args: Any) -> None:
+        with self._lock:
+            handle = _local.kept() if self._waiting == 0 else None
+            if handle is not None:
+                _send(handle, method, args)
+                return
+            self._waiting += 1
+        self._thread.submit(self._look_up_and_send, method, args)
+
+    def _look_up_and_send(self, method: str, args: tuple[Any, ...]) -> None:
+        try:
+            _send(_local.handle_blocking(), method, args)
+        except Exception:
+            log.debug("could not find this node's directory to tell it %s", method, exc_info=True)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+
+def _send(handle: Any, method: str, args: tuple[Any, ...]) -> None:
+    """Fire and forget (a hint: one that cannot be sent is logged, and its directory looked up again)."""
     try:
-        handle = _directory()
         getattr(handle, method).remote(*args)
     except Exception:
         _local.forget(handle)
         log.debug("could not tell the directory %s", method, exc_info=True)
 
 
+_tell = _Sender().tell
 _outbox = _Outbox()
 
 

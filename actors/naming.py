@@ -110,10 +110,13 @@ class NodeLocal:
             self._handle, self._key = handle, key
         return self._handle
 
+    def kept(self) -> Any:
+        """The kept handle of this node's actor, or None: what :meth:`handle` returns without a lookup."""
+        return self._handle if self._key == self._where()[1] else None
+
     def handle_blocking(self) -> Any:
-        """:meth:`handle` made where it is called, for fire-and-forget calls from synchronous code
-        (the node directory's reports, sent from the loop's callbacks): a miss waits for the GCS
-        there, once per process and per death of the actor."""
+        """:meth:`handle` made where it is called, for a thread of its own or a driver: a miss waits
+        for the GCS there."""
         node_id, key = self._where()
         if self._handle is None or self._key != key:
             self._handle, self._key = self._create(node_id), key

@@ -10,14 +10,16 @@ import uuid
 from typing import Any
 
 import pytest
+import ray
 
 from actors import directory as directory_client
-from actors.directory import SessionDirectoryImpl, directory_handle
+from actors.directory import SessionDirectory, SessionDirectoryImpl, directory_handle
+from actors.naming import NAMESPACE, NodeLocal, node_local_options
 from actors.runtime import Runtime
 from actors.scripted import call, create, say, script
 from actors.sweeper import SweeperImpl
 from persistence.records import Scope
-from tests.actors.helpers import eventually, live_sessions, rows
+from tests.actors.helpers import eventually, freed_only_by_the_loop, live_sessions, rows
 
 
 async def test_fan_out_stays_under_the_live_cap(runtime: Runtime, scope: Scope) -> None:
@@ -139,6 +141,39 @@ async def test_a_report_that_arrives_after_its_departure_is_dropped(runtime: Run
         assert await handle.entry.remote(session_id) == {"owner": f"{session_id}-2", "busy": True}
     finally:
         await handle.gone.remote(session_id, f"{session_id}-2")
+
+
+@pytest.mark.default_shape  # no session: the test process reports
+async def test_a_report_whose_directory_must_be_looked_up_leaves_the_loop_running(
+        runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process looks its node's directory up on its first report and after the directory died,
+    a call to Ray's GCS that takes seconds under load. Reports are sent from the loop's callbacks
+    (a session host's loop: every session's lease renewals and model calls): the lookup must not
+    hold it. What was reported meanwhile still arrives, the departure after the report."""
+    name = f"directory-{uuid.uuid4().hex[:8]}"
+    session_id = f"looked-up-{uuid.uuid4().hex[:8]}"
+    async with freed_only_by_the_loop() as (hold, held):
+
+        def slow_make(node_id: str) -> Any:
+            hold()
+            return SessionDirectory.options(**node_local_options(name, node_id)).remote(node_id)
+
+        local = NodeLocal(slow_make)
+        monkeypatch.setattr(directory_client, "_local", local)
+        try:
+            directory_client.report(session_id, f"{session_id}-1", None, busy=True)
+            directory_client.gone(session_id, f"{session_id}-1")
+            directory_client.report(f"{session_id}-b", f"{session_id}-b1", None, busy=False)
+            handle = await eventually(lambda: asyncio.sleep(0, local.kept()), timeout=30)
+
+            async def known() -> bool:
+                return [await handle.entry.remote(session_id), await handle.entry.remote(f"{session_id}-b")] == [
+                    None, {"owner": f"{session_id}-b1", "busy": False}]
+
+            assert await eventually(known, timeout=30)
+        finally:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+    assert held == [True]
 
 
 class _FakeSandboxes:
