@@ -10,6 +10,8 @@ and p99 milliseconds for:
 - ``claim``         ``grant_slots`` + ``acquire_run`` (a slot under the tree lock, then the lease)
 - ``complete``      ``finish_turn`` (fence, end the Run, terminal Turn, event)
 - ``tree_summary``  the summary of a tree of ``--members`` sessions (two statements)
+- ``tree_attention`` the member counts per state of a sidebar page of 50 roots (the web UI reads it
+  every 5 s, and after a change in an open tree): the tree of ``--members`` sessions and 49 of 3
 - ``wait check``    deadlock detection for a new wait (persistence/deadlocks.py) in a scope where
   ``--members`` - 1 Turns wait in one chain (each for the next one's input): the worst case
   the check walks, rolled back after each measurement; and 198 waits of up to 100 inputs each
@@ -39,7 +41,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from persistence import deadlocks, projects, runs, sessions, timeline, trees, turns, waits
+from persistence import deadlocks, projects, runs, sessions, timeline, trees, turns, views, waits
 from persistence.databases import create_database, drop_database
 from persistence.db import Database
 from persistence.embedded import embedded_url, stop_embedded
@@ -142,9 +144,8 @@ async def build_tree(db: Database, scope: Scope, project_id: uuid.UUID, members:
     return root_id
 
 
-async def bench_summary(db: Database, scope: Scope, project_id: uuid.UUID, members: int, n: int
+async def bench_summary(db: Database, scope: Scope, tree_id: uuid.UUID, members: int, n: int
                         ) -> dict[str, list[float]]:
-    tree_id = await build_tree(db, scope, project_id, members)
     samples: list[float] = []
     for _ in range(n):
         async def summary() -> object:
@@ -153,6 +154,19 @@ async def bench_summary(db: Database, scope: Scope, project_id: uuid.UUID, membe
         result = await timed(samples, summary)
         assert isinstance(result, dict) and len(result["members"]) == members
     return {f"tree_summary ({members})": samples}
+
+
+async def bench_attention(db: Database, scope: Scope, project_id: uuid.UUID, big_tree: uuid.UUID, members: int,
+                          n: int) -> dict[str, list[float]]:
+    tree_ids = [big_tree, *[await build_tree(db, scope, project_id, 3) for _ in range(49)]]
+    samples: list[float] = []
+    for _ in range(n):
+        async def attention() -> object:
+            async with db.tx() as conn:
+                return await views.tree_attention(conn, scope, tree_ids)
+        result = await timed(samples, attention)
+        assert isinstance(result, dict) and result[big_tree]["members"] == members
+    return {f"tree_attention (50 roots: {members} + 49 x 3 members)": samples}
 
 
 async def running_members(db: Database, scope: Scope, project_id: uuid.UUID, members: int
@@ -263,7 +277,9 @@ async def main(iterations: int, members: int, summary_iterations: int, timeline_
             async with db.tx() as conn:
                 project = await projects.create_project(conn, scope, "bench", Path(tempfile.gettempdir()))
             results = await bench_turn_cycle(db, scope, project["project_id"], iterations)
-            results |= await bench_summary(db, scope, project["project_id"], members, summary_iterations)
+            big_tree = await build_tree(db, scope, project["project_id"], members)
+            results |= await bench_summary(db, scope, big_tree, members, summary_iterations)
+            results |= await bench_attention(db, scope, project["project_id"], big_tree, members, summary_iterations)
             results |= await bench_wait_check(db, scope, project["project_id"], members, summary_iterations)
             results |= await bench_wait_fan_in(db, scope, project["project_id"], 200, 100,
                                                max(1, summary_iterations // 10))
