@@ -320,15 +320,17 @@ PLANNED_AT_SCALE = "SET LOCAL enable_seqscan = off"
 
 class ExplainingConnection:
     """The real connection; each statement also runs once before under ``EXPLAIN ANALYZE``, whose
-    plans (what the server says it read) are kept."""
+    plans (what the server says it read) are kept. ``run=False``: a statement runs only under
+    ``EXPLAIN ANALYZE`` (a write, which that makes once), and ``execute`` returns None."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, *, run: bool = True) -> None:
         self.conn = conn
+        self.run = run
         self.plans: list[dict[str, Any]] = []
 
     async def execute(self, statement: str, arguments: Any = None) -> Any:
         await self._keep(await self.conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, arguments))
-        return await self.conn.execute(statement, arguments)
+        return await self.conn.execute(statement, arguments) if self.run else None
 
     async def _keep(self, explained: Any) -> None:
         """Keep the plan an ``EXPLAIN (ANALYZE, FORMAT JSON)`` answered."""
@@ -365,7 +367,7 @@ class GenericPlanExplainingConnection(ExplainingConnection):
                 values))
         finally:
             await self.conn.execute("DEALLOCATE explained_generic")
-        return await self.conn.execute(statement, arguments)
+        return await self.conn.execute(statement, arguments) if self.run else None
 
 
 _NAMED = re.compile(r"%\((\w+)\)s")
