@@ -27,6 +27,7 @@ from typing import Any
 import ray
 
 from actors import metrics, tracing
+from actors.liveness import LIVENESS_GROUPS, AnswersApart
 from actors.model_gateway import ModelGateway, accounted_name
 from persistence import metrics as counters
 from persistence import notifications, runs, usage
@@ -126,10 +127,11 @@ def _runs(caller: Caller) -> bool:
     return state is not None and state[1] == started and state[0] != b"Z"
 
 
-class AccountedGateway(ModelGateway):
+class AccountedGateway(ModelGateway, AnswersApart):
     def __init__(self, *args: Any, node_id: str | None = None, **kwargs: Any) -> None:
         """``node_id``: the Ray node this gateway serves (actors/gateways.py), on each of its records."""
-        super().__init__(*args, **kwargs)
+        ModelGateway.__init__(self, *args, **kwargs)
+        AnswersApart.__init__(self)
         self._db = LazyDatabase(max_size=4)
         self._recorder = _CallRecorder(self._database, node_id, self.file_model_names)
         self._in_flight = _CallsInFlight(self._database, get_settings().sweep_seconds)
@@ -481,4 +483,4 @@ class _DeltaPublisher:
                         self._watch.get("run_id"), exc_info=True)
 
 
-GatewayActor = ray.remote(AccountedGateway)
+GatewayActor = ray.remote(concurrency_groups=LIVENESS_GROUPS)(AccountedGateway)

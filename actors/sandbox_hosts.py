@@ -52,6 +52,7 @@ from typing import Any
 
 import ray
 
+from actors.liveness import LIVENESS_GROUPS, AnswersApart
 from actors.naming import NAMESPACE, NodeLocal, live_nodes, node_local_options, node_table, sandbox_host_name
 from persistence import receipts
 from persistence import runs as run_repo
@@ -81,10 +82,11 @@ class HostLost(SandboxError):
     died (its node's next call gets it, failing while it restarts); a lost node's host is gone."""
 
 
-class SandboxHostImpl:
+class SandboxHostImpl(AnswersApart):
     """One node's sandboxes: the SandboxManager of the node, for the callers of every node."""
 
     def __init__(self, node_id: str) -> None:
+        super().__init__()
         self._node_id = node_id
         self._db = LazyDatabase(max_size=4)
         self._manager: SandboxManager | None = None
@@ -155,7 +157,7 @@ class SandboxHostImpl:
         return await (await self._sandboxes()).reap_orphans()
 
 
-SandboxHost = ray.remote(SandboxHostImpl)
+SandboxHost = ray.remote(concurrency_groups=LIVENESS_GROUPS)(SandboxHostImpl)
 
 
 # One preparation of a workdir at a time in this process: the others wait here, not in the

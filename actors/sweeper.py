@@ -301,13 +301,14 @@ class SweeperImpl:
 
 
 async def restart_silent(names: list[str], timeout: float) -> list[str]:
-    """Of the per-node actors ``names``, kill those that are alive but answer nothing (Ray's
-    ``__ray_ready__``) for ``timeout`` seconds, for Ray to start them again (``max_restarts``); the
-    names killed. A process stopped or stuck (its event loop blocked) holds every call of its node
-    without end, and its callers' leases keep their Turns running: a killed one's calls fail as lost
-    (a model call is asked again, a sandbox call of a lost host takes its tested path). An actor
-    still starting or restarting is not asked (the readiness call waits for a start, which may be
-    slow on a loaded node and is no fault), nor killed if it restarted while it was asked."""
+    """Of the per-node actors ``names``, kill those that are alive but answer nothing for ``timeout``
+    seconds (their serving loops, asked apart from their calls: actors/liveness.py), for Ray to start
+    them again (``max_restarts``); the names killed. A process stopped or stuck (its event loop
+    blocked) holds every call of its node without end, and its callers' leases keep their Turns
+    running: a killed one's calls fail as lost (a model call is asked again, a sandbox call of a lost
+    host takes its tested path). An actor still starting or restarting is not asked (the call waits
+    for a start, which may be slow on a loaded node and is no fault), nor killed if it restarted
+    while it was asked."""
     before = await asyncio.to_thread(ray_compat.alive_actors)
     asked = [name for name in names if name in before]
     answered = await asyncio.gather(*(_answers(name, timeout) for name in asked))
@@ -336,7 +337,7 @@ async def _answers(name: str, timeout: float) -> bool:
     try:
         async with asyncio.timeout(timeout):
             actor = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
-            await actor.__ray_ready__.remote()
+            await actor.answers.remote()
     except TimeoutError:
         return False
     except (ValueError, ray.exceptions.RayActorError):

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from typing import Any
 
 import pytest
 import ray
 
 from actors import ray_compat
-from actors.naming import gateway_actor_name
+from actors.liveness import LIVENESS_GROUPS, AnswersApart
+from actors.naming import NAMESPACE, gateway_actor_name
 from actors.runtime import Runtime
 from actors.sweeper import restart_silent
 from tests.actors.helpers import eventually, freed_only_by_the_loop
@@ -34,3 +37,37 @@ async def test_a_slow_lookup_of_an_actor_holds_up_nothing_else_of_the_sweeper(
         monkeypatch.setattr(ray, "get_actor", slow_look_up)
         assert await restart_silent([name], timeout=30) == []  # the gateway answers: kept
     assert held == [True]
+
+
+class _Serving(AnswersApart):
+    async def hold(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def block(self, seconds: float) -> None:
+        time.sleep(seconds)  # the serving loop runs nothing else meanwhile
+
+
+@pytest.mark.default_shape  # no session: the test process makes the actor
+async def test_an_actor_whose_every_slot_holds_a_slow_call_answers_and_one_whose_loop_is_blocked_does_not(
+        runtime: Runtime) -> None:
+    """A node's gateway holds up to 1,000 model calls at once, each up to minutes with a slow
+    provider: a check that waited for a free slot (Ray's ``__ray_ready__``) took a gateway whose
+    every slot was held for a stuck one and killed it, with all its calls. Its serving loop is
+    asked apart from them; a loop that is blocked still answers nothing."""
+    name = f"serving-{uuid.uuid4().hex[:8]}"
+    actor = ray.remote(concurrency_groups=LIVENESS_GROUPS)(_Serving).options(
+        name=name, namespace=NAMESPACE, max_concurrency=3).remote()
+    try:
+        await actor.__ray_ready__.remote()
+        await eventually(lambda: asyncio.to_thread(lambda: name in ray_compat.alive_actors()), timeout=60)
+        holds = [actor.hold.remote(30) for _ in range(3)]
+        await asyncio.sleep(1)  # every slot is taken
+        assert await restart_silent([name], timeout=3) == []
+        for hold in holds:
+            ray.cancel(hold)
+        blocked = actor.block.remote(20)
+        await asyncio.sleep(1)
+        assert await restart_silent([name], timeout=3) == [name]
+        del blocked
+    finally:
+        ray.kill(actor)
