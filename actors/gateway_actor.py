@@ -85,11 +85,12 @@ CALL_ABORTED = ("aborted: the call was cancelled before its reply (its Turn was 
                 "its Run ended)")
 # The error of a call aborted because the process that made it is gone.
 CALLER_GONE = "aborted: the process that made the call is gone, and nobody else can take its reply"
-# A process as the gateway of its node can tell it is still the same one: its pid and when it
-# started, in clock ticks since the machine booted (``/proc/<pid>/stat``'s 22nd field). In wall-clock
-# time (psutil's create_time adds /proc/stat's whole-second boot time) a start moves when the clock
-# is stepped (NTP, a VM's resume), and every live caller on the node looked gone.
-Caller = tuple[int, int]
+# A process as the gateway of its node can tell it is still the same one: the machine whose /proc
+# shows it (its boot and pid namespace: ``_machine``), its pid, and when it started, in clock ticks
+# since the machine booted (``/proc/<pid>/stat``'s 22nd field). In wall-clock time (psutil's
+# create_time adds /proc/stat's whole-second boot time) a start moves when the clock is stepped (NTP,
+# a VM's resume), and every live caller on the node looked gone.
+Caller = tuple[str, int, int]
 
 
 def this_process() -> Caller | None:
@@ -103,8 +104,19 @@ def this_process() -> Caller | None:
 def _process(pid: int) -> Caller | None:
     """A process's start never changes: read once, not on every model call (keyed by pid, so a
     forked child reads its own)."""
-    state = _state(pid)
-    return None if state is None else (pid, state[1])
+    machine, state = _machine(), _state(pid)
+    return None if machine is None or state is None else (machine, pid, state[1])
+
+
+@functools.cache
+def _machine() -> str | None:
+    """This machine's boot and pid namespace: the processes of one see each other's pids in /proc,
+    so a caller of the same one whose pid runs no more is gone. None where /proc does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return f"{boot.read().strip()}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
 
 
 def _state(pid: int) -> tuple[bytes, int] | None:
@@ -121,8 +133,8 @@ def _state(pid: int) -> tuple[bytes, int] | None:
 
 
 def _runs(caller: Caller) -> bool:
-    """Whether ``caller`` still runs: its pid is not gone, reused, or a zombie."""
-    pid, started = caller
+    """Whether ``caller`` (a process of this machine) still runs: its pid is not gone, reused, or a zombie."""
+    _, pid, started = caller
     state = _state(pid)
     return state is not None and state[1] == started and state[0] != b"Z"
 
@@ -272,8 +284,8 @@ class _SharedCall:
 
 @dataclasses.dataclass(eq=False)
 class _Flight:
-    """One model call in flight: its task, the process it answers (None: not one this node's
-    gateway can see), and why it was aborted, once it is."""
+    """One model call in flight: its task, the process it answers (None: not one of this machine),
+    and why it was aborted, once it is."""
 
     task: asyncio.Task[Any]
     caller: Caller | None
@@ -294,7 +306,8 @@ class _CallsInFlight:
     process still runs: a call whose caller is gone is aborted (its ``call_id`` is the dead
     process's own, so no retry can take the reply). The Run's row says the rest: a call of a Run
     that is over is aborted too, so a lost ``ray.cancel`` of a cancelled Turn's call ends the same
-    way, and a caller this gateway cannot see is covered once its Run's lease is recovered."""
+    way, and a caller of another machine (which this gateway cannot see) is covered once its Run's
+    lease is recovered."""
 
     def __init__(self, database: Callable[[], Awaitable[Database]], every: float) -> None:
         self._database = database
@@ -306,12 +319,16 @@ class _CallsInFlight:
     @contextlib.contextmanager
     def call_of(self, run_id: uuid.UUID, caller: Caller | None) -> Iterator[_Flight]:
         """The current task, a model call of ``run_id`` for ``caller``, aborted if that Run is
-        found over or that process gone. A caller not seen running now (another node's, in another
-        pid namespace) is never taken for gone."""
+        found over or that process gone, at once if it is gone already (it died while its call
+        waited for a slot of this gateway). A caller of another machine or pid namespace is never
+        taken for gone."""
         task = asyncio.current_task()
         assert task is not None
-        flight = _Flight(task, caller if caller is not None and _runs(caller) else None)
+        here = caller is not None and caller[0] == _machine()
+        flight = _Flight(task, caller if here else None)
         self._calls.setdefault(run_id, set()).add(flight)
+        if here and not _runs(caller):  # type: ignore[arg-type]
+            _abort_as_gone(run_id, flight)
         if self._checker is None or self._checker.done():
             self._checker = asyncio.create_task(self._check_while_any())
         try:
@@ -342,10 +359,8 @@ class _CallsInFlight:
         gone = {caller for caller in callers if not _runs(caller)}
         for run_id, flights in self._calls.items():
             for flight in flights:
-                if (caller := flight.caller) is not None and caller in gone and not flight.aborted:
-                    flight.abort(CALLER_GONE)
-                    log.info("aborted a model call of run %s: the process that made it (pid %d) is gone",
-                             run_id, caller[0])
+                if flight.caller is not None and flight.caller in gone and not flight.aborted:
+                    _abort_as_gone(run_id, flight)
 
     async def _abort_calls_of_runs_over(self) -> None:
         if not self._calls:
@@ -364,6 +379,12 @@ class _CallsInFlight:
             if flights:
                 log.info("aborted %d model call(s) of run %s: the run is over, nobody takes the reply",
                          len(flights), run_id)
+
+
+def _abort_as_gone(run_id: uuid.UUID, flight: _Flight) -> None:
+    assert flight.caller is not None
+    flight.abort(CALLER_GONE)
+    log.info("aborted a model call of run %s: the process that made it (pid %d) is gone", run_id, flight.caller[1])
 
 
 @dataclasses.dataclass

@@ -30,6 +30,7 @@ from actors.gateway_actor import (
     CALLER_GONE,
     DELTA_CHANNEL,
     AccountedGateway,
+    Caller,
     _CallsInFlight,
     _Flight,
     _process,
@@ -502,7 +503,7 @@ def test_a_caller_runs_until_its_process_ends_whoever_has_its_pid_then(monkeypat
     assert caller is not None
     try:
         assert _runs(caller)
-        assert not _runs((child.pid, caller[1] - 1))  # another process started on that pid
+        assert not _runs((caller[0], child.pid, caller[2] - 1))  # another process started on that pid
         stepped = psutil._pslinux.boot_time() + 1  # type: ignore[attr-defined]  # the wall clock stepped
         monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: stepped)  # type: ignore[attr-defined]
         assert _runs(caller) and _runs(this_process())
@@ -517,31 +518,40 @@ def test_a_caller_runs_until_its_process_ends_whoever_has_its_pid_then(monkeypat
     assert not _runs(caller)
 
 
-async def test_a_call_is_aborted_when_its_caller_is_gone_and_only_a_caller_once_seen() -> None:
-    """The gateway aborts a call whose caller it saw running and finds gone; a caller it cannot see
-    at the call's start (another pid namespace) is left to its Run's lease, never taken for gone."""
+async def test_a_call_is_aborted_when_its_caller_is_gone_and_only_a_caller_of_this_machine() -> None:
+    """The gateway aborts a call whose caller, a process of its own machine (boot and pid namespace),
+    is gone: found gone later, or already at the call's start (it died while its call waited for a
+    slot of the gateway). A caller of another machine or pid namespace, whose pid says nothing here,
+    is left to its Run's lease, never taken for gone."""
     child = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+    ended = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    ended_caller = _process(ended.pid)
+    await ended.wait()
     in_flight = _CallsInFlight(database=None, every=3600)  # type: ignore[arg-type]  # no round, no database
     flights: dict[str, _Flight] = {}
 
-    async def call(name: str, caller: tuple[int, int] | None) -> None:
+    async def call(name: str, caller: Caller | None) -> None:
         with in_flight.call_of(uuid.uuid4(), caller) as flight:
             flights[name] = flight
             await asyncio.sleep(3600)
 
+    seen = _process(child.pid)
+    assert seen is not None and ended_caller is not None
     try:
-        calls = [asyncio.create_task(call("seen", _process(child.pid))),
-                 asyncio.create_task(call("unseen", (child.pid, 0))),
+        calls = [asyncio.create_task(call("seen", seen)),
+                 asyncio.create_task(call("elsewhere", ("another-boot/pid:[1]", *seen[1:]))),
+                 asyncio.create_task(call("gone before", ended_caller)),
                  asyncio.create_task(call("ours", this_process()))]
         await asyncio.sleep(0.1)
-        in_flight._abort_calls_of_gone_callers()
-        assert not any(flight.aborted for flight in flights.values())
+        assert {name: flight.aborted for name, flight in flights.items()} == {
+            "seen": None, "elsewhere": None, "gone before": CALLER_GONE, "ours": None}
         child.kill()
         await child.wait()
         in_flight._abort_calls_of_gone_callers()
         await asyncio.sleep(0.1)
         assert {name: (flight.aborted, flight.task.done()) for name, flight in flights.items()} == {
-            "seen": (CALLER_GONE, True), "unseen": (None, False), "ours": (None, False)}
+            "seen": (CALLER_GONE, True), "elsewhere": (None, False), "gone before": (CALLER_GONE, True),
+            "ours": (None, False)}
     finally:
         with contextlib.suppress(ProcessLookupError):
             child.kill()
