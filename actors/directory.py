@@ -40,6 +40,9 @@ REPORT_DELAY_SECONDS = 0.05
 # Departed incarnations remembered, so that a report of one that arrives after its departure is
 # dropped: far more than depart within the time a call can lag behind another.
 _DEPARTED_KEPT = 10_000
+# Reports held while this node's directory is looked up, past which more are dropped: far more
+# than a process's sessions report in the seconds a lookup takes.
+_MAX_WAITING = 10_000
 
 
 @dataclasses.dataclass
@@ -251,30 +254,41 @@ class _Sender:
     up first (a process's first send, and the first after the directory died: a call to Ray's GCS,
     which takes seconds under load) is made in a thread, and so is every send made behind it until
     it is out: the sender's loop (a session host's: every session's lease renewals and model calls)
-    never waits for the GCS."""
+    never waits for the GCS. Sends are hints: those behind a lookup that failed are dropped (each
+    would wait for a lookup of its own), and so is one past ``_MAX_WAITING``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiting = 0  # sends in the thread, not yet out
+        self._lookup_failed = False  # since the thread last had nothing to send
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="canopy-directory")
 
     def tell(self, method: str, *args: Any) -> None:
-        with self._lock:
-            handle = _local.kept() if self._waiting == 0 else None
-            if handle is not None:
-                _send(handle, method, args)
-                return
-            self._waiting += 1
-        self._thread.submit(self._look_up_and_send, method, args)
+        try:
+            with self._lock:
+                handle = _local.kept() if self._waiting == 0 else None
+                if handle is not None:
+                    _send(handle, method, args)
+                elif self._waiting < _MAX_WAITING:
+                    self._thread.submit(self._look_up_and_send, method, args)
+                    self._waiting += 1
+                else:
+                    log.debug("dropped a report to this node's directory: %d wait for its lookup", self._waiting)
+        except Exception:  # no Ray here (any more), an interpreter shutting down: a hint not sent
+            log.debug("could not tell the directory %s", method, exc_info=True)
 
     def _look_up_and_send(self, method: str, args: tuple[Any, ...]) -> None:
         try:
-            _send(_local.handle_blocking(), method, args)
+            if not self._lookup_failed:
+                _send(_local.handle_blocking(), method, args)
         except Exception:
+            self._lookup_failed = True
             log.debug("could not find this node's directory to tell it %s", method, exc_info=True)
         finally:
             with self._lock:
                 self._waiting -= 1
+                if self._waiting == 0:
+                    self._lookup_failed = False
 
 
 def _send(handle: Any, method: str, args: tuple[Any, ...]) -> None:

@@ -24,10 +24,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any
 
-import ray
-
 from actors import metrics, tracing
-from actors.liveness import LIVENESS_GROUPS, AnswersApart
+from actors.liveness import AnswersApart, answering_actor
 from actors.model_gateway import ModelGateway, accounted_name
 from persistence import metrics as counters
 from persistence import notifications, runs, usage
@@ -504,4 +502,4 @@ class _DeltaPublisher:
                         self._watch.get("run_id"), exc_info=True)
 
 
-GatewayActor = ray.remote(concurrency_groups=LIVENESS_GROUPS)(AccountedGateway)
+GatewayActor = answering_actor(AccountedGateway)

@@ -112,7 +112,7 @@ async def call(method: str, **arguments: Any) -> Any:
 
 async def ask(local: NodeLocal, method: str, **arguments: Any) -> Any:
     """:func:`call`'s retries, for this node's instance of any per-node actor whose calls can be
-    asked again (the gateway's; a test's)."""
+    asked again (the gateway's; a test's), made by ``liveness.answering_actor``."""
     deaths = restarts = 0
     pause = _RETRY_PAUSE_SECONDS
     while True:
@@ -143,7 +143,8 @@ async def ask(local: NodeLocal, method: str, **arguments: Any) -> Any:
 
 
 async def _restarted(local: NodeLocal, error: ray.exceptions.ActorUnavailableError) -> None:
-    """Once the actor's restarted process answers (Ray's ``__ray_ready__``), or ``error`` raised
+    """Once the actor's restarted process answers (``answers``, actors/liveness.py: apart from the
+    calls, which may fill its slots again at once), or ``error`` raised
     after :data:`RESTART_WAIT_SECONDS`. Each restart gets the whole wait: a long call may live
     through several, each of them quick. An actor that died for good meanwhile returns at once:
     the call's next ask finds that out."""
@@ -158,7 +159,7 @@ async def _answering(local: NodeLocal) -> None:
     pause = _RETRY_PAUSE_SECONDS
     while True:
         try:
-            await (await local.handle()).__ray_ready__.remote()
+            await (await local.handle()).answers.remote()
             return
         except ray.exceptions.ActorUnavailableError:
             pass

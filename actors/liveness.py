@@ -12,15 +12,14 @@ while the loop is blocked or the process stopped.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import ray
 
-# The ``concurrency_groups`` option of an actor class that mixes in AnswersApart.
-LIVENESS_GROUPS = {"liveness": 1}
-
 
 class AnswersApart:
-    """Made on the actor's serving loop: Ray runs an async actor's ``__init__`` there."""
+    """Made on the actor's serving loop: Ray runs an async actor's ``__init__`` there. A class that
+    mixes it in is made an actor class by :func:`answering_actor`."""
 
     def __init__(self) -> None:
         self._serving_loop = asyncio.get_running_loop()
@@ -30,3 +29,8 @@ class AnswersApart:
         """True once the serving loop has run a step."""
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._serving_loop))
         return True
+
+
+def answering_actor(cls: type[AnswersApart]) -> Any:
+    """``ray.remote`` of an :class:`AnswersApart` class, with the concurrency group its ``answers`` runs in."""
+    return ray.remote(concurrency_groups={"liveness": 1})(cls)

@@ -52,7 +52,7 @@ from typing import Any
 
 import ray
 
-from actors.liveness import LIVENESS_GROUPS, AnswersApart
+from actors.liveness import AnswersApart, answering_actor
 from actors.naming import NAMESPACE, NodeLocal, live_nodes, node_local_options, node_table, sandbox_host_name
 from persistence import receipts
 from persistence import runs as run_repo
@@ -157,7 +157,7 @@ class SandboxHostImpl(AnswersApart):
         return await (await self._sandboxes()).reap_orphans()
 
 
-SandboxHost = ray.remote(concurrency_groups=LIVENESS_GROUPS)(SandboxHostImpl)
+SandboxHost = answering_actor(SandboxHostImpl)
 
 
 # One preparation of a workdir at a time in this process: the others wait here, not in the

@@ -342,6 +342,8 @@ async def _answers(name: str, timeout: float) -> bool:
         return False
     except (ValueError, ray.exceptions.RayActorError):
         pass
+    except ray.exceptions.RayTaskError:  # an actor shutting down, its loop closed: nothing stuck to kill
+        log.warning("%s failed to answer the check", name, exc_info=True)
     return True
 
 

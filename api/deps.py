@@ -19,13 +19,14 @@ def get_runtime(request: Request) -> Runtime:
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-_WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+# One spelling per number: no sign but a minus, no leading zero, no "_", space or decimal point.
+WHOLE_NUMBER = re.compile(r"0|-?[1-9][0-9]*")
 
 
 def written_in_digits(value: object) -> object:
-    # pydantic's lax parse takes "+5", "1_0" and " 5 " too: one number with many spellings in a URL
-    # is a cache key, a log line and a cursor that disagree with each other.
-    if isinstance(value, str) and not _WHOLE_NUMBER.fullmatch(value):
+    # pydantic's lax parse takes "+5", "1_0", " 5 ", "05" and "5.0" too: one number with many
+    # spellings in a URL is a cache key, a log line and a cursor that disagree with each other.
+    if isinstance(value, str) and not WHOLE_NUMBER.fullmatch(value):
         raise PydanticCustomError("int_parsing", "Input should be a whole number written in digits")
     return value
 

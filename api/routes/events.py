@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
 from actors.runtime import Runtime
 from api.auth import KeyDep, unauthorized
-from api.deps import COMMON, RuntimeDep, errors, written_in_digits
+from api.deps import COMMON, WHOLE_NUMBER, RuntimeDep, errors
 from api.sse import EventStreamResponse, StreamLease, event_stream
 from persistence import open_streams, stream_watchers, views
 from persistence.db import MAX_BIGINT
@@ -39,7 +39,10 @@ Cursor = Annotated[int, Field(ge=0, le=MAX_BIGINT)]
 
 def _cursor_or_latest(value: object) -> object:
     # Checked before the union, each of whose members would report an error of its own.
-    return value if value == "latest" else written_in_digits(value)
+    if value == "latest" or not isinstance(value, str) or WHOLE_NUMBER.fullmatch(value):
+        return value
+    raise PydanticCustomError("int_parsing", "Input should be an event cursor (a whole number written in digits) "
+                                             "or 'latest'")
 
 
 After = Annotated[Cursor | Literal["latest"] | None, BeforeValidator(_cursor_or_latest), Query(
@@ -47,8 +50,6 @@ After = Annotated[Cursor | Literal["latest"] | None, BeforeValidator(_cursor_or_
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID", max_length=20,
                                            description="Resume after this cursor (wins over ?after).")]
 Deltas = Annotated[bool, Query(description="Also stream live model text deltas (not durable).")]
-# ASCII digits only: a header's bytes decode as Latin-1, and str.isdigit() also takes "²", which int() refuses.
-_CURSOR_DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,8 @@ def _stream_query(after: After = None, last_event_id: LastEventId = None, deltas
     # A reconnecting EventSource repeats the original URL, so its Last-Event-ID must win over ?after.
     if last_event_id is not None and last_event_id.strip():
         value = last_event_id.strip()
-        if not _CURSOR_DIGITS.fullmatch(value) or int(value) > MAX_BIGINT:
+        # A header's bytes decode as Latin-1, and str.isdigit() also takes "²", which int() refuses.
+        if not WHOLE_NUMBER.fullmatch(value) or not 0 <= int(value) <= MAX_BIGINT:
             raise InvalidArgument(f"Last-Event-ID {value!r} is not an event cursor")
         return StreamQuery(int(value), deltas)
     return StreamQuery(after or 0, deltas)

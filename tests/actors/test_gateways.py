@@ -40,6 +40,7 @@ from actors.gateway_actor import (
     this_process,
 )
 from actors.gateways import gateway_on
+from actors.liveness import AnswersApart, answering_actor
 from actors.naming import NodeLocal, gateway_actor_name, node_local_options
 from actors.runtime import MALLOC_ARENA_MAX, Runtime
 from actors.scripted import say, script
@@ -131,7 +132,8 @@ async def _answer_asked(actor: Any, path: Path) -> AsyncIterator[tuple[NodeLocal
     """A per-node instance of a test's ``actor`` (given ``path``), and its ``answer`` asked through
     the gateways' retries (``gateways.ask``); the call and the actor end with the block."""
     name = f"asked-{uuid.uuid4().hex[:8]}"
-    local = NodeLocal(lambda node_id: actor.options(**node_local_options(name, node_id)).remote(str(path)))
+    actor_class = answering_actor(actor)
+    local = NodeLocal(lambda node_id: actor_class.options(**node_local_options(name, node_id)).remote(str(path)))
     call = asyncio.create_task(gateways.ask(local, "answer"))
     try:
         yield local, call
@@ -140,12 +142,12 @@ async def _answer_asked(actor: Any, path: Path) -> AsyncIterator[tuple[NodeLocal
         ray.kill(await local.handle())
 
 
-@ray.remote
-class _HeldTwice:
+class _HeldTwice(AnswersApart):
     """Holds its first two asks until it is killed under them and answers the third; a file counts
     the asks (a restarted process starts with nothing)."""
 
     def __init__(self, asks: str) -> None:
+        super().__init__()
         self.asks = Path(asks)
 
     async def pid(self) -> int:
@@ -181,11 +183,11 @@ async def test_each_restart_under_a_call_is_waited_for_afresh(runtime: Runtime, 
         assert await asyncio.wait_for(call, 120) == 3
 
 
-@ray.remote
-class _NeverBack:
+class _NeverBack(AnswersApart):
     """Its restarted process never finishes starting."""
 
     def __init__(self, started: str) -> None:
+        super().__init__()
         if Path(started).exists():
             time.sleep(3600)
         Path(started).touch()
@@ -211,11 +213,11 @@ async def test_a_call_whose_actor_never_comes_back_fails_after_the_restart_wait(
             await asyncio.wait_for(call, 60)
 
 
-@ray.remote
-class _CrashedByEachAsk:
+class _CrashedByEachAsk(AnswersApart):
     """Its process dies under every ask, as a gateway would under a call whose reply it cannot hold."""
 
     def __init__(self, asks: str) -> None:
+        super().__init__()
         self.asks = Path(asks)
 
     async def answer(self) -> None:
@@ -238,10 +240,12 @@ async def test_a_call_that_crashes_its_actor_each_time_is_not_asked_for_ever(
     assert len(asks.read_text().splitlines()) == gateways.RESTARTS_PER_CALL + 1
 
 
-@ray.remote
-class _AnswersAtOnce:
+class _AnswersAtOnce(AnswersApart):
     async def answer(self) -> str:
         return "answered"
+
+
+_ANSWERS_AT_ONCE = answering_actor(_AnswersAtOnce)
 
 
 @pytest.mark.default_shape  # no session: the test process calls the actor
@@ -256,7 +260,7 @@ async def test_a_slow_lookup_of_a_nodes_actor_holds_up_nothing_else_of_its_calle
 
         def slow_make(node_id: str) -> Any:
             hold()
-            return _AnswersAtOnce.options(**node_local_options(name, node_id)).remote()
+            return _ANSWERS_AT_ONCE.options(**node_local_options(name, node_id)).remote()
 
         local = NodeLocal(slow_make)
         try:
@@ -276,7 +280,7 @@ async def test_callers_that_miss_a_nodes_actor_at_once_share_one_lookup(runtime:
     def slow_make(node_id: str) -> Any:
         made.append(node_id)
         time.sleep(0.5)  # the calls below all miss meanwhile
-        return _AnswersAtOnce.options(**node_local_options(name, node_id)).remote()
+        return _ANSWERS_AT_ONCE.options(**node_local_options(name, node_id)).remote()
 
     local = NodeLocal(slow_make)
     try:

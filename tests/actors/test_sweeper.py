@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
 
 from actors import ray_compat
-from actors.liveness import LIVENESS_GROUPS, AnswersApart
+from actors.liveness import AnswersApart, answering_actor
 from actors.naming import NAMESPACE, gateway_actor_name
 from actors.runtime import Runtime
 from actors.sweeper import restart_silent
@@ -43,31 +44,33 @@ class _Serving(AnswersApart):
     async def hold(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    async def block(self, seconds: float) -> None:
+    async def block(self, seconds: float, started: str) -> None:
+        Path(started).touch()
         time.sleep(seconds)  # the serving loop runs nothing else meanwhile
 
 
 @pytest.mark.default_shape  # no session: the test process makes the actor
 async def test_an_actor_whose_every_slot_holds_a_slow_call_answers_and_one_whose_loop_is_blocked_does_not(
-        runtime: Runtime) -> None:
+        runtime: Runtime, tmp_path: Path) -> None:
     """A node's gateway holds up to 1,000 model calls at once, each up to minutes with a slow
     provider: a check that waited for a free slot (Ray's ``__ray_ready__``) took a gateway whose
     every slot was held for a stuck one and killed it, with all its calls. Its serving loop is
     asked apart from them; a loop that is blocked still answers nothing."""
     name = f"serving-{uuid.uuid4().hex[:8]}"
-    actor = ray.remote(concurrency_groups=LIVENESS_GROUPS)(_Serving).options(
-        name=name, namespace=NAMESPACE, max_concurrency=3).remote()
+    actor = answering_actor(_Serving).options(name=name, namespace=NAMESPACE, max_concurrency=3).remote()
     try:
         await actor.__ray_ready__.remote()
         await eventually(lambda: asyncio.to_thread(lambda: name in ray_compat.alive_actors()), timeout=60)
-        holds = [actor.hold.remote(30) for _ in range(3)]
-        await asyncio.sleep(1)  # every slot is taken
-        assert await restart_silent([name], timeout=3) == []
+        holds = [actor.hold.remote(300) for _ in range(3)]
+        with pytest.raises(TimeoutError):  # every slot is held: a call waits
+            await asyncio.wait_for(actor.__ray_ready__.remote(), 5)
+        assert await restart_silent([name], timeout=15) == []
         for hold in holds:
             ray.cancel(hold)
-        blocked = actor.block.remote(20)
-        await asyncio.sleep(1)
-        assert await restart_silent([name], timeout=3) == [name]
+        started = tmp_path / "blocked"
+        blocked = actor.block.remote(300, str(started))
+        await eventually(lambda: asyncio.sleep(0, started.exists()), timeout=60)
+        assert await restart_silent([name], timeout=5) == [name]
         del blocked
     finally:
         ray.kill(actor)

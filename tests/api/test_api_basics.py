@@ -145,9 +145,9 @@ def _integer_query_parameters(app: Any) -> list[tuple[str, str, str]]:
 
 async def test_an_integer_in_a_query_is_written_in_plain_digits(api: ApiServer, http: httpx.AsyncClient,
                                                                runtime: Runtime, scope: Scope) -> None:
-    """pydantic's lax parse took ``+5``, ``1_0`` and `` 5 `` as numbers: a cursor or a page size
-    spelled several ways is a cache key and a log line that disagree. Digits only (a sign for a
-    negative, refused by its bound with its own message)."""
+    """pydantic's lax parse took ``+5``, ``1_0``, `` 5 ``, ``05`` and ``5.0`` as numbers: a cursor or
+    a page size spelled several ways is a cache key and a log line that disagree. Digits only, no
+    leading zero (a minus for a negative, refused by its bound with its own message)."""
     parameters = _integer_query_parameters(api.app)
     assert {("get", "/api/v1/sessions/{session_id}/events", "after"), ("get", "/api/v1/sessions", "limit"),
             ("get", "/api/v1/admin/keys", "offset")} <= set(parameters), parameters
@@ -155,15 +155,17 @@ async def test_an_integer_in_a_query_is_written_in_plain_digits(api: ApiServer, 
         for method, path, name in parameters:
             url = re.sub(r"\{[a-z_]+\}", str(uuid.uuid4()), path)
             caller = admin if path.startswith("/api/v1/admin/") else http
-            for spelling in ("+5", "1_0", " 5", "5 ", "５"):
+            for spelling in ("+5", "1_0", " 5", "5 ", "５", "05", "-0", "5.0", "1" * 20):
                 refused = await caller.request(method, url, params={name: spelling})
-                assert refused.status_code == 422 and ["query", name] in [e["loc"] for e in refused.json()["errors"]], \
-                    (method, path, name, spelling, refused.text)
+                problems = [e["loc"][:2] for e in refused.json()["errors"]] if refused.status_code == 422 else []
+                assert ["query", name] in problems, (method, path, name, spelling, refused.text)
             taken = await caller.request(method, url, params={name: "5"})
-            assert taken.status_code != 422 or ["query", name] not in [e["loc"] for e in taken.json()["errors"]], \
+            assert taken.status_code != 422 or ["query", name] not in [e["loc"][:2] for e in taken.json()["errors"]], \
                 (method, path, name, taken.text)
             negative = await caller.request(method, url, params={name: "-1"})
             assert negative.status_code == 422 and "greater than or equal" in negative.text, (path, name, negative.text)
+    last = await http.get(f"/api/v1/sessions/{uuid.uuid4()}/events", params={"after": "last"})
+    assert last.status_code == 422 and "or 'latest'" in last.json()["detail"], last.text
     assert await rows(runtime.db, "SELECT count(*) AS n FROM sessions WHERE user_id = %s AND app_id = %s",
                       scope.user_id, scope.app_id) == [{"n": 0}]
 
