@@ -64,6 +64,15 @@ def live_nodes() -> list[str]:
     return sorted(node_id for node_id, (alive, _) in node_table().items() if alive)
 
 
+def connected_context() -> Any:
+    """Ray's runtime context of this process, which must be connected: asked in a process that is
+    not (a driver after ray.shutdown, with a hint or a report still under way), Ray would start a
+    cluster of its own there. RuntimeError instead."""
+    if not ray.is_initialized():
+        raise RuntimeError("Ray is not connected in this process")
+    return ray.get_runtime_context()
+
+
 # Lookups of named actors run here, apart from the default executor's threads (which the health
 # check and the node table's reads use): a GCS that has slowed down holds these and nothing else.
 _LOOKUPS = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="canopy-actor-lookup")
@@ -124,7 +133,7 @@ class NodeLocal:
 
     @staticmethod
     def _where() -> tuple[str, str]:
-        context = ray.get_runtime_context()
+        context = connected_context()
         node_id = context.get_node_id()
         return node_id, f"{context.gcs_address}/{node_id}"
 

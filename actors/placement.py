@@ -64,6 +64,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors.naming import (
     NAMESPACE,
     SharedLookups,
+    connected_context,
     host_actor_name,
     live_nodes,
     named_options,
@@ -136,7 +137,7 @@ class _Handles:
         return handle if handle is not None else self._keep(key, self._create(key))
 
     def _cached(self, key: Any, *, fresh: bool) -> Any:
-        context = ray.get_runtime_context()
+        context = connected_context()
         cluster = f"{context.gcs_address}/{context.get_job_id()}"
         if cluster != self._cluster:  # Ray was shut down and started again in this process
             self._cache.clear()

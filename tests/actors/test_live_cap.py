@@ -6,7 +6,10 @@ Also: the sweeper's per-tree sandbox idle release, isolated from the sweep's oth
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,6 +163,7 @@ async def test_a_report_whose_directory_must_be_looked_up_leaves_the_loop_runnin
 
         local = NodeLocal(slow_make)
         monkeypatch.setattr(directory_client, "_local", local)
+        monkeypatch.setattr(directory_client, "_tell", directory_client._Sender().tell)  # none queued before
         try:
             directory_client.report(session_id, f"{session_id}-1", None, busy=True)
             directory_client.gone(f"{session_id}-x", f"{session_id}-x1")  # sends the report above, then this
@@ -173,6 +177,30 @@ async def test_a_report_whose_directory_must_be_looked_up_leaves_the_loop_runnin
         finally:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))
     assert held == [True]
+
+
+# A process whose Ray is gone (a driver after ray.shutdown, a test's runtime torn down) reports.
+_REPORT_WITHOUT_RAY = """
+import asyncio, time, ray
+from actors import directory
+async def main():
+    directory.report("s", "s-1", None, busy=True)
+    directory.gone("s", "s-1")
+    await asyncio.sleep(0.5)
+asyncio.run(main())
+time.sleep(0.5)
+print(ray.is_initialized())
+"""
+
+
+def test_a_report_made_where_ray_is_not_connected_starts_no_ray() -> None:
+    """Asking Ray for the runtime context (this node, to find its directory) starts a Ray of its own
+    in a process that is not connected: a report sent after a driver's ray.shutdown started a second
+    cluster there (and a runtime started next was told ``ray.init`` twice). A report is a hint: not
+    sent."""
+    done = subprocess.run([sys.executable, "-c", _REPORT_WITHOUT_RAY], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.split() == ["False"], (done.stdout, done.stderr[-2000:])
 
 
 class _FakeSandboxes:

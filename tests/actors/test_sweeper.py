@@ -74,3 +74,30 @@ async def test_an_actor_whose_every_slot_holds_a_slow_call_answers_and_one_whose
         del blocked
     finally:
         ray.kill(actor)
+
+
+class _SlowToStart(AnswersApart):
+    def __init__(self, seconds: float, started: str) -> None:
+        super().__init__()
+        Path(started).touch()
+        time.sleep(seconds)  # as a gateway's start that imports litellm on a loaded node
+
+    async def answer(self) -> str:
+        return "answered"
+
+
+@pytest.mark.default_shape  # no session: the test process makes the actor
+async def test_an_actor_still_starting_is_not_taken_for_a_silent_one(runtime: Runtime, tmp_path: Path) -> None:
+    """A node's gateway imports litellm as it starts, seconds on a loaded node: the check asks only
+    the actors Ray's table says are alive, and one whose start is under way is not, so it is neither
+    asked (the call would wait for the start) nor killed."""
+    name, started = f"starting-{uuid.uuid4().hex[:8]}", tmp_path / "started"
+    actor = answering_actor(_SlowToStart).options(name=name, namespace=NAMESPACE).remote(20, str(started))
+    try:
+        await eventually(lambda: asyncio.sleep(0, started.exists()), timeout=60)
+        assert name not in await asyncio.to_thread(ray_compat.alive_actors)
+        assert await restart_silent([name], timeout=2) == []
+        assert await asyncio.wait_for(actor.answer.remote(), 60) == "answered"
+        assert (await asyncio.to_thread(ray_compat.alive_actors))[name][1] == 0  # never restarted
+    finally:
+        ray.kill(actor)

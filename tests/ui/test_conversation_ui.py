@@ -260,7 +260,7 @@ async def test_approval_denied_and_archive(tab: Tab, user: User, runtime: Runtim
 # What drawing a streamed reply costs in the root view, the bench's figure (bench/live_text.py): a
 # reply of ``chars`` characters grown by 200 a frame, each frame laid out, drawn by the page's own
 # drawLive (what came since the last frame added, in pieces) and drawn whole each frame as the page
-# did before; and the height each takes at the end.
+# did before; and the height each takes at the end, and whether a copy of the pieces is the text.
 LIVE_CHARS = int(os.environ.get("CANOPY_BENCH_LIVE_CHARS", "20000"))
 MEASURE_LIVE = """async (chars) => {
     const { drawLive } = await import('/js/conversation.js');
@@ -291,14 +291,21 @@ MEASURE_LIVE = """async (chars) => {
         }
         const total = performance.now() - started;
         const height = el.offsetHeight;
+        // What a reader who selects the bubble copies (the clipboard's text is the selection's).
+        const range = document.createRange();
+        range.selectNodeContents(body);
+        getSelection().removeAllRanges();
+        getSelection().addRange(range);
+        const copied = getSelection().toString();
+        getSelection().removeAllRanges();
         el.remove();
-        return { total, last, height };
+        return { total, last, height, copied };
     };
     const grown = draw(drawLive);
     const whole = draw((bubble, live) => { bubble.text.textContent = live.text; });
     const ms = (value) => value.toFixed(1);
     const ratio = (whole.total / grown.total).toFixed(1);
-    return { heights: [grown.height, whole.height],
+    return { heights: [grown.height, whole.height], copied_as_streamed: grown.copied === text,
              figure: `live text ${chars} characters in ${Math.ceil(chars / perFrame)} frames: drawn as it grows ` +
                  `${ms(grown.total)} ms (last frame ${ms(grown.last)} ms), drawn whole each frame ` +
                  `${ms(whole.total)} ms (last frame ${ms(whole.last)} ms): ${ratio} x` };
@@ -371,8 +378,10 @@ async def test_live_text_streams_then_the_saved_message_replaces_it(tab: Tab, us
     assert [m["content"] for m in messages if m["role"] == "assistant"] == [final]
     await shoot(page, "live-text-done")
     measured = await page.evaluate(MEASURE_LIVE, LIVE_CHARS)
-    # Drawn in pieces, the text takes the room it takes drawn whole: no line more, none less.
+    # Drawn in pieces, the text takes the room it takes drawn whole: no line more, none less; and a
+    # copy of it is the text (a block's own line break is no second one).
     assert measured["heights"][0] == measured["heights"][1] > 0, measured
+    assert measured["copied_as_streamed"], measured
     print(measured["figure"])
 
 
