@@ -170,10 +170,16 @@ async def test_a_report_whose_directory_must_be_looked_up_leaves_the_loop_runnin
             directory_client.report(session_id, f"{session_id}-1", None, busy=False)  # a later batch
             handle = await eventually(lambda: asyncio.sleep(0, local.kept()), timeout=30)
 
-            async def known() -> bool:  # the batches came in the order they were sent: idle, as last reported
-                return await handle.entry.remote(session_id) == {"owner": f"{session_id}-1", "busy": False}
+            seen: list[Any] = []
 
-            assert await eventually(known, timeout=30)
+            async def known() -> bool:  # the batches came in the order they were sent: idle, as last reported
+                seen.append(await handle.entry.remote(session_id))
+                return seen[-1] == {"owner": f"{session_id}-1", "busy": False}
+
+            try:  # a new directory is a new worker process: seconds on a loaded machine
+                await eventually(known, timeout=60)
+            except TimeoutError:
+                raise AssertionError(f"the directory's entries last read: {seen[-3:]}") from None
         finally:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))
     assert held == [True]
