@@ -36,6 +36,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -144,28 +145,30 @@ async def build_tree(db: Database, scope: Scope, project_id: uuid.UUID, members:
     return root_id
 
 
+async def read_timed(db: Database, n: int, read: Callable[[Any], Awaitable[Any]]) -> tuple[list[float], Any]:
+    """``read(conn)`` in a transaction of its own, ``n`` times: the samples and the last result."""
+    samples: list[float] = []
+    result = None
+    for _ in range(n):
+        async def once() -> object:
+            async with db.tx() as conn:
+                return await read(conn)
+        result = await timed(samples, once)
+    return samples, result
+
+
 async def bench_summary(db: Database, scope: Scope, tree_id: uuid.UUID, members: int, n: int
                         ) -> dict[str, list[float]]:
-    samples: list[float] = []
-    for _ in range(n):
-        async def summary() -> object:
-            async with db.tx() as conn:
-                return await trees.tree_summary(conn, scope, tree_id)
-        result = await timed(samples, summary)
-        assert isinstance(result, dict) and len(result["members"]) == members
+    samples, result = await read_timed(db, n, lambda conn: trees.tree_summary(conn, scope, tree_id))
+    assert isinstance(result, dict) and len(result["members"]) == members
     return {f"tree_summary ({members})": samples}
 
 
 async def bench_attention(db: Database, scope: Scope, project_id: uuid.UUID, big_tree: uuid.UUID, members: int,
                           n: int) -> dict[str, list[float]]:
     tree_ids = [big_tree, *[await build_tree(db, scope, project_id, 3) for _ in range(49)]]
-    samples: list[float] = []
-    for _ in range(n):
-        async def attention() -> object:
-            async with db.tx() as conn:
-                return await views.tree_attention(conn, scope, tree_ids)
-        result = await timed(samples, attention)
-        assert isinstance(result, dict) and result[big_tree]["members"] == members
+    samples, result = await read_timed(db, n, lambda conn: views.tree_attention(conn, scope, tree_ids))
+    assert isinstance(result, dict) and result[big_tree]["members"] == members
     return {f"tree_attention (50 roots: {members} + 49 x 3 members)": samples}
 
 

@@ -92,7 +92,7 @@ async def test_an_actor_still_starting_is_not_taken_for_a_silent_one(runtime: Ru
     the actors Ray's table says are alive, and one whose start is under way is not, so it is neither
     asked (the call would wait for the start) nor killed."""
     name, started = f"starting-{uuid.uuid4().hex[:8]}", tmp_path / "started"
-    actor = answering_actor(_SlowToStart).options(name=name, namespace=NAMESPACE).remote(20, str(started))
+    actor = answering_actor(_SlowToStart).options(name=name, namespace=NAMESPACE).remote(10, str(started))
     try:
         await eventually(lambda: asyncio.sleep(0, started.exists()), timeout=60)
         assert name not in await asyncio.to_thread(ray_compat.alive_actors)
