@@ -322,10 +322,10 @@ class _CallsInFlight:
         taken for gone."""
         task = asyncio.current_task()
         assert task is not None
-        here = caller is not None and caller[0] == _machine()
-        flight = _Flight(task, caller if here else None)
+        seen = caller if caller is not None and caller[0] == _machine() else None
+        flight = _Flight(task, seen)
         self._calls.setdefault(run_id, set()).add(flight)
-        if here and not _runs(caller):  # type: ignore[arg-type]
+        if seen is not None and not _runs(seen):
             _abort_as_gone(run_id, flight)
         if self._checker is None or self._checker.done():
             self._checker = asyncio.create_task(self._check_while_any())

@@ -23,7 +23,7 @@ RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 WHOLE_NUMBER = re.compile(r"0|-?[1-9][0-9]*")
 
 
-def written_in_digits(value: object) -> object:
+def _written_in_digits(value: object) -> object:
     # pydantic's lax parse takes "+5", "1_0", " 5 ", "05" and "5.0" too: one number with many
     # spellings in a URL is a cache key, a log line and a cursor that disagree with each other.
     if isinstance(value, str) and not WHOLE_NUMBER.fullmatch(value):
@@ -32,7 +32,7 @@ def written_in_digits(value: object) -> object:
 
 
 # Every integer of a query string (bounds come with each parameter's Query).
-QueryInt = Annotated[int, BeforeValidator(written_in_digits)]
+QueryInt = Annotated[int, BeforeValidator(_written_in_digits)]
 # Where a page of a list starts: the lists are ordered so that new rows do not shift earlier pages.
 Offset = Annotated[QueryInt, Query(ge=0, le=1_000_000)]
 
